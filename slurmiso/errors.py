@@ -13,7 +13,7 @@ tree to exit codes in one table (:data:`EXIT_CODES`), and the hooks map it to Sl
     +-- GpuError                    anything from a GPU backend (exit 4)
     |   +-- GpuUnavailable          backend cannot be reached (no driver, NVML init fails)
     |   +-- GpuNotFound             device/instance does not exist (NVML_ERROR_NOT_FOUND)
-    |   +-- GpuInsufficientResources  profile/placement does not fit (NVML_ERROR_INSUFFICIENT_RESOURCES)
+    |   +-- GpuInsufficientResources  profile/placement does not fit (INSUFFICIENT_RESOURCES)
     |   +-- GpuInUse                instance busy, mode change refused (NVML_ERROR_IN_USE)
     |   +-- GpuNotSupported         operation unsupported on this GPU (NVML_ERROR_NOT_SUPPORTED)
     |   +-- GpuLost                 GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)
@@ -50,7 +50,9 @@ class ConfigError(SlurmisoError):
 
     kind = "config"
 
-    def __init__(self, message: str, *, problems: "list[str] | None" = None, hint: str = "") -> None:
+    def __init__(
+        self, message: str, *, problems: list[str] | None = None, hint: str = ""
+    ) -> None:
         self.problems = list(problems or [])
         super().__init__(message, hint=hint)
 
@@ -124,5 +126,5 @@ def exit_code_for(err: SlurmisoError) -> int:
     """Exit code for ``err``: the entry of its nearest class in :data:`EXIT_CODES`."""
     for cls in type(err).__mro__:
         if cls in EXIT_CODES:
-            return EXIT_CODES[cls]  # type: ignore[index]
+            return EXIT_CODES[cls]
     return 1

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, List, Sequence, TextIO
+from typing import Any, List, Optional, Sequence, TextIO
 
 
-def print_json(data: Any, stream: TextIO = sys.stdout) -> None:
+def print_json(data: Any, stream: Optional[TextIO] = None) -> None:
+    stream = stream or sys.stdout  # looked up per call: tests and pipes swap sys.stdout
     json.dump(data, stream, indent=2, sort_keys=True, default=str)
     stream.write("\n")
 

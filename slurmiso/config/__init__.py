@@ -1,1 +1,15 @@
-"""config"""
+"""Configuration: one strict, versioned YAML file loaded into frozen dataclasses."""
+
+from slurmiso.config.loader import DEFAULT_PATH, config_path, load_config, parse_config
+from slurmiso.config.model import Config, JobClass, MigLayout, Pool
+
+__all__ = [
+    "DEFAULT_PATH",
+    "Config",
+    "JobClass",
+    "MigLayout",
+    "Pool",
+    "config_path",
+    "load_config",
+    "parse_config",
+]

@@ -70,9 +70,7 @@ _SEVEN = {
 }
 
 
-def _seven_slice(
-    mem_mb: int, names: Dict[str, str], per_slice_mb: int
-) -> Tuple[MigProfile, ...]:
+def _seven_slice(mem_mb: int, names: Dict[str, str], per_slice_mb: int) -> Tuple[MigProfile, ...]:
     """Catalogue of a 7-compute/8-memory-slice part (A100, H100, H200)."""
     ids = {"1g": 19, "1g+me": 20, "1g2": 15, "2g": 14, "3g": 9, "4g": 5, "7g": 0}
     maxn = {"1g": 7, "1g+me": 1, "1g2": 4, "2g": 3, "3g": 2, "4g": 1, "7g": 1}
@@ -100,23 +98,48 @@ MODELS: Dict[str, GpuModel] = {
     m.name: m
     for m in (
         GpuModel(
-            "A100-40GB", "NVIDIA A100-SXM4-40GB", 40960, 108, 7, 8,
+            "A100-40GB",
+            "NVIDIA A100-SXM4-40GB",
+            40960,
+            108,
+            7,
+            8,
             _seven_slice(40960, _names(5, 10, 20, 40), 4864),
         ),
         GpuModel(
-            "A100-80GB", "NVIDIA A100-SXM4-80GB", 81920, 108, 7, 8,
+            "A100-80GB",
+            "NVIDIA A100-SXM4-80GB",
+            81920,
+            108,
+            7,
+            8,
             _seven_slice(81920, _names(10, 20, 40, 80), 9856),
         ),
         GpuModel(
-            "H100-80GB", "NVIDIA H100 80GB HBM3", 81559, 132, 7, 8,
+            "H100-80GB",
+            "NVIDIA H100 80GB HBM3",
+            81559,
+            132,
+            7,
+            8,
             _seven_slice(81559, _names(10, 20, 40, 80), 9856),
         ),
         GpuModel(
-            "H200-141GB", "NVIDIA H200", 143771, 132, 7, 8,
+            "H200-141GB",
+            "NVIDIA H200",
+            143771,
+            132,
+            7,
+            8,
             _seven_slice(143771, _names(18, 35, 71, 141), 17920),
         ),
         GpuModel(
-            "A30-24GB", "NVIDIA A30", 24576, 56, 4, 4,
+            "A30-24GB",
+            "NVIDIA A30",
+            24576,
+            56,
+            4,
+            4,
             (
                 _p("1g.6gb", 14, 1, 1, 5836, 4, (0, 1, 2, 3)),
                 _p("1g.6gb+me", 21, 1, 1, 5836, 1, (0, 1, 2, 3)),
@@ -165,7 +188,7 @@ def free_placements(
     Only the memory-slice geometry; the compute-slice budget and per-profile instance limits
     are the caller's second check (see the sim backend).
     """
-    used = set()
+    used: set = set()
     for start, size in occupied:
         used.update(range(start, start + size))
     return [

@@ -1,0 +1,612 @@
+"""Strict loading of ``slurmiso.yaml`` into :class:`~slurmiso.config.model.Config`.
+
+Every problem is collected (not just the first) and reported as one :class:`ConfigError` whose
+lines read ``FILE: key.path: what is wrong (allowed: ...)`` — the admin fixes them all in one
+pass. Unknown keys are errors, because a typo that is silently ignored is a policy that is
+silently not applied.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+
+from slurmiso.config.model import (
+    BACKENDS,
+    ISOLATIONS,
+    POOL_MODES,
+    SEVERITIES,
+    SIGNALS,
+    AuditSettings,
+    Checkpoint,
+    Config,
+    GpuSettings,
+    JobClass,
+    Match,
+    MigGroup,
+    MigLayout,
+    MonitorSettings,
+    MpsShare,
+    Paths,
+    Pool,
+    QosSpec,
+    Slo,
+    Stagger,
+    TelemetrySource,
+    Thresholds,
+)
+from slurmiso.errors import ConfigError
+
+DEFAULT_PATH = "/etc/slurmiso/slurmiso.yaml"
+T = TypeVar("T")
+_MISSING = object()
+
+
+def config_path(explicit: Optional[str] = None) -> str:
+    """The config file to use: explicit, else ``$SLURMISO_CONFIG``, else the default."""
+    return explicit or os.environ.get("SLURMISO_CONFIG") or DEFAULT_PATH
+
+
+class _Problems:
+    """Collects problems as ``key.path: message`` lines."""
+
+    def __init__(self) -> None:
+        self.errors: List[str] = []
+        self.warnings: List[str] = []
+
+    def add(self, path: str, msg: str) -> None:
+        self.errors.append(f"{path}: {msg}" if path else msg)
+
+    def warn(self, path: str, msg: str) -> None:
+        self.warnings.append(f"{path}: {msg}" if path else msg)
+
+
+class _Section:
+    """A mapping being read: typed getters that record problems and track unknown keys."""
+
+    def __init__(self, data: Any, path: str, problems: _Problems) -> None:
+        self.path = path
+        self.p = problems
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            problems.add(path, f"expected a mapping, got {_show(data)}")
+            data = {}
+        self.data: Dict[str, Any] = data
+        self.seen: set = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def raw(self, name: str, default: Any = _MISSING) -> Any:
+        self.seen.add(name)
+        if name not in self.data:
+            if default is _MISSING:
+                self.p.add(self.key(name), "required key is missing")
+                return None
+            return default
+        return self.data[name]
+
+    def text(self, name: str, default: Any = _MISSING, allowed: Sequence[str] = ()) -> str:
+        v = self.raw(name, default)
+        if v is None:
+            return "" if default is _MISSING else default
+        if not isinstance(v, str):
+            self.p.add(self.key(name), f"expected a string, got {_show(v)}")
+            return "" if default is _MISSING or default is None else default
+        if allowed and v not in allowed:
+            self.p.add(self.key(name), f"{v!r} is not allowed (allowed: {', '.join(allowed)})")
+        return v
+
+    def flag(self, name: str, default: bool) -> bool:
+        v = self.raw(name, default)
+        if not isinstance(v, bool):
+            self.p.add(self.key(name), f"expected true or false, got {_show(v)}")
+            return default
+        return v
+
+    def integer(self, name: str, default: Any, lo: int, hi: int) -> Any:
+        v = self.raw(name, default)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.p.add(self.key(name), f"expected a whole number {lo}..{hi}, got {_show(v)}")
+            return default
+        if not lo <= v <= hi:
+            self.p.add(self.key(name), f"{v} is out of range (allowed: {lo}..{hi})")
+        return v
+
+    def converted(self, name: str, default: Any, conv: Callable[[str], T], what: str) -> Any:
+        v = self.raw(name, default)
+        if v is None or v is default:
+            return v
+        try:
+            return conv(str(v))
+        except ValueError as exc:
+            self.p.add(self.key(name), f"{_show(v)} is not a valid {what} ({exc})")
+            return default
+
+    def strlist(self, name: str) -> Tuple[str, ...]:
+        v = self.raw(name, [])
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            self.p.add(self.key(name), f"expected a list of names, got {_show(v)}")
+            return ()
+        return tuple(v)
+
+    def section(self, name: str) -> _Section:
+        return _Section(self.raw(name, {}), self.key(name), self.p)
+
+    def seq(self, name: str) -> List[Any]:
+        v = self.raw(name, [])
+        if not isinstance(v, list):
+            self.p.add(self.key(name), f"expected a list, got {_show(v)}")
+            return []
+        return v
+
+    def done(self) -> None:
+        for k in self.data:
+            if k not in self.seen:
+                allowed = ", ".join(sorted(self.seen))
+                self.p.add(self.key(str(k)), f"unknown key (allowed here: {allowed})")
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _duration(text: str) -> int:
+    from slurmiso.units import parse_duration
+
+    return int(parse_duration(text))
+
+
+def _size(text: str) -> int:
+    from slurmiso.units import parse_size
+
+    return int(parse_size(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def _read_class(s: _Section) -> JobClass:
+    name = s.text("name")
+    m = s.section("match")
+    match = Match(
+        qos=m.strlist("qos"),
+        partitions=m.strlist("partitions"),
+        accounts=m.strlist("accounts"),
+        spank_class=m.text("spank_class", ""),
+    )
+    m.done()
+    isolation = s.text("isolation", "exclusive", ISOLATIONS)
+    prof_raw = s.raw("mig_profile", "")
+    profiles: Tuple[Tuple[str, str], ...] = ()
+    if isinstance(prof_raw, str):
+        profiles = (("*", prof_raw),) if prof_raw else ()
+    elif isinstance(prof_raw, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prof_raw.items()
+    ):
+        profiles = tuple(prof_raw.items())
+    else:
+        s.p.add(s.key("mig_profile"), "expected a profile name or a mapping GPU model -> profile")
+    mps_s = s.section("mps")
+    mps = MpsShare(
+        thread_percentage=mps_s.integer("thread_percentage", 100, 1, 100),
+        memory_limit_mb=mps_s.converted("memory_limit", 0, _size, "memory size (e.g. 20G)"),
+    )
+    mps_s.done()
+    preemptible = s.flag("preemptible", False)
+    ckpt: Optional[Checkpoint] = None
+    if "checkpoint" in s.data or preemptible:
+        c = s.section("checkpoint")
+        ckpt = Checkpoint(
+            signal=c.text("signal", "USR2", SIGNALS).upper(),
+            grace_s=c.converted("grace", 120, _duration, "duration (e.g. 120s)"),
+            max_requeues=c.integer("max_requeues", 20, 0, 10_000),
+            warn_before_limit_s=c.converted("warn_before_limit", 300, _duration, "duration"),
+        )
+        c.done()
+        if ckpt.signal == "USR1":
+            s.p.warn(c.key("signal"), "USR1 is used by NCCL; USR2 is safer for training jobs")
+    q = s.section("qos")
+    qos = QosSpec(
+        name=q.text("name", name),
+        priority=q.integer("priority", 0, 0, 2**31 - 1),
+        preempt=q.strlist("preempt"),
+        max_wall_s=q.converted("max_wall", None, _duration, "duration (e.g. 1d, 2-00:00:00)"),
+        max_gpus_per_job=q.integer("max_gpus_per_job", None, 1, 100_000),
+        accounts=q.strlist("accounts"),
+    )
+    q.done()
+    cls = JobClass(
+        name=name,
+        description=s.text("description", ""),
+        match=match,
+        isolation=isolation,
+        mig_profiles=profiles,
+        mps=mps,
+        memory_headroom_pct=s.integer("memory_headroom", 0, 0, 90),
+        preemptible=preemptible,
+        checkpoint=ckpt,
+        qos=qos,
+    )
+    s.done()
+    return cls
+
+
+def _read_pool(s: _Section) -> Pool:
+    from slurmiso.gpu.profiles import MODELS, lookup_model
+    from slurmiso.slurm.hostlist import HostlistError, expand
+
+    nodes = s.text("nodes", "")
+    names: Tuple[str, ...] = ()
+    try:
+        names = tuple(expand(nodes)) if nodes else ()
+    except HostlistError as exc:
+        s.p.add(s.key("nodes"), str(exc))
+    feature = s.text("feature", "")
+    if not nodes and not feature:
+        s.p.add(s.path, "a pool needs `nodes:` (a Slurm hostlist) or `feature:`")
+    model_raw = s.text("gpu_model")
+    model = lookup_model(model_raw) if model_raw else None
+    if model_raw and model is None:
+        s.p.add(
+            s.key("gpu_model"), f"unknown GPU model {model_raw!r} (allowed: {', '.join(MODELS)})"
+        )
+    pool = Pool(
+        name=s.text("name"),
+        nodes=nodes,
+        node_names=names,
+        feature=feature,
+        partition=s.text("partition"),
+        gpu_model=model.name if model else model_raw,
+        gpus_per_node=s.integer("gpus_per_node", 8, 1, 64),
+        mode=s.text("mode", allowed=POOL_MODES),
+        mig_layout=s.text("mig_layout", ""),
+        mps_shares_per_gpu=s.integer("mps_shares_per_gpu", 100, 1, 10_000),
+        shards_per_gpu=s.integer("shards_per_gpu", 7, 1, 1_000),
+    )
+    s.done()
+    return pool
+
+
+def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
+    s.text("version", "v1", ("v1",))
+    configs = s.section("mig-configs")
+    layouts = []
+    for name, groups in configs.data.items():
+        configs.seen.add(name)
+        path = configs.key(str(name))
+        if not isinstance(groups, list) or not groups:
+            configs.p.add(path, "expected a non-empty list of device groups")
+            continue
+        out = []
+        for i, g in enumerate(groups):
+            gs = _Section(g, f"{path}[{i}]", s.p)
+            dev = gs.raw("devices", "all")
+            devices: Optional[Tuple[int, ...]] = None
+            if dev != "all":
+                if isinstance(dev, list) and all(isinstance(d, int) and d >= 0 for d in dev):
+                    devices = tuple(dev)
+                else:
+                    gs.p.add(
+                        gs.key("devices"),
+                        f"expected `all` or a list of GPU indices, got {_show(dev)}",
+                    )
+            enabled = gs.flag("mig-enabled", False)
+            md = gs.raw("mig-devices", {})
+            counts: Tuple[Tuple[str, int], ...] = ()
+            if isinstance(md, dict) and all(
+                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in md.items()
+            ):
+                counts = tuple((k, v) for k, v in md.items() if v)
+            else:
+                gs.p.add(
+                    gs.key("mig-devices"), "expected a mapping profile -> count (e.g. 3g.40gb: 2)"
+                )
+            if counts and not enabled:
+                gs.p.add(gs.key("mig-devices"), "MIG devices listed but mig-enabled is false")
+            gs.done()
+            out.append(MigGroup(devices, enabled, counts))
+        layouts.append(MigLayout(str(name), tuple(out)))
+    s.done()
+    return tuple(layouts)
+
+
+def _read_monitor(s: _Section) -> MonitorSettings:
+    t = s.section("thresholds")
+    thresholds = Thresholds(
+        memory_used_pct=t.integer("memory_used", 75, 1, 100),
+        sm_active_pct=t.integer("sm_active", 85, 1, 100),
+        hysteresis_pct=t.integer("hysteresis", 10, 0, 50),
+    )
+    t.done()
+    st = s.section("stagger")
+    stagger = Stagger(
+        max_starts=st.integer("max_starts", 4, 1, 100_000),
+        interval_s=st.converted("interval", 60, _duration, "duration"),
+    )
+    st.done()
+    te = s.section("telemetry")
+    telemetry = TelemetrySource(
+        source=te.text("source", "agents", ("agents", "prometheus")),
+        agent_port=te.integer("agent_port", 9810, 1, 65535),
+        prometheus_url=te.text("prometheus_url", ""),
+    )
+    te.done()
+    if telemetry.source == "prometheus" and not telemetry.prometheus_url:
+        s.p.add(te.key("prometheus_url"), "required when source is prometheus")
+    slos = []
+    for i, item in enumerate(s.seq("slo")):
+        ss = _Section(item, f"{s.key('slo')}[{i}]", s.p)
+        slos.append(
+            Slo(
+                class_name=ss.text("class"),
+                max_queue_wait_s=ss.converted("max_queue_wait", None, _duration, "duration"),
+                p99_latency_ms=ss.raw("p99_latency_ms", None),
+                latency_query=ss.text("latency_query", ""),
+            )
+        )
+        ss.done()
+    mon = MonitorSettings(
+        interval_s=s.converted("interval", 30, _duration, "duration"),
+        dry_run=s.flag("dry_run", False),
+        thresholds=thresholds,
+        min_dwell_s=s.converted("min_dwell", 300, _duration, "duration"),
+        stagger=stagger,
+        telemetry=telemetry,
+        slo=tuple(slos),
+    )
+    s.done()
+    return mon
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-field rules
+
+
+def _check(cfg: Config, p: _Problems) -> None:
+    from slurmiso.gpu.placement import pack
+    from slurmiso.gpu.profiles import MODELS
+    from slurmiso.slurm.hostlist import compress
+
+    class_names = [c.name for c in cfg.classes]
+    for i, c in enumerate(cfg.classes):
+        key = f"classes[{i}]"
+        if class_names.count(c.name) > 1 and class_names.index(c.name) != i:
+            p.add(f"{key}.name", f"duplicate class name {c.name!r} (class names must be unique)")
+        for target in c.qos.preempt:
+            other = cfg.job_class(target)
+            if other is None:
+                p.add(
+                    f"{key}.qos.preempt",
+                    f"{target!r} is not a class (allowed: {', '.join(class_names)})",
+                )
+            elif not other.preemptible:
+                p.add(
+                    f"{key}.qos.preempt",
+                    f"class {target!r} is not preemptible: set preemptible: true there",
+                )
+        if c.isolation == "mig" and not c.mig_profiles:
+            p.add(f"{key}.mig_profile", "required when isolation is mig")
+        for model_name, _prof in c.mig_profiles:
+            if model_name != "*" and model_name not in MODELS:
+                p.add(
+                    f"{key}.mig_profile",
+                    f"unknown GPU model {model_name!r} (allowed: {', '.join(MODELS)})",
+                )
+        for pool in _pools_for(cfg, c):
+            model = MODELS.get(pool.gpu_model)
+            if model is None:
+                continue
+            if pool.mode in ("mig-static", "mig-dynamic") and c.mig_profiles:
+                prof = c.mig_profile_for(model.name)
+                if prof and model.profile(prof) is None:
+                    p.add(
+                        f"{key}.mig_profile",
+                        f"{prof!r} is not a MIG profile of {model.name} (pool {pool.name!r}; "
+                        f"allowed: {', '.join(model.profile_names)})",
+                    )
+            if pool.mode == "mps" and c.mps.memory_limit_mb > model.memory_mb:
+                p.add(
+                    f"{key}.mps.memory_limit",
+                    f"{c.mps.memory_limit_mb} MiB is more than a {model.name} has "
+                    f"({model.memory_mb} MiB, pool {pool.name!r})",
+                )
+    if cfg.default_class and cfg.job_class(cfg.default_class) is None:
+        p.add(
+            "default_class",
+            f'{cfg.default_class!r} is not a class (allowed: {", ".join(class_names)}, or "")',
+        )
+
+    pool_names = [x.name for x in cfg.pools]
+    seen_nodes: Dict[str, str] = {}
+    for i, pool in enumerate(cfg.pools):
+        key = f"pools[{i}]"
+        if pool_names.count(pool.name) > 1 and pool_names.index(pool.name) != i:
+            p.add(f"{key}.name", f"duplicate pool name {pool.name!r}")
+        clashes: Dict[str, List[str]] = {}
+        for n in pool.node_names:
+            if n in seen_nodes:
+                clashes.setdefault(seen_nodes[n], []).append(n)
+            seen_nodes.setdefault(n, pool.name)
+        for owner, nodes in clashes.items():
+            p.add(
+                f"{key}.nodes",
+                f"{compress(nodes)} already in pool {owner!r}; a node has exactly one GPU mode",
+            )
+        model = MODELS.get(pool.gpu_model)
+        if pool.mode in ("mig-static", "mig-dynamic") and model is not None and not model.profiles:
+            p.add(f"{key}.mode", f"{model.name} does not support MIG")
+        if pool.mode == "mig-static":
+            layout = cfg.mig_layout(pool.mig_layout) if pool.mig_layout else None
+            if not pool.mig_layout:
+                p.add(f"{key}.mig_layout", "required when mode is mig-static")
+            elif layout is None:
+                names = ", ".join(x.name for x in cfg.mig_layouts) or "none defined"
+                p.add(
+                    f"{key}.mig_layout",
+                    f"no layout {pool.mig_layout!r} under mig_layouts.mig-configs "
+                    f"(defined: {names})",
+                )
+            elif model is not None:
+                _check_layout(layout, model, pool, key, p, pack)
+        elif pool.mig_layout:
+            p.add(f"{key}.mig_layout", f"only used when mode is mig-static (mode is {pool.mode})")
+    for i, slo in enumerate(cfg.monitor.slo):
+        if cfg.job_class(slo.class_name) is None:
+            p.add(
+                f"monitor.slo[{i}].class",
+                f"{slo.class_name!r} is not a class (allowed: {', '.join(class_names)})",
+            )
+    for layout in cfg.mig_layouts:
+        for gi, group in enumerate(layout.groups):
+            for prof, _ in group.mig_devices:
+                if not any(m.profile(prof) for m in MODELS.values()):
+                    p.add(
+                        f"mig_layouts.mig-configs.{layout.name}[{gi}].mig-devices",
+                        f"unknown MIG profile {prof!r} (no supported GPU has it)",
+                    )
+
+
+def _check_layout(
+    layout: MigLayout, model: Any, pool: Pool, key: str, p: _Problems, pack: Any
+) -> None:
+    where = f"mig_layouts.mig-configs.{layout.name}"
+    for gi, group in enumerate(layout.groups):
+        for d in group.devices or ():
+            if d >= pool.gpus_per_node:
+                p.add(
+                    f"{where}[{gi}].devices",
+                    f"GPU {d} does not exist in pool {pool.name!r} "
+                    f"({pool.gpus_per_node} GPUs per node)",
+                )
+        bad = [prof for prof, _ in group.mig_devices if model.profile(prof) is None]
+        if bad:
+            p.add(
+                f"{where}[{gi}].mig-devices",
+                f"{', '.join(bad)} not a MIG profile of {model.name} (pool {pool.name!r}; "
+                f"allowed: {', '.join(model.profile_names)})",
+            )
+        elif group.mig_devices and pack(model, group.counts()) is None:
+            want = ", ".join(f"{n}x {prof}" for prof, n in group.mig_devices)
+            p.add(
+                f"{where}[{gi}].mig-devices",
+                f"{want} does not fit on one {model.name} (placement rules)",
+            )
+    if not any(g.mig_enabled for g in layout.groups):
+        p.add(f"{key}.mig_layout", f"layout {layout.name!r} enables MIG on no GPU")
+
+
+def _pools_for(cfg: Config, c: JobClass) -> List[Pool]:
+    """Pools a class's jobs can land on: those of its partitions, or all when it names none."""
+    return [p for p in cfg.pools if not c.match.partitions or p.partition in c.match.partitions]
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+
+
+def parse_config(data: Any, source: str = "<string>") -> Config:
+    """Validate already-parsed YAML ``data``; raise ConfigError listing every problem."""
+    p = _Problems()
+    top = _Section(data, "", p)
+    version = top.raw("version", None)
+    if version is None:
+        p.add("version", "required key is missing (write `version: 1` at the top)")
+    elif version != 1:
+        p.add("version", f"{_show(version)} is not supported (allowed: 1)")
+    ps = top.section("paths")
+    paths = Paths(
+        state_dir=ps.text("state_dir", Paths.state_dir),
+        journal=ps.text("journal", Paths.journal),
+        dcgm_job_mapping_dir=ps.text("dcgm_job_mapping_dir", ""),
+    )
+    ps.done()
+    for k in ("state_dir", "journal"):
+        v = getattr(paths, k)
+        if v and not v.startswith("/"):
+            p.add(
+                f"paths.{k}",
+                f"{v!r} must be an absolute path (hooks run with no working directory)",
+            )
+    gs = top.section("gpu")
+    gpu = GpuSettings(
+        backend=gs.text("backend", "auto", BACKENDS),
+        sim_state=gs.text("sim_state", GpuSettings.sim_state),
+    )
+    gs.done()
+    classes = []
+    for i, item in enumerate(top.seq("classes")):
+        classes.append(_read_class(_Section(item, f"classes[{i}]", p)))
+    if not classes and "classes" in top.data:
+        p.add("classes", "at least one job class is required")
+    pools = [
+        _read_pool(_Section(item, f"pools[{i}]", p)) for i, item in enumerate(top.seq("pools"))
+    ]
+    layouts = _read_layouts(top.section("mig_layouts")) if "mig_layouts" in top.data else ()
+    if "mig_layouts" not in top.data:
+        top.seen.add("mig_layouts")
+    monitor = _read_monitor(top.section("monitor"))
+    a = top.section("audit")
+    audit = AuditSettings(
+        severity=a.text("severity", "warning", SEVERITIES),
+        long_infer_job_s=a.converted("long_infer_job", 4 * 3600, _duration, "duration"),
+        repeated_preemptions=a.integer("repeated_preemptions", 3, 1, 1000),
+    )
+    a.done()
+    default_class = top.text("default_class", "")
+    top.done()
+    cfg = Config(
+        version=1,
+        source=source,
+        paths=paths,
+        gpu=gpu,
+        classes=tuple(classes),
+        default_class=default_class,
+        pools=tuple(pools),
+        mig_layouts=layouts,
+        monitor=monitor,
+        audit=audit,
+    )
+    if not p.errors:
+        _check(cfg, p)
+    if p.errors:
+        n = len(p.errors)
+        raise ConfigError(
+            f"{source}: {n} problem{'s' if n > 1 else ''} in the configuration",
+            problems=[f"{source}: {e}" for e in p.errors],
+        )
+    if p.warnings:
+        object.__setattr__(cfg, "warnings", tuple(f"{source}: {w}" for w in p.warnings))
+    return cfg
+
+
+def load_config(path: Optional[str] = None) -> Config:
+    """Read and validate the config file (see :func:`config_path` for which one)."""
+    import yaml
+
+    src = config_path(path)
+    try:
+        with open(src, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {src} does not exist",
+            hint="copy etc/slurmiso.yaml there, or set SLURMISO_CONFIG / pass --config",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {src}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{src}: {where}not valid YAML: {problem}") from None
+    return parse_config(data, src)

@@ -1,0 +1,246 @@
+"""The configuration as frozen dataclasses: loaded once, validated, then only read.
+
+Everything here is plain data with small lookups; parsing and validation live in
+:mod:`slurmiso.config.loader`. Durations are seconds, memory sizes MiB, percentages 0..100.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+ISOLATIONS = ("exclusive", "mig", "mps", "timeslice")
+POOL_MODES = ("exclusive", "mig-static", "mig-dynamic", "mps", "timeslice")
+#: Which class isolation a pool mode can give.
+MODE_ISOLATION = {
+    "exclusive": "exclusive",
+    "mig-static": "mig",
+    "mig-dynamic": "mig",
+    "mps": "mps",
+    "timeslice": "timeslice",
+}
+BACKENDS = ("auto", "nvml", "sim")
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT")
+SEVERITIES = ("info", "warning", "error")
+
+
+def node_name(explicit: str = "") -> str:
+    """This node's Slurm name: explicit, else ``$SLURMD_NODENAME``, else the short hostname."""
+    import os
+
+    return explicit or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def expand_node(path: str, node: str = "") -> str:
+    """Replace ``%n`` in a configured path with the node name (one host can run many slurmd)."""
+    return path.replace("%n", node_name(node)) if "%n" in path else path
+
+
+@dataclass(frozen=True)
+class Match:
+    """How a job is recognised: any listed QoS, partition or account, or the SPANK option."""
+
+    qos: Tuple[str, ...] = ()
+    partitions: Tuple[str, ...] = ()
+    accounts: Tuple[str, ...] = ()
+    spank_class: str = ""
+
+
+@dataclass(frozen=True)
+class MpsShare:
+    thread_percentage: int = 100
+    memory_limit_mb: int = 0  # 0 = no pinned-memory limit
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    signal: str = "USR2"
+    grace_s: int = 120
+    max_requeues: int = 20
+    warn_before_limit_s: int = 300  # --signal lead time before the time limit
+
+
+@dataclass(frozen=True)
+class QosSpec:
+    """What ``qos apply`` makes of a class in ``sacctmgr``."""
+
+    name: str
+    priority: int = 0
+    preempt: Tuple[str, ...] = ()
+    max_wall_s: Optional[int] = None
+    max_gpus_per_job: Optional[int] = None
+    accounts: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobClass:
+    name: str
+    description: str
+    match: Match
+    isolation: str
+    #: MIG profile per GPU model ("*" = any model).
+    mig_profiles: Tuple[Tuple[str, str], ...]
+    mps: MpsShare
+    memory_headroom_pct: int
+    preemptible: bool
+    checkpoint: Optional[Checkpoint]
+    qos: QosSpec
+
+    def mig_profile_for(self, model: str) -> str:
+        """The MIG profile this class gets on a GPU of ``model`` ("" if none is declared)."""
+        table = dict(self.mig_profiles)
+        return table.get(model) or table.get("*", "")
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    nodes: str  # hostlist expression as written
+    node_names: Tuple[str, ...]
+    feature: str
+    partition: str
+    gpu_model: str
+    gpus_per_node: int
+    mode: str
+    mig_layout: str = ""
+    mps_shares_per_gpu: int = 100
+    shards_per_gpu: int = 7
+
+
+@dataclass(frozen=True)
+class MigGroup:
+    """One entry of a mig-parted config: which devices, MIG on/off, how many of each profile."""
+
+    devices: Optional[Tuple[int, ...]]  # None = all
+    mig_enabled: bool
+    mig_devices: Tuple[Tuple[str, int], ...] = ()
+
+    def applies_to(self, index: int) -> bool:
+        return self.devices is None or index in self.devices
+
+    def counts(self) -> Dict[str, int]:
+        return dict(self.mig_devices)
+
+
+@dataclass(frozen=True)
+class MigLayout:
+    name: str
+    groups: Tuple[MigGroup, ...]
+
+    def for_device(self, index: int) -> Optional[MigGroup]:
+        """The group that lays out GPU ``index`` (the first that names it), if any."""
+        for g in self.groups:
+            if g.applies_to(index):
+                return g
+        return None
+
+
+@dataclass(frozen=True)
+class Paths:
+    state_dir: str = "/run/slurmiso"
+    journal: str = "/var/log/slurmiso/journal.jsonl"
+    dcgm_job_mapping_dir: str = ""
+
+    def state_dir_for(self, node: str = "") -> str:
+        return expand_node(self.state_dir, node)
+
+    def journal_for(self, node: str = "") -> str:
+        return expand_node(self.journal, node)
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    backend: str = "auto"
+    sim_state: str = "/var/lib/slurmiso/sim/%n.json"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    memory_used_pct: int = 75
+    sm_active_pct: int = 85
+    hysteresis_pct: int = 10
+
+
+@dataclass(frozen=True)
+class Stagger:
+    max_starts: int = 4
+    interval_s: int = 60
+
+
+@dataclass(frozen=True)
+class TelemetrySource:
+    source: str = "agents"
+    agent_port: int = 9810
+    prometheus_url: str = ""
+
+
+@dataclass(frozen=True)
+class Slo:
+    class_name: str
+    max_queue_wait_s: Optional[int] = None
+    p99_latency_ms: Optional[float] = None
+    latency_query: str = ""
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    interval_s: int = 30
+    dry_run: bool = False
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    min_dwell_s: int = 300
+    stagger: Stagger = field(default_factory=Stagger)
+    telemetry: TelemetrySource = field(default_factory=TelemetrySource)
+    slo: Tuple[Slo, ...] = ()
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    severity: str = "warning"
+    long_infer_job_s: int = 4 * 3600
+    repeated_preemptions: int = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated slurmiso configuration. ``source`` is the file it came from."""
+
+    version: int
+    source: str
+    paths: Paths
+    gpu: GpuSettings
+    classes: Tuple[JobClass, ...]
+    default_class: str
+    pools: Tuple[Pool, ...]
+    mig_layouts: Tuple[MigLayout, ...]
+    monitor: MonitorSettings
+    audit: AuditSettings
+    warnings: Tuple[str, ...] = ()
+
+    def job_class(self, name: str) -> Optional[JobClass]:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        return None
+
+    def pool(self, name: str) -> Optional[Pool]:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        return None
+
+    def pool_for_node(self, node: str, features: Tuple[str, ...] = ()) -> Optional[Pool]:
+        """The pool a node belongs to: by name first, then by node feature."""
+        for p in self.pools:
+            if node in p.node_names:
+                return p
+        for p in self.pools:
+            if p.feature and p.feature in features:
+                return p
+        return None
+
+    def mig_layout(self, name: str) -> Optional[MigLayout]:
+        for layout in self.mig_layouts:
+            if layout.name == name:
+                return layout
+        return None
