@@ -1,0 +1,631 @@
+"""A simulated GPU node, kept in a JSON file that separate processes share.
+
+The prolog, the epilog, the job and the monitor are separate processes (often separate users),
+so the simulated node lives in a file: every read or change holds ``<state>.lock`` (a
+``filelock.FileLock``) and every write is atomic (temp file in the same folder, fsync,
+``os.replace``). The backend fails exactly where NVML fails, with the same
+:mod:`slurmiso.errors` classes the NVML backend translates NVML's codes to, so the hooks'
+failure policy is exercised on a laptop. Processes are real pids: an entry disappears from
+:meth:`SimBackend.processes` once its pid is gone, just as NVML stops reporting a killed job.
+
+Sim-only knobs (``set_mig_mode``, ``set_lost``, ``add_process``, ``set_load``, ``clear_load``)
+play what the admin, the hardware and the workload would do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import uuid
+from contextlib import contextmanager, suppress
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import filelock
+import psutil
+
+from slurmiso.errors import (
+    GpuError,
+    GpuInsufficientResources,
+    GpuInUse,
+    GpuLost,
+    GpuNotFound,
+    GpuNotSupported,
+    GpuUnavailable,
+    UsageError,
+)
+from slurmiso.gpu import profiles
+from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.profiles import GpuModel, MigProfile
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+#: Namespace of the deterministic UUIDs, so a re-initialised node keeps its GPU UUIDs.
+_UUID_NS = uuid.UUID("6f1d3c2a-5b7e-4c1a-9e0f-3a2b1c4d5e6f")
+_MAX_GPUS = 16
+
+State = Dict[str, Any]
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def _gpu_uuid(node: str, index: int) -> str:
+    return "GPU-" + str(uuid.uuid5(_UUID_NS, f"{node}/gpu/{index}"))
+
+
+def _mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int, generation: int) -> str:
+    """MIG device UUID; ``generation`` makes a re-created instance a new device, as on NVML."""
+    return "MIG-" + str(uuid.uuid5(_UUID_NS, f"{gpu_uuid}/gi{gi_id}/ci{ci_id}/g{generation}"))
+
+
+def _fresh_load() -> Dict[str, Any]:
+    return {"util": 0, "sm": 0, "gr": None, "memory_mb": 0}
+
+
+def _known_models() -> str:
+    return ", ".join(profiles.MODELS)
+
+
+def new_state(model: str, gpus: int, mig: bool = False, node: str = "") -> State:
+    """The state of a freshly booted simulated node (pure; :func:`init_state` writes it)."""
+    gpu_model = profiles.lookup_model(model)
+    if gpu_model is None:
+        raise UsageError(f"unknown GPU model {model!r}; known models: {_known_models()}")
+    if not 1 <= gpus <= _MAX_GPUS:
+        raise UsageError(f"a simulated node has 1 to {_MAX_GPUS} GPUs, not {gpus}")
+    if mig and not gpu_model.profiles:
+        raise UsageError(f"{gpu_model.name} has no MIG support")
+    node = node or _short_hostname()
+    return {
+        "version": STATE_VERSION,
+        "node": node,
+        "model": gpu_model.name,
+        "mig_generation": 0,
+        "gpus": [
+            {
+                "index": i,
+                "uuid": _gpu_uuid(node, i),
+                "minor": i,
+                "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0",
+                "mig_enabled": bool(mig),
+                "lost": False,
+                "load": _fresh_load(),
+                "instances": [],
+            }
+            for i in range(gpus)
+        ],
+        "processes": [],
+    }
+
+
+def init_state(
+    path: str, model: str, gpus: int, mig: bool = False, node: str = "", force: bool = False
+) -> None:
+    """Create the state file of a simulated node; refuses to replace one unless ``force``."""
+    state = new_state(model, gpus, mig, node)
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise GpuUnavailable(
+            f"cannot create folder {folder} for simulated GPU state: {exc}"
+        ) from exc
+    store = _StateFile(path)
+    with store.locked():
+        if os.path.exists(path) and not force:
+            raise UsageError(
+                f"simulated GPU state {path} already exists",
+                hint="use force=True / 'slurmiso sim init --force' to replace it, "
+                "which forgets its MIG instances and processes",
+            )
+        store.write(state)
+    log.info(
+        "initialised simulated node %s: %d x %s at %s", state["node"], gpus, state["model"], path
+    )
+
+
+class _StateFile:
+    """Locked, atomic access to one JSON state file."""
+
+    def __init__(self, path: str, lock_timeout: float = 30.0) -> None:
+        self.path = path
+        self.lock_path = path + ".lock"
+        self.lock_timeout = lock_timeout
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        lock = _make_lock(self.lock_path, self.lock_timeout)
+        try:
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise GpuUnavailable(
+                f"simulated GPU state is busy: lock {self.lock_path} not acquired within "
+                f"{self.lock_timeout:g}s",
+                hint="another slurmiso process holds it; check for a hung prolog/epilog",
+            ) from exc
+        except OSError as exc:
+            raise GpuUnavailable(f"cannot open lock file {self.lock_path}: {exc}") from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def read(self) -> State:
+        fix = f"recreate it: slurmiso sim init --force --state {self.path} --model MODEL --gpus N"
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                state = json.load(fh)
+        except FileNotFoundError as exc:
+            raise GpuUnavailable(
+                f"no simulated GPU state at {self.path}",
+                hint=f"create it: slurmiso sim init --state {self.path} --model H100-80GB --gpus 8",
+            ) from exc
+        except (OSError, ValueError) as exc:
+            raise GpuUnavailable(
+                f"simulated GPU state {self.path} is unreadable or corrupt: {exc}", hint=fix
+            ) from exc
+        problem = _schema_problem(state)
+        if problem:
+            raise GpuUnavailable(
+                f"simulated GPU state {self.path} is corrupt: {problem}", hint=fix
+            )
+        return state
+
+    def write(self, state: State) -> None:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        mode = _file_mode(self.path)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sim-state.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(state, fh, indent=1, sort_keys=True)
+                fh.write("\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise GpuUnavailable(f"cannot write simulated GPU state {self.path}: {exc}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[State]:
+        """Read, let the caller change, write back; nothing is written if the caller raises."""
+        with self.locked():
+            state = self.read()
+            yield state
+            self.write(state)
+
+    def snapshot(self) -> State:
+        with self.locked():
+            return self.read()
+
+
+def _make_lock(lock_path: str, timeout: float) -> filelock.FileLock:
+    # 0o666 (less umask): the prolog (root) and the job (a user) share one simulated node.
+    try:
+        return filelock.FileLock(lock_path, timeout=timeout, mode=0o666)
+    except TypeError:  # filelock < 3.10 has no ``mode``
+        return filelock.FileLock(lock_path, timeout=timeout)
+
+
+def _file_mode(path: str) -> int:
+    """Keep an existing file's mode; a new one gets what ``open()`` would give it."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _unlink_quietly(path: str) -> None:
+    with suppress(OSError):
+        os.unlink(path)
+
+
+def _schema_problem(state: Any) -> str:
+    if not isinstance(state, dict):
+        return "top level is not an object"
+    if state.get("version") != STATE_VERSION:
+        return f"version {state.get('version')!r}, expected {STATE_VERSION}"
+    if profiles.lookup_model(str(state.get("model", ""))) is None:
+        return f"unknown model {state.get('model')!r}"
+    if not isinstance(state.get("gpus"), list) or not isinstance(state.get("processes"), list):
+        return "'gpus' or 'processes' is not a list"
+    return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    return pid > 0 and psutil.pid_exists(pid)
+
+
+class SimBackend:
+    """:class:`~slurmiso.gpu.backend.GpuBackend` on a simulated node stored at ``state_path``.
+
+    The constructor does no I/O (hooks build backends on every job start); each call locks,
+    reads and, for changes, atomically rewrites the file.
+    """
+
+    name = "sim"
+
+    def __init__(self, state_path: str, lock_timeout: float = 30.0) -> None:
+        self.state_path = state_path
+        self._store = _StateFile(state_path, lock_timeout)
+
+    # ----------------------------------------------------------------- GpuBackend: queries
+    def devices(self) -> List[DeviceInfo]:
+        state = self._store.snapshot()
+        return [_device_info(state, _gpu(state, g["index"])) for g in state["gpus"]]
+
+    def device(self, index: int) -> DeviceInfo:
+        state = self._store.snapshot()
+        return _device_info(state, _gpu(state, index))
+
+    def mig_mode(self, index: int) -> Tuple[bool, bool]:
+        gpu = _gpu(self._store.snapshot(), index)
+        return bool(gpu["mig_enabled"]), bool(gpu["mig_enabled"])
+
+    def profiles(self, index: int) -> List[MigProfile]:
+        state = self._store.snapshot()
+        _gpu(state, index)
+        return list(_model(state).profiles)
+
+    def free_placements(self, index: int, profile: str) -> List[int]:
+        state = self._store.snapshot()
+        gpu = _gpu(state, index)
+        prof = _profile(state, index, profile)
+        if not gpu["mig_enabled"] or _capacity_problem(state, gpu, prof):
+            return []
+        return _geometric_free(state, gpu, prof)
+
+    def instances(self, index: Optional[int] = None) -> List[MigInstance]:
+        state = self._store.snapshot()
+        return [
+            _mig_instance(state, gpu, inst)
+            for gpu in _selected(state, index)
+            for inst in gpu["instances"]
+        ]
+
+    def processes(self, index: Optional[int] = None) -> List[GpuProcess]:
+        state = self._store.snapshot()
+        wanted = {g["index"] for g in _selected(state, index)}
+        return [
+            GpuProcess(p["pid"], p["gpu_index"], p["used_memory_mb"], p["mig_uuid"], p["name"])
+            for p in _live_processes(state)
+            if p["gpu_index"] in wanted
+        ]
+
+    def telemetry(self, index: int) -> Telemetry:
+        state = self._store.snapshot()
+        gpu = _gpu(state, index)
+        load = gpu["load"]
+        gr = load["gr"] if load["gr"] is not None else load["util"]
+        return Telemetry(
+            gpu_index=index,
+            sm_active=load["sm"] / 100.0,
+            gr_engine_active=gr / 100.0,
+            memory_used_mb=_memory_used(state, gpu),
+            memory_total_mb=_model(state).memory_mb,
+        )
+
+    # --------------------------------------------------------------- GpuBackend: changes
+    def create_gpu_instance(
+        self, index: int, profile: str, placement: Optional[int] = None
+    ) -> MigInstance:
+        with self._store.transaction() as state:
+            gpu = _gpu(state, index)
+            prof = _profile(state, index, profile)
+            start = _choose_placement(state, gpu, prof, placement)
+            used_ids = {i["gi_id"] for i in gpu["instances"]}
+            gi_id = next(n for n in range(1, len(used_ids) + 2) if n not in used_ids)
+            inst = {"gi_id": gi_id, "profile": prof.name, "start": start,
+                    "size": prof.memory_slices, "ci_id": None, "uuid": ""}
+            gpu["instances"].append(inst)
+            gpu["instances"].sort(key=lambda i: i["gi_id"])
+            log.debug("sim: GPU %d: created GI %d (%s at %d)", index, gi_id, prof.name, start)
+            return _mig_instance(state, gpu, inst)
+
+    def create_compute_instance(self, index: int, gi_id: int) -> MigInstance:
+        with self._store.transaction() as state:
+            gpu = _gpu(state, index)
+            inst = _instance(gpu, gi_id)
+            if inst["ci_id"] is not None:
+                raise GpuInsufficientResources(
+                    f"GPU instance {gi_id} on GPU {index} already has its full-size compute "
+                    f"instance {inst['ci_id']}"
+                )
+            state["mig_generation"] = int(state.get("mig_generation", 0)) + 1
+            inst["ci_id"] = 0
+            inst["uuid"] = _mig_uuid(gpu["uuid"], gi_id, 0, state["mig_generation"])
+            return _mig_instance(state, gpu, inst)
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        with self._store.transaction() as state:
+            gpu = _gpu(state, index)
+            inst = _instance(gpu, gi_id)
+            if inst["ci_id"] is None or inst["ci_id"] != ci_id:
+                raise GpuNotFound(
+                    f"no compute instance {ci_id} in GPU instance {gi_id} on GPU {index}"
+                )
+            users = [p["pid"] for p in _live_processes(state) if p["mig_uuid"] == inst["uuid"]]
+            if users:
+                raise GpuInUse(
+                    f"compute instance {ci_id} of GPU instance {gi_id} on GPU {index} is in use "
+                    f"by pid(s) {', '.join(map(str, users))}",
+                    hint="stop those processes first",
+                )
+            state["processes"] = [p for p in state["processes"] if p["mig_uuid"] != inst["uuid"]]
+            inst["ci_id"], inst["uuid"] = None, ""
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        with self._store.transaction() as state:
+            gpu = _gpu(state, index)
+            inst = _instance(gpu, gi_id)
+            if inst["ci_id"] is not None:
+                raise GpuInUse(
+                    f"GPU instance {gi_id} on GPU {index} still has compute instance "
+                    f"{inst['ci_id']}",
+                    hint="destroy the compute instance first",
+                )
+            gpu["instances"].remove(inst)
+
+    def close(self) -> None:
+        """Nothing to release: every call opens and closes the file."""
+
+    # ------------------------------------------------------------------- sim-only knobs
+    def state(self) -> State:
+        """The raw simulated node (for ``sim show``); lost GPUs included, dead pids dropped."""
+        state = self._store.snapshot()
+        state["processes"] = _live_processes(state)
+        return state
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Switch MIG mode now (a real GPU needs an idle GPU and a reset; here it is instant)."""
+        with self._store.transaction() as state:
+            gpu = _gpu(state, index)
+            if enabled and not _model(state).profiles:
+                raise GpuNotSupported(f"GPU {index} ({state['model']}) has no MIG support")
+            if bool(gpu["mig_enabled"]) == bool(enabled):
+                return
+            busy = _busy_reason(state, gpu)
+            if busy:
+                raise GpuInUse(f"cannot change MIG mode of GPU {index}: {busy}")
+            gpu["mig_enabled"] = bool(enabled)
+
+    def set_lost(self, index: int, lost: bool) -> None:
+        """Make a GPU fall off the bus (or come back): every call touching it then raises."""
+        with self._store.transaction() as state:
+            _gpu(state, index, allow_lost=True)["lost"] = bool(lost)
+
+    def add_process(
+        self, index: int, pid: int, used_memory_mb: int, mig_uuid: str = "", name: str = ""
+    ) -> GpuProcess:
+        """Register a process holding memory on a GPU (or one of its MIG devices).
+
+        An entry for the same pid on the same device is replaced, so repeating a
+        ``sim load`` updates instead of adding up.
+        """
+        if used_memory_mb < 0 or pid <= 0:
+            raise UsageError(f"invalid process: pid {pid}, memory {used_memory_mb} MiB")
+        with self._store.transaction() as state:
+            gpu = _gpu(state, index, allow_lost=True)
+            if mig_uuid and not any(i["uuid"] == mig_uuid for i in gpu["instances"]):
+                raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
+            entry = {"pid": int(pid), "gpu_index": index, "used_memory_mb": int(used_memory_mb),
+                     "mig_uuid": mig_uuid, "name": name}
+            state["processes"] = [
+                p for p in _live_processes(state)
+                if (p["pid"], p["gpu_index"], p["mig_uuid"]) != (pid, index, mig_uuid)
+            ] + [entry]
+            return GpuProcess(int(pid), index, int(used_memory_mb), mig_uuid, name)
+
+    def set_load(
+        self,
+        index: int,
+        util: Optional[float] = None,
+        sm_active: Optional[float] = None,
+        memory_used_mb: Optional[int] = None,
+        gr_active: Optional[float] = None,
+    ) -> None:
+        """Inject activity: ``util``, ``sm_active`` and ``gr_active`` in percent (0-100),
+        ``memory_used_mb`` as memory used outside any registered process.
+
+        Unset figures keep their value; graphics-engine activity follows ``util`` unless set.
+        """
+        for label, pct in (("util", util), ("sm_active", sm_active), ("gr_active", gr_active)):
+            if pct is not None and not 0 <= pct <= 100:
+                raise UsageError(f"{label} must be a percentage 0-100, not {pct}")
+        if memory_used_mb is not None and memory_used_mb < 0:
+            raise UsageError(f"memory_used_mb must not be negative, not {memory_used_mb}")
+        with self._store.transaction() as state:
+            load = _gpu(state, index, allow_lost=True)["load"]
+            for key, value in (("util", util), ("sm", sm_active), ("gr", gr_active),
+                               ("memory_mb", memory_used_mb)):
+                if value is not None:
+                    load[key] = value
+
+    def clear_load(self, index: Optional[int] = None) -> None:
+        """Reset injected activity and forget registered processes, of one GPU or all."""
+        with self._store.transaction() as state:
+            gpus = [_gpu(state, index, allow_lost=True)] if index is not None else state["gpus"]
+            for gpu in gpus:
+                gpu["load"] = _fresh_load()
+            indices = {g["index"] for g in gpus}
+            state["processes"] = [p for p in state["processes"] if p["gpu_index"] not in indices]
+
+
+# ------------------------------------------------------------------ pure state helpers
+def _model(state: State) -> GpuModel:
+    model = profiles.lookup_model(state["model"])
+    assert model is not None  # checked by _schema_problem on every read
+    return model
+
+
+def _gpu(state: State, index: int, allow_lost: bool = False) -> Dict[str, Any]:
+    gpus = state["gpus"]
+    if not isinstance(index, int) or not 0 <= index < len(gpus):
+        raise GpuNotFound(
+            f"no GPU {index} on simulated node {state['node']} (GPUs 0-{len(gpus) - 1})"
+        )
+    gpu: Dict[str, Any] = gpus[index]
+    if gpu["lost"] and not allow_lost:
+        raise GpuLost(
+            f"GPU {index} has fallen off the bus (NVML_ERROR_GPU_IS_LOST)",
+            hint=f"drain the node, reset the GPU (simulated: slurmiso sim fault --gpu {index} ok)",
+        )
+    return gpu
+
+
+def _selected(state: State, index: Optional[int]) -> List[Dict[str, Any]]:
+    if index is not None:
+        return [_gpu(state, index)]
+    return [_gpu(state, g["index"]) for g in state["gpus"]]
+
+
+def _profile(state: State, index: int, name: str) -> MigProfile:
+    model = _model(state)
+    prof = model.profile(name)
+    if prof is None:
+        allowed = ", ".join(model.profile_names) or "none (no MIG support)"
+        raise GpuNotSupported(
+            f"MIG profile {name!r} does not exist on GPU {index} ({model.name}); "
+            f"allowed profiles: {allowed}"
+        )
+    return prof
+
+
+def _instance(gpu: Dict[str, Any], gi_id: int) -> Dict[str, Any]:
+    for inst in gpu["instances"]:
+        if inst["gi_id"] == gi_id:
+            return inst
+    raise GpuNotFound(f"no GPU instance {gi_id} on GPU {gpu['index']}")
+
+
+def _live_processes(state: State) -> List[Dict[str, Any]]:
+    return [p for p in state["processes"] if _pid_alive(int(p["pid"]))]
+
+
+def _memory_used(state: State, gpu: Dict[str, Any], mig_uuid: Optional[str] = None) -> int:
+    procs = [p for p in _live_processes(state) if p["gpu_index"] == gpu["index"]]
+    if mig_uuid is not None:
+        return sum(p["used_memory_mb"] for p in procs if p["mig_uuid"] == mig_uuid)
+    return int(gpu["load"]["memory_mb"]) + sum(p["used_memory_mb"] for p in procs)
+
+
+def _device_info(state: State, gpu: Dict[str, Any]) -> DeviceInfo:
+    model = _model(state)
+    mig = bool(gpu["mig_enabled"])
+    return DeviceInfo(
+        index=gpu["index"],
+        uuid=gpu["uuid"],
+        name=model.product_name,
+        model=model.name,
+        minor=gpu["minor"],
+        pci_bus_id=gpu["pci_bus_id"],
+        memory_total_mb=model.memory_mb,
+        memory_used_mb=_memory_used(state, gpu),
+        # NVML answers NOT_SUPPORTED for utilization in MIG mode; backends report 0 then.
+        utilization_pct=0 if mig else int(gpu["load"]["util"]),
+        mig_enabled=mig,
+        mig_pending=mig,
+    )
+
+
+def _mig_instance(state: State, gpu: Dict[str, Any], inst: Dict[str, Any]) -> MigInstance:
+    prof = _model(state).profile(inst["profile"])
+    return MigInstance(
+        gpu_index=gpu["index"],
+        gi_id=inst["gi_id"],
+        profile=inst["profile"],
+        placement_start=inst["start"],
+        placement_size=inst["size"],
+        ci_id=inst["ci_id"],
+        uuid=inst["uuid"],
+        memory_total_mb=prof.memory_mb if prof else 0,
+        memory_used_mb=_memory_used(state, gpu, inst["uuid"]) if inst["uuid"] else 0,
+    )
+
+
+def _busy_reason(state: State, gpu: Dict[str, Any]) -> str:
+    n_inst = len(gpu["instances"])
+    n_proc = sum(1 for p in _live_processes(state) if p["gpu_index"] == gpu["index"])
+    parts = []
+    if n_inst:
+        parts.append(f"{n_inst} MIG instance(s) exist")
+    if n_proc:
+        parts.append(f"{n_proc} process(es) run on it")
+    return " and ".join(parts)
+
+
+def _geometric_free(state: State, gpu: Dict[str, Any], prof: MigProfile) -> List[int]:
+    occupied = [(i["start"], i["size"]) for i in gpu["instances"]]
+    return profiles.free_placements(_model(state), prof, occupied)
+
+
+def _capacity_problem(state: State, gpu: Dict[str, Any], prof: MigProfile) -> str:
+    """Why no further ``prof`` instance fits, beyond geometry ("" if it may)."""
+    model = _model(state)
+    same = sum(1 for i in gpu["instances"] if i["profile"] == prof.name)
+    if same >= prof.max_instances:
+        return f"{prof.name} allows at most {prof.max_instances} instance(s) per GPU"
+    used = 0
+    for inst in gpu["instances"]:
+        other = model.profile(inst["profile"])
+        used += other.compute_slices if other else 0
+    if used + prof.compute_slices > model.compute_slices:
+        return (
+            f"{prof.name} needs {prof.compute_slices} compute slice(s), "
+            f"{model.compute_slices - used} of {model.compute_slices} are free"
+        )
+    return ""
+
+
+def _choose_placement(
+    state: State, gpu: Dict[str, Any], prof: MigProfile, placement: Optional[int]
+) -> int:
+    """Placement for a new GPU instance, failing the way NVML does."""
+    index = gpu["index"]
+    if not gpu["mig_enabled"]:
+        raise GpuNotSupported(
+            f"MIG mode is disabled on GPU {index}; cannot create a GPU instance",
+            hint=f"enable MIG first (simulated: slurmiso sim mig-mode --gpu {index} on)",
+        )
+    if placement is not None and placement not in prof.placements:
+        legal = ", ".join(map(str, prof.placements))
+        raise GpuError(
+            f"invalid argument: placement {placement} is not a legal start for {prof.name}; "
+            f"legal starts: {legal}"
+        )
+    free = _geometric_free(state, gpu, prof)
+    free_text = ", ".join(map(str, free)) or "none"
+    problem = _capacity_problem(state, gpu, prof)
+    if problem:
+        raise GpuInsufficientResources(
+            f"cannot create {prof.name} on GPU {index}: {problem}; free placements: none"
+        )
+    if placement is None:
+        if not free:
+            raise GpuInsufficientResources(
+                f"cannot create {prof.name} on GPU {index}: no free placement "
+                f"(occupied: {_occupied_text(gpu)}); free placements: none"
+            )
+        return free[0]
+    if placement not in free:
+        raise GpuInsufficientResources(
+            f"cannot create {prof.name} at placement {placement} on GPU {index}: it overlaps "
+            f"{_occupied_text(gpu)}; free placements: {free_text}"
+        )
+    return placement
+
+
+def _occupied_text(gpu: Dict[str, Any]) -> str:
+    spans = [
+        f"{i['profile']} (GI {i['gi_id']}) at slices {i['start']}-{i['start'] + i['size'] - 1}"
+        for i in gpu["instances"]
+    ]
+    return ", ".join(spans) or "nothing"
