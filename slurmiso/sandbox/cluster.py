@@ -1,0 +1,570 @@
+"""Bring the sandbox cluster up, take it down, say how it is.
+
+``up`` is a list of small steps, each idempotent (assert, then act) and timed: packages,
+test user, files, simulated GPUs, munge, MariaDB, slurmdbd, accounting, slurmctld, slurmds,
+nodes idle. A second ``up`` finds everything in place and only checks; after a crash it
+restarts only what died. Daemons run in the foreground (``-D``) in their own session so the
+pid we record is the daemon's and our exit does not take them along.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import pwd
+import shutil
+import socket
+import stat
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from slurmiso.errors import SandboxError, SlurmisoError
+from slurmiso.sandbox import accounting as A
+from slurmiso.sandbox import layout as L
+from slurmiso.sandbox.procs import (
+    environ_with,
+    process_matches,
+    read_pid,
+    run,
+    spawn,
+    tail,
+    terminate,
+    wait_until,
+)
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "libslurm-dev")
+APT_GET = "/usr/bin/apt-get"
+DPKG_QUERY = "/usr/bin/dpkg-query"
+SLURMCTLD = "/usr/sbin/slurmctld"
+SLURMD = "/usr/sbin/slurmd"
+SLURMDBD = "/usr/sbin/slurmdbd"
+MUNGED = "/usr/sbin/munged"
+MUNGE = "/usr/bin/munge"
+UNMUNGE = "/usr/bin/unmunge"
+MUNGEKEY = "/usr/sbin/mungekey"
+MUNGE_KEY = "/etc/munge/munge.key"
+MUNGE_PIDFILE = "/run/munge/munged.pid"
+RUNUSER = "/usr/sbin/runuser"
+USERADD = "/usr/sbin/useradd"
+SCONTROL = "/usr/bin/scontrol"
+SINFO = "/usr/bin/sinfo"
+
+NODES_TIMEOUT = 60.0
+#: Node states that count as "up" for a warm cluster that may be running jobs.
+USABLE_STATES = {"idle", "mixed", "allocated", "completing"}
+
+
+def default_dir() -> str:
+    return os.environ.get("SLURMISO_SANDBOX_DIR") or L.DEFAULT_DIR
+
+
+def make_site(root: Optional[str] = None) -> L.Site:
+    """The sandbox's :class:`~slurmiso.sandbox.layout.Site` on this machine, right now.
+
+    Hooks are wired only once the repository has them, and run by this interpreter with this
+    ``slurmiso`` package on ``PYTHONPATH`` (an uninstalled checkout works too).
+    """
+    import slurmiso
+
+    pkg_parent = str(Path(slurmiso.__file__).resolve().parent.parent)
+    prolog = os.path.join(pkg_parent, "prolog", "slurmiso-prolog")
+    epilog = os.path.join(pkg_parent, "epilog", "slurmiso-epilog")
+    hooks = os.path.isfile(prolog) and os.path.isfile(epilog)
+    return L.Site(
+        root=os.path.abspath(root or default_dir()),
+        host=socket.gethostname().split(".")[0],
+        python=sys.executable,
+        prolog=prolog if hooks else "",
+        epilog=epilog if hooks else "",
+        pythonpath=pkg_parent,
+    )
+
+
+def slurm_env(site: L.Site) -> Dict[str, str]:
+    return environ_with({"SLURM_CONF": site.slurm_conf})
+
+
+# --- services --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Service:
+    """A sandbox daemon: how to start it and how to recognise it among all processes."""
+
+    name: str
+    argv: Tuple[str, ...]
+    pidfile: str
+    logfile: str
+    proc_names: Tuple[str, ...]
+    needles: Tuple[str, ...] = ()
+
+    def pid(self) -> Optional[int]:
+        pid = read_pid(self.pidfile)
+        if pid and process_matches(pid, self.proc_names, self.needles):
+            return pid
+        return None
+
+
+def services(site: L.Site) -> List[Service]:
+    """Every daemon the sandbox runs, in start order (munged is listed separately)."""
+    p = site.path
+    my = A.mysql_paths(site)
+    out = [
+        Service("mariadb", tuple(A.mariadbd_argv(site)), my["pidfile"], my["log"],
+                ("mariadbd", "mysqld"), (f"--datadir={my['datadir']}",)),
+        Service("slurmdbd", (SLURMDBD, "-D"), p("run", "slurmdbd.pid"),
+                p("log", "slurmdbd.log"), ("slurmdbd",)),
+        Service("slurmctld", (SLURMCTLD, "-D", "-f", site.slurm_conf),
+                p("run", "slurmctld.pid"), p("log", "slurmctld.log"), ("slurmctld",),
+                (site.slurm_conf,)),
+    ]
+    for n in site.nodes:
+        out.append(Service(
+            f"slurmd-{n.name}", (SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name),
+            p("run", f"slurmd-{n.name}.pid"), p("log", f"slurmd-{n.name}.log"), ("slurmd",),
+            (site.slurm_conf, f"-N {n.name}"),
+        ))
+    return out
+
+
+def service(site: L.Site, name: str) -> Service:
+    return next(s for s in services(site) if s.name == name)
+
+
+def start(site: L.Site, svc: Service) -> int:
+    """Start ``svc`` unless it runs; returns its pid."""
+    pid = svc.pid()
+    if pid:
+        return pid
+    out = site.path("log", f"{svc.name}.out")
+    pid = spawn(svc.argv, env=slurm_env(site), logfile=out)
+    Path(svc.pidfile).write_text(f"{pid}\n")
+    log.info("started %s (pid %d)", svc.name, pid)
+    return pid
+
+
+def stop(svc: Service, timeout: float = 20) -> bool:
+    pid = svc.pid()
+    if not pid:
+        return False
+    killed = terminate([pid], timeout=timeout)
+    if killed:
+        log.warning("%s (pid %d) ignored SIGTERM for %gs and was killed", svc.name, pid, timeout)
+    return True
+
+
+def alive(svc: Service) -> Callable[[], bool]:
+    return lambda: svc.pid() is not None
+
+
+# --- steps -----------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    name: str
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class UpReport:
+    site: L.Site
+    steps: List[Step] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+
+@contextmanager
+def _step(report: UpReport, name: str) -> Iterator[Step]:
+    """Time a step and name it in any error, so a failure says where ``up`` stopped."""
+    step = Step(name)
+    t0 = time.monotonic()
+    log.info("sandbox up: %s ...", name)
+    try:
+        yield step
+    except SandboxError as err:
+        raise SandboxError(f"sandbox up, step '{name}': {err.message}", hint=err.hint) from err
+    except SlurmisoError as err:
+        raise SandboxError(f"sandbox up, step '{name}': {err}") from err
+    except OSError as err:
+        raise SandboxError(f"sandbox up, step '{name}': {err}") from err
+    finally:
+        step.seconds = time.monotonic() - t0
+    report.steps.append(step)
+    log.info("sandbox up: %s done in %.1fs %s", name, step.seconds, step.detail)
+
+
+def missing_packages() -> List[str]:
+    cp = run([DPKG_QUERY, "-W", "-f=${Package} ${Status}\\n", *PACKAGES], check=False)
+    ok = {ln.split()[0] for ln in cp.stdout.splitlines() if ln.endswith("install ok installed")}
+    return [p for p in PACKAGES if p not in ok]
+
+
+def install_packages() -> str:
+    """apt-get install what is missing; ``apt-get update`` only when lists are absent/stale."""
+    missing = missing_packages()
+    if not missing:
+        return "all installed"
+    env = environ_with({"DEBIAN_FRONTEND": "noninteractive"})
+    install = [APT_GET, "install", "-y", "-q", "-o", "Dpkg::Options::=--force-confold", *missing]
+    if not glob.glob("/var/lib/apt/lists/*_Packages*"):
+        run([APT_GET, "update", "-q"], env=env, timeout=300)
+    if run(install, env=env, timeout=600, check=False).returncode != 0:
+        run([APT_GET, "update", "-q"], env=env, timeout=300)
+        run(install, env=env, timeout=600)
+    return "installed " + " ".join(missing)
+
+
+def ensure_test_user() -> str:
+    try:
+        return f"{L.TEST_USER} uid {pwd.getpwnam(L.TEST_USER).pw_uid}"
+    except KeyError:
+        run([USERADD, "-m", "-s", "/bin/bash", L.TEST_USER])
+        return f"created {L.TEST_USER} uid {pwd.getpwnam(L.TEST_USER).pw_uid}"
+
+
+def _write_if_changed(path: str, text: str, mode: int) -> bool:
+    try:
+        if Path(path).read_text() == text:
+            os.chmod(path, mode)
+            return False
+    except OSError:
+        pass
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True
+
+
+def _mknod(dev: L.DeviceNode) -> bool:
+    want = os.makedev(dev.major, dev.minor)
+    try:
+        st = os.lstat(dev.path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
+            return False
+        os.unlink(dev.path)
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(dev.path), exist_ok=True)
+    os.mknod(dev.path, 0o666 | stat.S_IFCHR, want)
+    return True
+
+
+def write_files(site: L.Site) -> List[str]:
+    """Directories, device stand-ins, configs and hook wrappers; returns changed files."""
+    for d in ("etc", "bin", "run", "log", "spool/ctld", "sim", "mysql", "dev"):
+        os.makedirs(site.path(*d.split("/")), exist_ok=True)
+    for n in site.nodes:
+        os.makedirs(site.path("state", n.name), exist_ok=True)
+    os.chmod(site.root, 0o755)
+    changed = [d.path for d in L.device_nodes(site) if _mknod(d)]
+    for rel, text in L.rendered_files(site).items():
+        mode = 0o755 if rel.startswith("bin/") else 0o600 if rel.endswith("dbd.conf") else 0o644
+        if _write_if_changed(site.path(*rel.split("/")), text, mode):
+            changed.append(rel)
+    for stale in set(os.listdir(site.path("bin"))) - set(L.hook_wrappers(site)):
+        os.unlink(site.path("bin", stale))  # hooks removed from the repo: drop wrappers
+    return changed
+
+
+def init_sim(site: L.Site) -> List[str]:
+    """Simulated GPU state per node, created only when absent; n3 gets its MIG layout."""
+    from slurmiso.gpu.backend import create_mig_device
+    from slurmiso.gpu.sim import SimBackend, init_state
+
+    made = []
+    for n in site.nodes:
+        path = L.sim_path(site, n)
+        if not os.path.exists(path):
+            init_state(path, n.gpu_model, n.gpus, mig=n.mig_enabled, node=n.name)
+            made.append(n.name)
+        if n.mig_slots:
+            backend = SimBackend(path)
+            if not backend.instances():  # never re-lay a node that has instances
+                for slot in n.mig_slots:
+                    create_mig_device(backend, slot.gpu, slot.profile, slot.placement)
+                made.append(f"{n.name} MIG layout")
+            backend.close()
+    return made
+
+
+def _state_file(site: L.Site) -> str:
+    return site.path("run", "sandbox.json")
+
+
+def _read_state(site: L.Site) -> Dict[str, Any]:
+    try:
+        data = json.loads(Path(_state_file(site)).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(site: L.Site, **updates: Any) -> None:
+    data = _read_state(site)
+    data.update(updates)
+    _write_if_changed(_state_file(site), json.dumps(data, indent=2, sort_keys=True) + "\n",
+                      0o644)
+
+
+def munge_works() -> bool:
+    cp = run([MUNGE, "-n"], check=False, timeout=10)
+    if cp.returncode != 0:
+        return False
+    return run([UNMUNGE], input=cp.stdout, check=False, timeout=10).returncode == 0
+
+
+def ensure_munge(site: L.Site) -> str:
+    """Use the host's munged if it works; otherwise start one and remember that we did."""
+    if munge_works():
+        return "running"
+    if not os.path.exists(MUNGE_KEY):
+        run([MUNGEKEY, "--create", f"--keyfile={MUNGE_KEY}"])
+        shutil.chown(MUNGE_KEY, "munge", "munge")
+        os.chmod(MUNGE_KEY, 0o400)
+    os.makedirs("/run/munge", exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    os.chmod("/run/munge", 0o755)
+    run([RUNUSER, "-u", "munge", "--", MUNGED], timeout=30, logfile="/var/log/munge/munged.log")
+    wait_until("munged", munge_works, timeout=20, logfile="/var/log/munge/munged.log")
+    _write_state(site, munged_pid=read_pid(MUNGE_PIDFILE))
+    return "started"
+
+
+def start_mariadb(site: L.Site) -> str:
+    fresh = A.install_db(site)
+    svc = service(site, "mariadb")
+    was = svc.pid()
+    start(site, svc)
+    A.wait_mysql(site, alive(svc))
+    A.ensure_db_user(site)
+    return ("initialised, " if fresh else "") + ("running" if was else "started")
+
+
+def start_slurmdbd(site: L.Site, restart: bool) -> str:
+    svc = service(site, "slurmdbd")
+    if restart and stop(svc):
+        log.info("slurmdbd.conf changed: restarting slurmdbd")
+    was = svc.pid()
+    start(site, svc)
+    wait_until("slurmdbd", lambda: A.dbd_ready(site), timeout=90, logfile=svc.logfile,
+               alive=alive(svc), interval=0.5)
+    return "running" if was else "started"
+
+
+def start_slurm(site: L.Site, restart: bool) -> str:
+    """slurmctld and the slurmds; restarted when slurm.conf/gres.conf changed under them."""
+    ctld = service(site, "slurmctld")
+    slurmds = [s for s in services(site) if s.name.startswith("slurmd-")]
+    if restart:
+        stopped = [s.name for s in [*slurmds, ctld] if stop(s)]
+        if stopped:
+            log.info("slurm.conf/gres.conf changed: restarted %s", ", ".join(stopped))
+    started = [s.name for s in [ctld, *slurmds] if not s.pid()]
+    start(site, ctld)
+    wait_until("slurmctld", lambda: _ctld_up(site), timeout=60, logfile=ctld.logfile,
+               alive=alive(ctld), interval=0.3)
+    for s in slurmds:
+        start(site, s)
+    return f"started {', '.join(started)}" if started else "running"
+
+
+def _ctld_up(site: L.Site) -> bool:
+    cp = run([SCONTROL, "ping"], env=slurm_env(site), check=False, timeout=15)
+    return cp.returncode == 0 and "UP" in cp.stdout
+
+
+def node_states(site: L.Site) -> Dict[str, Tuple[str, str]]:
+    """node -> (state, reason) as sinfo reports it (state like 'idle', 'down*', 'drained')."""
+    cp = run([SINFO, "-h", "-N", "-o", "%N|%T|%E"], env=slurm_env(site), check=False,
+             timeout=15)
+    out: Dict[str, Tuple[str, str]] = {}
+    for line in cp.stdout.splitlines():
+        name, state, reason = (line.split("|") + ["", ""])[:3]
+        out[name] = (state.strip(), reason.strip())
+    return out
+
+
+def wait_nodes(site: L.Site) -> str:
+    """Until every node is usable; drained nodes (a failed hook in an earlier run) resume."""
+    deadline = time.monotonic() + NODES_TIMEOUT
+    resumed: List[str] = []
+    while True:
+        states = node_states(site)
+        bad = {n.name: states.get(n.name, ("missing", "")) for n in site.nodes
+               if states.get(n.name, ("", ""))[0] not in USABLE_STATES}
+        if not bad:
+            break
+        for name, (state, reason) in bad.items():
+            if ("drain" in state or state == "down") and name not in resumed:
+                log.warning("node %s is %s (%s): resuming it", name, state, reason)
+                run([SCONTROL, "update", f"nodename={name}", "state=resume"],
+                    env=slurm_env(site), check=False, timeout=15)
+                resumed.append(name)
+            if "inval" in state:
+                raise SandboxError(_nodes_error(site, bad, "rejected its configuration"))
+        if time.monotonic() > deadline:
+            raise SandboxError(_nodes_error(site, bad, f"not up after {NODES_TIMEOUT:g}s"))
+        time.sleep(0.3)
+    detail = ", ".join(f"{n}={s}" for n, (s, _r) in sorted(node_states(site).items()))
+    return detail + (f" (resumed {', '.join(resumed)})" if resumed else "")
+
+
+def _nodes_error(site: L.Site, bad: Dict[str, Tuple[str, str]], what: str) -> str:
+    first = sorted(bad)[0]
+    lines = [f"nodes {', '.join(f'{n}={s} {r}'.strip() for n, (s, r) in sorted(bad.items()))}"
+             f": {what}"]
+    for logfile in (site.path("log", f"slurmd-{first}.log"), site.path("log", "slurmctld.log")):
+        lines += [f"--- last lines of {logfile} ---", tail(logfile, 10)]
+    return "\n".join(lines)
+
+
+def up(root: Optional[str] = None) -> UpReport:
+    """Bring the sandbox up from whatever state it is in."""
+    if os.geteuid() != 0:
+        raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
+    site = make_site(root)
+    report = UpReport(site)
+    with _step(report, "packages") as s:
+        s.detail = install_packages()
+    with _step(report, "test user") as s:
+        s.detail = ensure_test_user()
+    with _step(report, "files") as s:
+        changed = write_files(site)
+        s.detail = f"{len(changed)} changed" if changed else "unchanged"
+    with _step(report, "simulated GPUs") as s:
+        s.detail = ", ".join(init_sim(site)) or "unchanged"
+    with _step(report, "munge") as s:
+        s.detail = ensure_munge(site)
+    with _step(report, "mariadb") as s:
+        s.detail = start_mariadb(site)
+    with _step(report, "slurmdbd") as s:
+        s.detail = start_slurmdbd(site, restart="etc/slurmdbd.conf" in changed)
+    with _step(report, "accounting") as s:
+        s.detail = ", ".join(A.ensure_accounting(site)) or "unchanged"
+    with _step(report, "slurmctld+slurmd") as s:
+        conf_changed = bool({"etc/slurm.conf", "etc/gres.conf"} & set(changed))
+        s.detail = start_slurm(site, restart=conf_changed)
+    with _step(report, "nodes") as s:
+        s.detail = wait_nodes(site)
+    return report
+
+
+# --- down and status --------------------------------------------------------------------
+
+
+@dataclass
+class DownReport:
+    stopped: List[str] = field(default_factory=list)
+    killed: List[str] = field(default_factory=list)
+    purged: bool = False
+
+
+DAEMON_NAMES = ("slurmd", "slurmctld", "slurmdbd", "slurmstepd", "mariadbd", "mysqld")
+
+
+def leftovers(site: L.Site) -> List[Tuple[int, str]]:
+    """Processes of this sandbox still alive: daemons, step daemons and the jobs under them."""
+    import psutil
+
+    found: Dict[int, str] = {}
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            if proc.info["name"] not in DAEMON_NAMES:
+                continue
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if site.root in cmd or proc.environ().get("SLURM_CONF") == site.slurm_conf:
+                found[proc.pid] = cmd or proc.info["name"]
+                if proc.info["name"] == "slurmstepd":
+                    for child in proc.children(recursive=True):
+                        found[child.pid] = " ".join(child.cmdline()) or child.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    found.pop(os.getpid(), None)
+    return sorted(found.items())
+
+
+def down(root: Optional[str] = None, purge: bool = False) -> DownReport:
+    """Stop every sandbox process and check that none is left; ``purge`` removes the dir."""
+    site = make_site(root)
+    report = DownReport()
+    for svc in reversed(services(site)):
+        if stop(svc):
+            report.stopped.append(svc.name)
+    munged = _read_state(site).get("munged_pid")
+    if munged and process_matches(int(munged), ("munged",)):
+        terminate([int(munged)])
+        report.stopped.append("munged")
+        _write_state(site, munged_pid=None)
+    rest = leftovers(site)
+    if rest:
+        terminate([pid for pid, _ in rest], timeout=10)
+        report.killed = [f"{pid} {cmd}" for pid, cmd in rest]
+    still = leftovers(site)
+    if still:
+        raise SandboxError("sandbox down: processes survived SIGKILL: "
+                           + "; ".join(f"{p} {c}" for p, c in still))
+    if purge and os.path.isdir(site.root):
+        _purge(site)
+        report.purged = True
+    return report
+
+
+def _purge(site: L.Site) -> None:
+    conf = Path(site.slurm_conf)
+    if site.root in ("/", "") or not conf.is_file() or f"ClusterName={L.CLUSTER}" not in \
+            conf.read_text():
+        raise SandboxError(f"refusing to purge {site.root}: it does not hold a sandbox "
+                           f"({site.slurm_conf} missing or not ours)")
+    shutil.rmtree(site.root)
+
+
+def status(root: Optional[str] = None) -> Dict[str, Any]:
+    """Services, nodes and paths of the sandbox, as plain data (for text or JSON)."""
+    site = make_site(root)
+    svcs: List[Dict[str, Any]] = []
+    host_munge = munge_works() if os.path.exists(MUNGE) else False
+    ours = _read_state(site).get("munged_pid")
+    svcs.append({"name": "munged", "running": host_munge, "pid": read_pid(MUNGE_PIDFILE),
+                 "started_by_sandbox": bool(ours and host_munge)})
+    for svc in services(site):
+        pid = svc.pid()
+        svcs.append({"name": svc.name, "running": pid is not None, "pid": pid,
+                     "log": svc.logfile})
+    ctld_up = any(s["name"] == "slurmctld" and s["running"] for s in svcs)
+    nodes = [{"name": n, "state": s, "reason": r}
+             for n, (s, r) in sorted(node_states(site).items())] if ctld_up else []
+    try:
+        uid: Optional[int] = pwd.getpwnam(L.TEST_USER).pw_uid
+    except KeyError:
+        uid = None
+    return {
+        "dir": site.root,
+        "exists": os.path.isdir(site.root),
+        "cluster": L.CLUSTER,
+        "slurm_conf": site.slurm_conf,
+        "slurmiso_config": site.slurmiso_yaml,
+        "hooks": site.hooks,
+        "services": svcs,
+        "nodes": nodes,
+        "test_user": {"name": L.TEST_USER, "uid": uid},
+    }
+
+
+def report_dict(report: UpReport) -> Dict[str, Any]:
+    return {"dir": report.site.root, "slurm_conf": report.site.slurm_conf,
+            "seconds": round(report.seconds, 2),
+            "steps": [asdict(s) for s in report.steps]}

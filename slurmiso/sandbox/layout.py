@@ -1,0 +1,517 @@
+"""The sandbox cluster as data, and the config files rendered from it.
+
+Everything here is pure (no I/O), so the generated ``slurm.conf``, ``gres.conf``,
+``slurmdbd.conf``, hook wrappers and the sandbox's own ``slurmiso.yaml`` are checked against
+golden files without Slurm. :mod:`slurmiso.sandbox.cluster` writes them and runs the daemons.
+
+Five nodes share this host: each is its own ``slurmd -N nX`` on 127.0.0.1 with its own port and
+its own character-device stand-ins (slurmd rejects regular files as GRES ``File=``), and each
+is one slurmiso pool, so every GPU mode has a node to be tested on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+CLUSTER = "slurmiso-sbx"
+DEFAULT_DIR = "/var/lib/slurmiso-sandbox"
+
+# Ports away from Slurm's defaults (6817-6819) so a site's real daemons never collide.
+CTLD_PORT = 16817
+DBD_PORT = 16819
+MYSQL_PORT = 16806
+TEST_USER = "sbxuser"  # a non-root user for jobs that must not run as root
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurmsbx"
+DB_PASS = "slurmsbx"  # loopback-only database of a throwaway cluster
+
+NVIDIA_MAJOR = 195  # what the NVIDIA driver registers for /dev/nvidiaN
+CAPS_MAJOR = 237  # a fixed major no local driver uses; slurmd only needs a char device
+
+NODE_CPUS = 4  # declared, not real: SlurmdParameters=config_overrides lets 5 slurmds share 2 cores
+NODE_MEMORY_MB = 2000
+DEF_MEM_PER_CPU = 250  # so jobs without --mem do not claim a whole node under CR_Core_Memory
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    """One MIG device laid out statically: profile and memory-slice start on a GPU."""
+
+    gpu: int
+    profile: str
+    placement: int
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    """One slurmd of the sandbox, which is also one slurmiso pool."""
+
+    name: str
+    port: int
+    pool: str
+    mode: str  # slurmiso pool mode
+    partition: str
+    gpu_model: str  # slurmiso model name (profiles.MODELS)
+    gres_type: str  # Slurm GRES type of whole GPUs
+    gpus: int = 2
+    mps_per_gpu: int = 0
+    shards_per_gpu: int = 0
+    mig_enabled: bool = False
+    mig_slots: Tuple[MigSlot, ...] = ()
+    mig_layout: str = ""
+    default_partition: bool = False
+
+
+MIG_LAYOUT_NAME = "sandbox-migs"
+
+NODES: Tuple[SandboxNode, ...] = (
+    SandboxNode("n1", 16821, "excl", "exclusive", "gpu", "A100-80GB", "a100",
+                default_partition=True),
+    SandboxNode("n2", 16822, "mps", "mps", "mps", "H100-80GB", "h100", mps_per_gpu=100),
+    SandboxNode(
+        "n3", 16823, "migs", "mig-static", "mig", "H100-80GB", "h100",
+        mig_enabled=True,
+        mig_slots=(
+            MigSlot(0, "3g.40gb", 0),
+            MigSlot(0, "3g.40gb", 4),
+            MigSlot(1, "4g.40gb", 0),
+            MigSlot(1, "3g.40gb", 4),
+        ),
+        mig_layout=MIG_LAYOUT_NAME,
+    ),
+    SandboxNode("n4", 16824, "migd", "mig-dynamic", "migd", "H100-80GB", "h100",
+                shards_per_gpu=7, mig_enabled=True),
+    SandboxNode("n5", 16825, "tslice", "timeslice", "tslice", "A100-80GB", "a100",
+                shards_per_gpu=4),
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the sandbox lives on this machine: the inputs every rendered file depends on.
+
+    ``prolog``/``epilog`` are the repository's hook scripts when they exist ("" otherwise);
+    ``pythonpath`` is the directory holding the ``slurmiso`` package the hooks must import
+    (slurmd gives hooks no environment, so the wrappers set it).
+    """
+
+    root: str
+    host: str
+    python: str
+    prolog: str = ""
+    epilog: str = ""
+    pythonpath: str = ""
+    nodes: Tuple[SandboxNode, ...] = field(default=NODES)
+
+    def path(self, *parts: str) -> str:
+        return "/".join((self.root.rstrip("/"),) + parts)
+
+    @property
+    def slurm_conf(self) -> str:
+        return self.path("etc", "slurm.conf")
+
+    @property
+    def slurmiso_yaml(self) -> str:
+        return self.path("etc", "slurmiso.yaml")
+
+    @property
+    def hooks(self) -> bool:
+        return bool(self.prolog and self.epilog)
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A character device to ``mknod``."""
+
+    path: str
+    major: int
+    minor: int
+
+
+def gpu_device(site: Site, n: SandboxNode, gpu: int) -> str:
+    return site.path("dev", n.name, f"nvidia{gpu}")
+
+
+def cap_minors(slot_index: int) -> Tuple[int, int]:
+    """(GI access, CI access) nvidia-caps minors of a node's ``slot_index``-th MIG device."""
+    return 10 + 2 * slot_index, 11 + 2 * slot_index
+
+
+def cap_device(site: Site, n: SandboxNode, minor: int) -> str:
+    return site.path("dev", n.name, "nvidia-caps", f"nvidia-cap{minor}")
+
+
+def device_nodes(site: Site) -> List[DeviceNode]:
+    """Every stand-in device file of every node."""
+    out: List[DeviceNode] = []
+    for n in site.nodes:
+        out += [DeviceNode(gpu_device(site, n, g), NVIDIA_MAJOR, g) for g in range(n.gpus)]
+        for i, _slot in enumerate(n.mig_slots):
+            out += [DeviceNode(cap_device(site, n, m), CAPS_MAJOR, m) for m in cap_minors(i)]
+    return out
+
+
+def mig_gres_counts(n: SandboxNode) -> OrderedDict[str, int]:
+    """MIG profile -> count on the node, in layout order (Slurm's GRES types)."""
+    counts: OrderedDict[str, int] = OrderedDict()
+    for slot in n.mig_slots:
+        counts[slot.profile] = counts.get(slot.profile, 0) + 1
+    return counts
+
+
+def node_gres(n: SandboxNode) -> str:
+    """The ``Gres=`` value of a node line in slurm.conf."""
+    if n.mig_slots:
+        parts = [f"gpu:{p}:{c}" for p, c in mig_gres_counts(n).items()]
+    else:
+        parts = [f"gpu:{n.gres_type}:{n.gpus}"]
+    if n.mps_per_gpu:
+        parts.append(f"mps:{n.mps_per_gpu * n.gpus}")
+    if n.shards_per_gpu:
+        parts.append(f"shard:{n.shards_per_gpu * n.gpus}")
+    return ",".join(parts)
+
+
+def _hook_lines(site: Site) -> List[str]:
+    if not site.hooks:
+        return ["# Prolog/Epilog/TaskProlog: the repository has no hook scripts yet"]
+    return [
+        f"Prolog={site.path('bin', 'slurmiso-prolog')}",
+        f"Epilog={site.path('bin', 'slurmiso-epilog')}",
+        f"TaskProlog={site.path('bin', 'slurmiso-task-prolog')}",
+    ]
+
+
+def render_slurm_conf(site: Site) -> str:
+    """slurm.conf of the sandbox: accounting, QoS preemption, GRES, one partition per pool."""
+    p = site.path
+    lines = [
+        "# Generated by 'slurmiso sandbox up'; rewritten on every up.",
+        f"ClusterName={CLUSTER}",
+        f"SlurmctldHost={site.host}(127.0.0.1)",
+        f"SlurmctldPort={CTLD_PORT}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "MailProg=/bin/true",
+        f"StateSaveLocation={p('spool', 'ctld')}",
+        f"SlurmdSpoolDir={p('spool', 'slurmd-%n')}",
+        f"SlurmctldPidFile={p('run', 'slurmctld.pid')}",
+        f"SlurmdPidFile={p('run', 'slurmd-%n.pid')}",
+        f"SlurmctldLogFile={p('log', 'slurmctld.log')}",
+        f"SlurmdLogFile={p('log', 'slurmd-%n.log')}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        # Several slurmds declare more CPUs than the host has: trust the config.
+        "SlurmdParameters=config_overrides",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        f"DefMemPerCPU={DEF_MEM_PER_CPU}",
+        "GresTypes=gpu,mps,shard",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=defer_batch_sched_interval=1",
+        "SchedulerTimeSlice=10",
+        "PriorityType=priority/multifactor",
+        "PriorityWeightQOS=10000",
+        "PriorityWeightAge=0",
+        "PriorityWeightFairshare=0",
+        "PreemptType=preempt/qos",
+        "PreemptMode=REQUEUE",
+        "JobRequeue=1",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=127.0.0.1",
+        f"AccountingStoragePort={DBD_PORT}",
+        "AccountingStorageEnforce=associations,limits,qos",
+        "AccountingStorageTRES=gres/gpu,gres/mps,gres/shard",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=30",
+        # slurmd must not hold NVML open, or MIG cannot be reconfigured under it.
+        "JobAcctGatherParams=DisableGPUAcct",
+        "JobCompType=jobcomp/none",
+        "PrologFlags=Alloc",
+        "PrologEpilogTimeout=60",
+        *_hook_lines(site),
+        "ReturnToService=2",
+        "KillWait=5",
+        "MinJobAge=60",
+        "MessageTimeout=10",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=60",
+        "InactiveLimit=0",
+        "Waittime=0",
+        "",
+    ]
+    for n in site.nodes:
+        lines.append(
+            f"NodeName={n.name} NodeHostname={site.host} NodeAddr=127.0.0.1 Port={n.port} "
+            f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} Gres={node_gres(n)} State=UNKNOWN"
+        )
+    lines.append("")
+    for n in site.nodes:
+        default = "YES" if n.default_partition else "NO"
+        lines.append(
+            f"PartitionName={n.partition} Nodes={n.name} Default={default} "
+            "MaxTime=INFINITE State=UP"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _gres_lines(site: Site, n: SandboxNode) -> List[str]:
+    out: List[str] = []
+    if n.mig_slots:
+        for i, slot in enumerate(n.mig_slots):
+            files = [gpu_device(site, n, slot.gpu)]
+            files += [cap_device(site, n, m) for m in cap_minors(i)]
+            out.append(
+                f"NodeName={n.name} Name=gpu Type={slot.profile} MultipleFiles={','.join(files)}"
+            )
+        return out
+    for g in range(n.gpus):
+        out.append(f"NodeName={n.name} Name=gpu Type={n.gres_type} File={gpu_device(site, n, g)}")
+    for g in range(n.gpus):
+        dev = gpu_device(site, n, g)
+        if n.mps_per_gpu:
+            out.append(f"NodeName={n.name} Name=mps Count={n.mps_per_gpu} File={dev}")
+        if n.shards_per_gpu:
+            out.append(f"NodeName={n.name} Name=shard Count={n.shards_per_gpu} File={dev}")
+    return out
+
+
+def render_gres_conf(site: Site) -> str:
+    """gres.conf: explicit files per node (no AutoDetect: there are no real GPUs)."""
+    lines = ["# Generated by 'slurmiso sandbox up'; device files are mknod stand-ins."]
+    for n in site.nodes:
+        lines += [f"# {n.name}: pool {n.pool} ({n.mode}), {n.gpus}x {n.gpu_model}"]
+        lines += _gres_lines(site, n)
+    return "\n".join(lines) + "\n"
+
+
+def render_slurmdbd_conf(site: Site) -> str:
+    """slurmdbd.conf: the private MariaDB on a loopback port (slurmdbd has no socket option)."""
+    p = site.path
+    return "\n".join([
+        "# Generated by 'slurmiso sandbox up'.",
+        "AuthType=auth/munge",
+        f"DbdHost={site.host}",
+        "DbdAddr=127.0.0.1",
+        f"DbdPort={DBD_PORT}",
+        "SlurmUser=root",
+        "DebugLevel=info",
+        f"LogFile={p('log', 'slurmdbd.log')}",
+        f"PidFile={p('run', 'slurmdbd.pid')}",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={MYSQL_PORT}",
+        f"StorageUser={DB_USER}",
+        f"StoragePass={DB_PASS}",
+        f"StorageLoc={DB_NAME}",
+        "",
+    ])
+
+
+def render_hook_wrapper(site: Site, argv: Sequence[str]) -> str:
+    """A shell wrapper slurmd can run: slurmd passes no PATH, so everything is absolute."""
+    env = [f"SLURMISO_CONFIG={site.slurmiso_yaml}", f"SLURM_CONF={site.slurm_conf}"]
+    if site.pythonpath:
+        env.append(f"PYTHONPATH={site.pythonpath}")
+    cmd = " ".join(_sh_quote(a) for a in argv)
+    return "#!/bin/sh\n# Generated by 'slurmiso sandbox up'.\n" + "".join(
+        f"export {_sh_quote_assign(e)}\n" for e in env
+    ) + f'exec {cmd} "$@"\n'
+
+
+def hook_wrappers(site: Site) -> Dict[str, str]:
+    """File name under ``<dir>/bin`` -> wrapper text; empty until the repo has hooks."""
+    if not site.hooks:
+        return {}
+    return {
+        "slurmiso-prolog": render_hook_wrapper(site, [site.python, site.prolog]),
+        "slurmiso-epilog": render_hook_wrapper(site, [site.python, site.epilog]),
+        "slurmiso-task-prolog": render_hook_wrapper(
+            site, [site.python, "-m", "slurmiso", "task-prolog"]
+        ),
+    }
+
+
+def _sh_quote(s: str) -> str:
+    if s and all(c.isalnum() or c in "/._-+=:,%@" for c in s):
+        return s
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def _sh_quote_assign(assign: str) -> str:
+    key, _, value = assign.partition("=")
+    return f"{key}={_sh_quote(value)}"
+
+
+def sim_path(site: Site, n: SandboxNode) -> str:
+    return site.path("sim", f"{n.name}.json")
+
+
+def _pool_yaml(n: SandboxNode) -> List[str]:
+    out = [
+        f"  - name: {n.pool}",
+        f"    nodes: {n.name}",
+        f"    partition: {n.partition}",
+        f"    gpu_model: {n.gpu_model}",
+        f"    gpus_per_node: {n.gpus}",
+        f"    mode: {n.mode}",
+    ]
+    if n.mps_per_gpu:
+        out.append(f"    mps_shares_per_gpu: {n.mps_per_gpu}")
+    if n.mig_layout:
+        out.append(f"    mig_layout: {n.mig_layout}")
+    if n.shards_per_gpu:
+        out.append(f"    shards_per_gpu: {n.shards_per_gpu}")
+    return out
+
+
+def _mig_layout_yaml(n: SandboxNode) -> List[str]:
+    out = [f"    {n.mig_layout}:"]
+    gpus: OrderedDict[int, OrderedDict[str, int]] = OrderedDict()
+    for slot in n.mig_slots:
+        per = gpus.setdefault(slot.gpu, OrderedDict())
+        per[slot.profile] = per.get(slot.profile, 0) + 1
+    for gpu, counts in gpus.items():
+        out += [f"      - devices: [{gpu}]", "        mig-enabled: true", "        mig-devices:"]
+        out += [f"          {p}: {c}" for p, c in counts.items()]
+    return out
+
+
+_YAML_HEAD = """\
+# Generated by 'slurmiso sandbox up' for the local sandbox cluster ({cluster}).
+# %n is the node's Slurm name: the 5 sandbox nodes share one host.
+version: 1
+
+paths:
+  state_dir: {root}/state/%n
+  journal: {root}/log/journal-%n.jsonl
+  dcgm_job_mapping_dir: ""
+
+gpu:
+  backend: sim
+  sim_state: {root}/sim/%n.json
+
+classes:
+  - name: infer
+    description: Latency-sensitive serving; never preempted.
+    match:
+      qos: [infer]
+      partitions: []
+      spank_class: infer
+    isolation: mps
+    mig_profile: 3g.40gb
+    mps:
+      thread_percentage: 100
+      memory_limit: 40G
+    memory_headroom: 20
+    preemptible: false
+    qos:
+      priority: 1000
+      preempt: [train]
+      max_wall: 1d
+      max_gpus_per_job: 8
+
+  - name: train
+    description: Throughput training; preempted by infer, requeued after it checkpoints.
+    match:
+      qos: [train]
+      spank_class: train
+    isolation: mps
+    mig_profile: 4g.40gb
+    mps:
+      thread_percentage: 60
+      memory_limit: 36G
+    memory_headroom: 25
+    preemptible: true
+    checkpoint:
+      signal: USR2
+      grace: 30s
+      max_requeues: 20
+    qos:
+      priority: 100
+      max_wall: 7d
+
+  - name: debug
+    description: Short interactive work on a whole GPU.
+    match:
+      qos: [debug]
+      spank_class: debug
+    isolation: exclusive
+    preemptible: false
+    qos:
+      priority: 500
+      max_wall: 2h
+      max_gpus_per_job: 1
+
+default_class: train
+
+pools:
+"""
+
+_YAML_TAIL = """\
+monitor:
+  interval: 30s
+  dry_run: true
+  thresholds:
+    memory_used: 75
+    sm_active: 85
+    hysteresis: 10
+  min_dwell: 5m
+  stagger:
+    max_starts: 4
+    interval: 60s
+  telemetry:
+    source: agents
+    agent_port: 9810
+    prometheus_url: ""
+
+audit:
+  severity: warning
+  long_infer_job: 4h
+  repeated_preemptions: 3
+"""
+
+
+def render_slurmiso_yaml(site: Site) -> str:
+    """The sandbox's slurmiso.yaml: the example config's classes, one pool per sandbox node."""
+    lines = [_YAML_HEAD.format(cluster=CLUSTER, root=site.root.rstrip("/")).rstrip("\n")]
+    for n in site.nodes:
+        lines += _pool_yaml(n) + [""]
+    lines += [
+        "mig_layouts:",
+        "  version: v1",
+        "  mig-configs:",
+        "    all-disabled:",
+        "      - devices: all",
+        "        mig-enabled: false",
+    ]
+    for n in site.nodes:
+        if n.mig_layout:
+            lines += _mig_layout_yaml(n)
+    lines.append("")
+    return "\n".join(lines) + "\n" + _YAML_TAIL
+
+
+def rendered_files(site: Site) -> Dict[str, str]:
+    """Relative path under the sandbox dir -> content, for every generated text file."""
+    files = {
+        "etc/slurm.conf": render_slurm_conf(site),
+        "etc/gres.conf": render_gres_conf(site),
+        "etc/slurmdbd.conf": render_slurmdbd_conf(site),
+        "etc/slurmiso.yaml": render_slurmiso_yaml(site),
+    }
+    for name, text in hook_wrappers(site).items():
+        files[f"bin/{name}"] = text
+    return files
+
+
+def find_node(name: str, nodes: Sequence[SandboxNode] = NODES) -> Optional[SandboxNode]:
+    return next((n for n in nodes if n.name == name), None)
