@@ -1,0 +1,185 @@
+"""The contract between the hooks and the per-mode isolation handlers.
+
+Failure policy lives in the exception a handler raises, because Slurm drains a node whenever a
+Prolog/Epilog exits non-zero:
+
+* :class:`JobProblem` — this job cannot be isolated as asked (profile does not fit, bad
+  option). The hook exits 0, the record says ``refused`` with the reason, and the task prolog /
+  ``slurmiso run`` refuse to start the job with that message. The node stays up.
+* :class:`NodeFault` (and any :class:`~slurmiso.errors.GpuError` other than "does not fit",
+  and :class:`~slurmiso.errors.StateError`) — the node is not fit to run jobs. The hook drains
+  the node with a one-line reason and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
+
+from slurmiso.errors import SlurmisoError
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config, JobClass, Pool
+    from slurmiso.gpu.backend import GpuBackend
+    from slurmiso.hooks.jobenv import JobEnv
+    from slurmiso.state import Journal, NodeState
+
+log = logging.getLogger(__name__)
+
+#: Record status values, in lifecycle order.
+PREPARING, READY, REFUSED, RELEASING, RELEASED = (
+    "preparing",
+    "ready",
+    "refused",
+    "releasing",
+    "released",
+)
+
+
+class JobProblem(SlurmisoError):
+    """The job cannot get its GPU share; refuse the job, keep the node."""
+
+    kind = "job-problem"
+
+
+class NodeFault(SlurmisoError):
+    """The node's GPUs are not in a state slurmiso can vouch for; drain the node."""
+
+    kind = "node-fault"
+
+
+@dataclass
+class Context:
+    """Everything a handler may use for one job on one node. Built by the hooks.
+
+    ``record`` is the job's persisted record (a JSON dict); handlers add to
+    ``record["resources"]`` *before* acting on the GPU (intent) and complete the entry after,
+    calling :meth:`save` in between, so a prolog killed halfway leaves enough for the epilog.
+    """
+
+    config: "Config"
+    env: "JobEnv"
+    pool: "Pool"
+    job_class: Optional["JobClass"]
+    state: "NodeState"
+    journal: "Journal"
+    backend_factory: Any  # () -> GpuBackend, so handlers that need no GPU never open one
+    record: Dict[str, Any] = field(default_factory=dict)
+    _backend: Optional["GpuBackend"] = None
+
+    @property
+    def backend(self) -> "GpuBackend":
+        if self._backend is None:
+            self._backend = self.backend_factory()
+        return self._backend
+
+    @property
+    def job_id(self) -> str:
+        return self.env.job_id
+
+    def save(self) -> None:
+        """Persist the record now (callers hold the node lock)."""
+        self.record["updated"] = round(time.time(), 3)
+        self.state.write_job(self.job_id, self.record)
+
+    def add_resource(self, entry: Dict[str, Any]) -> Dict[str, Any]:
+        """Record a resource about to be created (``state: "pending"``) and persist it."""
+        entry = dict(entry, state="pending")
+        self.record.setdefault("resources", []).append(entry)
+        self.save()
+        return entry
+
+    def set_env(self, name: str, value: str) -> None:
+        """An environment variable the job must see (task prolog / ``slurmiso run`` export it)."""
+        self.record.setdefault("env", {})[name] = value
+
+    def warn(self, message: str) -> None:
+        log.warning("job %s: %s", self.job_id, message)
+        self.record.setdefault("warnings", []).append(message)
+
+    def claim(self, key: str) -> None:
+        """Mark node resource ``key`` (e.g. ``gpu/0``) as this job's in the allocation table.
+
+        A key held by another job that still has a live record is a node fault: handing it
+        out twice is exactly what isolation must never do.
+        """
+        allocs = self.state.allocations()
+        holder = allocs.get(key)
+        if holder and holder != self.job_id and self.state.read_job(holder) is not None:
+            raise NodeFault(
+                f"{key} is already allocated to job {holder} on this node",
+                hint="Slurm and slurmiso disagree about who holds this GPU; "
+                "run 'slurmiso reconcile' after that job ends",
+            )
+        allocs[key] = self.job_id
+        self.state.set_allocations(allocs)
+        self.record.setdefault("claims", [])
+        if key not in self.record["claims"]:
+            self.record["claims"].append(key)
+
+    def release_claims(self) -> None:
+        allocs = self.state.allocations()
+        changed = False
+        for key in list(self.record.get("claims", [])):
+            if allocs.get(key) == self.job_id:
+                del allocs[key]
+                changed = True
+        if changed:
+            self.state.set_allocations(allocs)
+
+
+class Isolation(Protocol):
+    """One pool mode's per-job setup and teardown.
+
+    Both methods run under the node lock and must be idempotent: ``setup`` again on a record
+    that is already ``ready`` changes nothing, ``teardown`` twice is harmless, and
+    ``teardown`` after a ``setup`` killed halfway cleans what the record's pending entries say
+    may exist.
+    """
+
+    mode: str
+
+    def setup(self, ctx: Context) -> None:
+        """Give the job its share; set ``ctx.record["env"]``; raise JobProblem/NodeFault."""
+
+    def teardown(self, ctx: Context) -> None:
+        """Undo what ``ctx.record`` says setup did (or may have done)."""
+
+    def reconcile(self, ctx: "ReconcileContext") -> List[str]:
+        """Remove this mode's orphans (no live job record); return one line per fix."""
+
+
+@dataclass
+class ReconcileContext:
+    """What ``slurmiso reconcile`` hands each handler: the node, no particular job."""
+
+    config: "Config"
+    pool: "Pool"
+    state: "NodeState"
+    journal: "Journal"
+    backend: "GpuBackend"
+    dry_run: bool = False
+    live_jobs: Optional[List[str]] = None  # job ids Slurm says run here (None = unknown)
+
+
+#: Pool mode -> module defining ``HANDLER`` (imported lazily: a hook loads only its own).
+HANDLERS = {
+    "exclusive": "slurmiso.isolation.exclusive",
+    "timeslice": "slurmiso.isolation.timeslice",
+    "mig-static": "slurmiso.isolation.mig_static",
+    "mig-dynamic": "slurmiso.isolation.mig_dynamic",
+    "mps": "slurmiso.isolation.mps",
+}
+
+
+def handler_for(mode: str) -> Isolation:
+    """The handler of a pool mode."""
+    try:
+        module = importlib.import_module(HANDLERS[mode])
+    except KeyError:
+        raise NodeFault(f"no isolation handler for pool mode {mode!r}") from None
+    handler: Isolation = module.HANDLER
+    return handler

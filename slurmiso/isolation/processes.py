@@ -1,0 +1,144 @@
+"""Which GPU processes belong to a job, and ending the ones a job left behind.
+
+Ownership is decided by the kernel's view of the process, never by what the job says: the
+``SLURM_JOB_ID`` slurmstepd put in the process's initial environment (``/proc/PID/environ``,
+readable only by root and the owner) or a ``job_<id>`` cgroup, *and* the job's uid. A process
+of another uid is never killed by this job's epilog.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from typing import Callable, Iterable, List, Optional, Sequence
+
+from slurmiso.gpu.backend import GpuBackend, GpuProcess
+
+log = logging.getLogger(__name__)
+_CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
+
+
+def job_of_pid(pid: int, proc: str = "/proc") -> Optional[str]:
+    """The Slurm job a process belongs to (cgroup first, then initial environment), or None."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                m = _CGROUP_JOB.search(line)
+                if m:
+                    return m.group(1)
+    except OSError:
+        pass
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as fh:
+            for item in fh.read().split(b"\0"):
+                if item.startswith(b"SLURM_JOB_ID="):
+                    return item.split(b"=", 1)[1].decode("ascii", "replace")
+    except OSError:
+        pass
+    return None
+
+
+def uid_of_pid(pid: int, proc: str = "/proc") -> Optional[int]:
+    try:
+        return os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def on_devices(
+    procs: Iterable[GpuProcess], gpus: Sequence[int] = (), mig_uuids: Sequence[str] = ()
+) -> List[GpuProcess]:
+    """Processes on the given whole GPUs, or on the given MIG devices."""
+    out = []
+    for p in procs:
+        if mig_uuids and p.mig_uuid:
+            if p.mig_uuid in mig_uuids:
+                out.append(p)
+        elif p.gpu_index in gpus and (not mig_uuids or not p.mig_uuid):
+            out.append(p)
+    return out
+
+
+def job_processes(
+    procs: Iterable[GpuProcess], job_id: str, uid: int, proc: str = "/proc"
+) -> List[GpuProcess]:
+    """The processes of ``procs`` that belong to ``job_id`` and run as ``uid``."""
+    base = job_id.split("_")[0]
+    return [
+        p
+        for p in procs
+        if job_of_pid(p.pid, proc) in (job_id, base) and (uid < 0 or uid_of_pid(p.pid, proc) == uid)
+    ]
+
+
+def foreign_processes(
+    procs: Iterable[GpuProcess], job_id: str, proc: str = "/proc"
+) -> List[GpuProcess]:
+    """Processes that are not this job's (a leftover of another job, or a rogue user)."""
+    base = job_id.split("_")[0]
+    return [p for p in procs if job_of_pid(p.pid, proc) not in (job_id, base)]
+
+
+def end_processes(
+    pids: Sequence[int],
+    grace_s: float = 5.0,
+    alive: Callable[[int], bool] = lambda pid: _alive(pid),
+) -> List[int]:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL; return the pids that were signalled."""
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            sent.append(pid)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            log.warning("not allowed to signal pid %d", pid)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in sent):
+        time.sleep(0.05)
+    for pid in sent:
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(alive(p) for p in sent):
+        time.sleep(0.02)
+    return sent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes (it holds no GPU context)
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def clean_job_devices(
+    backend: GpuBackend,
+    job_id: str,
+    uid: int,
+    gpus: Sequence[int] = (),
+    mig_uuids: Sequence[str] = (),
+    grace_s: float = 5.0,
+) -> List[int]:
+    """End the job's leftover processes on its devices; return the pids ended."""
+    procs = on_devices(backend.processes(), gpus, mig_uuids)
+    mine = job_processes(procs, job_id, uid)
+    if not mine:
+        return []
+    pids = [p.pid for p in mine]
+    log.info("job %s: ending leftover GPU processes %s", job_id, pids)
+    return end_processes(pids, grace_s)

@@ -1,0 +1,108 @@
+"""The Slurm CLI as slurmiso uses it: absolute paths, bounded time, errors translated once.
+
+Hooks run with no PATH, so commands are looked up in fixed directories. Every call has a
+timeout: a hung slurmctld must not hang a prolog forever. ``CalledProcessError``/``OSError``
+become :class:`~slurmiso.errors.SlurmError` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from typing import Dict, List, Optional, Sequence
+
+from slurmiso.errors import SlurmError, SlurmUnavailable
+
+log = logging.getLogger(__name__)
+
+BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin")
+_UNREACHABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "slurm_load_jobs error: Unable",
+    "Zero Bytes were transmitted",
+)
+
+
+def find_command(name: str) -> str:
+    """Absolute path of a Slurm command (``$SLURMISO_SLURM_BIN`` first, for non-standard installs)."""
+    dirs = [d for d in os.environ.get("SLURMISO_SLURM_BIN", "").split(":") if d] + list(BIN_DIRS)
+    for d in dirs:
+        path = os.path.join(d, name)
+        if os.access(path, os.X_OK):
+            return path
+    raise SlurmUnavailable(
+        f"{name} not found in {', '.join(dirs)}",
+        hint="install Slurm's client commands or set SLURMISO_SLURM_BIN",
+    )
+
+
+def parse_kv_line(line: str) -> Dict[str, str]:
+    """``scontrol show ... -o`` output: ``Key=Value Key2=Value two`` (values may hold spaces
+    only for the last keys Slurm prints unquoted; we split on `` Key=`` boundaries)."""
+    out: Dict[str, str] = {}
+    key: Optional[str] = None
+    for token in line.strip().split(" "):
+        if "=" in token and token.split("=", 1)[0].replace("/", "").replace(":", "").isalnum():
+            key, value = token.split("=", 1)
+            out[key] = value
+        elif key is not None:
+            out[key] += " " + token
+    return out
+
+
+class SlurmCli:
+    """Thin runner of Slurm commands."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+        argv = [find_command(cmd), *args]
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout or self.timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(
+                f"{cmd} {' '.join(args)} did not answer within {timeout or self.timeout:g}s",
+                hint="is slurmctld running and reachable? (scontrol ping)",
+            ) from None
+        except OSError as exc:
+            raise SlurmError(f"cannot run {argv[0]}: {exc.strerror}") from None
+        if proc.returncode != 0:
+            err = (proc.stderr or proc.stdout).strip().splitlines()
+            msg = err[-1] if err else f"exit status {proc.returncode}"
+            cls = SlurmUnavailable if any(s in msg for s in _UNREACHABLE) else SlurmError
+            raise cls(f"{cmd} {' '.join(args)} failed: {msg}")
+        return proc.stdout
+
+    def show_job(self, job_id: str, timeout: Optional[float] = None) -> Dict[str, str]:
+        out = self.run("scontrol", ["show", "job", "-o", str(job_id)], timeout)
+        line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
+        if not line:
+            raise SlurmError(f"scontrol show job {job_id}: no such job")
+        return parse_kv_line(line)
+
+    def show_node(self, node: str, timeout: Optional[float] = None) -> Dict[str, str]:
+        out = self.run("scontrol", ["show", "node", "-o", node], timeout)
+        return parse_kv_line(out.splitlines()[0] if out else "")
+
+    def drain(self, node: str, reason: str, timeout: Optional[float] = None) -> None:
+        reason = " ".join(reason.split())[:200] or "slurmiso"
+        self.run(
+            "scontrol",
+            ["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+            timeout,
+        )
+
+    def jobs_on_node(self, node: str) -> List[str]:
+        out = self.run("squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING",
+                                  "-o", "%A"])
+        return [ln.strip() for ln in out.splitlines() if ln.strip()]
