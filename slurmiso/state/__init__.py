@@ -1,1 +1,10 @@
-"""state"""
+"""Node-local state (:class:`NodeState`) and the event journal (:class:`Journal`).
+
+Imported by the hooks on every job start, so only the stdlib here; ``filelock`` is imported
+when a lock is first taken.
+"""
+
+from slurmiso.state.journal import Journal, read_journals
+from slurmiso.state.store import NodeState, validate_job_id
+
+__all__ = ["Journal", "NodeState", "read_journals", "validate_job_id"]
