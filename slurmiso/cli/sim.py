@@ -60,7 +60,9 @@ def add_parser(subparsers: Any) -> None:
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--state", metavar="PATH", default="",
+        "--state",
+        metavar="PATH",
+        default="",
         help="state file; %%n = node name (default: $SLURMISO_SIM_STATE)",
     )
     sub = parser.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
@@ -71,8 +73,12 @@ def add_parser(subparsers: Any) -> None:
 def _add_init(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
     from slurmiso.gpu.profiles import MODELS
 
-    p = sub.add_parser(name, parents=[common], help="create a fresh simulated node",
-                       description="Create a fresh simulated node: GPUs idle, no MIG instances.")
+    p = sub.add_parser(
+        name,
+        parents=[common],
+        help="create a fresh simulated node",
+        description="Create a fresh simulated node: GPUs idle, no MIG instances.",
+    )
     p.add_argument("--model", required=True, help=f"GPU model: {', '.join(MODELS)}")
     p.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--mig", action="store_true", help="start with MIG mode enabled")
@@ -89,7 +95,9 @@ def _add_show(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
 
 def _add_load(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
     p = sub.add_parser(
-        name, parents=[common], help="inject utilization, memory and GPU processes",
+        name,
+        parents=[common],
+        help="inject utilization, memory and GPU processes",
         description=(
             "Inject activity on a GPU. --util/--sm set the GPU's figures; --mem (or --pid, "
             "--mig-uuid, --name) registers a process entry, by default for the PARENT of this "
@@ -103,8 +111,11 @@ def _add_load(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--pid", type=int, help="process id (default: parent of this command)")
     p.add_argument("--mig-uuid", default="", help="MIG device the process runs on")
     p.add_argument("--name", default="", help="process name shown in listings")
-    p.add_argument("--clear", action="store_true",
-                   help="reset load and forget processes (of --gpu, or of all GPUs)")
+    p.add_argument(
+        "--clear",
+        action="store_true",
+        help="reset load and forget processes (of --gpu, or of all GPUs)",
+    )
     p.set_defaults(func=_cmd_load)
 
 
@@ -123,12 +134,17 @@ def _add_fault(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
 
 
 def _add_create(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
-    p = sub.add_parser(name, parents=[common],
-                       help="create a MIG device (GPU instance + compute instance)")
+    p = sub.add_parser(
+        name, parents=[common], help="create a MIG device (GPU instance + compute instance)"
+    )
     p.add_argument("--gpu", type=int, required=True, help="GPU index")
     p.add_argument("--profile", required=True, help="MIG profile, e.g. 3g.40gb")
-    p.add_argument("--placement", type=int, metavar="START",
-                   help="start memory slice (default: the lowest free one)")
+    p.add_argument(
+        "--placement",
+        type=int,
+        metavar="START",
+        help="start memory slice (default: the lowest free one)",
+    )
     p.set_defaults(func=_cmd_create)
 
 
@@ -205,28 +221,52 @@ def render_state(state: Dict[str, Any]) -> str:
         used = gpu["load"]["memory_mb"] + sum(
             p["used_memory_mb"] for p in procs if p["gpu_index"] == gpu["index"]
         )
-        gpu_rows.append([
-            gpu["index"], state["model"], "LOST" if gpu["lost"] else "ok",
-            "on" if gpu["mig_enabled"] else "off", f"{used}/{total}",
-            f"{gpu['load']['util']:g}", f"{gpu['load']['sm']:g}", gpu["uuid"],
-        ])
+        gpu_rows.append(
+            [
+                gpu["index"],
+                state["model"],
+                "LOST" if gpu["lost"] else "ok",
+                "on" if gpu["mig_enabled"] else "off",
+                f"{used}/{total}",
+                f"{gpu['load']['util']:g}",
+                f"{gpu['load']['sm']:g}",
+                gpu["uuid"],
+            ]
+        )
         for inst in gpu["instances"]:
-            inst_rows.append([
-                gpu["index"], inst["gi_id"], "-" if inst["ci_id"] is None else inst["ci_id"],
-                inst["profile"], f"{inst['start']}:{inst['size']}", inst["uuid"] or "-",
-            ])
+            inst_rows.append(
+                [
+                    gpu["index"],
+                    inst["gi_id"],
+                    "-" if inst["ci_id"] is None else inst["ci_id"],
+                    inst["profile"],
+                    f"{inst['start']}:{inst['size']}",
+                    inst["uuid"] or "-",
+                ]
+            )
     parts = [
         f"node {state['node']}",
         table(gpu_rows, ["GPU", "MODEL", "STATE", "MIG", "MEM_MIB", "UTIL%", "SM%", "UUID"]),
         "",
         table(inst_rows, ["GPU", "GI", "CI", "PROFILE", "PLACEMENT", "MIG_UUID"])
-        if inst_rows else "no MIG instances",
+        if inst_rows
+        else "no MIG instances",
         "",
         table(
-            [[p["pid"], p["gpu_index"], p["used_memory_mb"], p["mig_uuid"] or "-", p["name"] or "-"]
-             for p in procs],
+            [
+                [
+                    p["pid"],
+                    p["gpu_index"],
+                    p["used_memory_mb"],
+                    p["mig_uuid"] or "-",
+                    p["name"] or "-",
+                ]
+                for p in procs
+            ],
             ["PID", "GPU", "MEM_MIB", "MIG_UUID", "NAME"],
-        ) if procs else "no GPU processes",
+        )
+        if procs
+        else "no GPU processes",
     ]
     return "\n".join(parts)
 
@@ -247,8 +287,10 @@ def _cmd_load(args: argparse.Namespace) -> int:
     if wants_process:
         pid = args.pid if args.pid is not None else os.getppid()
         proc = backend.add_process(args.gpu, pid, args.mem or 0, args.mig_uuid, args.name)
-        print(f"GPU {args.gpu}: pid {proc.pid} holds {proc.used_memory_mb} MiB"
-              + (f" on {proc.mig_uuid}" if proc.mig_uuid else ""))
+        print(
+            f"GPU {args.gpu}: pid {proc.pid} holds {proc.used_memory_mb} MiB"
+            + (f" on {proc.mig_uuid}" if proc.mig_uuid else "")
+        )
     return 0
 
 
@@ -281,8 +323,10 @@ def _cmd_create(args: argparse.Namespace) -> int:
     from slurmiso.gpu.backend import create_mig_device
 
     inst = create_mig_device(_backend(args), args.gpu, args.profile, args.placement)
-    print(f"GPU {inst.gpu_index}: created {inst.profile} GI {inst.gi_id} CI {inst.ci_id} "
-          f"at {inst.placement_start}:{inst.placement_size} {inst.uuid}")
+    print(
+        f"GPU {inst.gpu_index}: created {inst.profile} GI {inst.gi_id} CI {inst.ci_id} "
+        f"at {inst.placement_start}:{inst.placement_size} {inst.uuid}"
+    )
     return 0
 
 

@@ -171,9 +171,7 @@ class _StateFile:
             ) from exc
         problem = _schema_problem(state)
         if problem:
-            raise GpuUnavailable(
-                f"simulated GPU state {self.path} is corrupt: {problem}", hint=fix
-            )
+            raise GpuUnavailable(f"simulated GPU state {self.path} is corrupt: {problem}", hint=fix)
         return state
 
     def write(self, state: State) -> None:
@@ -323,8 +321,14 @@ class SimBackend:
             start = _choose_placement(state, gpu, prof, placement)
             used_ids = {i["gi_id"] for i in gpu["instances"]}
             gi_id = next(n for n in range(1, len(used_ids) + 2) if n not in used_ids)
-            inst = {"gi_id": gi_id, "profile": prof.name, "start": start,
-                    "size": prof.memory_slices, "ci_id": None, "uuid": ""}
+            inst = {
+                "gi_id": gi_id,
+                "profile": prof.name,
+                "start": start,
+                "size": prof.memory_slices,
+                "ci_id": None,
+                "uuid": "",
+            }
             gpu["instances"].append(inst)
             gpu["instances"].sort(key=lambda i: i["gi_id"])
             log.debug("sim: GPU %d: created GI %d (%s at %d)", index, gi_id, prof.name, start)
@@ -416,10 +420,16 @@ class SimBackend:
             gpu = _gpu(state, index, allow_lost=True)
             if mig_uuid and not any(i["uuid"] == mig_uuid for i in gpu["instances"]):
                 raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
-            entry = {"pid": int(pid), "gpu_index": index, "used_memory_mb": int(used_memory_mb),
-                     "mig_uuid": mig_uuid, "name": name}
+            entry = {
+                "pid": int(pid),
+                "gpu_index": index,
+                "used_memory_mb": int(used_memory_mb),
+                "mig_uuid": mig_uuid,
+                "name": name,
+            }
             state["processes"] = [
-                p for p in _live_processes(state)
+                p
+                for p in _live_processes(state)
                 if (p["pid"], p["gpu_index"], p["mig_uuid"]) != (pid, index, mig_uuid)
             ] + [entry]
             return GpuProcess(int(pid), index, int(used_memory_mb), mig_uuid, name)
@@ -444,8 +454,12 @@ class SimBackend:
             raise UsageError(f"memory_used_mb must not be negative, not {memory_used_mb}")
         with self._store.transaction() as state:
             load = _gpu(state, index, allow_lost=True)["load"]
-            for key, value in (("util", util), ("sm", sm_active), ("gr", gr_active),
-                               ("memory_mb", memory_used_mb)):
+            for key, value in (
+                ("util", util),
+                ("sm", sm_active),
+                ("gr", gr_active),
+                ("memory_mb", memory_used_mb),
+            ):
                 if value is not None:
                     load[key] = value
 

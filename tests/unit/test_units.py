@@ -1,0 +1,63 @@
+"""Sizes and durations as people type them."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmiso.units import parse_duration, parse_size
+
+
+@pytest.mark.parametrize(
+    "text,mib",
+    [
+        ("20G", 20480),
+        ("20g", 20480),
+        ("20GiB", 20480),
+        ("20GB", 20480),
+        ("512M", 512),
+        ("512MiB", 512),
+        ("4096", 4096),
+        ("1.5G", 1536),
+        ("1T", 1048576),
+        ("2048K", 2),
+        ("1K", 1),  # fractions of a MiB round up: a limit is never lowered
+        (" 8 G ", 8192),
+    ],
+)
+def test_parse_size(text: str, mib: int) -> None:
+    assert parse_size(text) == mib
+
+
+@pytest.mark.parametrize("text", ["", "G", "20X", "-5G", "20 GigaBytes", "1e3M", "twenty"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("90s", 90),
+        ("5m", 300),
+        ("2h", 7200),
+        ("1d", 86400),
+        ("1w", 604800),
+        ("1.5h", 5400),
+        ("3600", 3600),
+        ("0", 0),
+        ("1-02:03:04", 93784),
+        ("02:03:04", 7384),
+        ("05:06", 306),
+        ("2-12", 216000),
+        ("1-00:30", 88200),
+        ("48:00:00", 172800),
+    ],
+)
+def test_parse_duration(text: str, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5x", "1:2:3:4", "-5m", "01:60", "1-00:00:61", "soon"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
