@@ -29,6 +29,7 @@ from slurmiso.sandbox import accounting as A
 from slurmiso.sandbox import layout as L
 from slurmiso.sandbox.procs import (
     environ_with,
+    has_env,
     process_matches,
     read_pid,
     run,
@@ -151,14 +152,18 @@ def start(site: L.Site, svc: Service) -> int:
     return pid
 
 
-def stop(svc: Service, timeout: float = 20) -> bool:
-    pid = svc.pid()
-    if not pid:
-        return False
-    killed = terminate([pid], timeout=timeout)
-    if killed:
-        log.warning("%s (pid %d) ignored SIGTERM for %gs and was killed", svc.name, pid, timeout)
-    return True
+def stop(svcs: List[Service], timeout: float = 20) -> List[str]:
+    """SIGTERM the running ones together (then SIGKILL); returns the names that ran."""
+    running = {svc.name: pid for svc in svcs if (pid := svc.pid())}
+    if not running:
+        return []
+    t0 = time.monotonic()
+    killed = terminate(list(running.values()), timeout=timeout)
+    for name, pid in running.items():
+        if pid in killed:
+            log.warning("%s (pid %d) ignored SIGTERM for %gs and was killed", name, pid, timeout)
+    log.info("stopped %s in %.1fs", ", ".join(running), time.monotonic() - t0)
+    return list(running)
 
 
 def alive(svc: Service) -> Callable[[], bool]:
@@ -356,7 +361,7 @@ def start_mariadb(site: L.Site) -> str:
 
 def start_slurmdbd(site: L.Site, restart: bool) -> str:
     svc = service(site, "slurmdbd")
-    if restart and stop(svc):
+    if restart and stop([svc]):
         log.info("slurmdbd.conf changed: restarting slurmdbd")
     was = svc.pid()
     start(site, svc)
@@ -370,7 +375,7 @@ def start_slurm(site: L.Site, restart: bool) -> str:
     ctld = service(site, "slurmctld")
     slurmds = [s for s in services(site) if s.name.startswith("slurmd-")]
     if restart:
-        stopped = [s.name for s in [*slurmds, ctld] if stop(s)]
+        stopped = stop(slurmds) + stop([ctld])
         if stopped:
             log.info("slurm.conf/gres.conf changed: restarted %s", ", ".join(stopped))
     started = [s.name for s in [ctld, *slurmds] if not s.pid()]
@@ -394,7 +399,8 @@ def node_states(site: L.Site) -> Dict[str, Tuple[str, str]]:
     out: Dict[str, Tuple[str, str]] = {}
     for line in cp.stdout.splitlines():
         name, state, reason = (line.split("|") + ["", ""])[:3]
-        out[name] = (state.strip(), reason.strip())
+        reason = reason.strip()
+        out[name] = (state.strip(), "" if reason == "none" else reason)
     return out
 
 
@@ -486,7 +492,7 @@ def leftovers(site: L.Site) -> List[Tuple[int, str]]:
             if proc.info["name"] not in DAEMON_NAMES:
                 continue
             cmd = " ".join(proc.info["cmdline"] or [])
-            if site.root in cmd or proc.environ().get("SLURM_CONF") == site.slurm_conf:
+            if site.root in cmd or has_env(proc.pid, "SLURM_CONF", site.slurm_conf):
                 found[proc.pid] = cmd or proc.info["name"]
                 if proc.info["name"] == "slurmstepd":
                     for child in proc.children(recursive=True):
@@ -501,9 +507,10 @@ def down(root: Optional[str] = None, purge: bool = False) -> DownReport:
     """Stop every sandbox process and check that none is left; ``purge`` removes the dir."""
     site = make_site(root)
     report = DownReport()
-    for svc in reversed(services(site)):
-        if stop(svc):
-            report.stopped.append(svc.name)
+    svcs = services(site)
+    # Slurmds first (they report to slurmctld), slurmdbd before its database.
+    for group in ("slurmd-", "slurmctld", "slurmdbd", "mariadb"):
+        report.stopped += stop([s for s in svcs if s.name.startswith(group)])
     munged = _read_state(site).get("munged_pid")
     if munged and process_matches(int(munged), ("munged",)):
         terminate([int(munged)])

@@ -105,9 +105,23 @@ def process_matches(pid: int, names: Iterable[str], needles: Sequence[str] = (),
         line = " ".join(cmd)
         if not all(n in line for n in needles):
             return False
-        return env is None or proc.environ().get(env[0]) == env[1]
+        return env is None or has_env(pid, *env)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
+
+
+def has_env(pid: int, key: str, value: str) -> bool:
+    """Whether ``pid``'s environment holds ``key=value``.
+
+    Reads /proc directly: daemons that set their process title (slurmstepd) overwrite the
+    start of their environment block, which psutil's parser then gives up on.
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            entries = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{key}={value}".encode() in entries
 
 
 def wait_until(

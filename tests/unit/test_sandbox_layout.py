@@ -1,0 +1,190 @@
+"""The sandbox's generated files, checked without Slurm.
+
+Golden files live in tests/golden/sandbox/; delete one and run the tests to regenerate it
+(the test then passes and says so), then review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+
+import pytest
+import yaml
+
+from slurmiso.gpu.profiles import free_placements, lookup_model
+from slurmiso.sandbox import layout as L
+
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "sandbox")
+
+SITE = L.Site(root="/var/lib/slurmiso-sandbox", host="sbxhost", python="/usr/bin/python3",
+              pythonpath="/opt/slurmiso")
+HOOKED = L.Site(root="/srv/sbx/", host="sbxhost", python="/opt/venv/bin/python",
+                prolog="/src/slurmiso/prolog/slurmiso-prolog",
+                epilog="/src/slurmiso/epilog/slurmiso-epilog", pythonpath="/src/slurmiso")
+
+
+def check_golden(name: str, text: str) -> None:
+    path = os.path.join(GOLDEN, name)
+    if not os.path.exists(path):
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(text)
+        warnings.warn(f"golden file {path} regenerated; review it", stacklevel=2)
+        return
+    with open(path) as fh:
+        assert text == fh.read(), f"{name} differs from its golden file (delete it to regenerate)"
+
+
+@pytest.mark.parametrize(
+    "name, render, site",
+    [
+        ("slurm.conf", L.render_slurm_conf, SITE),
+        ("slurm-hooks.conf", L.render_slurm_conf, HOOKED),
+        ("gres.conf", L.render_gres_conf, SITE),
+        ("slurmdbd.conf", L.render_slurmdbd_conf, SITE),
+        ("slurmiso.yaml", L.render_slurmiso_yaml, SITE),
+    ],
+)
+def test_rendered_file_matches_golden(name, render, site):
+    check_golden(name, render(site))
+
+
+def test_hook_wrappers_match_golden():
+    wrappers = L.hook_wrappers(HOOKED)
+    assert sorted(wrappers) == ["slurmiso-epilog", "slurmiso-prolog", "slurmiso-task-prolog"]
+    for name, text in wrappers.items():
+        check_golden(name, text)
+
+
+def test_no_hooks_no_hook_lines_or_wrappers():
+    conf = L.render_slurm_conf(SITE)
+    assert "Prolog=" not in conf.replace("TaskProlog", "")
+    assert "Epilog=" not in conf and "TaskProlog=" not in conf
+    assert L.hook_wrappers(SITE) == {}
+    assert all(not k.startswith("bin/") for k in L.rendered_files(SITE))
+
+
+def test_hook_lines_point_at_wrappers_with_absolute_paths():
+    conf = L.render_slurm_conf(HOOKED)
+    assert "Prolog=/srv/sbx/bin/slurmiso-prolog\n" in conf
+    assert "Epilog=/srv/sbx/bin/slurmiso-epilog\n" in conf
+    assert "TaskProlog=/srv/sbx/bin/slurmiso-task-prolog\n" in conf
+    prolog = L.hook_wrappers(HOOKED)["slurmiso-prolog"]
+    assert "export SLURMISO_CONFIG=/srv/sbx/etc/slurmiso.yaml\n" in prolog
+    assert prolog.rstrip().endswith(
+        'exec /opt/venv/bin/python /src/slurmiso/prolog/slurmiso-prolog "$@"')
+
+
+def test_wrapper_quotes_odd_paths():
+    site = L.Site(root="/tmp/a b", host="h", python="/x/py'thon", prolog="/p", epilog="/e")
+    text = L.render_hook_wrapper(site, [site.python, "-m", "slurmiso"])
+    assert "export SLURMISO_CONFIG='/tmp/a b/etc/slurmiso.yaml'" in text
+    assert "exec '/x/py'\"'\"'thon' -m slurmiso" in text
+
+
+@pytest.mark.parametrize(
+    "node, gres",
+    [
+        ("n1", "gpu:a100:2"),
+        ("n2", "gpu:h100:2,mps:200"),
+        ("n3", "gpu:3g.40gb:3,gpu:4g.40gb:1"),
+        ("n4", "gpu:h100:2,shard:14"),
+        ("n5", "gpu:a100:2,shard:8"),
+    ],
+)
+def test_node_gres(node, gres):
+    n = L.find_node(node)
+    assert n is not None
+    assert L.node_gres(n) == gres
+    assert f"NodeName={node} " in L.render_slurm_conf(SITE)
+    assert f"Gres={gres} " in L.render_slurm_conf(SITE)
+
+
+def test_essential_slurm_settings():
+    conf = dict(
+        line.split("=", 1) for line in L.render_slurm_conf(SITE).splitlines()
+        if "=" in line and not line.startswith(("#", "NodeName", "PartitionName"))
+    )
+    assert conf["ClusterName"] == L.CLUSTER
+    assert conf["PreemptType"] == "preempt/qos"
+    assert conf["PreemptMode"] == "REQUEUE"
+    assert conf["JobRequeue"] == "1"
+    assert conf["PrologFlags"] == "Alloc"
+    assert conf["SelectType"] == "select/cons_tres"
+    assert conf["GresTypes"] == "gpu,mps,shard"
+    assert "%n" in conf["SlurmdSpoolDir"] and "%n" in conf["SlurmdPidFile"]
+    assert "%n" in conf["SlurmdLogFile"]
+
+
+def test_nodes_ports_partitions_unique_and_one_default():
+    nodes = L.NODES
+    assert len({n.port for n in nodes}) == len(nodes)
+    assert len({n.partition for n in nodes}) == len(nodes)
+    assert [n.name for n in nodes if n.default_partition] == ["n1"]
+    assert {n.mode for n in nodes} == {"exclusive", "mps", "mig-static", "mig-dynamic",
+                                       "timeslice"}
+
+
+def test_device_nodes_distinct_per_node_and_character_numbers():
+    devs = L.device_nodes(SITE)
+    assert len({d.path for d in devs}) == len(devs)
+    for n in L.NODES:
+        mine = [d for d in devs if f"/dev/{n.name}/" in d.path]
+        assert sum(d.major == L.NVIDIA_MAJOR for d in mine) == n.gpus
+    caps = [(d.major, d.minor) for d in devs if "nvidia-caps" in d.path]
+    assert len(caps) == 2 * len(L.find_node("n3").mig_slots)  # type: ignore[union-attr]
+    assert len(set(caps)) == len(caps)
+
+
+def test_mig_gres_lines_match_slots():
+    gres = L.render_gres_conf(SITE)
+    mig_lines = [ln for ln in gres.splitlines() if "MultipleFiles=" in ln]
+    n3 = L.find_node("n3")
+    assert n3 is not None
+    assert len(mig_lines) == len(n3.mig_slots)
+    types = Counter(ln.split("Type=")[1].split()[0] for ln in mig_lines)
+    assert types == Counter({"3g.40gb": 3, "4g.40gb": 1})
+    # each MIG device names its parent GPU plus its own GI/CI capability files
+    assert all(ln.count("/nvidia-caps/") == 2 for ln in mig_lines)
+
+
+def test_mig_slots_fit_the_gpu_model():
+    n3 = L.find_node("n3")
+    assert n3 is not None
+    model = lookup_model(n3.gpu_model)
+    assert model is not None
+    for gpu in range(n3.gpus):
+        occupied = []
+        for slot in (s for s in n3.mig_slots if s.gpu == gpu):
+            prof = model.profile(slot.profile)
+            assert prof is not None
+            assert slot.placement in free_placements(model, prof, occupied)
+            occupied.append((slot.placement, prof.memory_slices))
+
+
+def test_slurmiso_yaml_describes_the_same_cluster():
+    data = yaml.safe_load(L.render_slurmiso_yaml(SITE))
+    pools = {p["nodes"]: p for p in data["pools"]}
+    for n in L.NODES:
+        assert pools[n.name]["mode"] == n.mode
+        assert pools[n.name]["partition"] == n.partition
+    layout = data["mig_layouts"]["mig-configs"][L.MIG_LAYOUT_NAME]
+    assert layout == [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {"4g.40gb": 1, "3g.40gb": 1}},
+    ]
+    assert data["paths"]["state_dir"] == "/var/lib/slurmiso-sandbox/state/%n"
+    assert data["gpu"] == {"backend": "sim", "sim_state": "/var/lib/slurmiso-sandbox/sim/%n.json"}
+
+
+def test_slurmiso_yaml_loads_with_the_real_loader():
+    loader = pytest.importorskip("slurmiso.config.loader")
+    cfg = loader.parse_config(yaml.safe_load(L.render_slurmiso_yaml(SITE)), "sandbox")
+    assert [p.name for p in cfg.pools] == [n.pool for n in L.NODES]
+
+
+def test_trailing_slash_in_root_is_harmless():
+    assert "/srv/sbx//" not in L.render_slurm_conf(HOOKED)
+    assert HOOKED.slurm_conf == "/srv/sbx/etc/slurm.conf"
