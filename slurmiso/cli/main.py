@@ -21,7 +21,9 @@ SUBCOMMANDS = [
     "slurmiso.cli.check_config",
     "slurmiso.cli.sim",
     "slurmiso.cli.sandbox",
-    "slurmiso.cli.state",
+    "slurmiso.cli.status",
+    "slurmiso.cli.reconcile",
+    "slurmiso.cli.hooks",
 ]
 
 log = logging.getLogger("slurmiso")

@@ -18,7 +18,7 @@ SPANK_PLUGIN = "slurmiso"
 _RAW_PREFIX = f"SPANK__SLURM_SPANK_OPTION_{SPANK_PLUGIN}_"
 _VALIDATED_PREFIX = "SPANK_SLURMISO_"
 #: SPANK options slurmiso knows, with the pattern a value must match.
-SPANK_OPTIONS: Dict[str, "re.Pattern[str]"] = {
+SPANK_OPTIONS: Dict[str, re.Pattern[str]] = {
     "iso_class": re.compile(r"[A-Za-z0-9_.-]{1,64}"),
     "iso_mps_mem": re.compile(r"[0-9]+(\.[0-9]+)?[KMGTkmgt]?(i?[Bb])?"),
     "iso_mig_profile": re.compile(r"[1-7]g\.[0-9]+gb(\+me)?"),
@@ -40,10 +40,10 @@ class JobEnv:
     spank: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], node: str = "") -> "JobEnv":
+    def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
         from slurmiso.config.model import node_name
-        from slurmiso.state import validate_job_id
         from slurmiso.errors import StateError
+        from slurmiso.state import validate_job_id
 
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
         try:
@@ -61,15 +61,16 @@ class JobEnv:
             account=env.get("SLURM_JOB_ACCOUNT", ""),
             qos=env.get("SLURM_JOB_QOS", ""),
             gpus=parse_gpu_list(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES", "")),
-            restart_count=_int(env.get("SLURM_JOB_RESTART_COUNT")
-                               or env.get("SLURM_RESTART_COUNT"), 0),
+            restart_count=_int(
+                env.get("SLURM_JOB_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT"), 0
+            ),
             spank=spank_options(env),
         )
 
 
 def _int(text: Optional[str], default: int) -> int:
     try:
-        return int(text) if text not in (None, "") else default  # type: ignore[arg-type]
+        return int(text) if text not in (None, "") else default
     except ValueError:
         return default
 
@@ -93,9 +94,9 @@ def spank_options(env: Mapping[str, str]) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for key, value in env.items():
         if key.startswith(_RAW_PREFIX):
-            name = key[len(_RAW_PREFIX):].lower().replace("-", "_")
+            name = key[len(_RAW_PREFIX) :].lower().replace("-", "_")
         elif key.startswith(_VALIDATED_PREFIX):
-            name = key[len(_VALIDATED_PREFIX):].lower()
+            name = key[len(_VALIDATED_PREFIX) :].lower()
             if not name.startswith("iso_"):
                 name = "iso_" + name
         else:

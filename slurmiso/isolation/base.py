@@ -60,18 +60,18 @@ class Context:
     calling :meth:`save` in between, so a prolog killed halfway leaves enough for the epilog.
     """
 
-    config: "Config"
-    env: "JobEnv"
-    pool: "Pool"
-    job_class: Optional["JobClass"]
-    state: "NodeState"
-    journal: "Journal"
+    config: Config
+    env: JobEnv
+    pool: Pool
+    job_class: Optional[JobClass]
+    state: NodeState
+    journal: Journal
     backend_factory: Any  # () -> GpuBackend, so handlers that need no GPU never open one
     record: Dict[str, Any] = field(default_factory=dict)
-    _backend: Optional["GpuBackend"] = None
+    _backend: Optional[GpuBackend] = None
 
     @property
-    def backend(self) -> "GpuBackend":
+    def backend(self) -> GpuBackend:
         if self._backend is None:
             self._backend = self.backend_factory()
         return self._backend
@@ -148,7 +148,7 @@ class Isolation(Protocol):
     def teardown(self, ctx: Context) -> None:
         """Undo what ``ctx.record`` says setup did (or may have done)."""
 
-    def reconcile(self, ctx: "ReconcileContext") -> List[str]:
+    def reconcile(self, ctx: ReconcileContext) -> List[str]:
         """Remove this mode's orphans (no live job record); return one line per fix."""
 
 
@@ -156,11 +156,11 @@ class Isolation(Protocol):
 class ReconcileContext:
     """What ``slurmiso reconcile`` hands each handler: the node, no particular job."""
 
-    config: "Config"
-    pool: "Pool"
-    state: "NodeState"
-    journal: "Journal"
-    backend: "GpuBackend"
+    config: Config
+    pool: Pool
+    state: NodeState
+    journal: Journal
+    backend: GpuBackend
     dry_run: bool = False
     live_jobs: Optional[List[str]] = None  # job ids Slurm says run here (None = unknown)
 

@@ -25,9 +25,7 @@ def classify(
         wanted = config.job_class(spank_class)
         if wanted is None:
             allowed = ", ".join(c.name for c in config.classes)
-            raise JobProblem(
-                f"--iso-class={spank_class} is not a job class (allowed: {allowed})"
-            )
+            raise JobProblem(f"--iso-class={spank_class} is not a job class (allowed: {allowed})")
         if by_qos is not None and by_qos.name != wanted.name:
             raise JobProblem(
                 f"--iso-class={spank_class} conflicts with QoS {qos!r}, which is class "

@@ -27,7 +27,7 @@ _UNREACHABLE = (
 
 
 def find_command(name: str) -> str:
-    """Absolute path of a Slurm command (``$SLURMISO_SLURM_BIN`` first, for non-standard installs)."""
+    """Absolute path of a Slurm command; ``$SLURMISO_SLURM_BIN`` first (odd install prefixes)."""
     dirs = [d for d in os.environ.get("SLURMISO_SLURM_BIN", "").split(":") if d] + list(BIN_DIRS)
     for d in dirs:
         path = os.path.join(d, name)
@@ -103,6 +103,7 @@ class SlurmCli:
         )
 
     def jobs_on_node(self, node: str) -> List[str]:
-        out = self.run("squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING",
-                                  "-o", "%A"])
+        out = self.run(
+            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"]
+        )
         return [ln.strip() for ln in out.splitlines() if ln.strip()]

@@ -167,9 +167,14 @@ class NodeState:
         Also removes temp files left by killed writers.
         """
         root = _is_root()
+        missing: List[str] = []
+        existing = os.path.dirname(os.path.abspath(self.state_dir))
+        while not os.path.lexists(existing):  # e.g. state_dir /var/lib/x/state/%n
+            missing.insert(0, existing)
+            existing = os.path.dirname(existing)
         if root:
-            self._check_ancestors(os.path.dirname(self.state_dir))
-        for path in (self.state_dir, self.jobs_dir):
+            self._check_ancestors(existing)
+        for path in (*missing, self.state_dir, self.jobs_dir):
             self._make_dir(path)
             if root:
                 self._check_owned_dir(path)

@@ -1,0 +1,61 @@
+"""DCGM-exporter job mapping files (``--hpc-job-mapping-dir``): GPU -> job ids.
+
+dcgm-exporter reads one file per GPU, named by GPU index (or, for MIG, by the MIG device's
+UUID), holding the ids of the jobs on it, one per line, and labels the GPU's series with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Iterable, List
+
+log = logging.getLogger(__name__)
+
+
+def mapping_names(resources: Iterable[Dict[str, Any]]) -> List[str]:
+    """File names for a job's resources: the MIG UUID where there is one, else the GPU index."""
+    names = []
+    for r in resources:
+        if r.get("state") != "ready":
+            continue
+        if r.get("kind", "").startswith("mig") and r.get("uuid"):
+            names.append(str(r["uuid"]))
+        elif "gpu" in r:
+            names.append(str(r["gpu"]))
+    return sorted(set(names))
+
+
+def _rewrite(path: str, job_id: str, add: bool) -> None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            jobs = [ln.strip() for ln in fh if ln.strip()]
+    except FileNotFoundError:
+        jobs = []
+    jobs = [j for j in jobs if j != job_id] + ([job_id] if add else [])
+    if not jobs:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="ascii") as fh:
+        fh.write("\n".join(jobs) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def update(directory: str, job_id: str, resources: Iterable[Dict[str, Any]], add: bool) -> None:
+    """Add or remove ``job_id`` in the mapping files of ``resources`` (caller holds the lock).
+
+    Best effort: telemetry labels are not worth failing a job over, so errors are logged.
+    """
+    if not directory:
+        return
+    try:
+        os.makedirs(directory, 0o755, exist_ok=True)
+        for name in mapping_names(resources):
+            _rewrite(os.path.join(directory, name), job_id, add)
+    except OSError as exc:
+        log.warning("cannot update DCGM job mapping in %s: %s", directory, exc)

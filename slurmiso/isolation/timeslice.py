@@ -1,0 +1,48 @@
+"""Timeslice pools: jobs share GPUs through ``gres/shard`` with no fencing at all.
+
+slurmiso cannot isolate here and says so; it does the accounting (which job is on which GPU)
+and a memory-headroom check, so a job that starts on an almost-full GPU carries a warning
+the audit reports, instead of failing later with an out-of-memory nobody can explain.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from slurmiso.isolation.base import Context, ReconcileContext
+from slurmiso.isolation.exclusive import device_indices
+from slurmiso.isolation.processes import clean_job_devices
+
+
+class TimesliceIsolation:
+    mode = "timeslice"
+
+    def setup(self, ctx: Context) -> None:
+        gpus = device_indices(ctx)
+        headroom = ctx.job_class.memory_headroom_pct if ctx.job_class else 0
+        resources = []
+        for g in gpus:
+            dev = ctx.backend.device(g)
+            free_pct = (
+                100.0 * (dev.memory_total_mb - dev.memory_used_mb) / max(dev.memory_total_mb, 1)
+            )
+            if headroom and free_pct < headroom:
+                ctx.warn(
+                    f"GPU {g} has {free_pct:.0f}% memory free, below the class's "
+                    f"{headroom}% headroom: timeslice pools do not fence memory"
+                )
+            ctx.claim(f"ts/{g}/job/{ctx.job_id}")
+            resources.append({"kind": "shared-gpu", "gpu": g, "uuid": dev.uuid, "state": "ready"})
+        ctx.record["resources"] = resources
+        ctx.record["isolation_note"] = "timeslice: shared GPU, no compute or memory fencing"
+
+    def teardown(self, ctx: Context) -> None:
+        gpus = [r["gpu"] for r in ctx.record.get("resources", []) if r.get("kind") == "shared-gpu"]
+        if gpus:
+            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus)
+
+    def reconcile(self, ctx: ReconcileContext) -> List[str]:
+        return []
+
+
+HANDLER = TimesliceIsolation()

@@ -1,0 +1,224 @@
+"""Prolog/epilog policy end to end on a simulated node (no Slurm): records, refusals, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import yaml
+
+from slurmiso.gpu.sim import SimBackend, init_state
+from slurmiso.hooks import task_prolog
+from slurmiso.hooks.runner import run_hook
+from slurmiso.state import Journal, NodeState
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write_config(tmp: str, mode: str, model: str = "A100-80GB", **over: Any) -> str:
+    data: Dict[str, Any] = {
+        "version": 1,
+        "paths": {"state_dir": f"{tmp}/state/%n", "journal": f"{tmp}/journal-%n.jsonl",
+                  "dcgm_job_mapping_dir": f"{tmp}/dcgm"},
+        "gpu": {"backend": "sim", "sim_state": f"{tmp}/sim/%n.json"},
+        "classes": [
+            {"name": "infer", "match": {"qos": ["infer"]}, "isolation": "mps", "qos": {"preempt": ["train"]}},
+            {"name": "train", "match": {"qos": ["train"]}, "isolation": "timeslice", "preemptible": True},
+            {"name": "debug", "match": {"qos": ["debug"]}, "isolation": "exclusive"},
+        ],
+        "default_class": "",
+        "pools": [{"name": "p", "nodes": "node[1-2]", "partition": "part", "gpu_model": model,
+                   "gpus_per_node": 2, "mode": mode}],
+    }
+    data.update(over)
+    path = os.path.join(tmp, "slurmiso.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(data, fh)
+    init_state(f"{tmp}/sim/node1.json", model, 2, node="node1", force=True)
+    return path
+
+
+def job_env(job: str = "42", qos: str = "debug", gpus: str = "0", **extra: str) -> Dict[str, str]:
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "u",
+           "SLURMD_NODENAME": "node1", "SLURM_JOB_PARTITION": "part", "SLURM_JOB_ACCOUNT": "a",
+           "SLURM_JOB_QOS": qos, "SLURM_JOB_GPUS": gpus}
+    env.update(extra)
+    return env
+
+
+class Drains:
+    def __init__(self) -> None:
+        self.calls: List[Tuple[str, str]] = []
+
+    def __call__(self, node: str, reason: str) -> None:
+        self.calls.append((node, reason))
+
+
+def state(tmp: str) -> NodeState:
+    return NodeState(f"{tmp}/state/node1")
+
+
+def journal(tmp: str) -> List[Dict[str, Any]]:
+    return list(Journal(f"{tmp}/journal-node1.jsonl").read())
+
+
+def test_exclusive_job_round_trip(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    drains = Drains()
+    before = SimBackend(f"{tmp}/sim/node1.json").state()
+    assert run_hook("prolog", job_env(gpus="1"), cfg, drains) == 0
+    rec = state(tmp).read_job("42")
+    assert rec is not None and rec["status"] == "ready" and rec["class"] == "debug"
+    assert rec["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert state(tmp).allocations() == {"gpu/1": "42"}
+    with open(f"{tmp}/dcgm/1") as fh:
+        assert fh.read().split() == ["42"]
+    lines = task_prolog.lines_for(rec, "42")
+    assert "export CUDA_VISIBLE_DEVICES=1" in lines and "export SLURMISO_CLASS=debug" in lines
+    assert run_hook("epilog", job_env(gpus="1"), cfg, drains) == 0
+    assert state(tmp).read_job("42") is None and state(tmp).allocations() == {}
+    assert not os.path.exists(f"{tmp}/dcgm/1")
+    events = [e["event"] for e in journal(tmp)]
+    assert events == ["prolog", "job-end"]
+    assert SimBackend(f"{tmp}/sim/node1.json").state() == before
+    assert drains.calls == []
+
+
+def test_prolog_twice_and_epilog_twice_are_harmless(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    first = state(tmp).read_job("42")
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    assert state(tmp).read_job("42")["times"] == first["times"]  # type: ignore[index]
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    assert [e["event"] for e in journal(tmp)] == ["prolog", "job-end"]
+
+
+@pytest.mark.parametrize(
+    "mode,env,reason",
+    [
+        ("timeslice", job_env(qos="debug"), "needs exclusive isolation or stronger"),
+        ("exclusive", job_env(qos="batch"), "no job class matches"),
+        ("exclusive", job_env(SPANK_SLURMISO_CLASS="gold"), "--iso-class=gold is not a job class"),
+        ("exclusive", job_env(qos="train", SPANK_SLURMISO_CLASS="debug"), "conflicts with QoS 'train'"),
+        ("exclusive", job_env(**{"SPANK__SLURM_SPANK_OPTION_slurmiso_iso_class": "x;rm -rf /"}), "not a valid value"),
+    ],
+)
+def test_job_problems_refuse_the_job_not_the_node(tmp_path: Any, mode: str, env: Dict[str, str], reason: str) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, mode)
+    drains = Drains()
+    assert run_hook("prolog", env, cfg, drains) == 0
+    assert drains.calls == []
+    rec = state(tmp).read_job("42")
+    if rec is None:  # rejected before a record could exist (malformed option): nothing held
+        assert state(tmp).allocations() == {}
+        return
+    assert rec["status"] == "refused" and reason in rec["reason"]
+    assert state(tmp).allocations() == {}
+    lines = task_prolog.lines_for(rec, "42")
+    assert lines[0] == "export CUDA_VISIBLE_DEVICES="
+    assert any(reason in ln for ln in lines)
+    assert run_hook("epilog", env, cfg, drains) == 0 and state(tmp).read_job("42") is None
+
+
+def test_comment_never_selects_a_class(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    env = job_env(qos="batch", SLURM_JOB_COMMENT="class=debug", SLURMISO_CLASS="debug")
+    assert run_hook("prolog", env, cfg, Drains()) == 0
+    assert state(tmp).read_job("42")["status"] == "refused"  # type: ignore[index]
+
+
+def test_lost_gpu_drains_node_with_reason(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    SimBackend(f"{tmp}/sim/node1.json").set_lost(0, True)
+    drains = Drains()
+    assert run_hook("prolog", job_env(gpus="0"), cfg, drains) == 1
+    assert len(drains.calls) == 1 and drains.calls[0][0] == "node1"
+    assert drains.calls[0][1].startswith("slurmiso prolog:") and "\n" not in drains.calls[0][1]
+    assert state(tmp).allocations() == {}
+
+
+def test_foreign_process_on_gpu_is_a_node_fault(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"PATH": "/usr/bin"})
+    try:
+        SimBackend(f"{tmp}/sim/node1.json").add_process(0, sleeper.pid, used_memory_mb=1000)
+        drains = Drains()
+        assert run_hook("prolog", job_env(gpus="0"), cfg, drains) == 1
+        assert f"pid {sleeper.pid} on GPU 0" in drains.calls[0][1]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_epilog_ends_the_jobs_leftover_process_only(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    assert run_hook("prolog", job_env(gpus="0,1"), cfg, Drains()) == 0
+    code = "import time; time.sleep(60)"
+    mine = subprocess.Popen([sys.executable, "-c", code], env={"SLURM_JOB_ID": "42"})
+    other = subprocess.Popen([sys.executable, "-c", code], env={"SLURM_JOB_ID": "7"})
+    try:
+        sim = SimBackend(f"{tmp}/sim/node1.json")
+        sim.add_process(0, mine.pid, used_memory_mb=500)
+        sim.add_process(1, other.pid, used_memory_mb=500)
+        assert run_hook("epilog", job_env(gpus="0,1"), cfg, Drains()) == 0
+        assert mine.wait(timeout=10) != 0
+        assert other.poll() is None
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+
+
+def test_broken_config_drains(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive", bogus=1)
+    drains = Drains()
+    assert run_hook("prolog", job_env(), cfg, drains) == 1
+    assert "bogus" in drains.calls[0][1]
+
+
+def test_node_outside_every_pool_is_left_alone(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    assert run_hook("prolog", job_env(SLURMD_NODENAME="login1"), cfg, Drains()) == 0
+    assert not os.path.exists(f"{tmp}/state/login1/jobs/42.json")
+
+
+def test_timeslice_headroom_warning(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "timeslice")
+    with open(cfg) as fh:
+        data = yaml.safe_load(fh)
+    data["classes"][1]["memory_headroom"] = 30
+    with open(cfg, "w") as fh:
+        yaml.safe_dump(data, fh)
+    SimBackend(f"{tmp}/sim/node1.json").set_load(0, memory_used_mb=70000)
+    assert run_hook("prolog", job_env(qos="train"), cfg, Drains()) == 0
+    rec = state(tmp).read_job("42")
+    assert rec["status"] == "ready" and "below the class's 30% headroom" in rec["warnings"][0]  # type: ignore[index]
+
+
+def test_hook_executable_runs_without_path(tmp_path: Any) -> None:
+    """The way slurmd runs it: a separate process, root's env reduced to Slurm's variables."""
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    env = job_env(SLURMISO_CONFIG=cfg, PYTHONPATH=ROOT, SLURMISO_GPU_BACKEND="sim")
+    for hook in ("prolog/slurmiso-prolog", "epilog/slurmiso-epilog"):
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, hook)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    assert [e["event"] for e in journal(tmp)] == ["prolog", "job-end"]
+    assert json.loads(json.dumps(journal(tmp)[1]))["outcome"] == "released"
