@@ -1,0 +1,47 @@
+# slurmiso — developer and CI entry points. Everything a target needs, it installs.
+#   make test    install, bring up the local Slurm sandbox, run unit + integration tests
+#   make demo    install, bring up the sandbox, run a short mixed inference/training scenario
+#   make bench   benchmarks; each prints its figure and a ratio to a baseline run beside it
+#   make unit    fast unit tests only (no Slurm, no root)
+#   make lint    ruff + mypy
+
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+PYTEST_ARGS ?=
+
+.PHONY: all install sandbox sandbox-down test unit integration demo bench lint clean
+
+all: test
+
+install:
+	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
+
+sandbox: install
+	$(PYTHON) -m slurmiso -v sandbox up
+
+sandbox-down:
+	$(PYTHON) -m slurmiso sandbox down
+
+unit: install
+	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: sandbox
+	$(PYTHON) -m pytest tests/integration $(PYTEST_ARGS)
+
+# One pytest run over everything, so CI's closing line counts all tests. The nvml tests skip
+# (with their reason) where no NVIDIA driver is present.
+test: sandbox
+	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
+
+demo: sandbox
+	$(PYTHON) -m slurmiso sandbox demo
+
+bench: install
+	$(PYTHON) bench/run.py
+
+lint: install
+	$(PYTHON) -m ruff check slurmiso tests bench
+	$(PYTHON) -m mypy
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
