@@ -1,0 +1,318 @@
+"""Starting, finding and stopping one MPS control daemon per GPU.
+
+:class:`MpsControl` is the narrow interface the MPS handler needs. :class:`NvidiaMpsControl`
+drives NVIDIA's ``nvidia-cuda-mps-control``; :class:`SimMpsControl` drives
+:mod:`slurmiso.isolation.mps_sim`, a real detached daemon, on simulated nodes.
+:func:`mps_control_for` picks one from the GPU backend.
+
+Facts from NVIDIA's MPS documentation this relies on: ``nvidia-cuda-mps-control -d`` starts
+the daemon in the background for the GPUs in ``CUDA_VISIBLE_DEVICES`` (UUIDs avoid index
+remapping ambiguity), communicating through ``CUDA_MPS_PIPE_DIRECTORY`` and logging to
+``CUDA_MPS_LOG_DIRECTORY``; it writes ``nvidia-cuda-mps-control.pid`` into the pipe directory;
+``echo quit | nvidia-cuda-mps-control`` (same pipe directory) shuts it down and
+``get_server_list`` lists the pids of its ``nvidia-cuda-mps-server`` instances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Protocol
+
+import psutil
+
+from slurmiso.isolation import mps_sim
+from slurmiso.isolation.base import NodeFault
+from slurmiso.isolation.processes import end_processes
+
+log = logging.getLogger(__name__)
+
+#: Where distributions and the CUDA toolkit put the binary; absolute because hooks get no PATH.
+NVIDIA_BINARIES = (
+    "/usr/bin/nvidia-cuda-mps-control",
+    "/usr/local/cuda/bin/nvidia-cuda-mps-control",
+)
+NVIDIA_PID_FILE = "nvidia-cuda-mps-control.pid"
+#: The daemon inherits only this plus the MPS variables: never the hook's environment.
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+START_TIMEOUT_S = 10.0
+
+
+class MpsControl(Protocol):
+    """One MPS control daemon per pipe directory."""
+
+    name: str
+
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
+        """Start a daemon serving only ``gpu_uuid``; return its pid once it is reachable."""
+
+    def stop(self, pipe_dir: str, timeout: float) -> None:
+        """Ask the daemon to quit, then SIGTERM/SIGKILL it; no daemon is fine."""
+
+    def running(self, pipe_dir: str) -> Optional[int]:
+        """Pid of the live daemon of ``pipe_dir``, None if there is none (or only a corpse)."""
+
+    def servers(self, pipe_dir: str) -> List[int]:
+        """Pids of the daemon's MPS servers (best effort: [] when it cannot tell)."""
+
+
+def mps_control_for(backend: object) -> MpsControl:
+    """The daemon implementation that matches a GPU backend: simulated GPUs get the sim."""
+    if getattr(backend, "name", "") == "sim":
+        return SimMpsControl()
+    return NvidiaMpsControl()
+
+
+def _read_pid(path: str) -> Optional[int]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            text = fh.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _live_cmdline(pid: int) -> Optional[List[str]]:
+    """The command line of a live (non-zombie) process, None if it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return []  # alive, but not ours to inspect
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _live_cmdline(pid) is not None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _kill_if_alive(pid: int, what: str, grace_s: float = 3.0) -> None:
+    if _live_cmdline(pid) is not None:
+        log.warning("%s pid %d did not quit; sending SIGTERM, then SIGKILL", what, pid)
+        end_processes([pid], grace_s)
+
+
+class NvidiaMpsControl:
+    """NVIDIA's ``nvidia-cuda-mps-control``; nothing is looked up until a method runs."""
+
+    name = "nvidia"
+
+    def __init__(
+        self, binary: Optional[str] = None, start_timeout: float = START_TIMEOUT_S
+    ) -> None:
+        self._binary_override = binary
+        self.start_timeout = start_timeout
+
+    def binary(self) -> str:
+        candidates = (self._binary_override,) if self._binary_override else NVIDIA_BINARIES
+        for path in candidates:
+            if path and os.access(path, os.X_OK):
+                return path
+        looked = ", ".join(c for c in candidates if c)
+        raise NodeFault(
+            f"nvidia-cuda-mps-control not found (looked in {looked})",
+            hint="install the CUDA MPS package (nvidia-compute-utils / nvidia-utils for the "
+            "installed driver) on this MPS node",
+        )
+
+    def _env(self, pipe_dir: str, log_dir: str = "", gpu_uuid: str = "") -> Dict[str, str]:
+        env = dict(CLEAN_ENV, CUDA_MPS_PIPE_DIRECTORY=pipe_dir)
+        if log_dir:
+            env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+        if gpu_uuid:
+            env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
+        return env
+
+    def _client_env(self, pipe_dir: str) -> Dict[str, str]:
+        """The env the daemon was started with (as root we can read it), for client calls."""
+        pid = self.running(pipe_dir)
+        daemon_env: Dict[str, str] = {}
+        if pid:
+            with contextlib.suppress(psutil.Error):
+                daemon_env = psutil.Process(pid).environ()
+        return self._env(
+            pipe_dir,
+            daemon_env.get("CUDA_MPS_LOG_DIRECTORY", ""),
+            daemon_env.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+
+    def _command(self, pipe_dir: str, command: str, timeout: float) -> str:
+        """Send one command through the control client, as ``echo CMD | ...control`` does."""
+        result = subprocess.run(
+            [self.binary()],
+            input=command + "\n",
+            env=self._client_env(pipe_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            log.warning(
+                "'%s' to MPS control of %s failed (exit %d): %s",
+                command, pipe_dir, result.returncode, result.stderr.strip(),
+            )
+        return result.stdout
+
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
+        binary = self.binary()
+        try:
+            result = subprocess.run(
+                [binary, "-d"],
+                env=self._env(pipe_dir, log_dir, gpu_uuid),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=self.start_timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NodeFault(f"cannot run {binary} -d for GPU {gpu_uuid}: {exc}") from None
+        if result.returncode != 0:
+            raise NodeFault(
+                f"{binary} -d failed for GPU {gpu_uuid} (exit {result.returncode}): "
+                f"{(result.stderr or result.stdout).strip()[:300]}",
+                hint=f"see {os.path.join(log_dir, 'control.log')}",
+            )
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            pid = self.running(pipe_dir)
+            if pid is not None:
+                return pid
+            if time.monotonic() >= deadline:
+                raise NodeFault(
+                    f"MPS control daemon for GPU {gpu_uuid} did not come up within "
+                    f"{self.start_timeout:g}s (no live pid in {pipe_dir}/{NVIDIA_PID_FILE})",
+                    hint=f"see {os.path.join(log_dir, 'control.log')}",
+                )
+            time.sleep(0.05)
+
+    def running(self, pipe_dir: str) -> Optional[int]:
+        pid = _read_pid(os.path.join(pipe_dir, NVIDIA_PID_FILE))
+        if pid is None:
+            return None
+        cmd = _live_cmdline(pid)
+        if cmd is None:
+            return None
+        # A reused pid belongs to some other program: that is not our daemon.
+        if cmd and not any("nvidia-cuda-mps-control" in part for part in cmd[:2]):
+            return None
+        return pid
+
+    def servers(self, pipe_dir: str) -> List[int]:
+        if self.running(pipe_dir) is None:
+            return []
+        try:
+            out = self._command(pipe_dir, "get_server_list", 5.0)
+        except (OSError, subprocess.TimeoutExpired, NodeFault) as exc:
+            log.warning("cannot list MPS servers of %s: %s", pipe_dir, exc)
+            return []
+        return [int(w) for w in out.split() if w.isdigit()]
+
+    def stop(self, pipe_dir: str, timeout: float) -> None:
+        pid = self.running(pipe_dir)
+        if pid is None:
+            return
+        servers = self.servers(pipe_dir)
+        try:
+            self._command(pipe_dir, "quit", timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("'quit' to MPS control daemon pid %d failed: %s", pid, exc)
+        if not _wait_gone(pid, timeout):
+            _kill_if_alive(pid, "MPS control daemon")
+        for server in servers:  # a server outliving its daemon holds the GPU for nobody
+            cmd = _live_cmdline(server)
+            if cmd and any("nvidia-cuda-mps-server" in part for part in cmd[:2]):
+                _kill_if_alive(server, "orphaned MPS server")
+
+
+class SimMpsControl:
+    """Runs :mod:`slurmiso.isolation.mps_sim` the way ``nvidia-cuda-mps-control -d`` runs."""
+
+    name = "sim"
+    _MODULE = "slurmiso.isolation.mps_sim"
+
+    def __init__(
+        self, python: str = sys.executable, start_timeout: float = START_TIMEOUT_S
+    ) -> None:
+        self.python = python
+        self.start_timeout = start_timeout
+
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
+        pipe_dir, log_dir = os.path.abspath(pipe_dir), os.path.abspath(log_dir)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(mps_sim.__file__)))
+        env = dict(
+            CLEAN_ENV,
+            PYTHONPATH=package_root,
+            CUDA_VISIBLE_DEVICES=gpu_uuid,
+            CUDA_MPS_PIPE_DIRECTORY=pipe_dir,
+            CUDA_MPS_LOG_DIRECTORY=log_dir,
+        )
+        cmd = [self.python, "-m", self._MODULE, "--pipe-dir", pipe_dir, "--log-dir", log_dir,
+               "--gpu-uuid", gpu_uuid]
+        try:
+            result = subprocess.run(
+                cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                timeout=self.start_timeout, check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NodeFault(
+                f"cannot start simulated MPS daemon for GPU {gpu_uuid}: {exc}"
+            ) from None
+        pid = self.running(pipe_dir)
+        if result.returncode != 0 or pid is None:
+            raise NodeFault(
+                f"simulated MPS daemon for GPU {gpu_uuid} did not start "
+                f"(exit {result.returncode}): {result.stderr.strip()[:300]}",
+                hint=f"see {os.path.join(log_dir, mps_sim.LOG_FILE)}",
+            )
+        return pid
+
+    def running(self, pipe_dir: str) -> Optional[int]:
+        pid = _read_pid(os.path.join(pipe_dir, mps_sim.PID_FILE))
+        if pid is None:
+            return None
+        cmd = _live_cmdline(pid)
+        if cmd is None:
+            return None
+        if cmd and not (self._MODULE in cmd and os.path.abspath(pipe_dir) in cmd):
+            return None  # pid reused by another process
+        return pid
+
+    def servers(self, pipe_dir: str) -> List[int]:
+        if self.running(pipe_dir) is None:
+            return []
+        try:
+            out = mps_sim.send_command(pipe_dir, "get_server_list")
+        except OSError as exc:
+            log.warning("cannot list MPS servers of %s: %s", pipe_dir, exc)
+            return []
+        return [int(w) for w in out.split() if w.isdigit()]
+
+    def stop(self, pipe_dir: str, timeout: float) -> None:
+        pid = self.running(pipe_dir)
+        if pid is not None:
+            try:
+                mps_sim.send_command(pipe_dir, "quit", timeout)
+            except OSError as exc:
+                log.warning("'quit' to simulated MPS daemon pid %d failed: %s", pid, exc)
+            if not _wait_gone(pid, timeout):
+                _kill_if_alive(pid, "simulated MPS control daemon")
+            if _live_cmdline(pid) is not None:
+                return  # it survived: keep its pid file so the caller sees it still running
+        # A daemon killed -9 leaves its socket and pid file; they would mislead the next start.
+        for name in (mps_sim.SOCKET, mps_sim.PID_FILE):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(os.path.join(pipe_dir, name))

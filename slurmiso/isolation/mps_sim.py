@@ -1,0 +1,217 @@
+"""A stand-in for ``nvidia-cuda-mps-control -d`` that runs anywhere: a real, detached daemon.
+
+Only the parts slurmiso relies on are imitated, so daemon lifecycle, dead-daemon detection and
+orphan cleanup are tested against a real process instead of a mock:
+
+* ``python -m slurmiso.isolation.mps_sim --pipe-dir D --log-dir L --gpu-uuid U`` detaches
+  (fork, ``setsid``, fork) and returns once the daemon listens, like ``-d``;
+* the daemon writes ``D/control.pid``, listens on the unix socket ``D/control`` and logs to
+  ``L/control.log``;
+* one command per connection, one line each: ``quit`` stops it, ``get_server_list`` answers
+  the (simulated) server pids, one a line; ``start_server -uid N`` adds a simulated server;
+* it exits cleanly (socket and pid file removed) on ``quit``, SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Iterator, List, Optional
+
+PID_FILE = "control.pid"
+SOCKET = "control"
+LOG_FILE = "control.log"
+#: sun_path holds 108 bytes; longer paths are reached through the directory's fd instead.
+_MAX_SUN_PATH = 100
+_READY_TIMEOUT_S = 10.0
+
+log = logging.getLogger("slurmiso.mps_sim")
+
+
+@contextlib.contextmanager
+def socket_path(pipe_dir: str) -> Iterator[str]:
+    """A path to ``pipe_dir/control`` short enough for ``bind``/``connect``.
+
+    Deep state dirs (and pytest's tmp dirs) exceed ``sun_path``; ``/proc/self/fd/N/control``
+    names the same file through an open directory descriptor.
+    """
+    path = os.path.join(pipe_dir, SOCKET)
+    if len(path.encode()) < _MAX_SUN_PATH:
+        yield path
+        return
+    fd = os.open(pipe_dir, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{SOCKET}"
+    finally:
+        os.close(fd)
+
+
+def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
+    """Send one command line to the daemon of ``pipe_dir``; return its whole answer.
+
+    Raises OSError (e.g. ConnectionRefusedError, FileNotFoundError) when no daemon listens.
+    """
+    with socket_path(pipe_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(command.strip().encode() + b"\n")
+        s.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            data = s.recv(4096)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+class _Daemon:
+    def __init__(self, pipe_dir: str, log_dir: str, gpu_uuid: str) -> None:
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.gpu_uuid = gpu_uuid
+        self.stopping = False
+        self.servers: List[int] = []
+        self.sock: Optional[socket.socket] = None
+
+    def prepare(self) -> None:
+        """Log, listen and write the pid file: after this the daemon is reachable."""
+        handler = logging.FileHandler(os.path.join(self.log_dir, LOG_FILE))
+        handler.setFormatter(logging.Formatter("[%(asctime)s %(process)d] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with socket_path(self.pipe_dir) as path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            self.sock.bind(path)
+        # Clients of any uid connect (as to the real daemon, whose socket is 0777 too).
+        os.chmod(os.path.join(self.pipe_dir, SOCKET), 0o777)
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        tmp = os.path.join(self.pipe_dir, f".{PID_FILE}.tmp")
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.replace(tmp, os.path.join(self.pipe_dir, PID_FILE))
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        log.info("sim MPS control daemon started for %s, pipe dir %s", self.gpu_uuid, self.pipe_dir)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        log.info("signal %d received, exiting", signum)
+        self.stopping = True
+
+    def serve(self) -> None:
+        assert self.sock is not None
+        try:
+            while not self.stopping:
+                try:
+                    conn, _ = self.sock.accept()
+                except (socket.timeout, InterruptedError):
+                    continue
+                with conn:
+                    self._handle(conn)
+        finally:
+            self._cleanup()
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(2.0)
+        data = b""
+        with contextlib.suppress(OSError):
+            while b"\n" not in data and len(data) < 4096:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        command = data.decode("utf-8", "replace").strip()
+        log.info("command: %s", command)
+        words = command.split()
+        answer = ""
+        if command == "quit":
+            self.stopping = True
+        elif command == "get_server_list":
+            answer = "".join(f"{pid}\n" for pid in self.servers)
+        elif len(words) == 3 and words[:2] == ["start_server", "-uid"] and words[2].isdigit():
+            self.servers.append(100000 + len(self.servers))  # simulated: no real process
+        else:
+            answer = f"unknown command: {command}\n"
+        with contextlib.suppress(OSError):
+            conn.sendall(answer.encode())
+
+    def _cleanup(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        pid_path = os.path.join(self.pipe_dir, PID_FILE)
+        with contextlib.suppress(OSError):
+            with open(pid_path, encoding="ascii") as fh:
+                mine = fh.read().strip() == str(os.getpid())
+            if mine:
+                os.unlink(pid_path)
+                os.unlink(os.path.join(self.pipe_dir, SOCKET))
+        log.info("sim MPS control daemon exiting")
+
+
+def _detach(daemon: _Daemon) -> int:
+    """Double fork; the first process returns once the daemon listens (0) or failed (1)."""
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child:
+        os.close(write_fd)
+        answer = b""
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], _READY_TIMEOUT_S)
+            if not ready:
+                break
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                break
+            answer += chunk
+        os.close(read_fd)
+        os.waitpid(child, 0)
+        if answer.startswith(b"ok"):
+            return 0
+        sys.stderr.write(answer.decode("utf-8", "replace") or "sim MPS daemon did not start\n")
+        return 1
+    os.close(read_fd)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    os.chdir("/")
+    os.umask(0o022)
+    try:
+        daemon.prepare()
+    except Exception as exc:  # any failure is reported to the starter, then we exit
+        os.write(write_fd, f"sim MPS daemon failed: {exc}\n".encode())
+        os._exit(1)
+    os.write(write_fd, b"ok\n")
+    os.close(write_fd)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    daemon.serve()
+    os._exit(0)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmiso.isolation.mps_sim")
+    parser.add_argument("--pipe-dir", required=True)
+    parser.add_argument("--log-dir", required=True)
+    parser.add_argument("--gpu-uuid", required=True)
+    parser.add_argument("--foreground", action="store_true", help="do not detach (debugging)")
+    args = parser.parse_args(argv)
+    daemon = _Daemon(os.path.abspath(args.pipe_dir), os.path.abspath(args.log_dir), args.gpu_uuid)
+    if args.foreground:
+        daemon.prepare()
+        daemon.serve()
+        return 0
+    return _detach(daemon)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
