@@ -220,6 +220,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
             )
         ctx.save()
         handler.setup(ctx)
+        _open_events_file(ctx)
     except JobProblem as problem:
         _refuse(ctx, str(problem))
         return
@@ -240,6 +241,28 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         warnings=ctx.record["warnings"],
         ms=round(1000 * (time.time() - started), 1),
     )
+
+
+def _open_events_file(ctx: Context) -> None:
+    """Give the job's wrapper a file it may write its events to (see hooks/events.py)."""
+    from slurmiso.hooks import events
+
+    try:
+        path = events.create(ctx.state.state_dir, ctx.job_id, ctx.env.uid)
+    except OSError as exc:
+        ctx.warn(f"no events file for the job wrapper: {exc}")
+        return
+    ctx.set_env("SLURMISO_EVENTS_FILE", path)
+
+
+def _fold_events(ctx: Context) -> None:
+    from slurmiso.hooks import events
+
+    reserved = {"ts", "host", "event"}
+    for rec in events.fold(ctx.state.state_dir, ctx.job_id):
+        fields = {k: v for k, v in rec.items() if k not in reserved}
+        fields.update(source="job", job=ctx.job_id, job_ts=rec.get("ts"))
+        ctx.journal.append(str(rec["event"])[:64], **fields)
 
 
 def _refuse(ctx: Context, reason: str) -> None:
@@ -296,6 +319,7 @@ def epilog(ctx: Context) -> None:
     ctx.save()
     dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, resources, False)
     _teardown(ctx)
+    _fold_events(ctx)
     times: Dict[str, Any] = dict(record.get("times", {}))
     times["epilog_end"] = round(time.time(), 3)
     ctx.journal.append(

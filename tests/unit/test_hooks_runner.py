@@ -222,3 +222,37 @@ def test_hook_executable_runs_without_path(tmp_path: Any) -> None:
         assert proc.returncode == 0, proc.stderr
     assert [e["event"] for e in journal(tmp)] == ["prolog", "job-end"]
     assert json.loads(json.dumps(journal(tmp)[1]))["outcome"] == "released"
+
+
+def test_job_events_file_is_created_for_the_job_and_folded_by_the_epilog(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    rec = state(tmp).read_job("42")
+    path = rec["env"]["SLURMISO_EVENTS_FILE"]  # type: ignore[index]
+    assert path == f"{tmp}/state/node1/events/42.jsonl" and os.stat(path).st_uid == os.getuid()
+    with open(path, "a") as fh:
+        fh.write('{"ts": "2026-01-01T00:00:00.000Z", "event": "checkpoint-end", "ok": true, "host": "x"}\n')
+        fh.write("garbage\n")
+        fh.write('{"event": "requeue", "reason": "time-limit", "job": "999"}\n')
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    assert not os.path.exists(path)
+    events = journal(tmp)
+    folded = [e for e in events if e.get("source") == "job"]
+    assert [e["event"] for e in folded] == ["checkpoint-end", "requeue"]
+    assert all(e["job"] == "42" for e in folded)  # the job cannot speak for another job
+    assert folded[0]["job_ts"] == "2026-01-01T00:00:00.000Z" and folded[0]["host"] != "x"
+
+
+def test_events_file_symlink_is_not_followed(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    path = f"{tmp}/state/node1/events/42.jsonl"
+    secret = tmp_path / "secret"
+    secret.write_text('{"event": "stolen"}\n')
+    os.unlink(path)
+    os.symlink(str(secret), path)
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    assert not [e for e in journal(tmp) if e["event"] == "stolen"]
+    assert secret.read_text() == '{"event": "stolen"}\n'
