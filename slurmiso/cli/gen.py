@@ -1,0 +1,111 @@
+"""``slurmiso gen``: generate Slurm configuration that matches the slurmiso config.
+
+One subcommand per target file, each a ``_gen_<target>`` function registered in
+:data:`TARGETS`; output goes to stdout (or ``-o FILE``) with a header saying it is generated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Dict
+
+_EPILOG = """\
+examples:
+  slurmiso gen gres-conf                       # this node, from its live MIG instances
+  slurmiso gen gres-conf --node gpu017 --from-layout
+  slurmiso gen gres-conf --dev-root /srv/sandbox/dev --node-prefix   # stand-in devices
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "gen", help="generate Slurm config (gres.conf, ...) from the slurmiso config",
+        description=__doc__.splitlines()[0].split(": ", 1)[1], epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="gen_target", metavar="TARGET", required=True)
+    for adder in TARGETS.values():
+        adder(sub)
+
+
+def _output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", metavar="FILE", default="-",
+                        help="write here instead of stdout")
+
+
+def _write(text: str, path: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    from slurmiso.errors import UsageError
+
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+# ------------------------------------------------------------------------- gres.conf
+def _add_gres_conf(sub: Any) -> None:
+    p = sub.add_parser(
+        "gres-conf", help="gres.conf lines for a node's pool",
+        description="gres.conf for a node: whole GPUs, MPS or shard counts, or one MIG-typed "
+        "gpu per instance in the order the mig-static prolog maps SLURM_JOB_GPUS.",
+    )
+    p.add_argument("--node", default="", help="node name (default: $SLURMD_NODENAME or host)")
+    p.add_argument("--dev-root", default="/dev", metavar="DIR",
+                   help="device folder to name (default /dev; the sandbox uses stand-ins)")
+    p.add_argument("--proc-root", default="/proc", metavar="DIR",
+                   help="where to find driver/nvidia-caps/mig-minors (default /proc)")
+    p.add_argument("--from-layout", action="store_true",
+                   help="mig-static: from the pool's planned layout, not the live instances")
+    p.add_argument("--node-prefix", action="store_true",
+                   help="start each line with NodeName=NODE (one file for several nodes)")
+    _output(p)
+    p.set_defaults(func=_gen_gres_conf)
+
+
+def _gen_gres_conf(args: argparse.Namespace) -> int:
+    from slurmiso.config import load_config
+    from slurmiso.config.model import node_name
+    from slurmiso.errors import UsageError
+    from slurmiso.gpu.profiles import lookup_model
+    from slurmiso.mig import gres
+
+    cfg = load_config(args.config)
+    node = node_name(args.node)
+    pool = cfg.pool_for_node(node)
+    if pool is None:
+        raise UsageError(f"node {node} is in no pool of {cfg.source}",
+                         hint="pass --node NAME or add the node to a pool")
+    entries = None
+    source = ""
+    if pool.mode == "mig-static":
+        minors = gres.read_mig_minors(args.proc_root)
+        if args.from_layout:
+            layout = cfg.mig_layout(pool.mig_layout)
+            model = lookup_model(pool.gpu_model)
+            if layout is None or model is None:
+                raise UsageError(f"pool {pool.name} has no usable mig_layout")
+            entries = gres.layout_entries(model, layout, pool.gpus_per_node, minors,
+                                          args.dev_root)
+            source = (f"MIG layout {layout.name!r} as planned (GI ids predicted for a fresh "
+                      "'mig apply'; on real GPUs regenerate from the live instances)")
+        else:
+            from slurmiso.gpu import open_backend
+
+            backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
+            entries = gres.live_entries(backend.devices(), backend.instances(), minors,
+                                        args.dev_root)
+            source = "live MIG instances" + (" and mig-minors" if minors else "")
+    _write(gres.render_gres_conf(pool, node, entries, args.dev_root, source,
+                                 node_prefix=args.node_prefix), args.output)
+    return 0
+
+
+#: Target name -> function adding its subparser. ``slurm-conf`` and ``job-submit`` join here.
+TARGETS: Dict[str, Callable[[Any], None]] = {
+    "gres-conf": _add_gres_conf,
+}

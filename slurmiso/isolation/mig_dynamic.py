@@ -1,0 +1,243 @@
+"""mig-dynamic: the prolog carves a MIG device for the job, the epilog destroys it.
+
+Slurm schedules ``gres/shard`` on a GPU and says nothing of MIG (it does not support dynamic
+MIG), so the profile comes from the job's class or a validated ``--iso-mig-profile``, and the
+placement from :func:`~slurmiso.gpu.placement.best_placement`, which keeps the GPU able to
+take large profiles later. Intent is recorded before the GPU is touched, so an epilog after a
+prolog killed halfway finds (and destroys) what may have been created.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound
+from slurmiso.gpu.backend import GpuBackend, MigInstance, create_mig_device, destroy_mig_device
+from slurmiso.gpu.placement import best_placement, capacity
+from slurmiso.gpu.profiles import GpuModel, lookup_model
+from slurmiso.isolation import processes
+from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
+from slurmiso.mig.apply import claim_key, claimed_instances
+
+log = logging.getLogger(__name__)
+KIND = "mig-dynamic"
+READY, PENDING, RELEASED = "ready", "pending", "released"
+
+
+def choose_profile(ctx: Context, model: GpuModel) -> str:
+    """The job's profile: a validated ``--iso-mig-profile``, else its class's (JobProblem)."""
+    requested = ctx.env.spank.get("iso_mig_profile", "")
+    cls = ctx.job_class
+    class_prof = cls.mig_profile_for(model.name) if cls else ""
+    if requested:
+        prof = model.profile(requested)
+        if prof is None:
+            raise JobProblem(
+                f"--iso-mig-profile={requested} is not a MIG profile of {model.name}",
+                hint=f"choose one of {', '.join(model.profile_names)}",
+            )
+        limit = model.profile(class_prof) if class_prof else None
+        if limit is not None and prof.compute_slices > limit.compute_slices:
+            raise JobProblem(
+                f"--iso-mig-profile={requested} is larger than class {cls.name if cls else ''}'s "
+                f"{class_prof}",
+                hint=f"ask for {class_prof} or smaller, or submit with a class that allows more",
+            )
+        return requested
+    if not class_prof:
+        who = f"class {cls.name}" if cls else "the job (no class)"
+        raise JobProblem(
+            f"{who} has no MIG profile for {model.name}",
+            hint="pass --iso-mig-profile=PROFILE or use a class with mig_profile",
+        )
+    if model.profile(class_prof) is None:
+        raise JobProblem(f"class profile {class_prof} is not a MIG profile of {model.name}")
+    return class_prof
+
+
+def _describe(inst: MigInstance) -> str:
+    end = inst.placement_start + inst.placement_size - 1
+    return f"{inst.profile} (GI {inst.gi_id}) at slices {inst.placement_start}-{end}"
+
+
+def _no_fit(model: GpuModel, gpu: int, profile: str, insts: List[MigInstance]) -> JobProblem:
+    placed = [(i.profile, i.placement_start) for i in insts]
+    left = capacity(model, placed)
+    fits = ", ".join(f"{p} x{n}" for p, n in left.items() if n and not p.endswith("+me"))
+    return JobProblem(
+        f"profile {profile} does not fit on GPU {gpu} now: occupied "
+        f"{', '.join(_describe(i) for i in insts) or 'nothing'}; free placements for "
+        f"{profile}: none; still fits: {fits or 'nothing'}",
+        hint="resubmit with a smaller --iso-mig-profile, or wait for jobs on that GPU to end",
+    )
+
+
+def _find(backend: GpuBackend, res: Dict[str, Any]) -> Optional[MigInstance]:
+    """The live instance a ready resource names (GI id *and* UUID: GI ids are reused)."""
+    for inst in backend.instances(res["gpu"]):
+        if inst.gi_id == res.get("gi") and inst.uuid == res.get("uuid"):
+            return inst
+    return None
+
+
+class MigDynamic:
+    mode = KIND
+
+    def setup(self, ctx: Context) -> None:
+        backend = ctx.backend
+        mine = [r for r in ctx.record.get("resources", [])
+                if r.get("kind") == KIND and r.get("state") != RELEASED]
+        if mine and all(r.get("state") == READY and _find(backend, r) for r in mine):
+            return  # already set up
+        if mine:  # a setup cut short: undo it, then start again
+            self._release(ctx, backend, mine)
+        if not ctx.env.gpus:
+            raise JobProblem(
+                "the job holds no GPU on this mig-dynamic node",
+                hint="request a GPU share with --gres=shard:N",
+            )
+        made: List[Dict[str, Any]] = []
+        try:
+            for gpu in ctx.env.gpus:
+                made.append(self._create(ctx, backend, gpu))
+        except JobProblem:
+            self._release(ctx, backend, made)  # nothing left behind for a refused job
+            ctx.release_claims()
+            ctx.save()
+            raise
+        ctx.set_env("CUDA_VISIBLE_DEVICES", ",".join(r["uuid"] for r in made))
+        ctx.save()
+
+    def _create(self, ctx: Context, backend: GpuBackend, gpu: int) -> Dict[str, Any]:
+        dev = backend.device(gpu)
+        if not dev.mig_enabled:
+            raise NodeFault(
+                f"GPU {gpu} has MIG disabled on mig-dynamic node {ctx.env.node}",
+                hint=f"drain the node and enable MIG: nvidia-smi -i {gpu} -mig 1",
+            )
+        model = lookup_model(dev.model or ctx.pool.gpu_model)
+        if model is None or not model.profiles:
+            raise NodeFault(f"GPU {gpu} ({dev.name}) is not a MIG model slurmiso knows")
+        profile = choose_profile(ctx, model)
+        insts = backend.instances(gpu)
+        start = best_placement(model, profile, [(i.profile, i.placement_start) for i in insts])
+        if start is None:
+            raise _no_fit(model, gpu, profile, insts)
+        res = ctx.add_resource({"kind": KIND, "gpu": gpu, "profile": profile, "start": start})
+        try:
+            inst = create_mig_device(backend, gpu, profile, start)
+        except GpuInsufficientResources as err:
+            # Someone outside slurmiso took the space first; nothing was created.
+            ctx.record["resources"].remove(res)
+            ctx.save()
+            raise JobProblem(f"profile {profile} could not be created on GPU {gpu}: {err}",
+                             hint="resubmit the job") from None
+        res.update(gi=inst.gi_id, ci=inst.ci_id, uuid=inst.uuid, state=READY)
+        ctx.claim(claim_key(gpu, inst.gi_id))
+        ctx.save()
+        log.info("job %s: created %s on GPU %d", ctx.job_id, _describe(inst), gpu)
+        return res
+
+    def teardown(self, ctx: Context) -> None:
+        mine = [r for r in ctx.record.get("resources", [])
+                if r.get("kind") == KIND and r.get("state") != RELEASED]
+        if mine:
+            self._release(ctx, ctx.backend, mine)
+        ctx.release_claims()
+        ctx.save()
+
+    def _release(self, ctx: Context, backend: GpuBackend, resources: List[Dict[str, Any]]) -> None:
+        for res in resources:
+            if res.get("state") == READY:
+                inst = _find(backend, res)
+            else:
+                inst = self._pending_instance(ctx, backend, res)
+            if inst is not None:
+                if inst.uuid:
+                    processes.clean_job_devices(
+                        backend, ctx.job_id, ctx.env.uid, mig_uuids=[inst.uuid]
+                    )
+                try:
+                    destroy_mig_device(backend, inst)
+                except GpuNotFound:
+                    pass  # already gone: what teardown wanted
+                except GpuInUse as err:
+                    raise NodeFault(
+                        f"cannot destroy job {ctx.job_id}'s MIG device {_describe(inst)} on "
+                        f"GPU {inst.gpu_index}: {err}",
+                        hint="processes survived SIGKILL; the GPU may need a reset",
+                    ) from None
+                log.info("job %s: destroyed %s on GPU %d", ctx.job_id, _describe(inst),
+                         inst.gpu_index)
+            res["state"] = RELEASED
+            ctx.save()
+
+    def _pending_instance(
+        self, ctx: Context, backend: GpuBackend, res: Dict[str, Any]
+    ) -> Optional[MigInstance]:
+        """The instance a prolog killed between intent and save may have made, if no other
+        live job could own it."""
+        claims = claimed_instances(ctx.state)
+        others = _others_pending(ctx.state.jobs(), ctx.job_id)
+        for inst in backend.instances(res["gpu"]):
+            if (inst.profile, inst.placement_start) != (res.get("profile"), res.get("start")):
+                continue
+            holder = claims.get((inst.gpu_index, inst.gi_id))
+            if holder and holder != ctx.job_id:
+                continue
+            if (inst.gpu_index, inst.placement_start, inst.profile) in others:
+                continue
+            return inst
+        return None
+
+    def reconcile(self, ctx: ReconcileContext) -> List[str]:
+        """Destroy instances no live job record holds (unless dry-run; busy ones are kept)."""
+        records = {
+            j: r for j, r in ctx.state.jobs().items()
+            if r.get("status") != "released" and (ctx.live_jobs is None or j in ctx.live_jobs)
+        }
+        held: Set[Tuple[int, int]] = set()
+        spots: Set[Tuple[int, int, str]] = set()
+        for rec in records.values():
+            for res in rec.get("resources", []):
+                if res.get("kind") != KIND or res.get("state") == RELEASED:
+                    continue
+                if res.get("state") == READY:
+                    held.add((res["gpu"], res["gi"]))
+                else:
+                    spots.add((res["gpu"], res["start"], res["profile"]))
+        held |= {k for k, job in claimed_instances(ctx.state).items() if job in records}
+        procs = ctx.backend.processes()
+        lines = []
+        for inst in ctx.backend.instances():
+            if ((inst.gpu_index, inst.gi_id) in held
+                    or (inst.gpu_index, inst.placement_start, inst.profile) in spots):
+                continue
+            what = f"GPU {inst.gpu_index}: orphan MIG device {_describe(inst)}"
+            users = [p.pid for p in procs if inst.uuid and p.mig_uuid == inst.uuid]
+            if users:
+                lines.append(f"{what} kept: pid(s) {', '.join(map(str, users))} still use it")
+            elif ctx.dry_run:
+                lines.append(f"{what} would be destroyed")
+            else:
+                destroy_mig_device(ctx.backend, inst)
+                ctx.journal.append("mig.orphan-destroyed", gpu=inst.gpu_index, gi=inst.gi_id,
+                                   profile=inst.profile, start=inst.placement_start)
+                lines.append(f"{what} destroyed")
+        return lines
+
+
+def _others_pending(records: Dict[str, Dict[str, Any]], job_id: str) -> Set[Tuple[int, int, str]]:
+    """(gpu, start, profile) of other jobs' pending resources: their epilogs clean those."""
+    out = set()
+    for jid, rec in records.items():
+        if jid == job_id or rec.get("status") == "released":
+            continue
+        for res in rec.get("resources", []):
+            if res.get("kind") == KIND and res.get("state") == PENDING:
+                out.add((res["gpu"], res["start"], res["profile"]))
+    return out
+
+
+HANDLER = MigDynamic()
