@@ -24,6 +24,8 @@ SUBCOMMANDS = [
     "slurmiso.cli.status",
     "slurmiso.cli.reconcile",
     "slurmiso.cli.hooks",
+    "slurmiso.cli.mig",
+    "slurmiso.cli.gen",
 ]
 
 log = logging.getLogger("slurmiso")
