@@ -1,0 +1,377 @@
+"""MPS isolation on a simulated node with real (simulated) MPS control daemons."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+import psutil
+import pytest
+
+from slurmiso.config.model import MpsShare
+from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
+from slurmiso.isolation.mps import HANDLER, MpsIsolation, client_key, gpu_paths
+from slurmiso.isolation.mps_daemon import SimMpsControl
+from slurmiso.state import Journal
+from tests.hookctx import make_context
+
+H100_MB = 81559
+OTHER_UID = os.getuid() + 1
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return gone(pid)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_daemons(tmp_path: Any) -> Iterator[None]:
+    """Every daemon a test started is ended, even when the test failed halfway."""
+    yield
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if proc.pid != os.getpid() and any(str(tmp_path) in part for part in cmd):
+                proc.kill()
+        except psutil.Error:
+            pass
+
+
+def job(tmp: Any, job_id: str, uid: Optional[int] = None, cls: str = "train",
+        spank: Optional[Dict[str, str]] = None, gpus: tuple = (0,)) -> Context:
+    ctx = make_context(str(tmp), "mps", job_id=job_id, cls=cls, uid=uid, spank=spank, gpus=gpus)
+    ctx.save()  # the prolog writes the record before it calls the handler
+    return ctx
+
+
+def mps_entry(ctx: Context) -> Dict[str, Any]:
+    (entry,) = [r for r in ctx.record["resources"] if r["kind"] == "mps"]
+    return entry
+
+
+def pipe_dir(tmp: Any, gpu: int = 0) -> str:
+    return gpu_paths(os.path.join(str(tmp), "state"), gpu)["pipe"]
+
+
+def daemon_pid(tmp: Any, gpu: int = 0) -> Optional[int]:
+    return SimMpsControl().running(pipe_dir(tmp, gpu))
+
+
+def on_disk(ctx: Context, job_id: str) -> Dict[str, Any]:
+    record = ctx.state.read_job(job_id)
+    assert record is not None
+    return record
+
+
+def with_class(ctx: Context, **changes: Any) -> None:
+    assert ctx.job_class is not None
+    ctx.job_class = dataclasses.replace(ctx.job_class, **changes)
+
+
+def running_pid(tmp: Any, gpu: int = 0) -> int:
+    pid = daemon_pid(tmp, gpu)
+    assert pid is not None, f"no MPS daemon runs for GPU {gpu}"
+    return pid
+
+
+def events(ctx: Context, name: str) -> List[Dict[str, Any]]:
+    return list(Journal(ctx.config.paths.journal).read(events={name}))
+
+
+def mps_keys(ctx: Context) -> List[str]:
+    return sorted(k for k in ctx.state.allocations() if k.startswith("mps/"))
+
+
+# -- setup ------------------------------------------------------------------------------------
+
+
+def test_two_jobs_of_one_user_share_one_daemon(tmp_path: Any) -> None:
+    a, b = job(tmp_path, "101"), job(tmp_path, "102")
+    HANDLER.setup(a)
+    HANDLER.setup(b)
+    pid = running_pid(tmp_path)
+    assert mps_entry(a)["daemon_pid"] == mps_entry(b)["daemon_pid"] == pid
+    assert mps_entry(a)["state"] == "ready"
+    assert mps_keys(a) == [client_key(0, "101"), client_key(0, "102")]
+    assert "warnings" not in b.record  # same uid: no serialisation
+    assert len(events(a, "mps-daemon-started")) == 1
+    assert oct(os.stat(pipe_dir(tmp_path)).st_mode & 0o7777) == "0o1777"
+
+
+def test_job_env_and_record(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    paths = gpu_paths(ctx.state.state_dir, 0)
+    assert ctx.record["env"] == {
+        "CUDA_MPS_PIPE_DIRECTORY": paths["pipe"],
+        "CUDA_MPS_LOG_DIRECTORY": paths["log"],
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=30720M",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+    entry = mps_entry(ctx)
+    assert {k: entry[k] for k in ("kind", "gpu", "thread_percentage", "memory_limit_mb")} == {
+        "kind": "mps", "gpu": 0, "thread_percentage": 60, "memory_limit_mb": 30720}
+    assert on_disk(ctx, "101")["resources"][0]["state"] == "ready"  # persisted
+
+
+def test_infer_class_gets_its_own_share(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101", cls="infer")
+    HANDLER.setup(ctx)
+    assert ctx.record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert ctx.record["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+
+
+def test_setup_twice_changes_nothing(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    before = dict(ctx.record)
+    HANDLER.setup(ctx)
+    assert ctx.record["resources"] == before["resources"]
+    assert len(events(ctx, "mps-daemon-started")) == 1
+
+
+def test_second_user_gets_conflict_warning_on_both_jobs(tmp_path: Any) -> None:
+    a, b = job(tmp_path, "101"), job(tmp_path, "102", uid=OTHER_UID)
+    HANDLER.setup(a)
+    HANDLER.setup(b)
+    assert any("time-sliced" in w and "101" in w for w in b.record["warnings"])
+    a_disk = on_disk(a, "101")
+    assert any("time-sliced" in w and "102" in w for w in a_disk["warnings"])
+    (ev,) = events(a, "mps-user-conflict")
+    assert (ev["job"], ev["uid"], ev["other_jobs"], ev["other_uids"]) == (
+        "102", OTHER_UID, ["101"], [os.getuid()])
+    assert mps_entry(b)["state"] == "ready"  # warned, not refused
+
+
+@pytest.mark.parametrize("option, limit", [("10G", 10240), ("512M", 512), ("30G", 30720)])
+def test_iso_mps_mem_may_lower_the_limit(tmp_path: Any, option: str, limit: int) -> None:
+    ctx = job(tmp_path, "101", spank={"iso_mps_mem": option})
+    HANDLER.setup(ctx)
+    assert ctx.record["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={limit}M"
+    assert mps_entry(ctx)["memory_limit_mb"] == limit
+
+
+def test_iso_mps_mem_above_class_limit_is_refused_and_leaves_nothing(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101", spank={"iso_mps_mem": "31G"})
+    with pytest.raises(JobProblem, match=r"31744 MiB\) is above the class limit of 30720 MiB"):
+        HANDLER.setup(ctx)
+    assert "resources" not in ctx.record and mps_keys(ctx) == []
+    assert daemon_pid(tmp_path) is None
+
+
+def test_no_class_limit_and_no_option_sets_no_pinned_limit(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    with_class(ctx, mps=MpsShare(thread_percentage=50))
+    HANDLER.setup(ctx)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in ctx.record["env"]
+    assert ctx.record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    other = job(tmp_path, "102", spank={"iso_mps_mem": "8G"})
+    other.job_class = ctx.job_class
+    HANDLER.setup(other)  # no class limit: the user may still volunteer one
+    assert other.record["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+
+
+def test_pinned_memory_overflow_is_refused_with_the_numbers(tmp_path: Any) -> None:
+    a, b, c = job(tmp_path, "101"), job(tmp_path, "102"), job(tmp_path, "103")
+    HANDLER.setup(a)
+    HANDLER.setup(b)
+    pid = daemon_pid(tmp_path)
+    with pytest.raises(JobProblem) as err:
+        HANDLER.setup(c)
+    msg = str(err.value)
+    assert "2 job(s) already pin 61440 MiB" in msg and f"92160 MiB > {H100_MB} MiB" in msg
+    assert "resources" not in c.record and client_key(0, "103") not in mps_keys(c)
+    assert daemon_pid(tmp_path) == pid
+
+
+def test_class_headroom_counts_against_the_gpu(tmp_path: Any) -> None:
+    a, b = job(tmp_path, "101"), job(tmp_path, "102")
+    for ctx in (a, b):
+        with_class(ctx, memory_headroom_pct=30)
+    HANDLER.setup(a)
+    with pytest.raises(JobProblem, match=r"keeps 30% \(24467 MiB\) headroom"):
+        HANDLER.setup(b)
+
+
+def test_refused_first_job_starts_no_daemon_and_creates_no_dirs(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    with_class(ctx, memory_headroom_pct=90)
+    with pytest.raises(JobProblem):
+        HANDLER.setup(ctx)
+    assert not os.path.exists(os.path.join(ctx.state.state_dir, "mps"))
+
+
+@pytest.mark.parametrize("gpus", [(0, 1), ()])
+def test_an_mps_job_needs_exactly_one_gpu(tmp_path: Any, gpus: tuple) -> None:
+    ctx = job(tmp_path, "101", gpus=gpus)
+    with pytest.raises(JobProblem, match=f"exactly one GPU on a node; job 101 has {len(gpus)}"):
+        HANDLER.setup(ctx)
+
+
+def test_second_gpu_gets_its_own_daemon(tmp_path: Any) -> None:
+    a, b = job(tmp_path, "101", gpus=(0,)), job(tmp_path, "102", gpus=(1,))
+    HANDLER.setup(a)
+    HANDLER.setup(b)
+    assert daemon_pid(tmp_path, 0) not in (None, daemon_pid(tmp_path, 1))
+    HANDLER.teardown(a)
+    assert daemon_pid(tmp_path, 0) is None and daemon_pid(tmp_path, 1) is not None
+    HANDLER.teardown(b)
+
+
+def test_killed_daemon_is_restarted_with_a_warning(tmp_path: Any) -> None:
+    a, b = job(tmp_path, "101"), job(tmp_path, "102")
+    HANDLER.setup(a)
+    old = mps_entry(a)["daemon_pid"]
+    os.kill(old, signal.SIGKILL)
+    assert wait_gone(old)
+    HANDLER.setup(b)
+    new = daemon_pid(tmp_path)
+    assert new is not None and new != old and mps_entry(b)["daemon_pid"] == new
+    assert any("had died" in w for w in b.record["warnings"])
+    assert any("had died" in w for w in on_disk(a, "101")["warnings"])
+    (ev,) = events(b, "mps-daemon-restarted")
+    assert ev["clients"] == ["101"]
+
+
+# -- teardown ---------------------------------------------------------------------------------
+
+
+def test_last_job_out_stops_the_daemon(tmp_path: Any) -> None:
+    a, b = job(tmp_path, "101"), job(tmp_path, "102")
+    HANDLER.setup(a)
+    HANDLER.setup(b)
+    pid = running_pid(tmp_path)
+    HANDLER.teardown(a)
+    assert daemon_pid(tmp_path) == pid and not gone(pid)
+    assert mps_keys(a) == [client_key(0, "102")]
+    HANDLER.teardown(b)
+    assert wait_gone(pid) and daemon_pid(tmp_path) is None
+    assert mps_keys(a) == []
+    assert [e["pid"] for e in events(a, "mps-daemon-stopped")] == [pid]
+    assert not os.path.exists(pipe_dir(tmp_path))
+
+
+def test_teardown_twice_is_harmless(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    pid = mps_entry(ctx)["daemon_pid"]
+    HANDLER.teardown(ctx)
+    HANDLER.teardown(ctx)
+    assert wait_gone(pid) and mps_entry(ctx)["state"] == "released"
+    assert len(events(ctx, "mps-daemon-stopped")) == 1
+
+
+def test_teardown_does_not_resurrect_a_deleted_record(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    ctx.state.delete_job("101")
+    HANDLER.teardown(ctx)
+    assert ctx.state.read_job("101") is None
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL of the prolog: nothing after it runs."""
+
+
+class _DiesAfterStart(SimMpsControl):
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
+        super().start(gpu_uuid, pipe_dir, log_dir)
+        raise _Killed()
+
+
+def test_teardown_after_setup_killed_between_daemon_start_and_save(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    with pytest.raises(_Killed):
+        MpsIsolation(control_factory=lambda backend: _DiesAfterStart()).setup(ctx)
+    pid = running_pid(tmp_path)  # the daemon exists, the record does not know its pid
+    saved = on_disk(ctx, "101")
+    assert saved["resources"][0]["state"] == "pending"
+    assert saved["resources"][0]["daemon_pid"] is None
+    epilog = make_context(str(tmp_path), "mps", job_id="101")
+    epilog.record = saved
+    HANDLER.teardown(epilog)
+    assert wait_gone(pid) and daemon_pid(tmp_path) is None
+    assert mps_keys(epilog) == []
+
+
+class _Immortal(SimMpsControl):
+    def stop(self, pipe_dir: str, timeout: float) -> None:
+        pass  # like a daemon stuck in the driver: quit, SIGTERM and SIGKILL do nothing
+
+
+def test_daemon_surviving_stop_is_a_node_fault(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    stuck = MpsIsolation(control_factory=lambda backend: _Immortal())
+    with pytest.raises(NodeFault, match="survived quit, SIGTERM and SIGKILL"):
+        stuck.teardown(ctx)
+    HANDLER.teardown(ctx)  # a retry with a working stop finishes the job
+    assert daemon_pid(tmp_path) is None
+
+
+# -- reconcile --------------------------------------------------------------------------------
+
+
+def reconcile_ctx(ctx: Context, dry_run: bool = False, live: Optional[List[str]] = None) -> ReconcileContext:
+    return ReconcileContext(config=ctx.config, pool=ctx.pool, state=ctx.state,
+                            journal=ctx.journal, backend=ctx.backend, dry_run=dry_run,
+                            live_jobs=live)
+
+
+def test_reconcile_stops_an_orphan_daemon(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    pid = running_pid(tmp_path)
+    ctx.state.delete_job("101")  # the job vanished without an epilog
+    dry = HANDLER.reconcile(reconcile_ctx(ctx, dry_run=True))
+    assert [f.split(" (")[0] for f in dry] == [
+        "drop MPS client registration of job 101 on GPU 0",
+        f"stop MPS control daemon pid {pid} of GPU 0",
+        f"remove stale MPS directory {gpu_paths(ctx.state.state_dir, 0)['base']}",
+    ]
+    assert daemon_pid(tmp_path) == pid and mps_keys(ctx) == [client_key(0, "101")]
+    assert HANDLER.reconcile(reconcile_ctx(ctx)) == dry
+    assert wait_gone(pid) and mps_keys(ctx) == []
+    assert not os.path.exists(gpu_paths(ctx.state.state_dir, 0)["base"])
+    assert len(events(ctx, "mps-reconcile")) == 3
+    assert HANDLER.reconcile(reconcile_ctx(ctx)) == []
+
+
+def test_reconcile_keeps_a_daemon_with_live_clients(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    assert HANDLER.reconcile(reconcile_ctx(ctx)) == []
+    assert daemon_pid(tmp_path) is not None
+    HANDLER.teardown(ctx)
+
+
+def test_reconcile_trusts_slurm_when_it_says_the_job_is_gone(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    fixes = HANDLER.reconcile(reconcile_ctx(ctx, live=["999"]))
+    assert fixes[0].startswith("drop MPS client registration of job 101")
+    assert daemon_pid(tmp_path) is None
+
+
+def test_reconcile_removes_dirs_of_a_dead_daemon(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    os.kill(mps_entry(ctx)["daemon_pid"], signal.SIGKILL)
+    wait_gone(mps_entry(ctx)["daemon_pid"])
+    ctx.state.delete_job("101")
+    fixes = HANDLER.reconcile(reconcile_ctx(ctx))
+    assert not any(f.startswith("stop") for f in fixes)
+    assert fixes[-1].startswith("remove stale MPS directory")
