@@ -251,9 +251,10 @@ class MpsIsolation:
         if pid is not None:
             return pid
         if _has_leftovers(paths["pipe"]):
+            users = ", ".join(c.job_id for c in others) or "none (stale files, e.g. after a reboot)"
             message = (
                 f"the MPS control daemon of GPU {gpu} had died (leftovers in {paths['pipe']}); "
-                "restarted it"
+                f"restarted it; jobs that were using it: {users}"
             )
             ctx.warn(message)
             for other in others:  # their MPS connections died with it

@@ -240,7 +240,7 @@ def test_killed_daemon_is_restarted_with_a_warning(tmp_path: Any) -> None:
     HANDLER.setup(b)
     new = daemon_pid(tmp_path)
     assert new is not None and new != old and mps_entry(b)["daemon_pid"] == new
-    assert any("had died" in w for w in b.record["warnings"])
+    assert any("had died" in w and "using it: 101" in w for w in b.record["warnings"])
     assert any("had died" in w for w in on_disk(a, "101")["warnings"])
     (ev,) = events(b, "mps-daemon-restarted")
     assert ev["clients"] == ["101"]
