@@ -60,7 +60,7 @@ def test_apply_twice_second_is_noop(sim: SimBackend, tmp_path: Any) -> None:
     assert second.noop
     assert apply_plan(sim, second, journal) == []
     assert sim.state()["gpus"] == before["gpus"]
-    events = [json.loads(line)["event"] for line in open(tmp_path / "j.jsonl")]
+    events = [json.loads(line)["event"] for line in (tmp_path / "j.jsonl").read_text().splitlines()]
     assert events == ["mig.create"] * 6
 
 
