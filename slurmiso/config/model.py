@@ -6,7 +6,6 @@ Everything here is plain data with small lookups; parsing and validation live in
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -29,7 +28,7 @@ def node_name(explicit: str = "") -> str:
     """This node's Slurm name: explicit, else ``$SLURMD_NODENAME``, else the short hostname."""
     import os
 
-    return explicit or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
 def expand_node(path: str, node: str = "") -> str:
@@ -37,7 +36,7 @@ def expand_node(path: str, node: str = "") -> str:
     return path.replace("%n", node_name(node)) if "%n" in path else path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Match:
     """How a job is recognised: any listed QoS, partition or account, or the SPANK option."""
 
@@ -47,13 +46,13 @@ class Match:
     spank_class: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class MpsShare:
     thread_percentage: int = 100
     memory_limit_mb: int = 0  # 0 = no pinned-memory limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Checkpoint:
     signal: str = "USR2"
     grace_s: int = 120
@@ -61,7 +60,7 @@ class Checkpoint:
     warn_before_limit_s: int = 300  # --signal lead time before the time limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class QosSpec:
     """What ``qos apply`` makes of a class in ``sacctmgr``."""
 
@@ -73,7 +72,7 @@ class QosSpec:
     accounts: Tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class JobClass:
     name: str
     description: str
@@ -93,7 +92,7 @@ class JobClass:
         return table.get(model) or table.get("*", "")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Pool:
     name: str
     nodes: str  # hostlist expression as written
@@ -108,7 +107,7 @@ class Pool:
     shards_per_gpu: int = 7
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class MigGroup:
     """One entry of a mig-parted config: which devices, MIG on/off, how many of each profile."""
 
@@ -123,7 +122,7 @@ class MigGroup:
         return dict(self.mig_devices)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class MigLayout:
     name: str
     groups: Tuple[MigGroup, ...]
@@ -136,7 +135,7 @@ class MigLayout:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Paths:
     state_dir: str = "/run/slurmiso"
     journal: str = "/var/log/slurmiso/journal.jsonl"
@@ -149,33 +148,33 @@ class Paths:
         return expand_node(self.journal, node)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class GpuSettings:
     backend: str = "auto"
     sim_state: str = "/var/lib/slurmiso/sim/%n.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Thresholds:
     memory_used_pct: int = 75
     sm_active_pct: int = 85
     hysteresis_pct: int = 10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Stagger:
     max_starts: int = 4
     interval_s: int = 60
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class TelemetrySource:
     source: str = "agents"
     agent_port: int = 9810
     prometheus_url: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Slo:
     class_name: str
     max_queue_wait_s: Optional[int] = None
@@ -183,7 +182,7 @@ class Slo:
     latency_query: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class MonitorSettings:
     interval_s: int = 30
     dry_run: bool = False
@@ -194,14 +193,14 @@ class MonitorSettings:
     slo: Tuple[Slo, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class AuditSettings:
     severity: str = "warning"
     long_infer_job_s: int = 4 * 3600
     repeated_preemptions: int = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Config:
     """A validated slurmiso configuration. ``source`` is the file it came from."""
 

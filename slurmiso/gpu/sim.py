@@ -2,7 +2,7 @@
 
 The prolog, the epilog, the job and the monitor are separate processes (often separate users),
 so the simulated node lives in a file: every read or change holds ``<state>.lock`` (a
-``filelock.FileLock``) and every write is atomic (temp file in the same folder, fsync,
+``slurmiso.state.lock.FileLock``) and every write is atomic (temp file in the same folder, fsync,
 ``os.replace``). The backend fails exactly where NVML fails, with the same
 :mod:`slurmiso.errors` classes the NVML backend translates NVML's codes to, so the hooks'
 failure policy is exercised on a laptop. Processes are real pids: an entry disappears from
@@ -23,9 +23,6 @@ import uuid
 from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import filelock
-import psutil
-
 from slurmiso.errors import (
     GpuError,
     GpuInsufficientResources,
@@ -39,6 +36,7 @@ from slurmiso.errors import (
 from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
+from slurmiso.state.lock import FileLock, LockTimeout
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +140,7 @@ class _StateFile:
         lock = _make_lock(self.lock_path, self.lock_timeout)
         try:
             lock.acquire()
-        except filelock.Timeout as exc:
+        except LockTimeout as exc:
             raise GpuUnavailable(
                 f"simulated GPU state is busy: lock {self.lock_path} not acquired within "
                 f"{self.lock_timeout:g}s",
@@ -203,12 +201,9 @@ class _StateFile:
             return self.read()
 
 
-def _make_lock(lock_path: str, timeout: float) -> filelock.FileLock:
-    # 0o666 (less umask): the prolog (root) and the job (a user) share one simulated node.
-    try:
-        return filelock.FileLock(lock_path, timeout=timeout, mode=0o666)
-    except TypeError:  # filelock < 3.10 has no ``mode``
-        return filelock.FileLock(lock_path, timeout=timeout)
+def _make_lock(lock_path: str, timeout: float) -> FileLock:
+    # 0o666: the prolog (root) and the job (a user) share one simulated node.
+    return FileLock(lock_path, timeout=timeout, mode=0o666)
 
 
 def _file_mode(path: str) -> int:
@@ -239,7 +234,16 @@ def _schema_problem(state: Any) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    return pid > 0 and psutil.pid_exists(pid)
+    """Like NVML, only live processes hold a GPU (os.kill(pid, 0): no psutil on the hook path)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class SimBackend:

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, 
 
 from slurmiso.errors import StateError
 
-if TYPE_CHECKING:  # filelock is imported lazily: hooks that only read state skip it
-    from filelock import FileLock
+if TYPE_CHECKING:  # the lock module is imported lazily: hooks that only read state skip it
+    from slurmiso.state.lock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -302,14 +302,14 @@ class NodeState:
         A timeout raises StateError naming the lock file and, where ``/proc/locks`` tells,
         the holder, so the admin can see which hook is hung.
         """
-        import filelock
+        from slurmiso.state.lock import FileLock, LockTimeout
 
         self._ensure_once()
         if self._lock is None:
-            self._lock = filelock.FileLock(self.lock_path, timeout=self.lock_timeout)
+            self._lock = FileLock(self.lock_path, timeout=self.lock_timeout)
         try:
             self._lock.acquire(timeout=self.lock_timeout)
-        except filelock.Timeout:
+        except LockTimeout:
             holders = _lock_holders(self.lock_path)
             who = ", ".join(_describe_pid(p) for p in holders) if holders else "an unknown process"
             raise StateError(

@@ -1,0 +1,117 @@
+"""Prolog + epilog cost per job, and 32 prologs at once on one node, on simulated GPUs.
+
+Each hook runs as its own process, the way slurmd runs it. Baseline: ``python3 -c pass``
+measured in the same run. Target (issue: isolation): prolog + epilog <= 4x the baseline.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import yaml
+from common import ROOT, median_ms, python_env, report, time_command
+
+JOBS = 50
+STORM = 32
+
+
+def _config(tmp: str, mode: str, gpus: int) -> str:
+    data = {
+        "version": 1,
+        "paths": {"state_dir": f"{tmp}/state", "journal": f"{tmp}/journal.jsonl"},
+        "gpu": {"backend": "sim", "sim_state": f"{tmp}/sim.json"},
+        "classes": [
+            {"name": "train", "match": {"qos": ["train"]}, "isolation": "timeslice",
+             "mig_profile": "1g.10gb", "preemptible": True},
+        ],
+        "default_class": "train",
+        "pools": [{"name": "p", "nodes": "bench1", "partition": "p", "gpu_model": "H100-80GB",
+                   "gpus_per_node": gpus, "mode": mode}],
+    }
+    path = os.path.join(tmp, "slurmiso.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(data, fh)
+    return path
+
+
+def _env(cfg: str, job: int, gpu: int) -> Dict[str, str]:
+    return python_env({
+        "SLURMISO_CONFIG": cfg, "SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(os.getuid()),
+        "SLURMD_NODENAME": "bench1", "SLURM_JOB_QOS": "train", "SLURM_JOB_GPUS": str(gpu),
+        "SLURM_JOB_PARTITION": "p",
+    })
+
+
+def per_job() -> bool:
+    from slurmiso.gpu.sim import init_state
+
+    py = sys.executable
+    prolog = [py, os.path.join(ROOT, "prolog", "slurmiso-prolog")]
+    epilog = [py, os.path.join(ROOT, "epilog", "slurmiso-epilog")]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _config(tmp, "mig-dynamic", 8)
+        init_state(f"{tmp}/sim.json", "H100-80GB", 8, mig=True, node="bench1")
+        bare: List[float] = []
+        pairs: List[float] = []
+        for job in range(1, JOBS + 1):
+            bare.extend(time_command([py, "-c", "pass"], 1))
+            env = _env(cfg, job, job % 8)
+            pairs.append(sum(time_command(prolog, 1, env) + time_command(epilog, 1, env)))
+        from slurmiso.gpu.sim import SimBackend
+
+        assert SimBackend(f"{tmp}/sim.json").instances() == [], "jobs left MIG instances behind"
+    base = median_ms(bare)
+    print(f"baseline: python3 -c pass, median of {JOBS}: {base:.1f} ms")
+    return report(
+        "prolog+epilog per job (mig-dynamic, sim)", f"{median_ms(pairs):.1f} ms",
+        median_ms(pairs) / base, "of bare start-up", 4.0,
+    )
+
+
+def storm() -> bool:
+    from slurmiso.gpu.sim import SimBackend, init_state
+
+    py = sys.executable
+    prolog = [py, os.path.join(ROOT, "prolog", "slurmiso-prolog")]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _config(tmp, "mig-dynamic", 8)
+        init_state(f"{tmp}/sim.json", "H100-80GB", 8, mig=True, node="bench1")
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(prolog, env=_env(cfg, j, j % 8), stderr=subprocess.PIPE)
+                 for j in range(1, STORM + 1)]
+        codes = [p.wait() for p in procs]
+        total = time.perf_counter() - t0
+        insts = SimBackend(f"{tmp}/sim.json").instances()
+        spans = set()
+        conflicts = 0
+        for i in insts:
+            for s in range(i.placement_start, i.placement_start + i.placement_size):
+                conflicts += (i.gpu_index, s) in spans
+                spans.add((i.gpu_index, s))
+        uuids = {i.uuid for i in insts}
+        t1 = time.perf_counter()
+        seq = [subprocess.run([py, "-c", "pass"]) for _ in range(STORM)]
+        serial_bare = time.perf_counter() - t1
+    assert all(c == 0 for c in codes), f"prolog exit codes {codes}"
+    ok = len(insts) == STORM and len(uuids) == STORM and conflicts == 0 and len(seq) == STORM
+    print(f"{STORM} concurrent prologs: {total:.2f} s total, {len(insts)} instances, "
+          f"{conflicts} overlapping placements, {STORM - len(uuids)} duplicate UUIDs")
+    return report(f"{STORM} prologs at once (total)", f"{total:.2f} s", total / serial_bare,
+                  f"of {STORM} bare interpreter starts run one after another") and ok
+
+
+def main() -> bool:
+    sys.path.insert(0, ROOT)
+    ok = per_job()
+    ok = storm() and ok
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
