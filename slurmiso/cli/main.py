@@ -26,6 +26,7 @@ SUBCOMMANDS = [
     "slurmiso.cli.hooks",
     "slurmiso.cli.mig",
     "slurmiso.cli.gen",
+    "slurmiso.cli.run",
 ]
 
 log = logging.getLogger("slurmiso")

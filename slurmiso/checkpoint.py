@@ -1,0 +1,169 @@
+"""Checkpoint on request, for Python programs run under ``slurmiso run``.
+
+    from slurmiso import checkpoint
+
+    start = load(checkpoint.resume_path()) if checkpoint.resume_path() else fresh()
+    with checkpoint.on_request() as req:
+        for step in range(start, total):
+            train_one_step()
+            if req.pending:
+                path = save(f"ckpt-{step}.pt")      # a NEW file, flushed and fsynced
+                req.done(path, step=step)          # report it: the wrapper records it
+                break                               # then exit; the job is requeued
+
+The signal handler only sets a flag (saving inside a handler is what hangs jobs in NCCL or
+the allocator); the program checks ``req.pending`` at a safe point. ``done()`` writes the
+marker file atomically, so a crash while saving leaves the previous checkpoint the one
+offered as ``SLURMISO_RESUME``. The contract for other languages is in docs/checkpoint.md.
+
+Standard library only, and no import of the rest of slurmiso: this file may be copied into a
+container that has no slurmiso installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+from types import FrameType
+from typing import Any, Iterator, Optional
+
+__all__ = [
+    "Request",
+    "ckpt_dir",
+    "done",
+    "install",
+    "on_request",
+    "requested",
+    "restart_count",
+    "resume_path",
+    "resume_step",
+]
+
+log = logging.getLogger("slurmiso.checkpoint")
+
+DEFAULT_SIGNAL = "USR2"
+
+
+def _signal_from_env() -> signal.Signals:
+    name = os.environ.get("SLURMISO_CKPT_SIGNAL", "") or DEFAULT_SIGNAL
+    name = name.strip().upper()
+    try:
+        return (
+            signal.Signals(int(name))
+            if name.isdigit()
+            else signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+        )
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"SLURMISO_CKPT_SIGNAL={name!r} is not a signal name (use e.g. USR2)"
+        ) from None
+
+
+class Request:
+    """The checkpoint request flag; the handler sets it, :meth:`done` clears it."""
+
+    def __init__(self) -> None:
+        self._pending = False
+        self.count = 0  # how many requests arrived (several signals still mean one save)
+        self.signum: Optional[int] = None
+        self._previous: Any = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending
+
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+        self._pending = True  # a flag, nothing else: safe at any point of the program
+        self.count += 1
+
+    def install(self, signum: Optional[int] = None) -> Request:
+        """Take over the checkpoint signal (``$SLURMISO_CKPT_SIGNAL``, default USR2)."""
+        if self.signum is None:
+            self.signum = int(signum if signum is not None else _signal_from_env())
+            self._previous = signal.signal(self.signum, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        if self.signum is not None:
+            prev = self._previous if self._previous is not None else signal.SIG_DFL
+            signal.signal(self.signum, prev)
+            self.signum = None
+
+    def done(self, path: str, step: Optional[int] = None) -> None:
+        """Report a finished checkpoint at ``path`` and clear the request.
+
+        Call it only after ``path`` is completely written and flushed. Outside the wrapper
+        (no ``SLURMISO_CKPT_MARKER``) there is nobody to tell; the request is just cleared.
+        """
+        marker = os.environ.get("SLURMISO_CKPT_MARKER", "")
+        if marker:
+            _write_marker(marker, path, step)
+        else:
+            log.debug("not under slurmiso run: checkpoint %s not reported", path)
+        self._pending = False
+
+
+def _write_marker(marker: str, path: str, step: Optional[int]) -> None:
+    """Atomic report: temp file in the same directory, fsync, rename onto the marker."""
+    directory = os.path.dirname(marker) or "."
+    os.makedirs(directory, exist_ok=True)
+    body = {"path": os.path.abspath(path), "step": step, "pid": os.getpid()}
+    tmp = os.path.join(directory, f".{os.path.basename(marker)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(body, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, marker)
+
+
+_default = Request()
+
+
+def install() -> Request:
+    """Install the handler now; do it early so a request during start-up is not missed."""
+    return _default.install()
+
+
+def requested() -> bool:
+    """Whether a checkpoint was asked for (installs the handler on first call)."""
+    return _default.install().pending
+
+
+def done(path: str, step: Optional[int] = None) -> None:
+    """Report the checkpoint at ``path`` as complete (see :meth:`Request.done`)."""
+    _default.done(path, step)
+
+
+@contextlib.contextmanager
+def on_request(signum: Optional[int] = None) -> Iterator[Request]:
+    """A fresh :class:`Request` with the handler installed for the ``with`` block."""
+    req = Request().install(signum)
+    try:
+        yield req
+    finally:
+        req.uninstall()
+
+
+def resume_path() -> Optional[str]:
+    """The last checkpoint the wrapper recorded as complete, or None (start fresh)."""
+    return os.environ.get("SLURMISO_RESUME") or None
+
+
+def resume_step() -> Optional[int]:
+    """The step the program reported with that checkpoint, if it reported one."""
+    text = os.environ.get("SLURMISO_RESUME_STEP", "")
+    return int(text) if text.isdigit() else None
+
+
+def restart_count() -> int:
+    """How many times Slurm has requeued this job (0 on the first run)."""
+    text = os.environ.get("SLURMISO_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT", "")
+    return int(text) if text.isdigit() else 0
+
+
+def ckpt_dir(default: str = ".") -> str:
+    """Where to write checkpoints (``$SLURMISO_CKPT_DIR``; it survives requeues)."""
+    return os.environ.get("SLURMISO_CKPT_DIR") or default

@@ -1,0 +1,209 @@
+"""A stand-in for Slurm's side of preemption, so the whole cycle runs on a laptop.
+
+submitit's lesson: a local controller that imitates the scheduler's signal timing lets the
+preempt -> checkpoint -> requeue -> resume loop be tested end to end without a cluster.
+This one imitates what slurmctld/slurmstepd do to a batch job:
+
+* preemption (``PreemptMode=REQUEUE``): SIGCONT + SIGTERM to every process of the job, SIGKILL
+  to all that remain after ``grace_s`` (the QoS GraceTime), then the job runs again with
+  ``SLURM_RESTART_COUNT`` one higher;
+* time limit with ``--signal=B:SIG@T``: SIG to the batch shell only, ``T`` seconds before the
+  limit; at the limit SIGTERM to all, SIGKILL after ``kill_wait_s`` (state TIMEOUT);
+* ``scontrol requeue``: a fake ``scontrol`` (found first through ``SLURMISO_SLURM_BIN``)
+  writes the request to a file; the controller then ends the run (SIGTERM, SIGKILL after
+  ``kill_wait_s``) and starts it again, count + 1.
+
+It drives the real ``slurmiso run`` process, so only Slurm is simulated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+#: Called with the seconds since the run started; True = preempt now.
+Trigger = Callable[[float], bool]
+
+FAKE_SCONTROL = """#!/bin/sh
+# scontrol stand-in for slurmiso's local controller: record the request, succeed.
+echo "$@" >> "$SLURMISO_SIM_REQUESTS"
+"""
+
+
+@dataclass
+class Attempt:
+    """One run of the job (Slurm's "job attempt" between requeues)."""
+
+    restart_count: int
+    state: str  # COMPLETED, FAILED, PREEMPTED, REQUEUED, TIMEOUT
+    exit_code: int
+    seconds: float
+    killed: bool = False  # something was still alive when the grace ran out
+    signals: List[str] = field(default_factory=list)
+
+
+def after(seconds: float) -> Trigger:
+    """A trigger that fires ``seconds`` after the run started."""
+    return lambda elapsed: elapsed >= seconds
+
+
+def _job_pids(root: int) -> List[int]:
+    """``root`` and every descendant (what proctrack/linuxproc would track)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(root)
+        return [root] + [c.pid for c in proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+class LocalSlurm:
+    """Runs ``argv`` (normally ``slurmiso run ... -- CMD``) as one simulated batch job."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        job_id: str = "4242",
+        grace_s: float = 5.0,
+        kill_wait_s: float = 2.0,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        poll_s: float = 0.02,
+    ) -> None:
+        self.argv = list(argv)
+        self.job_id = job_id
+        self.grace_s = grace_s
+        self.kill_wait_s = kill_wait_s
+        self.base_env = dict(os.environ if env is None else env)
+        self.workdir = workdir or tempfile.mkdtemp(prefix="slurmiso-localsim-")
+        self.poll_s = poll_s
+        self.bin_dir = os.path.join(self.workdir, "bin")
+        self.requests = os.path.join(self.workdir, "scontrol-requests")
+        self._fake_scontrol()
+
+    def _fake_scontrol(self) -> None:
+        os.makedirs(self.bin_dir, exist_ok=True)
+        path = os.path.join(self.bin_dir, "scontrol")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(FAKE_SCONTROL)
+        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+    def env_for(self, restart_count: int) -> Dict[str, str]:
+        env = dict(self.base_env)
+        env.update(
+            SLURM_JOB_ID=self.job_id,
+            SLURM_PROCID="0",
+            SLURMISO_SLURM_BIN=self.bin_dir,
+            SLURMISO_SIM_REQUESTS=self.requests,
+        )
+        env.setdefault("SLURMISO_CONFIG", os.path.join(self.workdir, "no-config.yaml"))
+        if restart_count:
+            env["SLURM_RESTART_COUNT"] = str(restart_count)  # Slurm sets it after a requeue
+        else:
+            env.pop("SLURM_RESTART_COUNT", None)
+        return env
+
+    def run(
+        self,
+        preempt: Sequence[Trigger] = (),
+        time_limit_s: Optional[float] = None,
+        warn_signal: int = signal.SIGUSR1,
+        warn_before_s: float = 0.0,
+        max_attempts: int = 10,
+        timeout_s: float = 120.0,
+    ) -> List[Attempt]:
+        """Run until the job completes or fails; attempt ``i`` is preempted by ``preempt[i]``."""
+        attempts: List[Attempt] = []
+        while len(attempts) < max_attempts:
+            trigger = preempt[len(attempts)] if len(attempts) < len(preempt) else None
+            att = self.run_attempt(
+                len(attempts), trigger, time_limit_s, warn_signal, warn_before_s, timeout_s
+            )
+            attempts.append(att)
+            if att.state not in ("PREEMPTED", "REQUEUED"):
+                break
+        return attempts
+
+    def run_attempt(
+        self,
+        restart_count: int,
+        trigger: Optional[Trigger] = None,
+        time_limit_s: Optional[float] = None,
+        warn_signal: int = signal.SIGUSR1,
+        warn_before_s: float = 0.0,
+        timeout_s: float = 120.0,
+    ) -> Attempt:
+        requests_before = self._request_count()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(self.argv, env=self.env_for(restart_count), cwd=self.workdir)
+        att = Attempt(restart_count, "RUNNING", 0, 0.0)
+        ending: Optional[str] = None  # the state the job gets once it is gone
+        kill_at: Optional[float] = None
+        warned = False
+        while proc.poll() is None:
+            now = time.monotonic()
+            elapsed = now - t0
+            if ending is None:
+                if trigger is not None and trigger(elapsed):
+                    ending, kill_at = "PREEMPTED", now + self.grace_s
+                    self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
+                elif self._request_count() > requests_before:
+                    ending, kill_at = "REQUEUED", now + self.kill_wait_s
+                    self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
+                elif time_limit_s is not None:
+                    if not warned and warn_before_s and elapsed >= time_limit_s - warn_before_s:
+                        warned = True
+                        self._signal(proc.pid, warn_signal, att)  # B: the batch shell only
+                    if elapsed >= time_limit_s:
+                        ending, kill_at = "TIMEOUT", now + self.kill_wait_s
+                        self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
+                if elapsed > timeout_s:
+                    ending, kill_at = "TIMEOUT", now
+            elif ending != "REQUEUED" and self._request_count() > requests_before:
+                ending = "REQUEUED"  # the wrapper requeued while it was being stopped
+            if kill_at is not None and now >= kill_at:
+                att.killed = bool(_job_pids(proc.pid))
+                self._signal_all(proc.pid, (signal.SIGKILL,), att)
+                kill_at = None
+            time.sleep(self.poll_s)
+        rc = proc.returncode
+        att.exit_code = 128 - rc if rc < 0 else rc
+        if ending is None and self._request_count() > requests_before:
+            ending = "REQUEUED"
+        att.state = ending or ("COMPLETED" if att.exit_code == 0 else "FAILED")
+        att.seconds = round(time.monotonic() - t0, 3)
+        log.info("attempt %d: %s (exit %d)", restart_count, att.state, att.exit_code)
+        return att
+
+    def _request_count(self) -> int:
+        try:
+            with open(self.requests, encoding="utf-8") as fh:
+                return sum(1 for line in fh if line.startswith("requeue"))
+        except FileNotFoundError:
+            return 0
+
+    def _signal_all(self, root: int, sigs: Sequence[int], att: Attempt) -> None:
+        pids = _job_pids(root)
+        for sig in sigs:
+            for pid in pids:
+                self._signal(pid, sig, att, record=pid == root)
+
+    @staticmethod
+    def _signal(pid: int, sig: int, att: Attempt, record: bool = True) -> None:
+        if record:
+            att.signals.append(signal.Signals(sig).name)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

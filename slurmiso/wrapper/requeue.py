@@ -1,0 +1,99 @@
+"""Whether a stopped job goes back to the queue, and who puts it there.
+
+The decision is pure (:func:`decide`) and always carries a reason, including when it declines
+(submitit's lesson: an unexplained "not requeued" costs users a day). The side effect,
+``scontrol requeue``, goes through an injected Slurm client.
+
+* Preemption: with ``PreemptMode=REQUEUE`` Slurm requeues the job itself; the wrapper only
+  records it. (A plain ``scancel`` also starts with SIGTERM; Slurm does not requeue that, and
+  nothing inside the job can tell the two apart.)
+* Time-limit warning (``--signal``): nobody requeues unless the wrapper does, so it runs
+  ``scontrol requeue $SLURM_JOB_ID``, bounded by the class's ``max_requeues`` against
+  ``SLURM_RESTART_COUNT``, and only after a checkpoint - requeuing without one would repeat
+  the same work until the count runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence
+
+from slurmiso.errors import SlurmError
+from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT
+
+log = logging.getLogger(__name__)
+
+BY_SLURM = "slurm"
+BY_WRAPPER = "slurmiso"
+REQUEUE_TIMEOUT_S = 5.0
+
+
+class SlurmRunner(Protocol):
+    """The part of :class:`slurmiso.slurm.client.SlurmCli` used here."""
+
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    requeue: bool
+    reason: str
+    by: str = ""  # BY_SLURM or BY_WRAPPER when requeue is True
+    count: int = 0  # the restart count the next run will have
+
+
+def decide(
+    cause: str,
+    *,
+    job_id: str,
+    restart_count: int,
+    max_requeues: int,
+    checkpoint_ok: bool,
+    program_status: Optional[int] = None,
+) -> Decision:
+    """Requeue or not, with the reason either way.
+
+    ``program_status`` is the program's exit status when it ended on its own before being
+    asked to checkpoint (0 means it finished its work: nothing to requeue).
+    """
+    nxt = restart_count + 1
+    if program_status == 0:
+        return Decision(False, "the program finished (exit 0) before it was asked to checkpoint")
+    if not job_id:
+        return Decision(False, "not running under Slurm (no SLURM_JOB_ID): nothing to requeue")
+    if cause == PREEMPTED:
+        return Decision(
+            True,
+            "preempted: Slurm requeues the job itself (PreemptMode=REQUEUE)",
+            BY_SLURM,
+            nxt,
+        )
+    if cause != TIME_LIMIT:
+        return Decision(False, f"stopped by {cause}: not a reason to requeue")
+    if restart_count >= max_requeues:
+        return Decision(
+            False,
+            f"restart count {restart_count} has reached the class's max_requeues "
+            f"({max_requeues}); raise checkpoint.max_requeues or resubmit by hand",
+        )
+    if not checkpoint_ok:
+        return Decision(
+            False,
+            "no checkpoint was taken before the time limit: a requeue would repeat the same "
+            "work from the previous checkpoint",
+        )
+    return Decision(True, "time limit near: requeued after the checkpoint", BY_WRAPPER, nxt)
+
+
+def scontrol_requeue(client: SlurmRunner, job_id: str) -> Optional[str]:
+    """Run ``scontrol requeue JOB``; None on success, else why it failed.
+
+    Sites that forbid users ``scontrol requeue`` (or containers without ``scontrol``) show
+    up here as a reason rather than a crash.
+    """
+    try:
+        client.run("scontrol", ["requeue", job_id], REQUEUE_TIMEOUT_S)
+    except SlurmError as exc:
+        return f"scontrol requeue {job_id} failed: {exc}"
+    return None

@@ -1,0 +1,167 @@
+"""Signals the wrapper reacts to, as flags: the handlers never do more than record.
+
+Heavy work in a signal handler is what makes checkpoint-on-preemption hang in the field
+(a handler that saves a model re-enters the allocator, NCCL, or the logging lock), so here a
+handler only stores the signal number; the supervisor's main loop acts on it. A pipe from
+:func:`signal.set_wakeup_fd` wakes that loop at once, so forwarding costs no polling delay.
+
+Like submitit's ``SignalHandler``, the object is built on an injected :class:`JobEnvironment`
+(not on ``os.environ`` read deep inside), so tests describe a job with a plain dict.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from slurmiso.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+PREEMPTED = "preempted"
+TIME_LIMIT = "time-limit"
+#: Signals passed straight to the program (it runs in its own session, so a terminal's
+#: Ctrl-C or a hang-up would not reach it otherwise).
+FORWARDED: Tuple[int, ...] = (int(signal.SIGINT), int(signal.SIGHUP), int(signal.SIGQUIT))
+
+
+def parse_signal(name: str) -> signal.Signals:
+    """``USR2``, ``SIGUSR2`` or ``12`` -> ``signal.SIGUSR2``; UsageError names the choices."""
+    text = str(name).strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise UsageError(
+            f"unknown signal {name!r}",
+            hint="use a name such as USR1, USR2, TERM, INT, HUP or URG",
+        ) from None
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """What the wrapper needs to know about the job, read once from the environment."""
+
+    job_id: str = ""
+    restart_count: int = 0
+    procid: int = 0
+    node: str = ""
+
+    @property
+    def in_slurm(self) -> bool:
+        return bool(self.job_id)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobEnvironment:
+        """Slurm's names; ``SLURM_RESTART_COUNT`` is absent on a job's first run.
+
+        ``SLURM_JOB_ID`` is unique even for array tasks, and is what ``scontrol requeue``
+        takes.
+        """
+        return cls(
+            job_id=env.get("SLURM_JOB_ID", ""),
+            restart_count=_int(env.get("SLURM_RESTART_COUNT"), 0),
+            procid=_int(env.get("SLURM_PROCID"), 0),
+            node=env.get("SLURMD_NODENAME", ""),
+        )
+
+
+def _int(text: Optional[str], default: int) -> int:
+    try:
+        return int(text) if text else default
+    except ValueError:
+        return default
+
+
+class SignalHandler:
+    """Installs flag-setting handlers; the main loop reads and clears the flags.
+
+    ``stop_signals`` maps a signal to why the job must stop (``preempted``: Slurm's SIGTERM;
+    ``time-limit``: the ``--signal`` Slurm sends before the time limit). Only the first stop
+    signal starts a checkpoint; later ones are counted (a double signal is one checkpoint).
+    """
+
+    def __init__(
+        self,
+        job: JobEnvironment,
+        stop_signals: Mapping[int, str],
+        forward: Sequence[int] = FORWARDED,
+    ) -> None:
+        self.job = job
+        self.stop_signals = {int(k): v for k, v in stop_signals.items()}
+        self.forward = tuple(int(s) for s in forward if int(s) not in self.stop_signals)
+        #: Set once, by the first stop signal.
+        self.stop_cause: Optional[str] = None
+        self.stop_signum: Optional[int] = None
+        self.stop_count = 0
+        self._pending_forward: List[int] = []
+        self._saved: Dict[int, Any] = {}
+        self._wake_r = self._wake_w = -1
+        self._old_wakeup = -1
+
+    # -- the handler: flags only ----------------------------------------------------------
+
+    def handle(self, signum: int, frame: Optional[FrameType] = None) -> None:
+        """Record the signal; the main loop does the work."""
+        if signum in self.stop_signals:
+            self.stop_count += 1
+            if self.stop_cause is None:
+                self.stop_cause = self.stop_signals[signum]
+                self.stop_signum = signum
+        elif signum != signal.SIGCHLD:
+            self._pending_forward.append(signum)
+
+    def take_forward(self) -> List[int]:
+        """Signals to pass on to the program since the last call (oldest first)."""
+        out, self._pending_forward = self._pending_forward, []
+        return out
+
+    # -- install / restore ----------------------------------------------------------------
+
+    def install(self) -> SignalHandler:
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        # SIGCHLD gets a no-op handler only so the wakeup fd reports a program's exit at once.
+        for signum in (*self.stop_signals, *self.forward, int(signal.SIGCHLD)):
+            self._saved[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def restore(self) -> None:
+        for signum, old in self._saved.items():
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
+        self._saved.clear()
+        if self._wake_w >= 0:
+            signal.set_wakeup_fd(self._old_wakeup)
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            self._wake_r = self._wake_w = -1
+
+    def __enter__(self) -> SignalHandler:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking early when any handled signal arrives."""
+        if self._wake_r < 0:
+            select.select([], [], [], max(0.0, timeout))
+            return
+        try:
+            ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for safety
+            return
+        if ready:
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
