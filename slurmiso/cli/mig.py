@@ -71,7 +71,8 @@ def _plan(args: argparse.Namespace, cfg: Any, pool: Any, backend: Any, state: An
     """The plan from this node's instances to the chosen layout."""
     from slurmiso.errors import UsageError
     from slurmiso.gpu.profiles import lookup_model
-    from slurmiso.mig.apply import claimed_instances, read_node
+    from slurmiso.mig.apply import read_node
+    from slurmiso.mig.claims import claimed_instances
     from slurmiso.mig.plan import plan_layout
 
     name = args.layout or pool.mig_layout
@@ -142,7 +143,7 @@ def _assert(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from slurmiso.cli.output import print_json, table
-    from slurmiso.mig.apply import claimed_instances
+    from slurmiso.mig.claims import claimed_instances
 
     _cfg, _pool, backend, state, node = _open(args)
     claims = claimed_instances(state)

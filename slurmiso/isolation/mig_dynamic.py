@@ -18,7 +18,7 @@ from slurmiso.gpu.placement import best_placement, capacity
 from slurmiso.gpu.profiles import GpuModel, lookup_model
 from slurmiso.isolation import processes
 from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
-from slurmiso.mig.apply import claim_key, claimed_instances
+from slurmiso.mig.claims import claim_key, claimed_instances
 
 log = logging.getLogger(__name__)
 KIND = "mig-dynamic"

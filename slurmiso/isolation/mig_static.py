@@ -16,7 +16,8 @@ from slurmiso.gpu.profiles import lookup_model
 from slurmiso.isolation import processes
 from slurmiso.isolation.base import Context, NodeFault, ReconcileContext
 from slurmiso.mig import gres
-from slurmiso.mig.apply import claim_key, claimed_instances, read_node
+from slurmiso.mig.apply import read_node
+from slurmiso.mig.claims import claim_key, claimed_instances
 from slurmiso.mig.plan import plan_layout
 
 log = logging.getLogger(__name__)

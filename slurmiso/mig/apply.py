@@ -8,7 +8,6 @@ apply (which re-reads the node and plans again) simply finishes the job.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
@@ -22,30 +21,11 @@ from slurmiso.gpu.backend import (
 from slurmiso.mig.plan import CREATE, DESTROY, ENABLE_MIG, Existing, MigPlan, MigPlanError, Step
 
 if TYPE_CHECKING:
-    from slurmiso.state import Journal, NodeState
+    from slurmiso.state import Journal
 
 log = logging.getLogger(__name__)
 
 #: Allocation-table key of a MIG device held by a job (the handlers claim it).
-_CLAIM_RE = re.compile(r"mig/([0-9]+)/gi([0-9]+)")
-
-
-def claim_key(gpu: int, gi_id: int) -> str:
-    """The allocation key a job holds for GPU instance ``gi_id`` of GPU ``gpu``."""
-    return f"mig/{gpu}/gi{gi_id}"
-
-
-def claimed_instances(state: Optional[NodeState]) -> Dict[Tuple[int, int], str]:
-    """(gpu, gi_id) -> job id for MIG devices claimed by a job that still has a record."""
-    if state is None:
-        return {}
-    out: Dict[Tuple[int, int], str] = {}
-    live = set(state.jobs())
-    for key, job in state.allocations().items():
-        m = _CLAIM_RE.fullmatch(key)
-        if m and job in live:
-            out[(int(m.group(1)), int(m.group(2)))] = job
-    return out
 
 
 @dataclass

@@ -16,10 +16,8 @@ gpu/nvml plugin reads them).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -32,7 +30,7 @@ from slurmiso.gpu.profiles import GpuModel
 log = logging.getLogger(__name__)
 
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under /proc
-RECORD_FILE = "mig-gres.json"  # under the node state dir, written by 'mig apply'
+RECORD_DOC = "mig-gres"  # node document (state_dir/mig-gres.json) written by 'mig apply'
 
 # The driver's numbering when mig-minors cannot be read: "config" is 1, "monitor" 2, then per
 # GPU minor 15 GPU-instance slots of 9 minors each (the GI access cap, then its CI 0..7 caps):
@@ -275,36 +273,27 @@ def render_gres_conf(
 # ------------------------------------------------- what gres.conf was generated from
 def save_record(state_dir: str, layout: str, entries: Sequence[GresEntry]) -> str:
     """Record the applied layout's entries, so the prolog can tell when MIG state drifted."""
-    path = os.path.join(state_dir, RECORD_FILE)
-    data = {"schema": 1, "layout": layout,
+    from slurmiso.state import NodeState
+
+    data = {"layout": layout,
             "entries": [dict(zip(("gpu", "profile", "start", "gi_id"), e.identity()))
                         for e in entries]}
-    try:
-        os.makedirs(state_dir, 0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=f".{RECORD_FILE}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise StateError(f"cannot write MIG record {path}: {exc}") from None
-    return path
+    return NodeState(state_dir).write_doc(RECORD_DOC, data)
 
 
 def load_record(state_dir: str) -> Optional[List[Tuple[int, str, int, Optional[int]]]]:
     """The recorded entry identities, or None when ``mig apply`` never recorded any."""
-    path = os.path.join(state_dir, RECORD_FILE)
+    from slurmiso.state import NodeState
+
+    state = NodeState(state_dir)
+    data = state.read_doc(RECORD_DOC)
+    if data is None:
+        return None
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
         return [(int(e["gpu"]), str(e["profile"]), int(e["start"]),
                  None if e["gi_id"] is None else int(e["gi_id"])) for e in data["entries"]]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise StateError(
-            f"MIG record {path} is unreadable: {exc}",
+            f"MIG record {state.doc_path(RECORD_DOC)} is unreadable: {exc}",
             hint="run 'slurmiso mig apply' to rewrite it",
         ) from None

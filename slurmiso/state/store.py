@@ -381,7 +381,7 @@ class NodeState:
     # -- allocations ----------------------------------------------------------------------
 
     def allocations(self) -> Dict[str, str]:
-        """What is handed out on this node: resource key (``gpu0/mig/gi3``) -> job id."""
+        """What is handed out on this node: resource key (``mig/0/gi3``) -> job id."""
         self._verify_once()
         data = self._read_json(self.allocations_path)
         if data is None:
@@ -402,6 +402,29 @@ class NodeState:
             table[key] = validate_job_id(job_id)
         self._ensure_once()
         self._write_json(self.allocations_path, {"schema": SCHEMA, "allocations": table})
+
+    # -- node documents -------------------------------------------------------------------
+
+    def doc_path(self, name: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", name):
+            raise StateError(f"refusing node document name {name!r}")
+        return os.path.join(self.state_dir, name + ".json")
+
+    def read_doc(self, name: str) -> Optional[Dict[str, Any]]:
+        """A named node-level JSON document (e.g. ``mig-gres``), or None if never written."""
+        self._verify_once()
+        path = self.doc_path(name)
+        data = self._read_json(path)
+        return None if data is None else self._expect_dict(data, path)
+
+    def write_doc(self, name: str, data: Mapping[str, Any]) -> str:
+        """Atomically replace a named node document; returns its path."""
+        path = self.doc_path(name)
+        doc = dict(data)
+        doc.setdefault("schema", SCHEMA)
+        self._ensure_once()
+        self._write_json(path, doc)
+        return path
 
     # -- file primitives ------------------------------------------------------------------
 
