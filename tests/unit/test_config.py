@@ -84,35 +84,113 @@ def _dup_node(d: Dict[str, Any]) -> None:
 # (name, mutation, substrings that must all appear in the message)
 BAD = [
     ("unknown top key", _set("monitr", {}), ["test.yaml", "monitr: unknown key", "allowed here"]),
-    ("unknown nested key", _set("classes.0.mps.threads", 50), ["classes[0].mps.threads: unknown key", "thread_percentage"]),
-    ("wrong type", _set("classes.1.preemptible", "yes"), ["classes[1].preemptible", "expected true or false", "'yes'"]),
-    ("mps percentage above 100", _set("classes.0.mps.thread_percentage", 150), ["classes[0].mps.thread_percentage", "150", "1..100"]),
-    ("mps percentage zero", _set("classes.1.mps.thread_percentage", 0), ["thread_percentage", "0 is out of range"]),
-    ("memory limit larger than GPU", _set("classes.0.mps.memory_limit", "100G"), ["classes[0].mps.memory_limit", "102400 MiB", "H100-80GB"]),
-    ("bad memory size", _set("classes.0.mps.memory_limit", "lots"), ["memory_limit", "'lots'", "20G"]),
-    ("unknown MIG profile for pool model", _set("classes.0.mig_profile", "3g.20gb"), ["classes[0].mig_profile", "'3g.20gb'", "H100-80GB", "3g.40gb"]),
-    ("layout profile not of the model", _set("mig_layouts.mig-configs.half-half.0.mig-devices", {"3g.71gb": 2}), ["half-half[0].mig-devices", "3g.71gb", "H100-80GB"]),
-    ("layout that does not fit", _set("mig_layouts.mig-configs.half-half.1.mig-devices", {"4g.40gb": 2}), ["half-half[1].mig-devices", "2x 4g.40gb", "does not fit"]),
+    (
+        "unknown nested key",
+        _set("classes.0.mps.threads", 50),
+        ["classes[0].mps.threads: unknown key", "thread_percentage"],
+    ),
+    (
+        "wrong type",
+        _set("classes.1.preemptible", "yes"),
+        ["classes[1].preemptible", "expected true or false", "'yes'"],
+    ),
+    (
+        "mps percentage above 100",
+        _set("classes.0.mps.thread_percentage", 150),
+        ["classes[0].mps.thread_percentage", "150", "1..100"],
+    ),
+    (
+        "mps percentage zero",
+        _set("classes.1.mps.thread_percentage", 0),
+        ["thread_percentage", "0 is out of range"],
+    ),
+    (
+        "memory limit larger than GPU",
+        _set("classes.0.mps.memory_limit", "100G"),
+        ["classes[0].mps.memory_limit", "102400 MiB", "H100-80GB"],
+    ),
+    (
+        "bad memory size",
+        _set("classes.0.mps.memory_limit", "lots"),
+        ["memory_limit", "'lots'", "20G"],
+    ),
+    (
+        "unknown MIG profile for pool model",
+        _set("classes.0.mig_profile", "3g.20gb"),
+        ["classes[0].mig_profile", "'3g.20gb'", "H100-80GB", "3g.40gb"],
+    ),
+    (
+        "layout profile not of the model",
+        _set("mig_layouts.mig-configs.half-half.0.mig-devices", {"3g.71gb": 2}),
+        ["half-half[0].mig-devices", "3g.71gb", "H100-80GB"],
+    ),
+    (
+        "layout that does not fit",
+        _set("mig_layouts.mig-configs.half-half.1.mig-devices", {"4g.40gb": 2}),
+        ["half-half[1].mig-devices", "2x 4g.40gb", "does not fit"],
+    ),
     ("duplicate class", _dup_class, ["duplicate class name 'infer'"]),
-    ("unknown isolation", _set("classes.2.isolation", "vgpu"), ["classes[2].isolation", "'vgpu'", "exclusive, mig, mps, timeslice"]),
+    (
+        "unknown isolation",
+        _set("classes.2.isolation", "vgpu"),
+        ["classes[2].isolation", "'vgpu'", "exclusive, mig, mps, timeslice"],
+    ),
     ("unknown pool mode", _set("pools.0.mode", "mig"), ["pools[0].mode", "'mig'", "mig-static"]),
-    ("unknown gpu model", _set("pools.0.gpu_model", "V100"), ["pools[0].gpu_model", "'V100'", "H100-80GB"]),
-    ("missing layout", _set("pools.1.mig_layout", "nope"), ["pools[1].mig_layout", "'nope'", "half-half"]),
+    (
+        "unknown gpu model",
+        _set("pools.0.gpu_model", "V100"),
+        ["pools[0].gpu_model", "'V100'", "H100-80GB"],
+    ),
+    (
+        "missing layout",
+        _set("pools.1.mig_layout", "nope"),
+        ["pools[1].mig_layout", "'nope'", "half-half"],
+    ),
     ("bad version", _set("version", 2), ["version", "2 is not supported", "allowed: 1"]),
-    ("bad signal", _set("classes.1.checkpoint.signal", "KILL"), ["checkpoint.signal", "'KILL'", "USR2"]),
-    ("bad duration", _set("classes.1.checkpoint.grace", "soon"), ["checkpoint.grace", "'soon'", "90s"]),
-    ("preempt a non-preemptible class", _set("classes.0.qos.preempt", ["debug"]), ["classes[0].qos.preempt", "'debug' is not preemptible"]),
-    ("unknown default class", _set("default_class", "batch"), ["default_class", "'batch'", "infer, train, debug"]),
-    ("node in two pools", _dup_node, ["pools[1].nodes: gpu[010-016] already in pool 'serve'", "one GPU mode"]),
+    (
+        "bad signal",
+        _set("classes.1.checkpoint.signal", "KILL"),
+        ["checkpoint.signal", "'KILL'", "USR2"],
+    ),
+    (
+        "bad duration",
+        _set("classes.1.checkpoint.grace", "soon"),
+        ["checkpoint.grace", "'soon'", "90s"],
+    ),
+    (
+        "preempt a non-preemptible class",
+        _set("classes.0.qos.preempt", ["debug"]),
+        ["classes[0].qos.preempt", "'debug' is not preemptible"],
+    ),
+    (
+        "unknown default class",
+        _set("default_class", "batch"),
+        ["default_class", "'batch'", "infer, train, debug"],
+    ),
+    (
+        "node in two pools",
+        _dup_node,
+        ["pools[1].nodes: gpu[010-016] already in pool 'serve'", "one GPU mode"],
+    ),
     ("bad hostlist", _set("pools.0.nodes", "gpu[1-"), ["pools[0].nodes", "unbalanced"]),
-    ("relative state dir", _set("paths.state_dir", "run/slurmiso"), ["paths.state_dir", "absolute path"]),
-    ("SLO for unknown class", _set("monitor.slo.0.class", "serve"), ["monitor.slo[0].class", "'serve'"]),
+    (
+        "relative state dir",
+        _set("paths.state_dir", "run/slurmiso"),
+        ["paths.state_dir", "absolute path"],
+    ),
+    (
+        "SLO for unknown class",
+        _set("monitor.slo.0.class", "serve"),
+        ["monitor.slo[0].class", "'serve'"],
+    ),
     ("headroom out of range", _set("classes.0.memory_headroom", 95), ["memory_headroom", "0..90"]),
 ]
 
 
 @pytest.mark.parametrize("name,mutate,expect", BAD, ids=[b[0] for b in BAD])
-def test_bad_config_is_named(name: str, mutate: Callable[[Dict[str, Any]], None], expect: list) -> None:
+def test_bad_config_is_named(
+    name: str, mutate: Callable[[Dict[str, Any]], None], expect: list
+) -> None:
     data = _base()
     mutate(data)
     msg = _problems(data)
