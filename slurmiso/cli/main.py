@@ -27,6 +27,7 @@ SUBCOMMANDS = [
     "slurmiso.cli.mig",
     "slurmiso.cli.gen",
     "slurmiso.cli.run",
+    "slurmiso.cli.audit",
 ]
 
 log = logging.getLogger("slurmiso")

@@ -1,0 +1,178 @@
+"""Where the audit's inputs come from: a saved sacct file, live ``sacct``, the journals.
+
+Live ``sacct`` is streamed from a pipe (``SlurmCli.run`` buffers whole outputs, which a month
+of accounting does not fit), so this module is the one place its errors are translated.
+We ask for ``-P`` with a header (column order is then self-describing and a saved file can
+be re-read), all users (``-a``), each requeued attempt (``-D``) and the steps (no ``-X``: their
+``TRESUsageInAve`` carries GPU utilisation where Slurm accounts it); ``--json`` on request.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import logging
+import os
+import subprocess
+import time
+from datetime import datetime, timezone
+from typing import IO, Any, Dict, Iterator, List, Optional, Sequence
+
+from slurmiso.audit.sacct import (
+    SACCT_FIELDS,
+    AuditInputError,
+    JobRecord,
+    ParseStats,
+    detect_format,
+    parse_parsable,
+)
+from slurmiso.errors import SlurmError, SlurmUnavailable, UsageError
+from slurmiso.units import parse_duration
+
+log = logging.getLogger(__name__)
+
+
+def parse_when(text: str, now: float) -> float:
+    """``1d``/``12h``/``90m`` (that long before ``now``), or a date ``2024-05-01``,
+    ``2024-05-01T08:00[:00]`` (local time, as sacct) or with ``Z`` (UTC)."""
+    text = text.strip()
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        if text.endswith("Z"):
+            return datetime.fromisoformat(text[:-1]).replace(tzinfo=timezone.utc).timestamp()
+        when = datetime.fromisoformat(text)
+        return when.timestamp()  # naive = local time, like sacct -S
+    except ValueError:
+        raise UsageError(
+            f"invalid time {text!r}: use a duration back from now (1d, 12h, 90m) or a date "
+            "(2024-05-01, 2024-05-01T08:00, 2024-05-01T08:00:00Z)"
+        ) from None
+
+
+def sacct_time(ts: float) -> str:
+    """Unix seconds in sacct's ``-S``/``-E`` local-time spelling."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
+
+
+def sacct_argv(since: float, until: Optional[float], as_json: bool = False) -> List[str]:
+    args = ["-a", "-D", "-S", sacct_time(since)]
+    if until is not None:
+        args += ["-E", sacct_time(until)]
+    if as_json:
+        return args + ["--json"]
+    return args + ["-P", "--format=" + ",".join(SACCT_FIELDS)]
+
+
+def records_from(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+    """Records from a sacct output stream of either format (detected from its first byte)."""
+    head = fh.read(64)
+    rest: Any = _Prefixed(head, fh)
+    if detect_format(head) == "json":
+        from slurmiso.audit.sacct_json import parse_json
+
+        return parse_json(rest, stats)
+    return parse_parsable(rest, stats)
+
+
+def read_sacct_file(path: str, stats: ParseStats) -> Iterator[JobRecord]:
+    """Stream records from a saved ``sacct -P`` or ``sacct --json`` output."""
+    stats.source = path
+    try:
+        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - generator closes
+    except OSError as exc:
+        raise AuditInputError(f"cannot read sacct file {path}: {exc.strerror}") from None
+    return _closing(fh, records_from(fh, stats))
+
+
+def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
+                 as_json: bool = False, timeout: float = 600) -> Iterator[JobRecord]:
+    """Run ``sacct`` and stream its records; Slurm failures become SlurmError afterwards."""
+    from slurmiso.slurm.client import _UNREACHABLE, find_command
+
+    argv = [find_command("sacct"), *sacct_argv(since, until, as_json)]
+    stats.source = "sacct " + " ".join(argv[1:6]) + " ..."
+    log.info("running %s", " ".join(argv))
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, errors="replace")
+    except OSError as exc:
+        raise SlurmError(f"cannot run {argv[0]}: {exc.strerror}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        yield from records_from(proc.stdout, stats)
+    except AuditInputError:
+        proc.kill()
+        err = proc.stderr.read().strip().splitlines()
+        proc.wait(timeout)
+        if proc.returncode:
+            _raise_for(err, proc.returncode, _UNREACHABLE)
+        raise
+    finally:
+        proc.stdout.close()
+    err = proc.stderr.read().strip().splitlines()
+    proc.stderr.close()
+    if proc.wait(timeout):
+        _raise_for(err, proc.returncode, _UNREACHABLE)
+
+
+def _raise_for(err: List[str], code: int, unreachable: Sequence[str]) -> None:
+    msg = err[-1] if err else f"exit status {code}"
+    cls = SlurmUnavailable if any(s in msg for s in unreachable) else SlurmError
+    raise cls(f"sacct failed: {msg}", hint="is slurmdbd running? (sacctmgr show cluster)")
+
+
+def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
+    """Journals to read: ``--journal`` paths/globs, else ``paths.journal`` with ``%n`` as ``*``
+    (the monitor's and every node's journal where they share a file system)."""
+    out: List[Dict[str, Any]] = []
+    patterns = list(explicit) or [cfg.paths.journal.replace("%n", "*")]
+    for pattern in patterns:
+        if any(c in pattern for c in "*?["):
+            matches = sorted(glob.glob(pattern))
+            if not matches and explicit:
+                out.append({"path": pattern, "missing": True})
+            out.extend({"path": m, "missing": False} for m in matches)
+        else:
+            out.append({"path": pattern, "missing": not os.path.exists(pattern)})
+    return out
+
+
+def in_window(rec: JobRecord, since: Optional[float], until: Optional[float]) -> bool:
+    """sacct's own rule for a saved file: the attempt overlaps ``[since, until)``."""
+    if since is not None and rec.end is not None and rec.end < since:
+        return False
+    first = rec.start or rec.eligible or rec.submit
+    return not (until is not None and first is not None and first >= until)
+
+
+def _closing(fh: IO[str], records: Iterator[JobRecord]) -> Iterator[JobRecord]:
+    try:
+        yield from records
+    finally:
+        fh.close()
+
+
+class _Prefixed(io.TextIOBase):
+    """A text stream that first returns ``head`` (already read for detection), then ``fh``."""
+
+    def __init__(self, head: str, fh: IO[str]) -> None:
+        self._head: Optional[str] = head
+        self._fh = fh
+
+    def read(self, size: Optional[int] = -1) -> str:
+        head, self._head = self._head or "", None
+        if size is None or size < 0:
+            return head + self._fh.read()
+        return head + self._fh.read(max(0, size - len(head))) if head else self._fh.read(size)
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+        head, self._head = self._head, None
+        it = iter(self._fh)
+        if head:
+            first = head if head.endswith("\n") else head + next(it, "")
+            lines = first.splitlines(keepends=True)
+            yield from lines
+        yield from it

@@ -1,0 +1,165 @@
+"""Text (for mail and terminals) and Markdown renderings of an audit report dict."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from slurmiso.cli.output import table
+
+CLASS_COLUMNS = ["CLASS", "JOBS", "ATTEMPTS", "REQUEUES", "PREEMPTED", "WAIT P50", "P95", "P99",
+                 "GPU-H", "LOST GPU-H", "LOST (EST.)"]
+
+
+def duration(seconds: Optional[float]) -> str:
+    """Short human duration: ``45s``, ``12m``, ``3.4h``, ``2.1d``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 100:
+        return f"{seconds:.0f}s"
+    if seconds < 6000:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def hours(value: float) -> str:
+    return f"{value:,.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+def class_rows(report: Dict[str, Any]) -> List[List[str]]:
+    rows = []
+    items = list(report["classes"].items()) + [("overall", report["overall"])]
+    for name, c in items:
+        rows.append([name, str(c["jobs"]), str(c["attempts"]), str(c["requeues"]),
+                     str(c["preemptions"]), duration(c["wait_p50_s"]), duration(c["wait_p95_s"]),
+                     duration(c["wait_p99_s"]), hours(c["gpu_hours"]),
+                     hours(c["lost_gpu_hours"]), hours(c["lost_gpu_hours_estimated"])])
+    return rows
+
+
+def _inputs(report: Dict[str, Any]) -> str:
+    s = report["inputs"]["sacct"]
+    journals = report["inputs"]["journals"]
+    found = [j for j in journals if not j.get("missing")]
+    text = (f"sacct: {s['source'] or '-'} ({s['format'] or '?'}"
+            + (f", Slurm {s['slurm_version']}" if s.get("slurm_version") else "")
+            + f"; {s['records']} records, {s['steps']} steps folded, {s['bad']} unreadable"
+            + (", TRUNCATED" if s["truncated"] else "") + ")")
+    text += (f"\njournals: {len(found)} read, {report['inputs']['journal_records']} records"
+             + (f", {len(journals) - len(found)} missing" if len(found) < len(journals) else ""))
+    return text
+
+
+def _findings_lines(report: Dict[str, Any]) -> List[str]:
+    lines = []
+    for f in report["findings"]:
+        lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
+        if f["subjects"]:
+            more = f" (+{f['count'] - len(f['subjects'])} more)" if f["count"] > len(
+                f["subjects"]) else ""
+            lines.append("      concerns: " + ", ".join(f["subjects"]) + more)
+        if f["fix"]:
+            lines.append("      fix: " + f["fix"])
+    return lines or ["  none"]
+
+
+def _extra_tables(report: Dict[str, Any]) -> List[tuple]:
+    """(title, header, rows) of the smaller sections, shared by text and Markdown."""
+    out: List[tuple] = []
+    pools = [[n, str(p["attempts"]), hours(p["gpu_hours"])] for n, p in report["pools"].items()]
+    out.append(("GPU-hours by pool", ["POOL", "ATTEMPTS", "GPU-H"], pools))
+    ck = [[c, str(v["checkpoints"]), str(v["ok"]), str(v["failed"]), duration(v["p50_s"]),
+           duration(v["p95_s"]), duration(v["max_s"]), duration(v["grace_s"]),
+           str(v["over_grace"])] for c, v in report["checkpoints"].items()]
+    out.append(("Time to checkpoint vs grace (journal)",
+                ["CLASS", "CHECKPOINTS", "OK", "FAILED", "P50", "P95", "MAX", "GRACE",
+                 "OVER GRACE"], ck))
+    slo = []
+    for name, c in report["classes"].items():
+        w = c.get("wait_slo")
+        if w:
+            slo.append([name, f"queue wait <= {duration(w['max_queue_wait_s'])}",
+                        f"{w['attainment']:.1%}", f"{w['of']} starts (sacct)"])
+    for s in report["latency_slo"]:
+        att = "-" if s["attainment"] is None else f"{s['attainment']:.1%}"
+        slo.append([s["class"], f"P99 latency <= {s['target_p99_ms']:g} ms", att,
+                    f"{s['samples']} samples ({s['source']})"])
+    out.append(("SLO attainment", ["CLASS", "OBJECTIVE", "MET", "BASIS"], slo))
+    idle = report["idle"]
+    out.append(("Idle allocated GPUs", ["MEASURE", "VALUE"], [
+        ["GPU-hours at 0% utilisation (sacct gres/gpuutil)", hours(idle["measured_gpu_hours"])],
+        ["GPU-hours with utilisation accounted", hours(idle["accounted_gpu_hours"])],
+        ["jobs flagged idle by the monitor", str(idle["monitor_flagged_jobs"])],
+    ]))
+    acts = [[a, str(n)] for a, n in report["monitor_actions"].items()]
+    acts += [[f"requeue ({r}, wrapper)", str(n)] for r, n in report["requeues_by_reason"].items()]
+    out.append(("Monitor actions and wrapper requeues", ["KIND", "COUNT"], acts))
+    return out
+
+
+def render_text(report: Dict[str, Any]) -> str:
+    win = report["window"]
+    n_over = sum(1 for f in report["findings"] if f["severity"] in _at_or_above(report))
+    lines = [
+        f"slurmiso audit, generated {report['generated']}",
+        f"window: {win['since'] or 'all'} .. {win['until'] or 'now'}",
+        _inputs(report),
+        "",
+        f"FINDINGS ({len(report['findings'])}; {n_over} at or above "
+        f"{report['severity_threshold']})",
+        *_findings_lines(report),
+        "",
+        "BY CLASS",
+        table(class_rows(report), CLASS_COLUMNS),
+    ]
+    for title, header, rows in _extra_tables(report):
+        lines += ["", title.upper(), table(rows, header) if rows else "  none"]
+    lines += ["", "NOTES", *("  - " + n for n in report["notes"])]
+    return "\n".join(lines) + "\n"
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    if not rows:
+        return "_none_"
+    esc = [[str(c).replace("|", "\\|") for c in r] for r in rows]
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in esc])
+
+
+def render_markdown(report: Dict[str, Any]) -> str:
+    win = report["window"]
+    out = [
+        "# slurmiso audit",
+        "",
+        f"Generated {report['generated']}; window {win['since'] or 'all'} .. "
+        f"{win['until'] or 'now'}.",
+        "",
+        "```",
+        _inputs(report),
+        "```",
+        "",
+        "## Findings",
+        "",
+    ]
+    for f in report["findings"]:
+        out.append(f"- **{f['severity']}** `{f['code']}`: {f['message']}")
+        if f["subjects"]:
+            out.append(f"  - concerns: {', '.join(f['subjects'])}"
+                       + (f" (+{f['count'] - len(f['subjects'])} more)"
+                          if f["count"] > len(f["subjects"]) else ""))
+        if f["fix"]:
+            out.append(f"  - fix: {f['fix']}")
+    if not report["findings"]:
+        out.append("_none_")
+    out += ["", "## By class", "", _md_table(CLASS_COLUMNS, class_rows(report))]
+    for title, header, rows in _extra_tables(report):
+        out += ["", f"## {title}", "", _md_table(header, rows)]
+    out += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def _at_or_above(report: Dict[str, Any]) -> Sequence[str]:
+    order = ["info", "warning", "error"]
+    level = report.get("severity_threshold", "warning")
+    return order[order.index(level):] if level in order else order[1:]

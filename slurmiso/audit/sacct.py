@@ -1,0 +1,339 @@
+"""Streaming parsers for ``sacct -P`` and ``sacct --json`` output.
+
+Both yield one :class:`JobRecord` per job *allocation* (one per attempt when ``-D`` shows
+requeued attempts); job steps (``.batch``, ``.extern``, ``.0``) are folded into the record of
+their job, because the audit counts jobs, not steps. Nothing is kept beyond the record being
+built, so a million jobs never sit in memory.
+
+Slurm versions differ and both parsers take what each gives:
+
+- ``AllocTRES``: ``gres/gpu=2`` (22.05) or ``gres/gpu:a100=2,gres/gpu=2`` (24.11 adds typed
+  entries); the untyped count wins, typed ones are summed when it is absent.
+- ``--json`` (:mod:`slurmiso.audit.sacct_json`): the schema changes with ``data_parser``.
+- ids: arrays ``123_4`` (pending ``123_[5-9]``), heterogeneous ``123+1`` (folded into ``123``).
+
+Bad input never raises mid-stream: torn or garbage lines are skipped and counted in
+:class:`ParseStats`, which the report shows. Only input with no usable header, or nothing
+parseable at all, raises :class:`AuditInputError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+
+from slurmiso.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+#: ``sacct --format`` the audit asks for (and ``--help`` prints). ``-P`` output with a header.
+SACCT_FIELDS: Tuple[str, ...] = (
+    "JobID",
+    "JobName",
+    "User",
+    "Account",
+    "Partition",
+    "QOS",
+    "State",
+    "Submit",
+    "Eligible",
+    "Start",
+    "End",
+    "ElapsedRaw",
+    "TimelimitRaw",
+    "AllocTRES",
+    "NodeList",
+    "TRESUsageInAve",
+)
+#: Without these a record means nothing to the audit.
+REQUIRED_FIELDS = ("JobID", "State")
+#: Other fields sacct prints that we accept quietly (people pass ``--format`` of their own).
+_TOLERATED = {"JobIDRaw", "Elapsed", "Timelimit", "ExitCode", "Flags", "Reason", "NNodes",
+              "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir", "Restarts"}
+_MAX_BAD_SAMPLES = 5
+
+
+class AuditInputError(UsageError):
+    """Input the audit cannot use at all (no header, not sacct output, unreadable file)."""
+
+    kind = "audit-input"
+
+
+class JobRecord(NamedTuple):
+    """One job allocation (one attempt) as the audit needs it. Times are Unix seconds."""
+
+    job: str  # job id with array task (``123_4``); het components folded to the leader
+    name: str
+    user: str
+    account: str
+    partition: str
+    qos: str
+    state: str  # first word, upper case: ``CANCELLED by 0`` -> ``CANCELLED``
+    submit: Optional[float]
+    eligible: Optional[float]
+    start: Optional[float]
+    end: Optional[float]
+    elapsed: float  # seconds the attempt ran
+    timelimit_s: Optional[int]
+    gpus: float  # whole GPUs (gres/gpu)
+    mps: int  # gres/mps units
+    shards: int  # gres/shard units
+    nodes: str
+    gpu_util: Optional[float] = None  # max over steps of gres/gpuutil (%), when accounted
+    steps: int = 0
+
+
+@dataclass
+class ParseStats:
+    """What the parser met besides good records; the report prints it under "inputs"."""
+
+    source: str = ""
+    format: str = ""
+    lines: int = 0
+    records: int = 0
+    steps: int = 0
+    orphan_steps: int = 0
+    bad: int = 0
+    bad_samples: List[str] = field(default_factory=list)
+    unknown_fields: List[str] = field(default_factory=list)
+    truncated: bool = False
+    slurm_version: str = ""
+
+    def bad_line(self, where: str, why: str) -> None:
+        self.bad += 1
+        if len(self.bad_samples) < _MAX_BAD_SAMPLES:
+            self.bad_samples.append(f"{where}: {why}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# -- shared value parsing -----------------------------------------------------------------
+
+_hour_cache: Dict[str, float] = {}
+
+
+def parse_time(text: str) -> Optional[float]:
+    """``2024-05-01T12:34:56`` (sacct's local time) -> Unix seconds; ``Unknown``/``None`` -> None.
+
+    ``time.mktime`` runs once per distinct hour (cached), the rest is arithmetic: strptime per
+    field would dominate the parse of a million records.
+    """
+    if len(text) < 19 or text[10] != "T":
+        return None
+    base = _hour_cache.get(text[:13])
+    if base is None:
+        try:
+            tm = time.strptime(text[:13], "%Y-%m-%dT%H")
+        except ValueError:
+            return None
+        base = time.mktime(tm)
+        if len(_hour_cache) > 100_000:
+            _hour_cache.clear()
+        _hour_cache[text[:13]] = base
+    try:
+        return base + int(text[14:16]) * 60 + int(text[17:19])
+    except ValueError:
+        return None
+
+
+def parse_tres(text: str) -> Tuple[float, int, int]:
+    """(gpus, mps units, shard units) from an ``AllocTRES`` string."""
+    if "gres/" not in text:
+        return 0.0, 0, 0
+    gpu: Optional[float] = None
+    typed = 0.0
+    mps = shards = 0
+    for item in text.split(","):
+        if not item.startswith("gres/"):
+            continue
+        key, _, value = item.partition("=")
+        try:
+            count = float(value)
+        except ValueError:
+            continue
+        name = key[5:]
+        if name == "gpu":
+            gpu = count
+        elif name.startswith("gpu:"):
+            typed += count
+        elif name.split(":", 1)[0] == "mps":
+            mps += int(count)
+        elif name.split(":", 1)[0] == "shard":
+            shards += int(count)
+    return (gpu if gpu is not None else typed), mps, shards
+
+
+def _gpu_util(text: str) -> Optional[float]:
+    """``gres/gpuutil=NN`` from a ``TRESUsageInAve`` string (only with GPU accounting on)."""
+    at = text.find("gres/gpuutil=")
+    if at < 0:
+        return None
+    value = text[at + 13 :].split(",", 1)[0]
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def job_key(job_id: str) -> Tuple[str, str]:
+    """(job key, step) from a sacct JobID: ``123+1.batch`` -> (``123``, ``batch``)."""
+    base, _, step = job_id.partition(".")
+    if "+" in base:
+        base = base.split("+", 1)[0]
+    return base, step
+
+
+def state_word(text: str) -> str:
+    return text.split(" ", 1)[0].upper() if text else "UNKNOWN"
+
+
+def _int(text: str) -> Optional[int]:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+# -- sacct -P ----------------------------------------------------------------------------
+
+
+def detect_format(head: str) -> str:
+    """``json`` or ``parsable`` from the first characters of a sacct output."""
+    return "json" if head.lstrip()[:1] in ("{", "[") else "parsable"
+
+
+def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+    """Records from ``sacct -P`` (``--parsable2``) output with its header line."""
+    stats.format = stats.format or "parsable"
+    header: Optional[List[str]] = None
+    pending: Optional[JobRecord] = None
+    pending_raw = ""
+    idx: Dict[str, int] = {}
+    ncol = 0
+    for number, line in enumerate(lines, 1):
+        stats.lines = number
+        complete = line.endswith("\n")
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if header is None:
+            header, idx = _read_header(parts, stats)
+            ncol = len(header)
+            if "JobID" in parts:
+                continue
+            # else no header line (sacct -n): this line is already data
+        if len(parts) != ncol:
+            repaired = _repair(parts, ncol, idx)
+            if repaired is None:
+                if not complete:
+                    stats.truncated = True
+                    stats.bad_line(f"line {number}", "truncated (output ends mid-line)")
+                else:
+                    stats.bad_line(f"line {number}", f"{len(line.split('|'))} fields, want {ncol}")
+                continue
+            parts = repaired
+        if not complete:  # sacct ends every line; a last line without one was cut short
+            stats.truncated = True
+        job_id = parts[idx["JobID"]]
+        key, step = job_key(job_id)
+        if step:
+            if pending is not None and job_key(pending_raw)[0] == key:
+                util = _gpu_util(parts[idx["TRESUsageInAve"]]) if "TRESUsageInAve" in idx else None
+                pending = _fold_step(pending, util)
+                stats.steps += 1
+            else:
+                stats.orphan_steps += 1
+            continue
+        try:
+            record = _record(parts, idx, key)
+        except (ValueError, IndexError) as exc:
+            stats.bad_line(f"line {number}", str(exc))
+            continue
+        if pending is not None:
+            stats.records += 1
+            yield pending
+        pending, pending_raw = record, job_id
+    if pending is not None:
+        stats.records += 1
+        yield pending
+    if header is None:
+        raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
+
+
+def _fold_step(job: JobRecord, util: Optional[float]) -> JobRecord:
+    if util is not None and (job.gpu_util is None or util > job.gpu_util):
+        return job._replace(gpu_util=util, steps=job.steps + 1)
+    return job._replace(steps=job.steps + 1)
+
+
+def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
+    if "JobID" not in parts:
+        if len(parts) == len(SACCT_FIELDS):
+            log.warning("%s: no header line; assuming the audit's own --format order",
+                        stats.source or "sacct output")
+            names = list(SACCT_FIELDS)
+            return names, {n: i for i, n in enumerate(names)}
+        raise AuditInputError(
+            f"{stats.source or 'sacct output'}: no header line naming JobID",
+            hint="save sacct output with its header (-P without -n), or use --json",
+        )
+    unknown = [p for p in parts if p not in SACCT_FIELDS and p not in _TOLERATED]
+    if unknown:
+        stats.unknown_fields = unknown
+        log.warning("%s: ignoring unknown sacct field(s): %s", stats.source or "sacct output",
+                    ", ".join(unknown))
+    missing = [f for f in REQUIRED_FIELDS if f not in parts]
+    if missing:
+        raise AuditInputError(f"{stats.source}: sacct output lacks field(s) {', '.join(missing)}")
+    return parts, {name: i for i, name in enumerate(parts) if name}
+
+
+def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[str]]:
+    """A ``|`` inside JobName shifts the columns: glue it back when that explains the count."""
+    name = idx.get("JobName")
+    extra = len(parts) - ncol
+    if extra <= 0 or name is None:
+        return None
+    return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
+
+
+def _get(parts: List[str], idx: Dict[str, int], name: str) -> str:
+    at = idx.get(name)
+    return parts[at] if at is not None else ""
+
+
+def _record(parts: List[str], idx: Dict[str, int], key: str) -> JobRecord:
+    start = parse_time(_get(parts, idx, "Start"))
+    end = parse_time(_get(parts, idx, "End"))
+    raw = _get(parts, idx, "ElapsedRaw")
+    if raw:
+        elapsed = float(raw)
+    else:
+        elapsed = max(0.0, end - start) if start is not None and end is not None else 0.0
+    limit = _int(_get(parts, idx, "TimelimitRaw"))
+    gpus, mps, shards = parse_tres(_get(parts, idx, "AllocTRES"))
+    usage = _get(parts, idx, "TRESUsageInAve")
+    return JobRecord(
+        key,
+        _get(parts, idx, "JobName"),
+        _get(parts, idx, "User"),
+        _get(parts, idx, "Account"),
+        _get(parts, idx, "Partition"),
+        _get(parts, idx, "QOS"),
+        state_word(parts[idx["State"]]),
+        parse_time(_get(parts, idx, "Submit")),
+        parse_time(_get(parts, idx, "Eligible")),
+        start,
+        end,
+        elapsed,
+        limit * 60 if limit is not None else None,
+        gpus,
+        mps,
+        shards,
+        _get(parts, idx, "NodeList"),
+        _gpu_util(usage) if usage else None,
+    )

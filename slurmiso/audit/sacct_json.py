@@ -1,0 +1,141 @@
+"""``sacct --json`` records, whatever the ``data_parser`` version wrote them.
+
+``data_parser`` v0.0.38 (Slurm 22.05) gives plain ints and ``state.current`` as a string; later
+versions (v0.0.39+, e.g. v0.0.42 in 24.11) wrap many numbers as ``{"set": true, "infinite":
+false, "number": N}`` and give ``state.current`` as a list of flags. :func:`_num` reads every
+spelling, so one mapping serves all versions. Steps are nested in their job, so folding them is
+free here; the element stream comes from :mod:`slurmiso.audit.jsonstream`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import IO, Any, Dict, Iterator, Optional, Tuple
+
+from slurmiso.audit.jsonstream import TruncatedJson, iter_array, split_meta
+from slurmiso.audit.sacct import AuditInputError, JobRecord, ParseStats, parse_tres, state_word
+
+log = logging.getLogger(__name__)
+
+def _num(value: Any) -> Optional[float]:
+    """A number in any data_parser spelling: ``5``, ``{"set": true, "number": 5}``, null."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _when(value: Any) -> Optional[float]:
+    n = _num(value)
+    return n if n else None  # 0 means "not yet" in Slurm's JSON
+
+
+def _json_state(state: Any) -> str:
+    current = state.get("current") if isinstance(state, dict) else state
+    if isinstance(current, list):
+        for s in ("PREEMPTED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
+            if s in current:
+                return s
+        current = current[0] if current else ""
+    return state_word(str(current or ""))
+
+
+def _json_tres(items: Any) -> Tuple[float, int, int]:
+    parts = []
+    for t in items or ():
+        if isinstance(t, dict) and t.get("type") == "gres" and t.get("name"):
+            parts.append(f"gres/{t['name']}={_num(t.get('count')) or 0:g}")
+    return parse_tres(",".join(parts))
+
+
+def _json_util(steps: Any) -> Tuple[Optional[float], int]:
+    best: Optional[float] = None
+    count = 0
+    for step in steps or ():
+        count += 1
+        avg = ((step.get("tres") or {}).get("requested") or {}).get("average") or ()
+        for t in avg:
+            if isinstance(t, dict) and t.get("name") == "gpuutil":
+                v = _num(t.get("count"))
+                if v is not None and (best is None or v > best):
+                    best = v
+    return best, count
+
+
+def json_record(job: Dict[str, Any]) -> JobRecord:
+    """One ``jobs[]`` element of ``sacct --json`` (any data_parser version) as a record."""
+    t = job.get("time") or {}
+    array = job.get("array") or {}
+    het = job.get("het") or {}
+    key = str(int(_num(job.get("job_id")) or 0))
+    het_id = _num(het.get("job_id"))
+    task = _num(array.get("task_id"))
+    if het_id:
+        key = str(int(het_id))
+    elif _num(array.get("job_id")) and task is not None:
+        key = f"{int(_num(array.get('job_id')) or 0)}_{int(task)}"
+    start, end = _when(t.get("start")), _when(t.get("end"))
+    elapsed = _num(t.get("elapsed"))
+    if elapsed is None:
+        elapsed = max(0.0, end - start) if start and end else 0.0
+    limit = _num(t.get("limit"))
+    gpus, mps, shards = _json_tres((job.get("tres") or {}).get("allocated"))
+    util, nsteps = _json_util(job.get("steps"))
+    nodes = job.get("nodes")
+    return JobRecord(
+        key,
+        str(job.get("name") or ""),
+        str(job.get("user") or ""),
+        str(job.get("account") or ""),
+        str(job.get("partition") or ""),
+        str(job.get("qos") or ""),
+        _json_state(job.get("state")),
+        _when(t.get("submission")),
+        _when(t.get("eligible")),
+        start,
+        end,
+        elapsed,
+        int(limit) * 60 if limit is not None else None,
+        gpus,
+        mps,
+        shards,
+        str(nodes) if isinstance(nodes, str) else "",
+        util,
+        nsteps,
+    )
+
+
+def parse_json(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+    """Records from ``sacct --json``, decoding one ``jobs[]`` element at a time."""
+    stats.format = stats.format or "json"
+    others: Dict[str, Any] = {}
+    number = 0
+    try:
+        for number, job in enumerate(iter_array(fh, "jobs", others), 1):  # noqa: B007
+            if not isinstance(job, dict):
+                stats.bad_line(f"jobs[{number - 1}]", "not an object")
+                continue
+            try:
+                record = json_record(job)
+            except (TypeError, ValueError, AttributeError) as exc:
+                stats.bad_line(f"jobs[{number - 1}]", f"unexpected shape: {exc}")
+                continue
+            stats.steps += record.steps
+            stats.records += 1
+            yield record
+    except TruncatedJson as exc:
+        stats.truncated = True
+        stats.bad_line(f"after jobs[{number - 1}]" if number else "start", f"truncated: {exc}")
+    except ValueError as exc:
+        if not number:
+            raise AuditInputError(
+                f"{stats.source or 'sacct --json output'}: not sacct JSON: {exc}"
+            ) from None
+        stats.bad_line(f"after jobs[{number - 1}]", f"garbage: {exc}")
+    release, errors = split_meta(others)
+    stats.slurm_version = release
+    for err in errors[:3]:
+        log.warning("%s: sacct reported an error: %s", stats.source or "sacct --json", err)

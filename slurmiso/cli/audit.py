@@ -1,0 +1,180 @@
+"""``slurmiso audit``: isolation health, preemption cost and GPU use, for people and cron."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any, Dict, Optional
+
+from slurmiso.audit.sacct import SACCT_FIELDS
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("text", "md", "html", "json", "csv")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="report on preemption cost, queue waits, GPU use and isolation health",
+        description=(
+            "Reads accounting (sacct, streamed; or a saved file) and slurmiso's journals, and "
+            "reports per class and overall: jobs, wait P50/P95/P99, preemptions and requeues, "
+            "time to checkpoint vs grace, GPU-hours lost to preemption, GPU-hours by class and "
+            "pool, idle allocated GPUs, SLO attainment, monitor actions; then findings with "
+            "the jobs/nodes concerned and a fix. Exit 0 clean, 1 findings at or above "
+            "audit.severity, 2 unusable input."
+        ),
+        epilog=(
+            "sacct fields read (save a file for --sacct-file with exactly this):\n"
+            f"  sacct -a -D -P -S 2024-05-01 --format={','.join(SACCT_FIELDS)} > jobs.txt\n"
+            "  sacct -a -D -S 2024-05-01 --json > jobs.json     (any data_parser version)\n"
+            "examples:\n"
+            "  slurmiso audit --since 1d\n"
+            "  slurmiso audit --since 7d --format html -o /var/www/html/slurmiso/audit.html\n"
+            "  slurmiso audit --sacct-file jobs.txt --journal '/var/log/slurmiso/*.jsonl'\n"
+            "  slurmiso audit --live --format json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--since", default="", metavar="1d|DATE",
+                   help="start of the window: a duration back from now or a date "
+                        "(default 1d live; everything in a --sacct-file)")
+    p.add_argument("--until", default="", metavar="DATE", help="end of the window (default now)")
+    p.add_argument("--format", choices=FORMATS, default="text", help="report format")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report here (atomically)")
+    p.add_argument("--sacct-file", metavar="FILE",
+                   help="saved 'sacct -P' (with header) or 'sacct --json' output; '-' = stdin")
+    p.add_argument("--sacct-json", action="store_true",
+                   help="ask live sacct for --json instead of -P (slower, same report)")
+    p.add_argument("--journal", nargs="+", default=[], metavar="PATH",
+                   help="journal files or globs (default: paths.journal, %%n as *)")
+    p.add_argument("--live", action="store_true",
+                   help="also check this node and Slurm now: leftovers, QoS drift, hooks, GRES")
+    p.add_argument("--node", default="", help="node for --live (default: this host)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from slurmiso.audit.analyze import Aggregator
+    from slurmiso.audit.collect import (
+        in_window,
+        journal_paths,
+        parse_when,
+        read_sacct_file,
+        records_from,
+        stream_sacct,
+    )
+    from slurmiso.audit.digest import EVENTS, JournalDigest
+    from slurmiso.audit.findings import (
+        at_or_above,
+        config_findings,
+        input_findings,
+        job_findings,
+    )
+    from slurmiso.audit.report import build_report
+    from slurmiso.audit.sacct import AuditInputError, ParseStats
+    from slurmiso.config import load_config
+    from slurmiso.state.journal import read_journals
+
+    cfg = load_config(args.config)
+    now = time.time()
+    since: Optional[float] = parse_when(args.since, now) if args.since else None
+    until: Optional[float] = parse_when(args.until, now) if args.until else None
+    if since is not None and until is not None and since >= until:
+        from slurmiso.errors import UsageError
+
+        raise UsageError("--since must be before --until")
+
+    journals = journal_paths(cfg, args.journal)
+    for j in journals:
+        if j["missing"]:
+            print(f"slurmiso: warning: journal {j['path']} not found; reporting without it",
+                  file=sys.stderr)
+    digest = JournalDigest()
+    window_from = since if since is not None or args.sacct_file else now - 86400
+    from datetime import datetime, timezone
+
+    def dt(ts: Optional[float]) -> Optional[datetime]:
+        return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+
+    for rec in read_journals([j["path"] for j in journals if not j["missing"]],
+                             since=dt(window_from), until=dt(until), events=EVENTS):
+        digest.add(rec)
+
+    stats = ParseStats()
+    if args.sacct_file == "-":
+        stats.source = "<stdin>"
+        records: Any = records_from(sys.stdin, stats)
+    elif args.sacct_file:
+        records = read_sacct_file(args.sacct_file, stats)
+    else:
+        assert window_from is not None
+        records = stream_sacct(window_from, until, stats, as_json=args.sacct_json)
+    if args.sacct_file and (since is not None or until is not None):
+        records = (r for r in records if in_window(r, since, until))
+
+    agg = Aggregator(cfg, digest, bucket_s=3600)
+    try:
+        agg.add_all(records)
+    except AuditInputError as err:
+        if not stats.records:
+            raise
+        print(f"slurmiso: warning: {err}; reporting the {stats.records} records read",
+              file=sys.stderr)
+    if not stats.records and (stats.bad or stats.truncated):
+        print(f"slurmiso: error: {stats.source}: no usable sacct record "
+              f"({'; '.join(stats.bad_samples[:3]) or 'truncated'})", file=sys.stderr)
+        return 2
+    for sample in stats.bad_samples[:3]:
+        print(f"slurmiso: warning: skipped sacct record ({sample})", file=sys.stderr)
+    if stats.truncated:
+        print(f"slurmiso: warning: {stats.source}: sacct output truncated; partial report",
+              file=sys.stderr)
+
+    findings = input_findings(stats, journals) + config_findings(cfg)
+    findings += job_findings(cfg, agg, digest)
+    if args.live:
+        from slurmiso.audit.live import live_findings
+        from slurmiso.slurm.client import SlurmCli
+
+        findings += live_findings(cfg, args.node, SlurmCli())
+    report = build_report(agg, digest, stats, journals, findings, since=window_from,
+                          until=until, generated=now, severity=cfg.audit.severity)
+    write(render(report, args.format), args.output)
+    return 1 if at_or_above(findings, cfg.audit.severity) else 0
+
+
+def render(report: Dict[str, Any], fmt: str) -> str:
+    if fmt == "html":
+        from slurmiso.audit.render_html import render_html
+
+        return render_html(report)
+    if fmt in ("json", "csv"):
+        from slurmiso.audit.render_data import render_csv, render_json
+
+        return render_json(report) if fmt == "json" else render_csv(report)
+    from slurmiso.audit.render_text import render_markdown, render_text
+
+    return render_markdown(report) if fmt == "md" else render_text(report)
+
+
+def write(text: str, path: Optional[str]) -> None:
+    """stdout, or ``path`` replaced atomically (a web server never serves half a report)."""
+    if not path or path == "-":
+        sys.stdout.write(text)
+        return
+    from slurmiso.errors import UsageError
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write report {path}: {exc.strerror}") from None
+
+
