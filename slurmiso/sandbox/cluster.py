@@ -67,6 +67,12 @@ def default_dir() -> str:
     return os.environ.get("SLURMISO_SANDBOX_DIR") or L.DEFAULT_DIR
 
 
+def hooks_wanted() -> bool:
+    """``SLURMISO_SANDBOX_HOOKS=0`` runs the cluster without slurmiso's hooks, to tell a
+    sandbox problem from a hook problem."""
+    return os.environ.get("SLURMISO_SANDBOX_HOOKS", "1").lower() not in ("0", "off", "no")
+
+
 def make_site(root: Optional[str] = None) -> L.Site:
     """The sandbox's :class:`~slurmiso.sandbox.layout.Site` on this machine, right now.
 
@@ -78,7 +84,7 @@ def make_site(root: Optional[str] = None) -> L.Site:
     pkg_parent = str(Path(slurmiso.__file__).resolve().parent.parent)
     prolog = os.path.join(pkg_parent, "prolog", "slurmiso-prolog")
     epilog = os.path.join(pkg_parent, "epilog", "slurmiso-epilog")
-    hooks = os.path.isfile(prolog) and os.path.isfile(epilog)
+    hooks = os.path.isfile(prolog) and os.path.isfile(epilog) and hooks_wanted()
     return L.Site(
         root=os.path.abspath(root or default_dir()),
         host=socket.gethostname().split(".")[0],
