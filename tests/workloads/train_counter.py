@@ -8,7 +8,8 @@ written to a temp file, fsynced and renamed, then reported with ``slurmiso.check
 
 Misbehaviours for the tests: ``--ignore-signal`` (never checks the request),
 ``--crash-in-checkpoint`` (writes half a checkpoint, then dies without reporting),
-``--slow-checkpoint S`` (takes S seconds to save), ``--fail-at N`` (exits 3 at step N).
+``--slow-checkpoint S`` (takes S seconds to save), ``--fail-at N`` (exits 3 at step N);
+``--misbehave-on-restart R`` limits those to the run with that restart count.
 Optionally it holds a simulated GPU (``--sim-gpu``: reads ``CUDA_VISIBLE_DEVICES`` and logs
 it, as a real program would pick its device).
 """
@@ -70,10 +71,14 @@ def main() -> int:
     p.add_argument("--crash-in-checkpoint", action="store_true")
     p.add_argument("--slow-checkpoint", type=float, default=0.0)
     p.add_argument("--fail-at", type=int, default=0)
+    p.add_argument("--misbehave-on-restart", type=int, default=-1)
     p.add_argument("--sim-gpu", action="store_true")
     args = p.parse_args()
 
     restart = checkpoint.restart_count()
+    if args.misbehave_on_restart not in (-1, restart):
+        args.ignore_signal = args.crash_in_checkpoint = False
+        args.slow_checkpoint, args.fail_at = 0.0, 0
     start = load_step(checkpoint.resume_path())
     ckpt_dir = checkpoint.ckpt_dir(os.path.join(os.path.dirname(args.log), "ckpt"))
     if args.sim_gpu:

@@ -1,0 +1,196 @@
+"""The whole preempt -> checkpoint -> requeue -> resume cycle, with the local controller
+(:mod:`slurmiso.wrapper.localsim`) playing Slurm and the real ``slurmiso run`` process.
+
+No Slurm, no root: each test takes a few seconds (short grace times).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Any, Dict, List
+
+import pytest
+
+from slurmiso.wrapper.checkpoint_protocol import write_marker
+from slurmiso.wrapper.localsim import LocalSlurm, Trigger
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKLOAD = os.path.join(ROOT, "tests", "workloads", "train_counter.py")
+ENV = dict(os.environ, PYTHONPATH=ROOT)
+ENV.pop("SLURMISO_EVENTS_FILE", None)
+ENV.pop("SLURMISO_CKPT_DIR", None)
+
+pytestmark = pytest.mark.slow
+
+
+class Job:
+    """One simulated job: paths, the wrapper command, and readers for its traces."""
+
+    def __init__(self, tmp: str, *workload_args: str, grace: float = 3.0, extra: tuple = ()) -> None:
+        self.dir = tmp
+        self.log = os.path.join(tmp, "steps.log")
+        self.events = os.path.join(tmp, "events.jsonl")
+        self.ckpt = os.path.join(tmp, "ckpt")
+        self.argv = [
+            sys.executable, "-m", "slurmiso", "run", "--grace", str(grace),
+            "--events", self.events, "--ckpt-dir", self.ckpt, *extra, "--",
+            sys.executable, WORKLOAD, "--log", self.log, *workload_args,
+        ]
+        self.sim = LocalSlurm(self.argv, env=ENV, workdir=tmp, grace_s=grace, kill_wait_s=2.0)
+
+    def steps(self) -> List[int]:
+        try:
+            text = open(self.log).read()
+        except FileNotFoundError:
+            return []
+        return [int(m) for m in re.findall(r"^step=(\d+) ", text, re.M)]
+
+    def after_steps(self, n: int) -> Trigger:
+        """Preempt once the log has ``n`` more steps than when this run began."""
+        base: Dict[str, int] = {}
+
+        def fire(elapsed: float) -> bool:
+            count = len(self.steps())
+            base.setdefault("n", count)
+            return count - base["n"] >= n
+
+        return fire
+
+    def journal(self, event: str = "") -> List[Dict[str, Any]]:
+        with open(self.events) as fh:
+            recs = [json.loads(line) for line in fh if line.strip()]
+        return [r for r in recs if not event or r["event"] == event]
+
+
+def test_preempted_three_times_finishes_exactly_once_per_step(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "120", "--step-time", "0.01")
+    attempts = job.sim.run(preempt=[job.after_steps(20) for _ in range(3)])
+    assert [a.state for a in attempts] == ["PREEMPTED"] * 3 + ["COMPLETED"]
+    assert attempts[-1].restart_count == 3 and attempts[-1].exit_code == 0
+    assert all(a.exit_code == 143 and not a.killed for a in attempts[:3])
+    steps = job.steps()
+    assert sorted(steps) == list(range(1, 121))  # none lost, none twice
+    assert not [s for s, n in Counter(steps).items() if n > 1]
+    ends = job.journal("checkpoint-end")
+    assert len(ends) == 3 and all(e["ok"] and e["bytes"] > 0 for e in ends)
+    resumes = job.journal("resume")
+    assert [r["restart_count"] for r in resumes] == [1, 2, 3]
+    assert [r["checkpoint"] for r in resumes] == [e["path"] for e in ends]
+    assert [r["count"] for r in job.journal("requeue")] == [1, 2, 3]
+    assert "restart=3" in open(job.log).read().splitlines()[-2]
+
+
+def test_program_ignoring_the_signal_is_killed_and_no_checkpoint_recorded(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01", "--ignore-signal",
+              "--misbehave-on-restart", "0", grace=2.0)
+    attempts = job.sim.run(preempt=[job.after_steps(10)])
+    assert [a.state for a in attempts] == ["PREEMPTED", "COMPLETED"]
+    assert attempts[0].seconds < 2.0 + 1.5  # the wrapper ended it within the grace
+    (end,) = job.journal("checkpoint-end")
+    assert not end["ok"] and end["path"] is None
+    assert "did not report a checkpoint" in end["reason"] and "killed" in end["reason"]
+    (resume,) = job.journal("resume")
+    assert resume["checkpoint"] is None  # starts over: the lost work is visible, not hidden
+
+
+def test_crash_during_checkpoint_keeps_the_previous_good_one(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "90", "--step-time", "0.01", "--crash-in-checkpoint",
+              "--misbehave-on-restart", "1")
+    attempts = job.sim.run(preempt=[job.after_steps(20), job.after_steps(20)])
+    assert [a.state for a in attempts] == ["PREEMPTED", "PREEMPTED", "COMPLETED"]
+    first, crashed = job.journal("checkpoint-end")
+    assert first["ok"] and not crashed["ok"]
+    assert "exited (status 7) without reporting" in crashed["reason"]
+    resumes = job.journal("resume")
+    assert resumes[-1]["checkpoint"] == first["path"]  # not the half-written one
+    assert any(n.endswith(".tmp") for n in os.listdir(job.ckpt))  # the half-written file
+    assert set(job.steps()) == set(range(1, 91))
+
+
+def test_checkpoint_slower_than_the_grace_is_not_offered(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "60", "--step-time", "0.01", "--slow-checkpoint", "10",
+              "--misbehave-on-restart", "0", grace=2.0)
+    attempts = job.sim.run(preempt=[job.after_steps(10)])
+    assert [a.state for a in attempts] == ["PREEMPTED", "COMPLETED"]
+    (end,) = job.journal("checkpoint-end")
+    assert not end["ok"] and "did not report" in end["reason"]
+    assert job.journal("resume")[0]["checkpoint"] is None
+
+
+def test_double_signal_is_one_checkpoint(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01", "--slow-checkpoint", "0.5")
+    env = job.sim.env_for(0)
+    proc = subprocess.Popen(job.argv, env=env, cwd=job.dir)
+    try:
+        while len(job.steps()) < 5:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGUSR1)  # and the time-limit warning on top
+        assert proc.wait(10) == 143
+    finally:
+        proc.kill()
+    assert len(job.journal("checkpoint-start")) == 1
+    assert len(job.journal("checkpoint-end")) == 1 and job.journal("checkpoint-end")[0]["ok"]
+    assert open(job.log).read().count("# checkpoint") == 1
+
+
+def test_time_limit_requeues_itself_until_max_requeues(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "100000", "--step-time", "0.01",
+              extra=("--max-requeues", "2"))
+    attempts = job.sim.run(time_limit_s=6.0, warn_signal=signal.SIGUSR1, warn_before_s=5.0)
+    assert [a.state for a in attempts] == ["REQUEUED", "REQUEUED", "FAILED"]
+    assert [a.restart_count for a in attempts] == [0, 1, 2]
+    assert attempts[-1].exit_code == 143
+    assert [r["by"] for r in job.journal("requeue")] == ["slurmiso", "slurmiso"]
+    (declined,) = job.journal("requeue-declined")
+    assert "max_requeues (2)" in declined["reason"]
+    calls = open(job.sim.requests).read().split("\n")
+    assert calls[:2] == ["requeue 4242", "requeue 4242"]
+    steps = job.steps()
+    assert steps == list(range(1, len(steps) + 1))  # contiguous, across three runs
+
+
+def test_outside_slurm_passes_exit_codes_and_still_checkpoints(tmp_path) -> None:
+    env = {k: v for k, v in ENV.items() if not k.startswith("SLURM_")}
+    code = "import sys; sys.exit(9)"
+    rc = subprocess.run([sys.executable, "-m", "slurmiso", "run", "--", sys.executable, "-c", code],
+                        env=env, cwd=str(tmp_path)).returncode
+    assert rc == 9
+    job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01")
+    proc = subprocess.Popen(job.argv, env=env, cwd=job.dir)
+    while len(job.steps()) < 5:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 143
+    assert job.journal("checkpoint-end")[0]["ok"]
+    assert "not running under Slurm" in job.journal("requeue-declined")[0]["reason"]
+
+
+def test_other_ranks_wait_for_the_designated_ranks_report(tmp_path) -> None:
+    events = str(tmp_path / "ev.jsonl")
+    ckpt = str(tmp_path / "ckpt")
+    argv = [sys.executable, "-m", "slurmiso", "run", "--grace", "20", "--events", events,
+            "--ckpt-dir", ckpt, "--", sys.executable, "-c", "import time; time.sleep(60)"]
+    env = dict(ENV, SLURM_JOB_ID="5", SLURM_PROCID="1",
+               SLURMISO_CONFIG=str(tmp_path / "none.yaml"))
+    proc = subprocess.Popen(argv, env=env, cwd=str(tmp_path))
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.poll() is None  # still waiting: rank 1 does not checkpoint itself
+    (tmp_path / "c.pt").write_text("x")
+    t0 = time.monotonic()
+    write_marker(os.path.join(ckpt, ".slurmiso", "marker.json"), str(tmp_path / "c.pt"))
+    assert proc.wait(10) == 143
+    assert time.monotonic() - t0 < 7.0
+    kinds = [json.loads(x)["event"] for x in open(events)]
+    assert kinds == ["preempt-signal"]  # no checkpoint or requeue records from rank 1
