@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -47,7 +48,7 @@ class Job:
 
     def steps(self) -> List[int]:
         try:
-            text = open(self.log).read()
+            text = Path(self.log).read_text()
         except FileNotFoundError:
             return []
         return [int(m) for m in re.findall(r"^step=(\d+) ", text, re.M)]
@@ -84,7 +85,7 @@ def test_preempted_three_times_finishes_exactly_once_per_step(tmp_path) -> None:
     assert [r["restart_count"] for r in resumes] == [1, 2, 3]
     assert [r["checkpoint"] for r in resumes] == [e["path"] for e in ends]
     assert [r["count"] for r in job.journal("requeue")] == [1, 2, 3]
-    assert "restart=3" in open(job.log).read().splitlines()[-2]
+    assert "restart=3" in Path(job.log).read_text().splitlines()[-2]
 
 
 def test_program_ignoring_the_signal_is_killed_and_no_checkpoint_recorded(tmp_path) -> None:
@@ -140,7 +141,7 @@ def test_double_signal_is_one_checkpoint(tmp_path) -> None:
         proc.kill()
     assert len(job.journal("checkpoint-start")) == 1
     assert len(job.journal("checkpoint-end")) == 1 and job.journal("checkpoint-end")[0]["ok"]
-    assert open(job.log).read().count("# checkpoint") == 1
+    assert Path(job.log).read_text().count("# checkpoint") == 1
 
 
 def test_time_limit_requeues_itself_until_max_requeues(tmp_path) -> None:
@@ -153,7 +154,7 @@ def test_time_limit_requeues_itself_until_max_requeues(tmp_path) -> None:
     assert [r["by"] for r in job.journal("requeue")] == ["slurmiso", "slurmiso"]
     (declined,) = job.journal("requeue-declined")
     assert "max_requeues (2)" in declined["reason"]
-    calls = open(job.sim.requests).read().split("\n")
+    calls = Path(job.sim.requests).read_text().split("\n")
     assert calls[:2] == ["requeue 4242", "requeue 4242"]
     steps = job.steps()
     assert steps == list(range(1, len(steps) + 1))  # contiguous, across three runs
@@ -192,5 +193,5 @@ def test_other_ranks_wait_for_the_designated_ranks_report(tmp_path) -> None:
     write_marker(os.path.join(ckpt, ".slurmiso", "marker.json"), str(tmp_path / "c.pt"))
     assert proc.wait(10) == 143
     assert time.monotonic() - t0 < 7.0
-    kinds = [json.loads(x)["event"] for x in open(events)]
+    kinds = [json.loads(x)["event"] for x in Path(events).read_text().splitlines()]
     assert kinds == ["preempt-signal"]  # no checkpoint or requeue records from rank 1
