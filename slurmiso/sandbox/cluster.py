@@ -112,6 +112,7 @@ class Service:
     logfile: str
     proc_names: Tuple[str, ...]
     needles: Tuple[str, ...] = ()
+    port: int = 0
 
     def pid(self) -> Optional[int]:
         pid = read_pid(self.pidfile)
@@ -126,18 +127,18 @@ def services(site: L.Site) -> List[Service]:
     my = A.mysql_paths(site)
     out = [
         Service("mariadb", tuple(A.mariadbd_argv(site)), my["pidfile"], my["log"],
-                ("mariadbd", "mysqld"), (f"--datadir={my['datadir']}",)),
+                ("mariadbd", "mysqld"), (f"--datadir={my['datadir']}",), L.MYSQL_PORT),
         Service("slurmdbd", (SLURMDBD, "-D"), p("run", "slurmdbd.pid"),
-                p("log", "slurmdbd.log"), ("slurmdbd",)),
+                p("log", "slurmdbd.log"), ("slurmdbd",), (), L.DBD_PORT),
         Service("slurmctld", (SLURMCTLD, "-D", "-f", site.slurm_conf),
                 p("run", "slurmctld.pid"), p("log", "slurmctld.log"), ("slurmctld",),
-                (site.slurm_conf,)),
+                (site.slurm_conf,), L.CTLD_PORT),
     ]
     for n in site.nodes:
         out.append(Service(
             f"slurmd-{n.name}", (SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name),
             p("run", f"slurmd-{n.name}.pid"), p("log", f"slurmd-{n.name}.log"), ("slurmd",),
-            (site.slurm_conf, f"-N {n.name}"),
+            (site.slurm_conf, f"-N {n.name}"), n.port,
         ))
     return out
 
@@ -151,11 +152,36 @@ def start(site: L.Site, svc: Service) -> int:
     pid = svc.pid()
     if pid:
         return pid
+    if svc.port:
+        owner = port_owner(svc.port)
+        if owner:
+            raise SandboxError(
+                f"cannot start {svc.name}: port {svc.port} is taken by {owner}",
+                hint="is another sandbox running? stop it with 'slurmiso sandbox down --dir ...'",
+            )
     out = site.path("log", f"{svc.name}.out")
     pid = spawn(svc.argv, env=slurm_env(site), logfile=out)
     Path(svc.pidfile).write_text(f"{pid}\n")
     log.info("started %s (pid %d)", svc.name, pid)
     return pid
+
+
+def port_owner(port: int) -> str:
+    """Who listens on TCP ``port`` ("" when free): the sandbox's ports are fixed."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return ""
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline()) if c.pid else ""
+            except psutil.Error:
+                cmd = ""
+            return f"pid {c.pid} ({cmd})" if c.pid else "another process"
+    return ""
 
 
 def stop(svcs: List[Service], timeout: float = 20) -> List[str]:
