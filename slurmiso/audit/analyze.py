@@ -111,6 +111,9 @@ class Aggregator:
         stats = self.classes.get(cls)
         if stats is None:
             stats = self.classes[cls] = ClassStats()
+        if rec.component:  # another component of a het job: same job, same attempt
+            self._component(rec, stats)
+            return
         stats.attempts += 1
         key: JobId = int(rec.job) if rec.job.isdigit() else rec.job
         if key in self.seen:
@@ -118,19 +121,7 @@ class Aggregator:
         else:
             self.seen.add(key)
             stats.jobs += 1
-        pool, mps_per_gpu, shards_per_gpu = self._pool(rec.partition, rec.nodes)
-        gpus = rec.gpus
-        if rec.mps:
-            gpus += rec.mps / mps_per_gpu
-        if rec.shards:
-            gpus += rec.shards / shards_per_gpu
-        gpu_hours = gpus * rec.elapsed / 3600.0
-        stats.gpu_hours += gpu_hours
-        p = self.pools.get(pool)
-        if p is None:
-            p = self.pools[pool] = [0, 0.0]
-        p[0] += 1
-        p[1] += gpu_hours
+        gpus, gpu_hours = self._gpu_hours(rec, stats, 1)
         start = rec.start
         wait = None
         if start is not None:
@@ -153,6 +144,30 @@ class Aggregator:
                 stats.long_job_ids.append(rec.job)
         if rec.state == "PREEMPTED":
             self._preemption(rec, cls, stats, gpus)
+
+    def _gpu_hours(self, rec: JobRecord, stats: ClassStats, attempt: int) -> Tuple[float, float]:
+        """(GPU equivalents, GPU-hours) of the record, added to its class and pool."""
+        pool, mps_per_gpu, shards_per_gpu = self._pool(rec.partition, rec.nodes)
+        gpus = rec.gpus
+        if rec.mps:
+            gpus += rec.mps / mps_per_gpu
+        if rec.shards:
+            gpus += rec.shards / shards_per_gpu
+        gpu_hours = gpus * rec.elapsed / 3600.0
+        stats.gpu_hours += gpu_hours
+        p = self.pools.get(pool)
+        if p is None:
+            p = self.pools[pool] = [0, 0.0]
+        p[0] += attempt
+        p[1] += gpu_hours
+        return gpus, gpu_hours
+
+    def _component(self, rec: JobRecord, stats: ClassStats) -> None:
+        gpus, gpu_hours = self._gpu_hours(rec, stats, 0)
+        if rec.gpu_util is not None and gpus:
+            stats.util_gpu_hours += gpu_hours
+            if rec.gpu_util <= 0:
+                stats.idle_gpu_hours += gpu_hours
 
     def _preemption(self, rec: JobRecord, cls: str, stats: ClassStats, gpus: float) -> None:
         stats.preemptions += 1

@@ -83,6 +83,7 @@ class JobRecord(NamedTuple):
     nodes: str
     gpu_util: Optional[float] = None  # max over steps of gres/gpuutil (%), when accounted
     steps: int = 0
+    component: int = 0  # het job component offset (``123+1`` -> 1): part of the leader's run
 
 
 @dataclass
@@ -186,6 +187,14 @@ def job_key(job_id: str) -> Tuple[str, str]:
     return base, step
 
 
+def het_offset(job_id: str) -> int:
+    at = job_id.find("+")
+    if at < 0:
+        return 0
+    digits = job_id[at + 1 :].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else 0
+
+
 def state_word(text: str) -> str:
     return text.split(" ", 1)[0].upper() if text else "UNKNOWN"
 
@@ -250,6 +259,8 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
             continue
         try:
             record = _record(parts, idx, key)
+            if "+" in job_id:
+                record = record._replace(component=het_offset(job_id))
         except (ValueError, IndexError) as exc:
             stats.bad_line(f"line {number}", str(exc))
             continue

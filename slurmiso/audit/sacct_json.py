@@ -73,10 +73,16 @@ def json_record(job: Dict[str, Any]) -> JobRecord:
     key = str(int(_num(job.get("job_id")) or 0))
     het_id = _num(het.get("job_id"))
     task = _num(array.get("task_id"))
+    offset = 0
     if het_id:
         key = str(int(het_id))
-    elif _num(array.get("job_id")) and task is not None:
-        key = f"{int(_num(array.get('job_id')) or 0)}_{int(task)}"
+        offset = int(_num(het.get("job_offset")) or 0)
+    elif _num(array.get("job_id")):
+        array_id = int(_num(array.get("job_id")) or 0)
+        if task is not None:
+            key = f"{array_id}_{int(task)}"
+        elif array.get("task"):  # pending tasks not yet split out: "3-4" like sacct's _[3-4]
+            key = f"{array_id}_[{array['task']}]"
     start, end = _when(t.get("start")), _when(t.get("end"))
     elapsed = _num(t.get("elapsed"))
     if elapsed is None:
@@ -105,6 +111,7 @@ def json_record(job: Dict[str, Any]) -> JobRecord:
         str(nodes) if isinstance(nodes, str) else "",
         util,
         nsteps,
+        offset,
     )
 
 
@@ -138,4 +145,6 @@ def parse_json(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
     release, errors = split_meta(others)
     stats.slurm_version = release
     for err in errors[:3]:
+        if isinstance(err, dict) and err.get("error_number") == 9003:  # "Nothing found"
+            continue
         log.warning("%s: sacct reported an error: %s", stats.source or "sacct --json", err)

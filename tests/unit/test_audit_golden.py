@@ -1,0 +1,119 @@
+"""Golden-file tests of ``slurmiso audit`` on recorded sacct outputs (tests/fixtures/sacct).
+
+Golden files live in tests/golden/audit/; delete one and run the tests to regenerate it (the
+test then passes with a warning saying so), then review the diff before committing.
+
+The four hand-made fixtures spell one scenario as Slurm 22.05 and 24.11 print it (``-P`` and
+``--json``); their reports must agree except where 24.11 accounts more (GPU utilisation).
+``22.05-recorded.*`` were recorded from the sandbox's real Slurm 22.05.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+from typing import Any, Dict
+
+import pytest
+
+from tests.audit_helpers import HAND_MADE, JOURNAL, ROOT, SACCT, run_audit, utc  # noqa: F401
+
+GOLDEN = os.path.join(ROOT, "tests", "golden", "audit")
+RECORDED = ["22.05-recorded.txt", "22.05-recorded.json"]
+
+
+def check_golden(name: str, text: str) -> None:
+    path = os.path.join(GOLDEN, name)
+    if not os.path.exists(path):
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(text)
+        warnings.warn(f"golden file {path} regenerated; review it", stacklevel=2)
+        return
+    with open(path) as fh:
+        assert text == fh.read(), f"{name} differs from its golden file (delete it to regenerate)"
+
+
+def _report(fixture: str, fmt: str, capsys: Any, monkeypatch: Any) -> str:
+    rc, out, err = run_audit(["--sacct-file", os.path.join(SACCT, fixture), "--journal", JOURNAL,
+                              "--format", fmt], capsys, monkeypatch)
+    assert rc == 1, err  # the scenario has findings at warning and above
+    # paths differ between checkouts; golden files hold them relative to the repository
+    return out.replace(ROOT + os.sep, "").replace(ROOT.replace("/", "\\/") + "\\/", "")
+
+
+@pytest.mark.parametrize("fixture", HAND_MADE)
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_hand_made_fixture_matches_golden(fixture, fmt, utc, capsys, monkeypatch):  # noqa: F811
+    check_golden(f"{fixture}.{fmt}", _report(fixture, fmt, capsys, monkeypatch))
+
+
+@pytest.mark.parametrize("fmt, ext", [("md", "md"), ("html", "html"), ("csv", "csv")])
+def test_other_formats_match_golden(fmt, ext, utc, capsys, monkeypatch):  # noqa: F811
+    check_golden(f"22.05-parsable.txt.{ext}", _report("22.05-parsable.txt", fmt, capsys,
+                                                       monkeypatch))
+
+
+def _comparable(report: Dict[str, Any]) -> Dict[str, Any]:
+    r = copy.deepcopy(report)
+    for key in ("inputs", "idle", "notes"):
+        r.pop(key)
+    for c in [*r["classes"].values(), r["overall"]]:
+        c.pop("idle_gpu_hours")
+        c.pop("util_accounted_gpu_hours")
+    r["findings"] = [f for f in r["findings"] if f["code"] != "idle-allocated-gpus"]
+    return r
+
+
+def test_all_versions_and_formats_report_the_same(utc, capsys, monkeypatch):  # noqa: F811
+    reports = {f: json.loads(_report(f, "json", capsys, monkeypatch)) for f in HAND_MADE}
+    base = _comparable(reports["22.05-parsable.txt"])
+    for name, report in reports.items():
+        assert _comparable(report) == base, name
+        assert report["inputs"]["sacct"]["records"] == 19
+    assert reports["24.11.json"]["inputs"]["sacct"]["slurm_version"] == "24.11.2"
+    assert reports["22.05.json"]["inputs"]["sacct"]["slurm_version"] == "22.05.8"
+    # 24.11 accounts GPU utilisation: job 1004 sat at 0% on 2 GPUs for 1.5 h
+    assert reports["24.11-parsable.txt"]["idle"]["measured_gpu_hours"] == 3.0
+    assert reports["22.05-parsable.txt"]["idle"]["accounted_gpu_hours"] == 0.0
+
+
+def test_scenario_numbers(utc, capsys, monkeypatch):  # noqa: F811
+    """The scenario's expected figures, worked out by hand from make_fixtures.SCENARIO."""
+    r = json.loads(_report("22.05-parsable.txt", "json", capsys, monkeypatch))
+    train = r["classes"]["train"]
+    # 1002 (2 attempts), 1003 (4), 1004, 1005_1, 1005_2, 1005_[3-4], 1022 (qos normal ->
+    # default class), 1024, 1025
+    assert (train["jobs"], train["attempts"], train["requeues"], train["preemptions"]) == (
+        9, 13, 4, 5)
+    # 1002: last good checkpoint 1770 s before preemption on 8 GPUs (journal) = 3.933 h
+    assert train["lost_gpu_hours"] == pytest.approx(3.933, abs=1e-3)
+    # 1003: 600+900+300 s on 4 GPUs, 1004: 5400 s on 2 GPUs, no checkpoints = 5.0 h
+    assert train["lost_gpu_hours_estimated"] == pytest.approx(5.0)
+    assert r["classes"]["debug"]["jobs"] == 2  # het job 1010 (2 components) + 1021
+    assert r["classes"]["debug"]["requeues"] == 0
+    assert r["classes"]["infer"]["wait_p99_s"] == 5.0
+    codes = {f["code"]: f for f in r["findings"]}
+    assert codes["training-not-requeued"]["subjects"] == ["1004"]
+    assert codes["repeated-preemption"]["subjects"] == ["1003"]
+    assert codes["long-infer-jobs"]["subjects"] == ["1020"]
+    assert codes["training-without-checkpoint"]["subjects"] == ["1003", "1004"]
+    assert r["checkpoints"]["train"]["failed"] == 1
+    assert r["monitor_actions"] == {"hold": 2, "release": 1}
+
+
+@pytest.mark.parametrize("fixture", RECORDED)
+def test_recorded_sandbox_output_matches_golden(fixture, utc, capsys, monkeypatch):  # noqa: F811
+    path = os.path.join(SACCT, fixture)
+    if not os.path.exists(path):
+        pytest.skip(f"{fixture} not recorded yet (see tests/fixtures/sacct/README)")
+    rc, out, err = run_audit(["--sacct-file", path, "--journal", JOURNAL, "--format", "json"],
+                             capsys, monkeypatch)
+    assert rc in (0, 1), err
+    report = json.loads(out)
+    assert report["inputs"]["sacct"]["bad"] == 0 and not report["inputs"]["sacct"]["truncated"]
+    report["inputs"]["sacct"]["source"] = fixture
+    report["inputs"]["journals"] = []
+    check_golden(f"{fixture}.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
