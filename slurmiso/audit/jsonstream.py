@@ -73,9 +73,10 @@ class _Buffer:
             except json.JSONDecodeError as exc:
                 if self.more():
                     continue
-                if self.eof:
+                cut = exc.pos >= len(self.text.rstrip()) or exc.msg.startswith("Unterminated")
+                if self.eof and cut:
                     raise TruncatedJson(f"document ends inside a value ({exc.msg})") from None
-                raise ValueError(exc.msg) from None
+                raise ValueError(f"{exc.msg} at offset {exc.pos}") from None
             # a number at the buffer's end may continue in the next chunk
             partial = end == len(self.text) and not isinstance(value, (dict, list, str))
             if partial and self.more():

@@ -1,0 +1,171 @@
+"""``slurmiso audit`` in-process: exit codes, bad input, outputs, and --live degradation."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import pytest
+
+from slurmiso.audit.live import hook_findings, live_findings, parse_qos, qos_drift
+from slurmiso.audit.sacct import SACCT_FIELDS
+from slurmiso.cli.main import main
+from slurmiso.config import load_config
+from slurmiso.errors import SlurmUnavailable
+from tests.audit_helpers import CONFIG, JOURNAL, SACCT, run_audit, utc  # noqa: F401
+
+GOOD = os.path.join(SACCT, "22.05-parsable.txt")
+CLEAN = "JobID|QOS|Partition|State|Submit|Start|End|ElapsedRaw|AllocTRES\n" \
+        "1|infer|infer|COMPLETED|2024-05-01T08:00:00|2024-05-01T08:00:02|" \
+        "2024-05-01T08:10:00|598|gres/mps=50\n"
+
+
+def _write(tmp_path: Any, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_help_names_the_sacct_fields(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    assert "--format=" + ",".join(SACCT_FIELDS) in capsys.readouterr().out
+
+
+def test_clean_input_exits_0(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
+    rc, out, err = run_audit(["--sacct-file", _write(tmp_path, "s.txt", CLEAN),
+                              "--journal", _write(tmp_path, "j.jsonl", "")], capsys, monkeypatch)
+    assert rc == 0, out
+    assert "infer" in out and "FINDINGS" in out
+
+
+def test_findings_at_threshold_exit_1(utc, capsys, monkeypatch):  # noqa: F811
+    rc, out, _ = run_audit(["--sacct-file", GOOD, "--journal", JOURNAL], capsys, monkeypatch)
+    assert rc == 1 and "training-not-requeued" in out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty"),
+    ("\x89PNG\r\n\x1a\n garbage garbage\n", "no header"),
+    ("{\"jobs\": [ {\"job_id\": 1, \"state\": ", "no usable sacct record"),
+    ("JobID|State\n1|COMPLETED|extra|fields\n", "no usable sacct record"),
+])
+def test_unusable_input_exits_2_with_a_message(tmp_path, text, message, capsys, monkeypatch):
+    rc, out, err = run_audit(["--sacct-file", _write(tmp_path, "bad", text)], capsys,
+                             monkeypatch)
+    assert rc == 2 and out == ""
+    assert message in err and "Traceback" not in err
+
+
+def test_missing_sacct_file_exits_2(capsys, monkeypatch):
+    rc, _, err = run_audit(["--sacct-file", "/nonexistent/sacct.txt"], capsys, monkeypatch)
+    assert rc == 2 and "cannot read sacct file" in err
+
+
+def test_truncated_input_gives_a_partial_report(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
+    with open(GOOD) as fh:
+        text = fh.read()
+    cut = _write(tmp_path, "cut.txt", text[: text.index("1020|")] + "1020|batch-em")
+    rc, out, err = run_audit(["--sacct-file", cut, "--journal", JOURNAL, "--format", "json"],
+                             capsys, monkeypatch)
+    report = json.loads(out)
+    assert rc == 1 and "truncated" in err
+    assert report["inputs"]["sacct"]["truncated"] and report["overall"]["attempts"] == 12
+    assert "sacct-truncated" in {f["code"] for f in report["findings"]}
+
+
+def test_missing_journal_is_reported_not_fatal(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
+    missing = str(tmp_path / "nope.jsonl")
+    rc, out, err = run_audit(["--sacct-file", _write(tmp_path, "s.txt", CLEAN), "--journal",
+                              missing, "--format", "json"], capsys, monkeypatch)
+    report = json.loads(out)
+    assert rc == 1 and "not found" in err
+    assert [f["code"] for f in report["findings"]] == ["journal-missing"]
+
+
+@pytest.mark.parametrize("fmt, marker", [("text", "BY CLASS"), ("md", "## By class"),
+                                         ("html", "<svg"), ("json", '"overall"'),
+                                         ("csv", "section,name,metric,value")])
+def test_output_file_in_each_format(tmp_path, fmt, marker, utc, capsys, monkeypatch):  # noqa: F811
+    out_path = tmp_path / f"report.{fmt}"
+    rc, out, _ = run_audit(["--sacct-file", GOOD, "--journal", JOURNAL, "--format", fmt, "-o",
+                            str(out_path)], capsys, monkeypatch)
+    assert rc == 1 and out == ""
+    text = out_path.read_text()
+    assert marker in text
+    if fmt == "html":
+        assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+        assert "<script" not in text and "https://" not in text
+
+
+@pytest.mark.parametrize("since, until, attempts", [
+    # 18 attempts in all (het component 1010+1 is part of 1010's); pending and running
+    # attempts overlap any window that starts before "now", as with sacct -S
+    ("2024-05-01T08:00:00Z", "", 18), ("2024-05-01T11:00:00Z", "", 5),
+    ("", "2024-05-01T08:05:00Z", 4), ("1h", "", 3),
+])
+def test_window_filters_a_saved_file(since, until, attempts, utc, capsys, monkeypatch):  # noqa: F811
+    args = ["--sacct-file", GOOD, "--journal", JOURNAL, "--format", "json"]
+    args += (["--since", since] if since else []) + (["--until", until] if until else [])
+    rc, out, err = run_audit(args, capsys, monkeypatch)
+    assert json.loads(out)["overall"]["attempts"] == attempts, err
+
+
+def test_bad_window_is_a_usage_error(capsys, monkeypatch):
+    rc, _, err = run_audit(["--sacct-file", GOOD, "--since", "yesterday-ish"], capsys,
+                           monkeypatch)
+    assert rc == 2 and "invalid time" in err
+
+
+class FakeSlurm:
+    """SlurmCli stand-in: canned answers, or unreachable."""
+
+    def __init__(self, answers: Dict[str, str], down: bool = False) -> None:
+        self.answers, self.down = answers, down
+
+    def run(self, cmd: str, args: List[str], timeout: Any = None) -> str:
+        if self.down:
+            raise SlurmUnavailable(f"{cmd} failed: Unable to contact slurm controller")
+        return self.answers[cmd]
+
+    def jobs_on_node(self, node: str) -> List[str]:
+        return self.run("squeue", []).split()
+
+    def show_node(self, node: str) -> Dict[str, str]:
+        return {"Gres": ""}
+
+
+QOS = ("Name|Priority|GraceTime|Preempt|PreemptMode|MaxWall\n"
+       "infer|1000|00:00:00|train|cluster|1-00:00:00\n"
+       "train|50|00:00:30||requeue|7-00:00:00\n")
+
+
+def test_live_degrades_when_slurm_is_unreachable():
+    findings = live_findings(load_config(CONFIG), "login1", FakeSlurm({}, down=True))
+    codes = [f.code for f in findings]
+    assert codes == ["slurm-unreachable", "live-node-not-in-pool"]
+    assert "Unable to contact" in findings[0].message
+
+
+def test_live_reports_qos_drift_and_missing_hooks():
+    cfg = load_config(CONFIG)
+    slurm = FakeSlurm({"squeue": "", "sacctmgr": QOS,
+                       "scontrol": "Prolog = /usr/local/bin/slurmiso-prolog\nEpilog = (null)\n"})
+    codes = {f.code: f for f in live_findings(cfg, "login1", slurm)}
+    assert set(codes) == {"qos-missing", "qos-drift", "hooks-missing", "live-node-not-in-pool"}
+    assert codes["qos-missing"].subjects == ["debug"]
+    assert "Priority 50 (config 100)" in codes["qos-drift"].message
+    assert "GraceTime 30s (config 120s)" in codes["qos-drift"].message
+    assert codes["hooks-missing"].subjects == ["Epilog", "TaskProlog"]
+
+
+def test_qos_and_hooks_clean():
+    cfg = load_config(CONFIG)
+    qos = parse_qos("Name|Priority|GraceTime|Preempt|PreemptMode\n"
+                    "infer|1000|00:00:00|train|cluster\ntrain|100|00:02:00||requeue\n"
+                    "debug|500|00:00:00||cluster\n")
+    assert qos_drift(cfg, qos) == []
+    conf = "\n".join(f"{h} = /usr/local/bin/slurmiso-{h.lower()}"
+                     for h in ("Prolog", "Epilog", "TaskProlog"))
+    assert hook_findings(conf) == []
