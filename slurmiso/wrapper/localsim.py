@@ -6,9 +6,10 @@ This one imitates what slurmctld/slurmstepd do to a batch job:
 
 * preemption (``PreemptMode=REQUEUE``): SIGCONT + SIGTERM to every process of the job, SIGKILL
   to all that remain after ``grace_s`` (the QoS GraceTime), then the job runs again with
-  ``SLURM_RESTART_COUNT`` one higher;
-* time limit with ``--signal=B:SIG@T``: SIG to the batch shell only, ``T`` seconds before the
-  limit; at the limit SIGTERM to all, SIGKILL after ``kill_wait_s`` (state TIMEOUT);
+  ``SLURM_RESTART_COUNT`` one higher - but, as Slurm 22.05 does, a job that exits before the
+  grace ends without having been requeued ends FAILED and does not run again;
+* time limit with ``--signal=SIG@T``: SIG to every process of the step, ``T`` seconds before
+  the limit; at the limit SIGTERM to all, SIGKILL after ``kill_wait_s`` (state TIMEOUT);
 * ``scontrol requeue``: a fake ``scontrol`` (found first through ``SLURMISO_SLURM_BIN``)
   writes the request to a file; the controller then ends the run (SIGTERM, SIGKILL after
   ``kill_wait_s``) and starts it again, count + 1.
@@ -34,7 +35,12 @@ log = logging.getLogger(__name__)
 Trigger = Callable[[float], bool]
 
 FAKE_SCONTROL = """#!/bin/sh
-# scontrol stand-in for slurmiso's local controller: record the request, succeed.
+# scontrol stand-in for slurmiso's local controller: record the request, succeed (or fail
+# the way a site that forbids users 'scontrol requeue' does).
+if [ -n "$SLURMISO_SIM_SCONTROL_FAIL" ]; then
+    echo "scontrol: error: Access/permission denied" >&2
+    exit 1
+fi
 echo "$@" >> "$SLURMISO_SIM_REQUESTS"
 """
 
@@ -145,6 +151,7 @@ class LocalSlurm:
         timeout_s: float = 120.0,
     ) -> Attempt:
         requests_before = self._request_count()
+        requeued = False
         t0 = time.monotonic()
         proc = subprocess.Popen(self.argv, env=self.env_for(restart_count), cwd=self.workdir)
         att = Attempt(restart_count, "RUNNING", 0, 0.0)
@@ -164,23 +171,27 @@ class LocalSlurm:
                 elif time_limit_s is not None:
                     if not warned and warn_before_s and elapsed >= time_limit_s - warn_before_s:
                         warned = True
-                        self._signal(proc.pid, warn_signal, att)  # B: the batch shell only
+                        # as --signal=SIG@T reaches a wrapper run by srun: every process
+                        self._signal_all(proc.pid, (warn_signal,), att)
                     if elapsed >= time_limit_s:
                         ending, kill_at = "TIMEOUT", now + self.kill_wait_s
                         self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
                 if elapsed > timeout_s:
                     ending, kill_at = "TIMEOUT", now
-            elif ending != "REQUEUED" and self._request_count() > requests_before:
-                ending = "REQUEUED"  # the wrapper requeued while it was being stopped
             if kill_at is not None and now >= kill_at:
                 att.killed = bool(_job_pids(proc.pid))
+                if ending == "PREEMPTED":
+                    requeued = True  # still running at the end of the grace: Slurm requeues
                 self._signal_all(proc.pid, (signal.SIGKILL,), att)
                 kill_at = None
             time.sleep(self.poll_s)
         rc = proc.returncode
         att.exit_code = 128 - rc if rc < 0 else rc
-        if ending is None and self._request_count() > requests_before:
+        requeued = requeued or self._request_count() > requests_before
+        if ending is None and requeued:
             ending = "REQUEUED"
+        elif ending == "PREEMPTED" and not requeued:
+            ending = "FAILED"  # exited inside the grace and nobody requeued it
         att.state = ending or ("COMPLETED" if att.exit_code == 0 else "FAILED")
         att.seconds = round(time.monotonic() - t0, 3)
         log.info("attempt %d: %s (exit %d)", restart_count, att.state, att.exit_code)

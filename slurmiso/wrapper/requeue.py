@@ -4,13 +4,16 @@ The decision is pure (:func:`decide`) and always carries a reason, including whe
 (submitit's lesson: an unexplained "not requeued" costs users a day). The side effect,
 ``scontrol requeue``, goes through an injected Slurm client.
 
-* Preemption: with ``PreemptMode=REQUEUE`` Slurm requeues the job itself; the wrapper only
-  records it. (A plain ``scancel`` also starts with SIGTERM; Slurm does not requeue that, and
-  nothing inside the job can tell the two apart.)
-* Time-limit warning (``--signal``): nobody requeues unless the wrapper does, so it runs
-  ``scontrol requeue $SLURM_JOB_ID``, bounded by the class's ``max_requeues`` against
-  ``SLURM_RESTART_COUNT``, and only after a checkpoint - requeuing without one would repeat
-  the same work until the count runs out.
+* Preemption: Slurm requeues a preempted job only if it is still running when the GraceTime
+  ends (a job that exits earlier ends FAILED: seen on Slurm 22.05), and until then the
+  preemptor waits. So once the checkpoint is taken the wrapper runs
+  ``scontrol requeue $SLURM_JOB_ID`` itself: the job is requeued and the GPUs are free at
+  once. Not bounded by ``max_requeues``: a preemption is not the job's doing, and Slurm would
+  requeue it anyway. If ``scontrol requeue`` fails (a site that forbids it, or a ``scancel``,
+  which also starts with SIGTERM) the wrapper records why and waits for Slurm to end the job.
+* Time-limit warning (``--signal``): nobody requeues unless the wrapper does; bounded by the
+  class's ``max_requeues`` against ``SLURM_RESTART_COUNT``, and only after a checkpoint -
+  requeuing without one would repeat the same work until the count runs out.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT
 
 log = logging.getLogger(__name__)
 
-BY_SLURM = "slurm"
 BY_WRAPPER = "slurmiso"
 REQUEUE_TIMEOUT_S = 5.0
 
@@ -39,7 +41,7 @@ class SlurmRunner(Protocol):
 class Decision:
     requeue: bool
     reason: str
-    by: str = ""  # BY_SLURM or BY_WRAPPER when requeue is True
+    by: str = ""  # BY_WRAPPER when requeue is True (who runs scontrol requeue)
     count: int = 0  # the restart count the next run will have
 
 
@@ -65,8 +67,8 @@ def decide(
     if cause == PREEMPTED:
         return Decision(
             True,
-            "preempted: Slurm requeues the job itself (PreemptMode=REQUEUE)",
-            BY_SLURM,
+            "preempted: requeued now so the preempting job need not wait out the grace",
+            BY_WRAPPER,
             nxt,
         )
     if cause != TIME_LIMIT:

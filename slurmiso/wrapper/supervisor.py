@@ -5,7 +5,7 @@
     stop:    (SIGTERM = preempted | --signal = time limit near; the first one only)
              journal preempt-signal -> checkpoint signal to the group -> wait for the marker
              or the program's exit, up to grace minus a margin -> let it exit briefly, else
-             SIGKILL -> requeue decision (with its reason) -> exit 143
+             SIGKILL -> requeue decision (with its reason) -> scontrol requeue -> exit 143
 
 The margin leaves time, before Slurm's SIGKILL at the end of GraceTime, for the kill, the
 journal lines and ``scontrol requeue``. Exit statuses pass through unless the wrapper stopped
@@ -127,7 +127,11 @@ class Supervisor:
         watcher = MarkerWatcher(self.store.marker, latest.ident if latest else None)
         stop = {int(signal.SIGTERM): PREEMPTED, int(self.settings.warn_signal): TIME_LIMIT}
         with SignalHandler(self.job, stop) as handler:
-            child = Child.start(self.argv, env)
+            # The program sees Slurm's SIGTERM and --signal too (Slurm signals every process
+            # of a step): it starts with them ignored; only the checkpoint signal reaches it.
+            ignore = {int(signal.SIGTERM), int(self.settings.warn_signal)}
+            ignore.discard(int(self.settings.ckpt_signal))
+            child = Child.start(self.argv, env, ignore=sorted(ignore))
             try:
                 return self._loop(child, handler, watcher)
             finally:
@@ -286,19 +290,39 @@ class Supervisor:
         )
         if not self.designated:
             return  # the designated rank's wrapper requeues and records, once per job
-        if decision.requeue and decision.by == requeue.BY_WRAPPER:
-            error = requeue.scontrol_requeue(self.slurm(), self.job.job_id)
-            if error:
-                decision = requeue.Decision(False, error)
         if decision.requeue:
-            self.events.emit(
-                "requeue", job=self.job.job_id, reason=cause, count=decision.count, by=decision.by
-            )
-            log.info("requeue: %s", decision.reason)
-        else:
-            self.events.emit("requeue-declined", job=self.job.job_id, reason=decision.reason)
-            if cause == TIME_LIMIT or self.job.in_slurm:
-                log.warning("not requeued: %s", decision.reason)
+            error = requeue.scontrol_requeue(self.slurm(), self.job.job_id)
+            if error is None:
+                self.events.emit(
+                    "requeue",
+                    job=self.job.job_id,
+                    reason=cause,
+                    count=decision.count,
+                    by=decision.by,
+                )
+                log.info("requeued: %s", decision.reason)
+                return
+            decision = requeue.Decision(False, error)
+            if cause == PREEMPTED:
+                decision = requeue.Decision(
+                    False,
+                    f"{error}; waiting for Slurm to end the job (it requeues a "
+                    "preempted job that is still running when the grace ends)",
+                )
+                self.events.emit("requeue-declined", job=self.job.job_id, reason=decision.reason)
+                log.warning("not requeued by slurmiso: %s", decision.reason)
+                self._wait_for_slurm()
+                return
+        self.events.emit("requeue-declined", job=self.job.job_id, reason=decision.reason)
+        if cause == TIME_LIMIT or self.job.in_slurm:
+            log.warning("not requeued: %s", decision.reason)
+
+    def _wait_for_slurm(self) -> None:
+        """Stay alive (the program is gone) so Slurm, not an early exit, decides the job's
+        fate; bounded, in case no end ever comes."""
+        until = self.clock() + self.settings.grace_s + 60.0
+        while self.clock() < until:
+            time.sleep(min(1.0, max(0.0, until - self.clock())))
 
 
 def _default_slurm() -> requeue.SlurmRunner:

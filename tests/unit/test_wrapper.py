@@ -96,8 +96,8 @@ def test_job_environment_from_env() -> None:
 
 CASES = [
     # cause, job, restarts, max, ckpt ok, status, requeue?, by, reason fragment
-    (PREEMPTED, "9", 0, 20, True, None, True, "slurm", "PreemptMode=REQUEUE"),
-    (PREEMPTED, "9", 25, 20, False, None, True, "slurm", "requeues the job itself"),
+    (PREEMPTED, "9", 0, 20, True, None, True, "slurmiso", "need not wait out the grace"),
+    (PREEMPTED, "9", 25, 20, False, None, True, "slurmiso", "preempted"),  # not bounded
     (TIME_LIMIT, "9", 0, 20, True, None, True, "slurmiso", "time limit"),
     (TIME_LIMIT, "9", 20, 20, True, None, False, "", "max_requeues (20)"),
     (TIME_LIMIT, "9", 1, 20, False, None, False, "", "no checkpoint was taken"),

@@ -85,6 +85,7 @@ def test_preempted_three_times_finishes_exactly_once_per_step(tmp_path) -> None:
     assert [r["restart_count"] for r in resumes] == [1, 2, 3]
     assert [r["checkpoint"] for r in resumes] == [e["path"] for e in ends]
     assert [r["count"] for r in job.journal("requeue")] == [1, 2, 3]
+    assert Path(job.sim.requests).read_text().splitlines() == ["requeue 4242"] * 3
     assert "restart=3" in Path(job.log).read_text().splitlines()[-2]
 
 
@@ -123,6 +124,18 @@ def test_checkpoint_slower_than_the_grace_is_not_offered(tmp_path) -> None:
     (end,) = job.journal("checkpoint-end")
     assert not end["ok"] and "did not report" in end["reason"]
     assert job.journal("resume")[0]["checkpoint"] is None
+
+
+def test_preempted_job_that_cannot_requeue_itself_waits_for_slurm(tmp_path) -> None:
+    """A site that forbids 'scontrol requeue': exiting early would end the job FAILED."""
+    job = Job(str(tmp_path), "--steps", "80", "--step-time", "0.01", grace=2.0)
+    job.sim.base_env["SLURMISO_SIM_SCONTROL_FAIL"] = "1"
+    attempts = job.sim.run(preempt=[job.after_steps(10)])
+    assert [a.state for a in attempts] == ["PREEMPTED", "COMPLETED"]
+    assert attempts[0].killed and attempts[0].seconds >= 2.0  # stayed until the grace ended
+    (declined,) = job.journal("requeue-declined")
+    assert "permission denied" in declined["reason"] and "waiting for Slurm" in declined["reason"]
+    assert sorted(job.steps()) == list(range(1, 81))
 
 
 def test_double_signal_is_one_checkpoint(tmp_path) -> None:
