@@ -1,12 +1,13 @@
 """The node's ``gres/gpu`` list as Slurm sees it, and which MIG device each entry is.
 
-One order, used by ``slurmiso gen gres-conf`` *and* by the mig-static prolog: GPU index, then
-placement start (a GPU with MIG disabled is one whole-GPU entry at its index). Slurm numbers
-the ``gres/gpu`` records of a node in the order gres.conf lists them, and that number is what
-``SLURM_JOB_GPUS`` carries into the Prolog; so ``SLURM_JOB_GPUS=2`` is the third entry here.
-(Assumption to confirm against a real slurmd in the integration test: with explicit
-``MultipleFiles=`` lines Slurm keeps file order; its ``AutoDetect=nvml`` instead follows
-NVML's MIG-device index order, which is why slurmiso generates gres.conf explicitly.)
+One order, used by ``slurmiso gen gres-conf``, by the ``Gres=`` of ``slurm.conf`` *and* by the
+mig-static prolog: whole GPUs first, then MIG devices grouped by type (profile name), each
+group by GPU index and placement start. Measured on Slurm 22.05 (tests/integration): slurmctld
+numbers a node's ``gres/gpu`` records type by type, in the order the node's ``Gres=`` lists the
+types, and that number is what ``SLURM_JOB_GPUS`` carries into the Prolog; with gres.conf lines
+of one type not contiguous (e.g. GPU 1 = 4g + 3g between 3g lines) the indices and types no
+longer agree and a job gets the wrong instance, or none. So gres.conf lists each type's lines
+together and ``Gres=`` names the types in the same order (:func:`type_counts`).
 
 Each MIG entry needs three device files: ``/dev/nvidia<gpu minor>`` plus the GPU-instance and
 compute-instance access capabilities ``/dev/nvidia-caps/nvidia-cap<N>``, whose minors the
@@ -136,13 +137,25 @@ Row = Tuple[int, int, str, int, Optional[int], Optional[int], str]
 
 def _entries(rows: List[Row], minors: Optional[Dict[str, int]], dev_root: str) -> List[GresEntry]:
     out = []
-    ordered = sorted(rows, key=lambda r: (r[0], r[3]))  # THE order: GPU index, then start
+    ordered = sorted(rows, key=lambda r: (r[2], r[0], r[3]))  # THE order: type, GPU, start
     for n, (gpu, minor, prof, start, gi, ci, uuid) in enumerate(ordered):
         if prof and gi is not None and ci is not None:
             files = mig_files(minor, gi, ci, minors, dev_root)
         else:
             files = (os.path.join(dev_root, f"nvidia{minor}"),)
         out.append(GresEntry(n, gpu, minor, prof, start, gi, ci, uuid, files))
+    return out
+
+
+def type_counts(entries: Sequence[GresEntry], whole_type: str = "") -> List[Tuple[str, int]]:
+    """``[(type, count), ...]`` in the canonical order, for the node's ``Gres=gpu:T:N,...``."""
+    out: List[Tuple[str, int]] = []
+    for e in entries:
+        t = e.profile or whole_type
+        if out and out[-1][0] == t:
+            out[-1] = (t, out[-1][1] + 1)
+        else:
+            out.append((t, 1))
     return out
 
 
@@ -255,7 +268,9 @@ def render_gres_conf(
     dev = os.path.join(dev_root, "nvidia")
     gpu_line = f"{pre}Name=gpu Type={gtype} File={dev}{bracket(minors)}"
     if pool.mode == "mig-static":
-        lines.append("# Order matters: SLURM_JOB_GPUS indexes these lines (GPU, then slice).")
+        counts = ",".join(f"gpu:{t}:{n}" for t, n in type_counts(entries or (), gtype))
+        lines.append("# Order matters: SLURM_JOB_GPUS indexes these lines (type, GPU, slice);")
+        lines.append(f"# slurm.conf must list the types in this order: Gres={counts}")
         lines.extend(pre + e.conf_line(gtype) for e in entries or ())
     elif pool.mode == "mps":
         lines.append(gpu_line)

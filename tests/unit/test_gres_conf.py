@@ -76,18 +76,21 @@ def _inst(gpu: int, gi: int, prof: str, start: int, ci: Optional[int] = 0) -> Mi
     return MigInstance(gpu, gi, prof, start, 1, ci, f"MIG-{gpu}-{gi}" if ci is not None else "")
 
 
-def test_order_is_gpu_then_start_and_mapping_uses_it() -> None:
+def test_order_is_type_then_gpu_then_start_and_mapping_uses_it() -> None:
+    """Whole GPUs, then MIG types in name order: how slurmctld numbers typed GRES (22.05)."""
     devices = [_dev(0, 0), _dev(1, 1, mig=False), _dev(2, 2)]
     insts = [_inst(2, 3, "1g.10gb", 6), _inst(0, 2, "3g.40gb", 4), _inst(2, 1, "4g.40gb", 0),
              _inst(0, 1, "3g.40gb", 0), _inst(2, 5, "1g.10gb", 5, ci=None)]
     entries = gres.live_entries(devices, insts)
     assert [(e.index, e.gpu, e.profile, e.start) for e in entries] == [
-        (0, 0, "3g.40gb", 0), (1, 0, "3g.40gb", 4), (2, 1, "", -1),
-        (3, 2, "4g.40gb", 0), (4, 2, "1g.10gb", 6)]  # the GI without a CI is no device
-    found, missing = gres.map_gres_indices([4, 1, 9], entries)
+        (0, 1, "", -1), (1, 2, "1g.10gb", 6), (2, 0, "3g.40gb", 0),
+        (3, 0, "3g.40gb", 4), (4, 2, "4g.40gb", 0)]  # the GI without a CI is no device
+    found, missing = gres.map_gres_indices([1, 3, 9], entries)
     assert [e.uuid for e in found] == ["MIG-2-3", "MIG-0-2"]
     assert missing == [9]
-    assert entries[2].conf_line("h100") == "Name=gpu Type=h100 File=/dev/nvidia1"
+    assert entries[0].conf_line("h100") == "Name=gpu Type=h100 File=/dev/nvidia1"
+    assert gres.type_counts(entries, "h100") == [("h100", 1), ("1g.10gb", 1), ("3g.40gb", 2),
+                                                 ("4g.40gb", 1)]
 
 
 @pytest.mark.parametrize("gpu_minor,gi,ci,expected", [
