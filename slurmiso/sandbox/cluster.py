@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from slurmiso.errors import SandboxError, SlurmisoError
 from slurmiso.sandbox import accounting as A
@@ -42,6 +42,9 @@ from slurmiso.sandbox.procs import (
 log = logging.getLogger(__name__)
 
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "libslurm-dev")
+#: What the system Python needs to run ``slurmiso task-prolog`` when it stands in (make_site).
+TASK_PACKAGES = ("python3-yaml", "python3-psutil", "python3-filelock")
+SYSTEM_PYTHON = "/usr/bin/python3"
 APT_GET = "/usr/bin/apt-get"
 DPKG_QUERY = "/usr/bin/dpkg-query"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -92,7 +95,26 @@ def make_site(root: Optional[str] = None) -> L.Site:
         prolog=prolog if hooks else "",
         epilog=epilog if hooks else "",
         pythonpath=pkg_parent,
+        task_python="" if world_reachable(sys.executable) else SYSTEM_PYTHON,
     )
+
+
+def world_reachable(path: str) -> bool:
+    """Whether any user can run/read ``path`` (every directory above it searchable).
+
+    The TaskProlog runs as the job's user: an interpreter under /root (pyenv) fails there
+    with exit 126, so such sites fall back to the system Python (see TASK_PACKAGES).
+    """
+    for p in {os.path.abspath(path), os.path.realpath(path)}:
+        try:
+            if not os.stat(p).st_mode & (stat.S_IXOTH | stat.S_IROTH):
+                return False
+            for parent in Path(p).parents:
+                if not os.stat(parent).st_mode & stat.S_IXOTH:
+                    return False
+        except OSError:
+            return False
+    return True
 
 
 def slurm_env(site: L.Site) -> Dict[str, str]:
@@ -242,15 +264,16 @@ def _step(report: UpReport, name: str) -> Iterator[Step]:
     log.info("sandbox up: %s done in %.1fs %s", name, step.seconds, step.detail)
 
 
-def missing_packages() -> List[str]:
-    cp = run([DPKG_QUERY, "-W", "-f=${Package} ${Status}\\n", *PACKAGES], check=False)
+def missing_packages(wanted: Sequence[str]) -> List[str]:
+    cp = run([DPKG_QUERY, "-W", "-f=${Package} ${Status}\\n", *wanted], check=False)
     ok = {ln.split()[0] for ln in cp.stdout.splitlines() if ln.endswith("install ok installed")}
-    return [p for p in PACKAGES if p not in ok]
+    return [p for p in wanted if p not in ok]
 
 
-def install_packages() -> str:
+def install_packages(site: L.Site) -> str:
     """apt-get install what is missing; ``apt-get update`` only when lists are absent/stale."""
-    missing = missing_packages()
+    wanted = PACKAGES + (TASK_PACKAGES if site.task_python == SYSTEM_PYTHON else ())
+    missing = missing_packages(wanted)
     if not missing:
         return "all installed"
     env = environ_with({"DEBIAN_FRONTEND": "noninteractive"})
@@ -477,7 +500,7 @@ def up(root: Optional[str] = None) -> UpReport:
     site = make_site(root)
     report = UpReport(site)
     with _step(report, "packages") as s:
-        s.detail = install_packages()
+        s.detail = install_packages(site)
     with _step(report, "test user") as s:
         s.detail = ensure_test_user()
     with _step(report, "files") as s:

@@ -94,7 +94,8 @@ class Site:
 
     ``prolog``/``epilog`` are the repository's hook scripts when they exist ("" otherwise);
     ``pythonpath`` is the directory holding the ``slurmiso`` package the hooks must import
-    (slurmd gives hooks no environment, so the wrappers set it).
+    (slurmd gives hooks no environment, so the wrappers set it). ``task_python`` is for the
+    TaskProlog, which runs as the job's user: "" means ``python`` (when others can run it).
     """
 
     root: str
@@ -103,6 +104,7 @@ class Site:
     prolog: str = ""
     epilog: str = ""
     pythonpath: str = ""
+    task_python: str = ""  # TaskProlog runs as the job's user: an interpreter they can run
     nodes: Tuple[SandboxNode, ...] = field(default=NODES)
 
     def path(self, *parts: str) -> str:
@@ -335,7 +337,7 @@ def hook_wrappers(site: Site) -> Dict[str, str]:
         "slurmiso-prolog": render_hook_wrapper(site, [site.python, site.prolog]),
         "slurmiso-epilog": render_hook_wrapper(site, [site.python, site.epilog]),
         "slurmiso-task-prolog": render_hook_wrapper(
-            site, [site.python, "-m", "slurmiso", "task-prolog"]
+            site, [site.task_python or site.python, "-m", "slurmiso", "task-prolog"]
         ),
     }
 

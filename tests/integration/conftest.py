@@ -53,6 +53,14 @@ class Sandbox:
         self.env = dict(os.environ, SLURM_CONF=self.slurm_conf,
                         SLURMISO_CONFIG=self.slurmiso_config)
 
+    @property
+    def hooks(self) -> bool:
+        """Whether slurmiso's Prolog/Epilog/TaskProlog are wired (they change job envs)."""
+        try:
+            return "\nProlog=" in Path(self.slurm_conf).read_text()
+        except OSError:
+            return False
+
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
@@ -152,6 +160,15 @@ class Sandbox:
     def node_states(self) -> Dict[str, str]:
         out = self.cmd("sinfo", "-h", "-N", "-o", "%N %T")
         return dict(ln.split() for ln in out.splitlines() if ln.strip())
+
+    def wait_idle(self, timeout: float = 30) -> Dict[str, str]:
+        """Node states once all are idle (completing jobs of earlier tests may linger)."""
+        deadline = time.monotonic() + timeout
+        states = self.node_states()
+        while any(s != "idle" for s in states.values()) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            states = self.node_states()
+        return states
 
     def clear_queue(self, timeout: float = 60) -> None:
         """Cancel every job and wait until none is left (epilogs included)."""
