@@ -188,3 +188,31 @@ def test_slurmiso_yaml_loads_with_the_real_loader():
 def test_trailing_slash_in_root_is_harmless():
     assert "/srv/sbx//" not in L.render_slurm_conf(HOOKED)
     assert HOOKED.slurm_conf == "/srv/sbx/etc/slurm.conf"
+
+
+def test_task_prolog_uses_the_interpreter_job_users_can_run():
+    site = L.Site(root="/srv/sbx", host="h", python="/root/.pyenv/bin/python", prolog="/p",
+                  epilog="/e", task_python="/usr/bin/python3")
+    wrappers = L.hook_wrappers(site)
+    assert "exec /usr/bin/python3 -m slurmiso task-prolog" in wrappers["slurmiso-task-prolog"]
+    assert "exec /root/.pyenv/bin/python /p" in wrappers["slurmiso-prolog"]
+
+
+@pytest.mark.parametrize(
+    "rows, add, fix",
+    [
+        ([], ["infer", "train", "debug"], {"infer", "train", "debug"}),
+        ([["infer", "1000", "train", "cluster", "00:00:00"],
+          ["train", "100", "", "requeue", "00:00:30"],
+          ["debug", "500", "", "cluster", "00:00:00"]], [], set()),
+        ([["infer", "1000", "train", "cluster", "00:00:00"],
+          ["train", "100", "", "cancel", "00:01:00"],
+          ["debug", "500", "", "cluster", "00:00:00"]], [], {"train"}),
+    ],
+)
+def test_qos_changes_assert_then_act(rows, add, fix):
+    from slurmiso.sandbox.accounting import qos_changes
+
+    got_add, got_fix = qos_changes(rows)
+    assert got_add == add
+    assert set(got_fix) == fix
