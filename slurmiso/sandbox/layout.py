@@ -155,10 +155,20 @@ def device_nodes(site: Site) -> List[DeviceNode]:
     return out
 
 
+def mig_gres_order(n: SandboxNode) -> List[Tuple[int, MigSlot]]:
+    """(slot index, slot) in gres.conf order: type, then GPU, then placement start.
+
+    slurmctld 22.05 numbers a node's typed ``gres/gpu`` records type by type (in ``Gres=``
+    order); with one type's lines not contiguous, ``SLURM_JOB_GPUS`` and the types disagree.
+    This is the order :mod:`slurmiso.mig.gres` (the prolog's view) uses too.
+    """
+    return sorted(enumerate(n.mig_slots), key=lambda t: (t[1].profile, t[1].gpu, t[1].placement))
+
+
 def mig_gres_counts(n: SandboxNode) -> OrderedDict[str, int]:
-    """MIG profile -> count on the node, in layout order (Slurm's GRES types)."""
+    """MIG profile -> count on the node, in gres.conf order (the ``Gres=`` types)."""
     counts: OrderedDict[str, int] = OrderedDict()
-    for slot in n.mig_slots:
+    for _i, slot in mig_gres_order(n):
         counts[slot.profile] = counts.get(slot.profile, 0) + 1
     return counts
 
@@ -268,7 +278,7 @@ def render_slurm_conf(site: Site) -> str:
 def _gres_lines(site: Site, n: SandboxNode) -> List[str]:
     out: List[str] = []
     if n.mig_slots:
-        for i, slot in enumerate(n.mig_slots):
+        for i, slot in mig_gres_order(n):
             files = [gpu_device(site, n, slot.gpu)]
             files += [cap_device(site, n, m) for m in cap_minors(i)]
             out.append(

@@ -216,3 +216,10 @@ def test_qos_changes_assert_then_act(rows, add, fix):
     got_add, got_fix = qos_changes(rows)
     assert got_add == add
     assert set(got_fix) == fix
+
+
+def test_mig_gres_lines_grouped_by_type_then_gpu_then_start():
+    """slurmctld 22.05 indexes typed GRES type by type: one type's lines must be contiguous."""
+    lines = [ln for ln in L.render_gres_conf(SITE).splitlines() if "MultipleFiles=" in ln]
+    order = [(ln.split("Type=")[1].split()[0], ln.split("/dev/n3/nvidia")[1][0]) for ln in lines]
+    assert order == [("3g.40gb", "0"), ("3g.40gb", "0"), ("3g.40gb", "1"), ("4g.40gb", "1")]
