@@ -35,8 +35,14 @@ log = logging.getLogger(__name__)
 Trigger = Callable[[float], bool]
 
 FAKE_SCONTROL = """#!/bin/sh
-# scontrol stand-in for slurmiso's local controller: record the request, succeed (or fail
-# the way a site that forbids users 'scontrol requeue' does).
+# scontrol stand-in for slurmiso's local controller. 'show job' answers with the state the
+# controller wrote; 'requeue' is recorded and succeeds (or fails the way a site that forbids
+# users 'scontrol requeue' does).
+if [ "$1" = show ]; then
+    state=$(cat "$SLURMISO_SIM_REQUESTS.state" 2>/dev/null || echo RUNNING)
+    echo "JobId=$SLURM_JOB_ID JobName=sim JobState=$state"
+    exit 0
+fi
 if [ -n "$SLURMISO_SIM_SCONTROL_FAIL" ]; then
     echo "scontrol: error: Access/permission denied" >&2
     exit 1
@@ -119,6 +125,16 @@ class LocalSlurm:
         else:
             env.pop("SLURM_RESTART_COUNT", None)
         return env
+
+    def set_state(self, state: str) -> None:
+        """What the fake ``scontrol show job`` reports (RUNNING unless told otherwise)."""
+        with open(self.requests + ".state", "w", encoding="utf-8") as fh:
+            fh.write(state)
+
+    def cancel(self, pid: int) -> None:
+        """``scancel``: the job turns CANCELLED, then SIGCONT+SIGTERM to all its processes."""
+        self.set_state("CANCELLED")
+        self._signal_all(pid, (signal.SIGCONT, signal.SIGTERM), Attempt(0, "", 0, 0.0))
 
     def run(
         self,

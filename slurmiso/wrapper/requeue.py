@@ -9,8 +9,11 @@ The decision is pure (:func:`decide`) and always carries a reason, including whe
   preemptor waits. So once the checkpoint is taken the wrapper runs
   ``scontrol requeue $SLURM_JOB_ID`` itself: the job is requeued and the GPUs are free at
   once. Not bounded by ``max_requeues``: a preemption is not the job's doing, and Slurm would
-  requeue it anyway. If ``scontrol requeue`` fails (a site that forbids it, or a ``scancel``,
-  which also starts with SIGTERM) the wrapper records why and waits for Slurm to end the job.
+  requeue it anyway. ``scancel`` also starts with SIGTERM, and ``scontrol requeue`` would
+  bring a cancelled job back, so the wrapper first asks Slurm for the job's state: only a job
+  still RUNNING (preempted jobs stay RUNNING through the grace; cancelled ones are CANCELLED
+  at once) is requeued. If ``scontrol requeue`` fails (a site that forbids it) the wrapper
+  records why and waits for Slurm to end the job.
 * Time-limit warning (``--signal``): nobody requeues unless the wrapper does; bounded by the
   class's ``max_requeues`` against ``SLURM_RESTART_COUNT``, and only after a checkpoint -
   requeuing without one would repeat the same work until the count runs out.
@@ -53,11 +56,13 @@ def decide(
     max_requeues: int,
     checkpoint_ok: bool,
     program_status: Optional[int] = None,
+    slurm_state: str = "",
 ) -> Decision:
     """Requeue or not, with the reason either way.
 
     ``program_status`` is the program's exit status when it ended on its own before being
-    asked to checkpoint (0 means it finished its work: nothing to requeue).
+    asked to checkpoint (0 means it finished its work: nothing to requeue). ``slurm_state``
+    is the job's state as slurmctld reports it ("" when unknown).
     """
     nxt = restart_count + 1
     if program_status == 0:
@@ -65,6 +70,12 @@ def decide(
     if not job_id:
         return Decision(False, "not running under Slurm (no SLURM_JOB_ID): nothing to requeue")
     if cause == PREEMPTED:
+        if slurm_state and slurm_state != "RUNNING":
+            return Decision(
+                False,
+                f"Slurm shows the job {slurm_state}: it was cancelled, not preempted "
+                "(a preempted job stays RUNNING until its grace ends)",
+            )
         return Decision(
             True,
             "preempted: requeued now so the preempting job need not wait out the grace",
@@ -86,6 +97,19 @@ def decide(
             "work from the previous checkpoint",
         )
     return Decision(True, "time limit near: requeued after the checkpoint", BY_WRAPPER, nxt)
+
+
+def slurm_job_state(client: SlurmRunner, job_id: str) -> str:
+    """The job's ``JobState`` from slurmctld, "" when it cannot be learnt in time."""
+    from slurmiso.slurm.client import parse_kv_line
+
+    try:
+        out = client.run("scontrol", ["show", "job", "-o", job_id], REQUEUE_TIMEOUT_S)
+    except SlurmError as exc:
+        log.warning("cannot learn the job's state (%s); assuming it was preempted", exc)
+        return ""
+    line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
+    return parse_kv_line(line).get("JobState", "") if line else ""
 
 
 def scontrol_requeue(client: SlurmRunner, job_id: str) -> Optional[str]:

@@ -280,6 +280,11 @@ class Supervisor:
     def _requeue(
         self, cause: str, checkpoint_ok: bool, program_status: Optional[int] = None
     ) -> None:
+        if not self.designated:
+            return  # the designated rank's wrapper requeues and records, once per job
+        state = ""
+        if cause == PREEMPTED and self.job.in_slurm and program_status is None:
+            state = requeue.slurm_job_state(self.slurm(), self.job.job_id)
         decision = requeue.decide(
             cause,
             job_id=self.job.job_id,
@@ -287,9 +292,8 @@ class Supervisor:
             max_requeues=self.settings.max_requeues,
             checkpoint_ok=checkpoint_ok,
             program_status=program_status,
+            slurm_state=state,
         )
-        if not self.designated:
-            return  # the designated rank's wrapper requeues and records, once per job
         if decision.requeue:
             error = requeue.scontrol_requeue(self.slurm(), self.job.job_id)
             if error is None:

@@ -107,6 +107,25 @@ CASES = [
 ]
 
 
+def test_cancelled_job_is_never_requeued() -> None:
+    d = requeue.decide(PREEMPTED, job_id="9", restart_count=0, max_requeues=20,
+                       checkpoint_ok=True, slurm_state="CANCELLED")
+    assert not d.requeue and "cancelled, not preempted" in d.reason
+    running = requeue.decide(PREEMPTED, job_id="9", restart_count=0, max_requeues=20,
+                             checkpoint_ok=True, slurm_state="RUNNING")
+    assert running.requeue
+
+
+def test_slurm_job_state_parses_scontrol_and_tolerates_failure() -> None:
+    class Show(FakeSlurm):
+        def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+            super().run(cmd, args, timeout)
+            return "JobId=9 JobName=x JobState=CANCELLED Reason=None\n"
+
+    assert requeue.slurm_job_state(Show(), "9") == "CANCELLED"
+    assert requeue.slurm_job_state(FakeSlurm(fail=True), "9") == ""
+
+
 @pytest.mark.parametrize("cause, job, rc, mx, ok, status, want, by, why", CASES)
 def test_requeue_decision_always_has_a_reason(
     cause: str, job: str, rc: int, mx: int, ok: bool, status: Optional[int],

@@ -138,6 +138,22 @@ def test_preempted_job_that_cannot_requeue_itself_waits_for_slurm(tmp_path) -> N
     assert sorted(job.steps()) == list(range(1, 81))
 
 
+def test_scancel_checkpoints_but_is_not_requeued(tmp_path) -> None:
+    job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01")
+    proc = subprocess.Popen(job.argv, env=job.sim.env_for(0), cwd=job.dir)
+    try:
+        while len(job.steps()) < 5:
+            time.sleep(0.02)
+        job.sim.cancel(proc.pid)
+        assert proc.wait(10) == 143
+    finally:
+        proc.kill()
+    assert job.journal("checkpoint-end")[0]["ok"]  # the work is saved all the same
+    assert not job.journal("requeue")
+    assert "cancelled, not preempted" in job.journal("requeue-declined")[0]["reason"]
+    assert not os.path.exists(job.sim.requests)
+
+
 def test_double_signal_is_one_checkpoint(tmp_path) -> None:
     job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01", "--slow-checkpoint", "0.5")
     env = job.sim.env_for(0)
