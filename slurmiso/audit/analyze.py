@@ -107,7 +107,10 @@ class Aggregator:
             add(rec)
 
     def add(self, rec: JobRecord) -> None:
-        cls = self._class_of(rec.qos, rec.partition)
+        if rec.qos in ("", "Unknown") and rec.job in self.preempted:
+            cls = self.preempted[rec.job].cls  # 22.05 records a cancelled requeue without QoS
+        else:
+            cls = self._class_of(rec.qos, rec.partition)
         stats = self.classes.get(cls)
         if stats is None:
             stats = self.classes[cls] = ClassStats()
@@ -122,7 +125,8 @@ class Aggregator:
             self.seen.add(key)
             stats.jobs += 1
         gpus, gpu_hours = self._gpu_hours(rec, stats, 1)
-        start = rec.start
+        # a requeued attempt cancelled while pending gets Start=End but ran nowhere
+        start = rec.start if rec.nodes != "None assigned" else None
         wait = None
         if start is not None:
             stats.started += 1

@@ -117,3 +117,14 @@ def test_recorded_sandbox_output_matches_golden(fixture, utc, capsys, monkeypatc
     report["inputs"]["sacct"]["source"] = fixture
     report["inputs"]["journals"] = []
     check_golden(f"{fixture}.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("fixture", RECORDED)
+def test_recorded_preemption_is_one_job_two_attempts(fixture, utc, capsys, monkeypatch):  # noqa: F811
+    """Real 22.05 records the cancelled requeued attempt with QOS Unknown, no partition, no
+    node and Start=End: it stays in the preempted job's class and counts as not started."""
+    rc, out, _ = run_audit(["--sacct-file", os.path.join(SACCT, fixture), "--format", "json",
+                            "--journal", JOURNAL], capsys, monkeypatch)
+    train = json.loads(out)["classes"]["train"]
+    assert (train["jobs"], train["attempts"], train["requeues"], train["preemptions"],
+            train["started"]) == (1, 2, 1, 1, 1)

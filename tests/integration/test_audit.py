@@ -1,0 +1,62 @@
+"""``slurmiso audit`` against the real sandbox: a train job preempted by an infer job is
+counted as a preemption and a requeue, from live ``sacct`` and from a saved file.
+
+Takes ~40 s: Slurm requeues a preempted batch job only when its GraceTime (30 s) runs out
+(see test_sandbox.test_infer_job_preempts_and_requeues_train_job). Set
+``SLURMISO_RECORD_FIXTURES=1`` to copy this run's sacct output (both formats) into
+tests/fixtures/sacct/22.05-recorded.* for the golden tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from slurmiso.audit.sacct import SACCT_FIELDS
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "fixtures", "sacct")
+
+
+def test_audit_counts_the_preemption_and_requeue(sandbox, submit, wait_for, tmp_path):
+    debug = submit("#!/bin/bash\nsleep 1\n", "-p", "gpu", "--gres=gpu:1", "--qos=debug")
+    wait_for(debug, timeout=60)
+    train = submit("#!/bin/bash\necho attempt ${SLURM_RESTART_COUNT:-0}\nsleep 300\n",
+                   "-p", "gpu", "--gres=gpu:2", "--qos=train")
+    wait_for(train, {"RUNNING"}, timeout=30)
+    infer = submit("#!/bin/bash\nsleep 1\n", "-p", "gpu", "--gres=gpu:1", "--qos=infer")
+    wait_for(infer, timeout=75)
+    deadline = time.monotonic() + 30
+    while "PREEMPTED" not in [r["State"] for r in sandbox.sacct(train)]:
+        assert time.monotonic() < deadline, sandbox.sacct(train)
+        time.sleep(0.5)
+    sandbox.cmd("scancel", train)  # the requeued attempt need not run: 2 attempts recorded
+
+    # live: sacct over the last hour (other tests' jobs may be in it too: at least ours)
+    cp = sandbox.slurmiso("audit", "--since", "1h", "--format", "json")
+    assert cp.returncode in (0, 1), cp.stderr
+    live = json.loads(cp.stdout)
+    assert live["classes"]["train"]["preemptions"] >= 1, live["classes"]
+    assert live["classes"]["train"]["requeues"] >= 1, live["classes"]
+    assert live["inputs"]["sacct"]["bad"] == 0 and not live["inputs"]["sacct"]["truncated"]
+
+    # exact: the same through a saved file holding only this test's jobs
+    ids = ",".join([debug, train, infer])
+    saved = {}
+    for ext, fmt in (("txt", ["-P", "--format=" + ",".join(SACCT_FIELDS)]), ("json", ["--json"])):
+        path = tmp_path / f"sacct.{ext}"
+        path.write_text(sandbox.cmd("sacct", "-a", "-D", "-S", "now-1hour", "-j", ids, *fmt))
+        saved[ext] = str(path)
+        cp = sandbox.slurmiso("audit", "--sacct-file", str(path), "--format", "json")
+        assert cp.returncode in (0, 1), cp.stderr
+        report = json.loads(cp.stdout)
+        train_stats = report["classes"]["train"]
+        assert (train_stats["jobs"], train_stats["preemptions"], train_stats["requeues"]) == (
+            1, 1, 1), (ext, report["classes"])
+        assert train_stats["lost_gpu_hours_estimated"] > 0  # no checkpoint: whole run lost
+        assert report["classes"]["infer"]["jobs"] == 1 and report["classes"]["debug"]["jobs"] == 1
+    if os.environ.get("SLURMISO_RECORD_FIXTURES"):
+        shutil.copy(saved["txt"], os.path.join(FIXTURES, "22.05-recorded.txt"))
+        shutil.copy(saved["json"], os.path.join(FIXTURES, "22.05-recorded.json"))
