@@ -52,6 +52,7 @@ class JournalDigest:
     resume_steps: Dict[str, List[Any]] = field(default_factory=dict)
     preempt_signals: Counter = field(default_factory=Counter)
     requeues: Counter = field(default_factory=Counter)  # by reason
+    requeued_jobs: set = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
     monitor_actions: Counter = field(default_factory=Counter)
     monitor_dry_run: int = 0
@@ -70,6 +71,8 @@ class JournalDigest:
         if event in ("prolog", "job-end"):
             if rec.get("class"):
                 self.job_class[job] = str(rec["class"])
+            if (_float(rec.get("restart_count")) or 0) > 0:
+                self.requeued_jobs.add(job)
             if event == "prolog" and rec.get("outcome") == "refused":
                 self.refused[str(rec.get("reason", "?"))[:120]] += 1
         elif event == "checkpoint-start":
@@ -82,6 +85,7 @@ class JournalDigest:
             self.preempt_signals[job] += 1
         elif event == "requeue":
             self.requeues[str(rec.get("reason", "?"))] += 1
+            self.requeued_jobs.add(job)
         elif event == "requeue-declined":
             if len(self.requeue_declined) < _MAX_IDS:
                 self.requeue_declined.append((job, str(rec.get("reason", ""))))

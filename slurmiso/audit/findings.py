@@ -88,16 +88,19 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
     threshold = cfg.audit.repeated_preemptions
     not_requeued, no_ckpt, repeated = [], [], []
     for job, p in agg.preempted.items():
-        if p.cls in preemptible and agg.multi_attempts(job) <= p.preemptions:
+        requeued = agg.multi_attempts(job) > p.preemptions or job in digest.requeued_jobs
+        if p.cls in preemptible and not requeued:
             not_requeued.append(job)
         if digest.records and p.cls in preemptible and job not in digest.checkpointing_jobs:
             no_ckpt.append(job)
         if p.preemptions >= threshold and not digest.made_progress(job):
             repeated.append(job)
     if not_requeued:
-        out.append(make("error", "training-not-requeued",
-                        f"{len(not_requeued)} preemptible job(s) were preempted and never "
-                        "requeued: their run was thrown away",
+        out.append(make("warning", "training-not-requeued",
+                        f"{len(not_requeued)} preemptible job(s) were preempted with no later "
+                        "attempt in accounting or the journals: not requeued (their run was "
+                        "thrown away), or the requeued attempt never became eligible in the "
+                        "window",
                         "PreemptMode=REQUEUE on the train QoS (CANCEL voids --requeue), "
                         "JobRequeue=1 or sbatch --requeue; check MaxBatchRequeue", not_requeued))
     if no_ckpt:

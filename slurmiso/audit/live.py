@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any, Dict, List, Optional
 
 from slurmiso.audit.findings import Finding, make
-from slurmiso.errors import SlurmisoError
+from slurmiso.errors import SlurmisoError, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +29,28 @@ def live_findings(cfg: Any, node: str, slurm: Any) -> List[Finding]:
     node = node_name(node)
     out: List[Finding] = []
     running: Optional[List[str]] = None
-    try:
-        running = slurm.jobs_on_node(node)
-        out.extend(qos_drift(cfg, parse_qos(slurm.run("sacctmgr", ["show", "qos", "-P"]))))
-        out.extend(hook_findings(slurm.run("scontrol", ["show", "config"])))
-    except SlurmisoError as err:
-        out.append(make("error", "slurm-unreachable",
-                        f"live checks could not ask Slurm: {err}",
-                        "check slurmctld/slurmdbd (scontrol ping; sacctmgr show cluster); "
-                        "QoS drift, hooks and job records were not checked", [node]))
+    checks = [
+        ("jobs on the node", lambda: slurm.jobs_on_node(node)),
+        ("QoS", lambda: qos_drift(cfg, parse_qos(slurm.run("sacctmgr", ["show", "qos", "-P"])))),
+        ("hooks", lambda: hook_findings(slurm.run("scontrol", ["show", "config"]))),
+    ]
+    for what, check in checks:
+        try:
+            result = check()
+        except SlurmUnavailable as err:
+            out.append(make("error", "slurm-unreachable",
+                            f"live checks could not reach Slurm: {err}",
+                            "check slurmctld/slurmdbd (scontrol ping; sacctmgr show cluster); "
+                            "QoS drift, hooks and job records were not checked", [node]))
+            break
+        except SlurmisoError as err:
+            out.append(make("warning", "live-check-failed", f"live check of {what}: {err}",
+                            "run the command by hand to see why"))
+            continue
+        if what == "jobs on the node":
+            running = result
+        else:
+            out.extend(result)
     out.extend(_node_checks(cfg, node, running, slurm))
     return out
 
