@@ -29,6 +29,7 @@ from slurmiso.sandbox import accounting as A
 from slurmiso.sandbox import layout as L
 from slurmiso.sandbox.procs import (
     environ_with,
+    file_lock,
     has_env,
     process_matches,
     read_pid,
@@ -493,11 +494,21 @@ def _nodes_error(site: L.Site, bad: Dict[str, Tuple[str, str]], what: str) -> st
     return "\n".join(lines)
 
 
+def lock_path(site: L.Site) -> str:
+    # Beside the dir, not in it: 'down --purge' removes the dir while holding the lock.
+    return f"{site.root.rstrip('/')}.lock"
+
+
 def up(root: Optional[str] = None) -> UpReport:
-    """Bring the sandbox up from whatever state it is in."""
+    """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time)."""
     if os.geteuid() != 0:
         raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
     site = make_site(root)
+    with file_lock(lock_path(site), "sandbox up"):
+        return _up(site)
+
+
+def _up(site: L.Site) -> UpReport:
     report = UpReport(site)
     with _step(report, "packages") as s:
         s.detail = install_packages(site)
@@ -561,6 +572,11 @@ def leftovers(site: L.Site) -> List[Tuple[int, str]]:
 def down(root: Optional[str] = None, purge: bool = False) -> DownReport:
     """Stop every sandbox process and check that none is left; ``purge`` removes the dir."""
     site = make_site(root)
+    with file_lock(lock_path(site), "sandbox down"):
+        return _down(site, purge)
+
+
+def _down(site: L.Site, purge: bool) -> DownReport:
     report = DownReport()
     svcs = services(site)
     # Slurmds first (they report to slurmctld), slurmdbd before its database.

@@ -12,8 +12,9 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import SandboxError
 
@@ -160,6 +161,29 @@ def terminate(pids: Sequence[int], *, timeout: float = 15) -> List[int]:
             continue
     psutil.wait_procs(alive, timeout=5)
     return [p.pid for p in alive]
+
+
+@contextmanager
+def file_lock(path: str, what: str, timeout: float = 300) -> Iterator[None]:
+    """Hold an exclusive flock on ``path``: one ``up``/``down`` at a time per sandbox."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"{what}: {path} stayed locked for {timeout:g}s "
+                                       "(another 'slurmiso sandbox' command is running)") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def environ_with(extra: Dict[str, str]) -> Dict[str, str]:

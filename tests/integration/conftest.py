@@ -16,12 +16,14 @@ each other's jobs. The cluster is left running at the end; ``slurmiso sandbox do
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Set
 
@@ -172,14 +174,18 @@ class Sandbox:
 
     def clear_queue(self, timeout: float = 60) -> None:
         """Cancel every job and wait until none is left (epilogs included)."""
-        ids = self.cmd("squeue", "-h", "-o", "%i", check=False).split()
-        if ids:
-            self.cmd("scancel", *ids, check=False)
         deadline = time.monotonic() + timeout
-        while self.cmd("squeue", "-h", "-o", "%i", check=False).split():
+        last_cancel = 0.0
+        while True:
+            ids = self.cmd("squeue", "-h", "-o", "%i", check=False).split()
+            if not ids:
+                return
             if time.monotonic() > deadline:
                 raise AssertionError("jobs left in the queue after scancel:\n"
                                      + self.cmd("squeue", check=False))
+            if time.monotonic() - last_cancel > 2:  # again: a job may requeue itself
+                self.cmd("scancel", *ids, check=False)
+                last_cancel = time.monotonic()
             time.sleep(0.25)
 
 
@@ -192,16 +198,48 @@ def _bring_up(root: str) -> None:
                     pytrace=False)
 
 
+@contextmanager
+def _session_lock(timeout: float = 1200) -> Iterator[None]:
+    """One test session per sandbox at a time: sessions would cancel each other's jobs."""
+    path = SANDBOX_DIR.rstrip("/") + ".tests.lock"
+    with open(path, "a+") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    fh.seek(0)
+                    pytest.fail(f"another test session holds {path} ({fh.read().strip()})",
+                                pytrace=False)
+                time.sleep(1)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[Sandbox]:
-    """The local Slurm sandbox, up (started once per session)."""
+    """The local Slurm sandbox, up (started once per session, held by this session alone)."""
     if os.geteuid() != 0:
         pytest.skip("sandbox tests need root: they start slurmctld/slurmd/slurmdbd/MariaDB "
                     "and create device nodes (run: sudo pytest -m sandbox)")
+    with _session_lock():
+        yield from _sandbox_session()
+
+
+def _sandbox_session() -> Iterator[Sandbox]:
     _bring_up(SANDBOX_DIR)
     jobs_dir = tempfile.mkdtemp(prefix="slurmiso-sbx-jobs-")
     os.chmod(jobs_dir, 0o1777)  # jobs of the non-root test user write their output here too
     sbx = Sandbox(SANDBOX_DIR, jobs_dir)
+    sbx.clear_queue()  # jobs a crashed earlier session left behind
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "SLURMISO_CONFIG")}
     os.environ.update(SLURM_CONF=sbx.slurm_conf, SLURMISO_CONFIG=sbx.slurmiso_config)
     yield sbx
