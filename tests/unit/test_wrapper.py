@@ -327,3 +327,28 @@ def test_helper_outside_the_wrapper_just_clears(monkeypatch) -> None:
     req._pending = True
     req.done("/nowhere")
     assert not req.pending
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_refuses_a_refused_job_without_starting_it(tmp_path, monkeypatch, capsys) -> None:
+    from slurmiso.cli.main import main
+
+    monkeypatch.setenv("SLURM_JOB_ID", "31")
+    monkeypatch.setenv("SLURMISO_CONFIG", str(tmp_path / "none.yaml"))
+    monkeypatch.setenv("SLURMISO_REFUSED", "class train needs mps isolation")
+    flag = tmp_path / "ran"
+    rc = main(["run", "--ckpt-dir", str(tmp_path / "c"), "--", "touch", str(flag)])
+    assert rc == 1 and not flag.exists()
+    assert "job 31 was refused" in capsys.readouterr().err
+
+
+def test_cli_passes_the_exit_status_through(tmp_path, monkeypatch) -> None:
+    from slurmiso.cli.main import main
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURMISO_REFUSED", raising=False)
+    rc = main(["run", "--ckpt-dir", str(tmp_path / "c"), "--", "sh", "-c", "exit 4"])
+    assert rc == 4
+    assert main(["run"]) == 2  # no program: usage error
