@@ -14,7 +14,7 @@ from slurmiso.audit import sacct as sacct_mod
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SACCT = os.path.join(ROOT, "tests", "fixtures", "sacct")
 JOURNAL = os.path.join(ROOT, "tests", "fixtures", "audit", "journal.jsonl")
-CONFIG = os.path.join(ROOT, "etc", "slurmiso.yaml")
+CONFIG = os.path.join(ROOT, "tests", "fixtures", "audit", "slurmiso.yaml")
 #: The report's "generated" time in golden files: a fixed clock after the fixtures' jobs.
 NOW = 1714608000.0  # 2024-05-02T00:00:00Z
 HAND_MADE = ["22.05-parsable.txt", "24.11-parsable.txt", "22.05.json", "24.11.json"]
