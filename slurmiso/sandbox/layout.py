@@ -422,8 +422,8 @@ classes:
     mig_profile: 3g.40gb
     mps:
       thread_percentage: 100
-      memory_limit: 40G
-    memory_headroom: 20
+      memory_limit: 32G
+    memory_headroom: 10
     preemptible: false
     qos:
       priority: 1000
@@ -436,12 +436,12 @@ classes:
     match:
       qos: [train]
       spank_class: train
-    isolation: mps
+    isolation: timeslice                # runs in every pool, the timeslice one included
     mig_profile: 4g.40gb
     mps:
       thread_percentage: 60
-      memory_limit: 36G
-    memory_headroom: 25
+      memory_limit: 24G
+    memory_headroom: 10
     preemptible: true
     checkpoint:
       signal: USR2

@@ -48,7 +48,7 @@ def test_example_content() -> None:
     assert train is not None and train.preemptible
     assert train.checkpoint is not None and train.checkpoint.grace_s == 120
     assert train.checkpoint.signal == "USR2"
-    assert train.mps.memory_limit_mb == 36 * 1024
+    assert train.mps.memory_limit_mb == 24 * 1024
     assert cfg.pool_for_node("gpu020").name == "mixed"  # type: ignore[union-attr]
     assert cfg.pool_for_node("nodeX", ("migdyn",)).mode == "mig-dynamic"  # type: ignore[union-attr]
     half = cfg.mig_layout("half-half")

@@ -1,0 +1,220 @@
+"""Per-job isolation with the real slurmd running the real hooks on simulated GPUs.
+
+Each pool mode: the job sees the right devices and limits, and when it ends the simulated GPUs
+are exactly as before. Failure semantics: a job problem refuses the job and keeps the node; a
+GPU that falls off the bus drains the node with slurmiso's reason in ``sinfo -R``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List
+
+import pytest
+
+from slurmiso.gpu.sim import SimBackend
+from slurmiso.state import Journal
+
+ENV_DUMP = "#!/bin/bash\nenv | sort\n"
+HOLD = "#!/bin/bash\nenv | sort\nsleep {secs}\n"
+
+
+def env_of(output: str) -> Dict[str, str]:
+    return dict(ln.split("=", 1) for ln in output.splitlines() if "=" in ln)
+
+
+def sim(sandbox: Any, node: str) -> SimBackend:
+    return SimBackend(sandbox.path("sim", f"{node}.json"))
+
+
+def gpu_snapshot(sandbox: Any, node: str) -> Dict[str, Any]:
+    """What must be identical before and after a job: instances, processes, MIG mode."""
+    state = sim(sandbox, node).state()
+    for key in [k for k in state if "generation" in k]:  # UUID counters only ever grow
+        state.pop(key)
+    return state
+
+
+def records(sandbox: Any, node: str) -> List[str]:
+    folder = sandbox.path("state", node, "jobs")
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def journal(sandbox: Any, node: str, job: str) -> List[Dict[str, Any]]:
+    path = sandbox.path("log", f"journal-{node}.jsonl")
+    return [e for e in Journal(path).read() if e.get("job") == job]
+
+
+def wait_prolog(sandbox: Any, node: str, job: str, timeout: float = 30) -> None:
+    """RUNNING can show while the Prolog still works (PrologFlags=Alloc): wait for its record."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e["event"] == "prolog" for e in journal(sandbox, node, job)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no prolog record for job {job} on {node}")
+
+
+def wait_epilog(sandbox: Any, node: str, job: str, timeout: float = 30) -> None:
+    """The job is COMPLETED before its epilog finishes: wait for the job-end record."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e["event"] == "job-end" for e in journal(sandbox, node, job)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no job-end record for job {job} on {node}")
+
+
+def test_exclusive_job(sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
+    before = gpu_snapshot(sandbox, "n1")
+    job = submit(ENV_DUMP, "-p", "gpu", "--gres=gpu:1", "--qos=debug")
+    wait_for(job)
+    env = env_of(job_output(job))
+    assert env["SLURMISO_CLASS"] == "debug"
+    assert env["CUDA_VISIBLE_DEVICES"] in {"0", "1"}
+    wait_epilog(sandbox, "n1", job)
+    events = [e["event"] for e in journal(sandbox, "n1", job)]
+    assert events[0] == "prolog" and "job-end" in events
+    assert f"{job}.json" not in records(sandbox, "n1")
+    assert gpu_snapshot(sandbox, "n1") == before
+
+
+def test_mig_static_jobs_get_their_own_instances(sandbox: Any, submit: Any, wait_for: Any,
+                                                 job_output: Any) -> None:
+    """The three 3g.40gb GRES of n3 at once: each job gets a distinct 3g.40gb instance. This
+    pins down how slurmd numbers MIG GRES in SLURM_JOB_GPUS (type, GPU, start)."""
+    insts = {i.uuid: i for i in sim(sandbox, "n3").instances()}
+    jobs = [submit(HOLD.format(secs=6), "-p", "mig", "--gres=gpu:3g.40gb:1", "--qos=infer")
+            for _ in range(3)]
+    for job in jobs:
+        wait_for(job, {"RUNNING"}, timeout=40)
+    for job in jobs:
+        wait_for(job, timeout=60)
+    seen = []
+    for job in jobs:
+        uuid = env_of(job_output(job))["CUDA_VISIBLE_DEVICES"]
+        assert uuid.startswith("MIG-") and uuid in insts, job_output(job)
+        assert insts[uuid].profile == "3g.40gb"
+        seen.append(uuid)
+    assert len(set(seen)) == 3
+    for job in jobs:
+        wait_epilog(sandbox, "n3", job)
+    assert {i.uuid for i in sim(sandbox, "n3").instances()} == set(insts)  # static: kept
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured on Debian's Slurm 22.05.8: with an explicit MultipleFiles gres.conf whose node "
+    "mixes MIG types (3x 3g.40gb + 1x 4g.40gb), slurmctld records the 4g device as 3g with "
+    "count 0 (DebugFlags=Gres topo dump), so --gres=gpu:4g.40gb:1 runs with JOB_GRES "
+    "gpu:4g.40gb:0 and no device; independent of line order and of saved node state. "
+    "strict: the day Slurm gets it right, this test says so"))
+def test_mig_static_second_type_is_scheduled(sandbox: Any, submit: Any, wait_for: Any,
+                                             job_output: Any) -> None:
+    job = submit(ENV_DUMP, "-p", "mig", "--gres=gpu:4g.40gb:1", "--qos=infer")
+    wait_for(job, timeout=60)
+    uuid = env_of(job_output(job)).get("CUDA_VISIBLE_DEVICES", "")
+    profiles = {i.uuid: i.profile for i in sim(sandbox, "n3").instances()}
+    assert profiles.get(uuid) == "4g.40gb", job_output(job)
+
+
+def test_mig_dynamic_infer_and_train_share_one_gpu(sandbox: Any, submit: Any, wait_for: Any,
+                                                   job_output: Any) -> None:
+    before = gpu_snapshot(sandbox, "n4")
+    infer = submit(HOLD.format(secs=8), "-p", "migd", "--gres=shard:3", "--qos=infer")
+    train = submit(HOLD.format(secs=8), "-p", "migd", "--gres=shard:4", "--qos=train")
+    for job in (infer, train):
+        wait_for(job, {"RUNNING"}, timeout=40)
+        wait_prolog(sandbox, "n4", job)
+    live = sim(sandbox, "n4").instances(0)
+    assert sorted(i.profile for i in live) == ["3g.40gb", "4g.40gb"]
+    status = json.loads(sandbox.slurmiso("status", "--node", "n4", "--json").stdout)
+    owners = {r["uuid"]: j["job"] for j in status["jobs"] for r in j["resources"]}
+    assert sorted(owners.values()) == sorted([infer, train])
+    wait_for(infer)
+    wait_for(train)
+    by_job = {j: env_of(job_output(j))["CUDA_VISIBLE_DEVICES"] for j in (infer, train)}
+    assert {by_job[infer], by_job[train]} == {i.uuid for i in live}
+    for job in (infer, train):
+        wait_epilog(sandbox, "n4", job)
+    assert sim(sandbox, "n4").instances() == []
+    assert gpu_snapshot(sandbox, "n4") == before
+
+
+def test_mig_dynamic_profile_that_cannot_fit_refuses_only_the_job(
+        sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
+    first = submit(HOLD.format(secs=10), "-p", "migd", "--gres=shard:4", "--qos=train",
+                   "-w", "n4")
+    wait_for(first, {"RUNNING"}, timeout=40)
+    # a second 4g.40gb beside the first on GPU 0 breaks the placement rules (4g only at 0)
+    second = submit(ENV_DUMP, "-p", "migd", "--gres=shard:3", "--qos=train")
+    wait_for(second, timeout=60)
+    out = job_output(second)
+    env = env_of(out)
+    if env.get("CUDA_VISIBLE_DEVICES", "").startswith("MIG-"):
+        pytest.skip("Slurm placed the second job on the other GPU; nothing to refuse")
+    assert env.get("CUDA_VISIBLE_DEVICES") == ""
+    assert "does not fit" in env["SLURMISO_REFUSED"]
+    assert "refused" in out
+    assert sandbox.node_states()["n4"] in {"mixed", "allocated", "idle"}
+    wait_for(first, timeout=60)
+
+
+def test_mps_jobs_share_one_daemon_with_their_class_limits(
+        sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
+    before = gpu_snapshot(sandbox, "n2")
+    infer = submit(HOLD.format(secs=6), "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
+    train = submit(HOLD.format(secs=6), "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2")
+    for job in (infer, train):
+        wait_for(job, timeout=60)
+    ei, et = env_of(job_output(infer)), env_of(job_output(train))
+    for env in (ei, et):
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith(sandbox.path("state", "n2"))
+        assert env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert ei["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert et["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60"
+    assert ei["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=32768M"
+    assert et["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
+    for job in (infer, train):
+        wait_epilog(sandbox, "n2", job)
+    events = [e["event"] for e in Journal(sandbox.path("log", "journal-n2.jsonl")).read()]
+    assert "mps-daemon-stopped" in events
+    status = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
+    assert status["jobs"] == []
+    assert gpu_snapshot(sandbox, "n2") == before
+
+
+def test_class_needing_stronger_isolation_is_refused_node_stays_up(
+        sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
+    job = submit(ENV_DUMP, "-p", "tslice", "--gres=shard:1", "--qos=debug")
+    wait_for(job)
+    env = env_of(job_output(job))
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "needs exclusive isolation" in env["SLURMISO_REFUSED"]
+    assert sandbox.node_states()["n5"] == "idle"
+
+
+def test_gpu_off_the_bus_drains_the_node_with_the_reason(sandbox: Any, submit: Any,
+                                                         wait_for: Any) -> None:
+    node_sim = sim(sandbox, "n1")
+    node_sim.set_lost(0, True)
+    try:
+        job = submit(ENV_DUMP, "-p", "gpu", "--gres=gpu:2", "--qos=debug")
+        deadline = time.monotonic() + 40
+        reason = ""
+        while time.monotonic() < deadline:
+            reason = sandbox.cmd("sinfo", "-h", "-R", "-n", "n1", "-o", "%E")
+            if "slurmiso" in reason:
+                break
+            time.sleep(0.5)
+        assert "slurmiso prolog" in reason and "fallen off the bus" in reason, reason
+        assert sandbox.node_states()["n1"].startswith("drain")
+        sandbox.cmd("scancel", job)
+    finally:
+        node_sim.set_lost(0, False)
+        sandbox.cmd("scontrol", "update", "NodeName=n1", "State=RESUME", check=False)
+    wait_idle = time.monotonic() + 30
+    while sandbox.node_states()["n1"] != "idle" and time.monotonic() < wait_idle:
+        time.sleep(0.5)
+    assert sandbox.node_states()["n1"] == "idle"
