@@ -1,4 +1,4 @@
-"""``slurmiso sandbox up|down|status``: a real Slurm cluster on this machine for tests and demos."""
+"""``slurmiso sandbox up|down|status|demo``: a real Slurm cluster here, for tests and demos."""
 
 from __future__ import annotations
 
@@ -31,6 +31,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     st.add_argument("--dir", help=DIR_HELP)
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_status)
+    demo = sub.add_parser(
+        "demo",
+        help="run a short mixed inference/training scenario on the running sandbox",
+        description=(
+            "Submits real jobs: a whole-GPU job, inference + training sharing one GPU through "
+            "MIG and through MPS, a job slurmiso refuses; shows what each job saw and checks "
+            "the GPUs are clean after. Exit 0 when every step held. Needs 'sandbox up'."
+        ),
+    )
+    demo.add_argument("--dir", help=DIR_HELP)
+    demo.add_argument("--json", action="store_true", help="also print the results as JSON")
+    demo.set_defaults(func=cmd_demo)
     p.set_defaults(func=lambda args: _help(p))
 
 
@@ -53,6 +65,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"export SLURM_CONF={report.site.slurm_conf}")
     print(f"export SLURMISO_CONFIG={report.site.slurmiso_yaml}")
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from slurmiso.sandbox.client import DEFAULT_DIR
+    from slurmiso.sandbox.demo import run_demo
+
+    return run_demo(args.dir or DEFAULT_DIR, args.json)
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -1,0 +1,200 @@
+"""Jobs on the sandbox cluster: submit, wait, read output and accounting.
+
+Used by the integration tests (tests/integration/conftest.py) and by ``slurmiso sandbox demo``,
+so both drive the cluster the same way. Slurm clients run with the sandbox's ``SLURM_CONF``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Set
+
+from slurmiso.errors import SandboxError
+
+#: This checkout (the hooks the sandbox wires run from it; ``slurmiso()`` runs it).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_DIR = os.environ.get("SLURMISO_SANDBOX_DIR", "/var/lib/slurmiso-sandbox")
+
+#: States after which a job will not change by itself (PENDING after requeue is not one).
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+class SandboxClient:
+    """The running sandbox: its paths, the environment for Slurm clients, job helpers."""
+
+    def __init__(self, root: str, jobs_dir: str) -> None:
+        self.root = root
+        self.slurm_conf = os.path.join(root, "etc", "slurm.conf")
+        self.slurmiso_config = os.path.join(root, "etc", "slurmiso.yaml")
+        self.jobs_dir = jobs_dir
+        self.env = dict(os.environ, SLURM_CONF=self.slurm_conf,
+                        SLURMISO_CONFIG=self.slurmiso_config)
+
+    @property
+    def hooks(self) -> bool:
+        """Whether slurmiso's Prolog/Epilog/TaskProlog are wired (they change job envs)."""
+        try:
+            return "\nProlog=" in Path(self.slurm_conf).read_text()
+        except OSError:
+            return False
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def slurmiso(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+        """Run ``python -m slurmiso ARGS`` from this checkout."""
+        env = dict(self.env, PYTHONPATH=REPO)
+        return subprocess.run([sys.executable, "-m", "slurmiso", *args], env=env, text=True,
+                              capture_output=True, timeout=timeout, cwd=REPO)
+
+    def cmd(self, *argv: str, user: str = "", check: bool = True, timeout: float = 30) -> str:
+        """Run a Slurm client with the sandbox's SLURM_CONF (as ``user`` if given)."""
+        full = (["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm_conf}"]
+                if user else []) + list(argv)
+        cp = subprocess.run(full, env=self.env, text=True, capture_output=True, timeout=timeout,
+                            cwd=self.jobs_dir)
+        if check and cp.returncode != 0:
+            raise SandboxError(f"{' '.join(full)} failed ({cp.returncode}): "
+                                 f"{cp.stderr or cp.stdout}")
+        return cp.stdout
+
+    def submit(self, script_text: str, *sbatch_args: str, user: str = "") -> str:
+        """sbatch a script (written where the job can read it); returns the job id."""
+        fd, script = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.jobs_dir)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(script_text if script_text.startswith("#!") else "#!/bin/bash\n"
+                     + script_text)
+        os.chmod(script, 0o755)
+        out = self.cmd("sbatch", "--parsable", f"--chdir={self.jobs_dir}",
+                       f"--output={self.jobs_dir}/job-%j.out", *sbatch_args, script, user=user)
+        return out.strip().split(";")[0]
+
+    def job_state(self, job_id: str) -> str:
+        """State as slurmctld sees it now, or from accounting once the job has aged out."""
+        fields = self.job_fields(job_id)
+        if fields:
+            return fields.get("JobState", "UNKNOWN")
+        out = self.cmd("sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State", check=False)
+        lines = [ln.split()[0] for ln in out.splitlines() if ln.strip()]
+        return lines[-1] if lines else "UNKNOWN"
+
+    def job_fields(self, job_id: str) -> Dict[str, str]:
+        """``scontrol show job -o`` as a dict (empty when slurmctld forgot the job)."""
+        out = self.cmd("scontrol", "show", "job", "-o", job_id, check=False)
+        fields: Dict[str, str] = {}
+        for tok in out.split():
+            key, sep, value = tok.partition("=")
+            if sep and key not in fields:
+                fields[key] = value
+        return fields
+
+    def wait_for(self, job_id: str, states: Iterable[str] = ("COMPLETED",),
+                 timeout: float = 60) -> str:
+        """Wait until the job is in one of ``states``; fail early on another final state."""
+        want: Set[str] = set(states)
+        deadline = time.monotonic() + timeout
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state in want:
+                return state
+            if state in TERMINAL or self._held_by_failure(job_id):
+                break
+            time.sleep(0.25)
+        raise SandboxError(
+            f"job {job_id} is {state}, wanted {sorted(want)} (within {timeout:g}s)\n"
+            f"{self.cmd('scontrol', 'show', 'job', job_id, check=False)}\n"
+            f"nodes down/drained:\n{self.cmd('sinfo', '-R', check=False)}\n"
+            f"output:\n{self.job_output(job_id)}")
+
+    def _held_by_failure(self, job_id: str) -> bool:
+        """A failed Prolog requeues the job held and drains the node: it will never run."""
+        reason = self.job_fields(job_id).get("Reason", "")
+        return reason in ("launch_failed_requeued_held", "JobHeldAdmin")
+
+    def job_output(self, job_id: str) -> str:
+        try:
+            return Path(self.jobs_dir, f"job-{job_id}.out").read_text()
+        except OSError:
+            return ""
+
+    def sacct(self, job_id: str, fields: str = "JobID,State,AllocTRES,NodeList",
+              duplicates: bool = True) -> List[Dict[str, str]]:
+        """Accounting records of a job (``-D``: one per requeued attempt too).
+
+        slurmdbd receives records asynchronously, so an empty answer is retried briefly.
+        """
+        args = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", fields]
+        names = fields.split(",")
+        deadline = time.monotonic() + 10
+        while True:
+            out = self.cmd(*(args + (["-D"] if duplicates else [])))
+            rows = [dict(zip(names, ln.split("|"))) for ln in out.splitlines() if ln.strip()]
+            if rows or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.5)
+
+    def node_states(self) -> Dict[str, str]:
+        out = self.cmd("sinfo", "-h", "-N", "-o", "%N %T")
+        return dict(ln.split() for ln in out.splitlines() if ln.strip())
+
+    def wait_idle(self, timeout: float = 30) -> Dict[str, str]:
+        """Node states once all are idle (completing jobs of earlier tests may linger)."""
+        deadline = time.monotonic() + timeout
+        states = self.node_states()
+        while any(s != "idle" for s in states.values()) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            states = self.node_states()
+        return states
+
+    def clear_queue(self, timeout: float = 60) -> None:
+        """Cancel every job and wait until none is left (epilogs included)."""
+        deadline = time.monotonic() + timeout
+        last_cancel = 0.0
+        while True:
+            ids = self.cmd("squeue", "-h", "-o", "%i", check=False).split()
+            if not ids:
+                return
+            if time.monotonic() > deadline:
+                raise SandboxError("jobs left in the queue after scancel:\n"
+                                     + self.cmd("squeue", check=False))
+            if time.monotonic() - last_cancel > 2:  # again: a job may requeue itself
+                self.cmd("scancel", *ids, check=False)
+                last_cancel = time.monotonic()
+            time.sleep(0.25)
+
+
+@contextmanager
+def session_lock(root: str = DEFAULT_DIR, timeout: float = 1200) -> Iterator[None]:
+    """One session (a test run, the demo) per sandbox at a time: each empties the queue."""
+    path = root.rstrip("/") + ".tests.lock"
+    with open(path, "a+") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    fh.seek(0)
+                    raise SandboxError(
+                        f"another sandbox session holds {path} ({fh.read().strip()})",
+                        hint="wait for it (tests, demo) or stop it",
+                    ) from None
+                time.sleep(1)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,160 @@
+"""``slurmiso sandbox demo``: a short mixed inference/training scenario on the sandbox.
+
+Each step submits real jobs to the sandbox's Slurm, shows what the jobs saw and what slurmiso
+did, and checks it; the summary says which steps held. Holds the sandbox session lock, so it
+never runs into a test session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+from slurmiso.errors import SandboxError
+from slurmiso.sandbox.client import SandboxClient, session_lock
+
+ENV_LINES = "env | grep -E '^(CUDA_|SLURMISO_CLASS|SLURMISO_REFUSED)' | sort\n"
+
+
+def _script(hold_s: int = 0) -> str:
+    return "#!/bin/bash\n" + ENV_LINES + (f"sleep {hold_s}\n" if hold_s else "")
+
+
+def _env(output: str) -> Dict[str, str]:
+    return dict(ln.split("=", 1) for ln in output.splitlines() if "=" in ln)
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _show_job(sbx: SandboxClient, job: str, label: str) -> Dict[str, str]:
+    out = sbx.job_output(job)
+    _say(f"  job {job} ({label}) saw:")
+    for line in out.splitlines() or ["(no output)"]:
+        _say(f"    {line}")
+    return _env(out)
+
+
+def _gpu_state(sbx: SandboxClient, node: str) -> Any:
+    from slurmiso.gpu.sim import SimBackend
+
+    state = SimBackend(sbx.path("sim", f"{node}.json")).state()
+    return {k: v for k, v in state.items() if "generation" not in k}
+
+
+def _wait_released(sbx: SandboxClient, node: str, jobs: List[str], timeout: float = 30) -> None:
+    """The job is COMPLETED before its epilog ends; wait until its record is gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(os.path.exists(sbx.path("state", node, "jobs", f"{j}.json")) for j in jobs):
+            return
+        time.sleep(0.2)
+
+
+def step_exclusive(sbx: SandboxClient) -> str:
+    job = sbx.submit(_script(), "-p", "gpu", "--gres=gpu:1", "--qos=debug")
+    sbx.wait_for(job)
+    env = _show_job(sbx, job, "qos debug, partition gpu: a whole simulated A100")
+    if env.get("SLURMISO_CLASS") != "debug" or env.get("CUDA_VISIBLE_DEVICES") not in ("0", "1"):
+        raise SandboxError("the debug job did not get one whole GPU")
+    return f"job {job} ran on GPU {env['CUDA_VISIBLE_DEVICES']} of n1 as class debug"
+
+
+def step_mig_dynamic(sbx: SandboxClient) -> str:
+    before = _gpu_state(sbx, "n4")
+    infer = sbx.submit(_script(6), "-p", "migd", "--gres=shard:3", "--qos=infer")
+    train = sbx.submit(_script(6), "-p", "migd", "--gres=shard:4", "--qos=train")
+    for job in (infer, train):
+        sbx.wait_for(job, {"RUNNING"}, timeout=40)
+    time.sleep(1.0)
+    _say("  while both run, 'slurmiso status --node n4':")
+    status = sbx.slurmiso("status", "--node", "n4")
+    for line in status.stdout.splitlines():
+        _say(f"    {line}")
+    for job in (infer, train):
+        sbx.wait_for(job, timeout=60)
+    e1 = _show_job(sbx, infer, "qos infer, 3 shards -> MIG 3g.40gb")
+    e2 = _show_job(sbx, train, "qos train, 4 shards -> MIG 4g.40gb")
+    _wait_released(sbx, "n4", [infer, train])
+    uuids = {e1.get("CUDA_VISIBLE_DEVICES", ""), e2.get("CUDA_VISIBLE_DEVICES", "")}
+    if len(uuids) != 2 or not all(u.startswith("MIG-") for u in uuids):
+        raise SandboxError("the two jobs did not get two MIG instances")
+    if _gpu_state(sbx, "n4") != before:
+        raise SandboxError("MIG instances were left on n4 after the jobs ended")
+    return "infer (3g.40gb) and train (4g.40gb) shared an H100 through MIG; GPU clean after"
+
+
+def step_mps(sbx: SandboxClient) -> str:
+    before = _gpu_state(sbx, "n2")
+    infer = sbx.submit(_script(4), "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
+    train = sbx.submit(_script(4), "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2")
+    for job in (infer, train):
+        sbx.wait_for(job, timeout=60)
+    e1 = _show_job(sbx, infer, "qos infer on the MPS pool")
+    e2 = _show_job(sbx, train, "qos train on the MPS pool")
+    _wait_released(sbx, "n2", [infer, train])
+    pipes = {e1.get("CUDA_MPS_PIPE_DIRECTORY"), e2.get("CUDA_MPS_PIPE_DIRECTORY")}
+    if len(pipes) != 1 or None in pipes:
+        raise SandboxError("the two jobs did not share one MPS daemon")
+    if _gpu_state(sbx, "n2") != before:
+        raise SandboxError("n2's GPUs changed after the MPS jobs ended")
+    return (f"one MPS daemon, infer at {e1.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% / "
+            f"train at {e2.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% of the SMs; "
+            "daemon stopped after")
+
+
+def step_refusal(sbx: SandboxClient) -> str:
+    job = sbx.submit(_script(), "-p", "tslice", "--gres=shard:1", "--qos=debug")
+    sbx.wait_for(job)
+    env = _show_job(sbx, job, "qos debug on the timeslice pool")
+    if "needs exclusive isolation" not in env.get("SLURMISO_REFUSED", ""):
+        raise SandboxError("the debug job on the timeslice pool was not refused")
+    states = sbx.node_states()
+    if not states.get("n5", "").startswith(("idle", "mix")):
+        raise SandboxError(f"node n5 is {states.get('n5')} after a job problem")
+    return "a debug job on the unfenced pool was refused (GPUs hidden); node n5 stayed up"
+
+
+STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
+    ("a job on a simulated GPU", step_exclusive),
+    ("inference + training share one GPU through MIG", step_mig_dynamic),
+    ("inference + training share one GPU through MPS", step_mps),
+    ("a job slurmiso cannot isolate is refused, the node is not", step_refusal),
+]
+
+
+def run_demo(root: str, as_json: bool = False) -> int:
+    """Run every step; 0 when all held. Requires a running sandbox (``sandbox up``)."""
+    if not os.path.exists(os.path.join(root, "etc", "slurm.conf")):
+        raise SandboxError(f"no sandbox at {root}", hint="run 'slurmiso sandbox up' first")
+    results: List[Dict[str, Any]] = []
+    with session_lock(root, timeout=600):
+        jobs_dir = tempfile.mkdtemp(prefix="slurmiso-demo-")
+        os.chmod(jobs_dir, 0o1777)
+        sbx = SandboxClient(root, jobs_dir)
+        try:
+            sbx.clear_queue()
+            for n, (title, step) in enumerate(STEPS, 1):
+                _say(f"\n== {n}. {title}")
+                started = time.monotonic()
+                try:
+                    detail, ok = step(sbx), True
+                except SandboxError as exc:
+                    detail, ok = str(exc), False
+                secs = round(time.monotonic() - started, 1)
+                results.append({"step": title, "ok": ok, "detail": detail, "seconds": secs})
+                _say(f"  -> {'OK' if ok else 'FAILED'}: {detail} ({secs}s)")
+        finally:
+            sbx.clear_queue()
+            shutil.rmtree(jobs_dir, ignore_errors=True)
+    _say("\n== summary")
+    for r in results:
+        _say(f"  {'OK    ' if r['ok'] else 'FAILED'} {r['step']}: {r['detail']}")
+    if as_json:
+        print(json.dumps(results, indent=2))
+    return 0 if all(r["ok"] for r in results) else 1
