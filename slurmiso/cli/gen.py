@@ -76,10 +76,7 @@ def _gen_gres_conf(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     node = node_name(args.node)
-    pool = cfg.pool_for_node(node)
-    if pool is None:
-        raise UsageError(f"node {node} is in no pool of {cfg.source}",
-                         hint="pass --node NAME or add the node to a pool")
+    pool = cfg.node_pool(node)
     entries = None
     source = ""
     if pool.mode == "mig-static":

@@ -53,16 +53,12 @@ def _open(args: argparse.Namespace) -> Tuple[Any, Any, Any, Any, str]:
     """(config, pool, backend, NodeState, node) for this node."""
     from slurmiso.config import load_config
     from slurmiso.config.model import node_name
-    from slurmiso.errors import UsageError
     from slurmiso.gpu import open_backend
     from slurmiso.state import NodeState
 
     cfg = load_config(args.config)
     node = node_name(args.node)
-    pool = cfg.pool_for_node(node)
-    if pool is None:
-        raise UsageError(f"node {node} is in no pool of {cfg.source}",
-                         hint="pass --node NAME or add the node to a pool")
+    pool = cfg.node_pool(node)
     backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
     return cfg, pool, backend, NodeState(cfg.paths.state_dir_for(node)), node
 

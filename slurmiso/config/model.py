@@ -238,6 +238,17 @@ class Config:
                 return p
         return None
 
+    def node_pool(self, node: str) -> Pool:
+        """The pool of ``node``, or a UsageError saying how to fix that (for commands that
+        only make sense on a pool's node)."""
+        from slurmiso.errors import UsageError
+
+        pool = self.pool_for_node(node)
+        if pool is None:
+            raise UsageError(f"node {node} is in no pool of {self.source}",
+                             hint="pass --node NAME or add the node to a pool")
+        return pool
+
     def mig_layout(self, name: str) -> Optional[MigLayout]:
         for layout in self.mig_layouts:
             if layout.name == name:

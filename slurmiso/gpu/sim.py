@@ -36,6 +36,7 @@ from slurmiso.errors import (
 from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
+from slurmiso.pids import pid_alive
 from slurmiso.state.lock import FileLock, LockTimeout
 
 log = logging.getLogger(__name__)
@@ -231,19 +232,6 @@ def _schema_problem(state: Any) -> str:
     if not isinstance(state.get("gpus"), list) or not isinstance(state.get("processes"), list):
         return "'gpus' or 'processes' is not a list"
     return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    """Like NVML, only live processes hold a GPU (os.kill(pid, 0): no psutil on the hook path)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SimBackend:
@@ -525,7 +513,7 @@ def _instance(gpu: Dict[str, Any], gi_id: int) -> Dict[str, Any]:
 
 
 def _live_processes(state: State) -> List[Dict[str, Any]]:
-    return [p for p in state["processes"] if _pid_alive(int(p["pid"]))]
+    return [p for p in state["processes"] if pid_alive(int(p["pid"]))]
 
 
 def _memory_used(state: State, gpu: Dict[str, Any], mig_uuid: Optional[str] = None) -> int:

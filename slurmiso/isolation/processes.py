@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from slurmiso.gpu.backend import GpuBackend, GpuProcess
+from slurmiso.pids import pid_alive
 
 log = logging.getLogger(__name__)
 _CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
@@ -85,7 +86,7 @@ def foreign_processes(
 def end_processes(
     pids: Sequence[int],
     grace_s: float = 5.0,
-    alive: Callable[[int], bool] = lambda pid: _alive(pid),
+    alive: Callable[[int], bool] = pid_alive,
 ) -> List[int]:
     """SIGTERM, wait up to ``grace_s``, then SIGKILL; return the pids that were signalled."""
     sent = []
@@ -110,20 +111,6 @@ def end_processes(
     while time.monotonic() < deadline and any(alive(p) for p in sent):
         time.sleep(0.02)
     return sent
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes (it holds no GPU context)
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def clean_job_devices(

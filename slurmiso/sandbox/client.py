@@ -6,7 +6,6 @@ so both drive the cluster the same way. Slurm clients run with the sandbox's ``S
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Set
 
 from slurmiso.errors import SandboxError
+from slurmiso.state.lock import FileLock, LockTimeout
 
 #: This checkout (the hooks the sandbox wires run from it; ``slurmiso()`` runs it).
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -176,25 +176,17 @@ class SandboxClient:
 def session_lock(root: str = DEFAULT_DIR, timeout: float = 1200) -> Iterator[None]:
     """One session (a test run, the demo) per sandbox at a time: each empties the queue."""
     path = root.rstrip("/") + ".tests.lock"
-    with open(path, "a+") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    fh.seek(0)
-                    raise SandboxError(
-                        f"another sandbox session holds {path} ({fh.read().strip()})",
-                        hint="wait for it (tests, demo) or stop it",
-                    ) from None
-                time.sleep(1)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    lock = FileLock(path, timeout=timeout)
+    try:
+        lock.acquire()
+    except LockTimeout:
+        with open(path) as fh:
+            holder = fh.read().strip() or "unknown"
+        raise SandboxError(f"another sandbox session holds {path} ({holder})",
+                           hint="wait for it (tests, demo) or stop it") from None
+    try:
+        with open(path, "w") as fh:  # who holds it, for the message above
+            fh.write(f"pid {os.getpid()}\n")
+        yield
+    finally:
+        lock.release()

@@ -166,24 +166,19 @@ def terminate(pids: Sequence[int], *, timeout: float = 15) -> List[int]:
 @contextmanager
 def file_lock(path: str, what: str, timeout: float = 300) -> Iterator[None]:
     """Hold an exclusive flock on ``path``: one ``up``/``down`` at a time per sandbox."""
-    import fcntl
+    from slurmiso.state.lock import FileLock, LockTimeout
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a+") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SandboxError(f"{what}: {path} stayed locked for {timeout:g}s "
-                                       "(another 'slurmiso sandbox' command is running)") from None
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    lock = FileLock(path, timeout=timeout)
+    try:
+        lock.acquire()
+    except LockTimeout:
+        raise SandboxError(f"{what}: {path} stayed locked for {timeout:g}s "
+                           "(another 'slurmiso sandbox' command is running)") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def environ_with(extra: Dict[str, str]) -> Dict[str, str]:

@@ -35,6 +35,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from slurmiso.errors import StateError
+from slurmiso.pids import pid_alive
 
 if TYPE_CHECKING:  # the lock module is imported lazily: hooks that only read state skip it
     from slurmiso.state.lock import FileLock
@@ -86,18 +87,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def _lock_holders(path: str) -> List[int]:
@@ -285,7 +274,7 @@ class NodeState:
                     age = now - os.lstat(path).st_mtime
                 except FileNotFoundError:
                     continue
-                if _pid_alive(int(m.group("pid"))) and age < _TEMP_MAX_AGE_S:
+                if pid_alive(int(m.group("pid"))) and age < _TEMP_MAX_AGE_S:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
