@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import tempfile
-import uuid
 from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -43,23 +41,28 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 #: Namespace of the deterministic UUIDs, so a re-initialised node keeps its GPU UUIDs.
-_UUID_NS = uuid.UUID("6f1d3c2a-5b7e-4c1a-9e0f-3a2b1c4d5e6f")
+_UUID_NS = "6f1d3c2a-5b7e-4c1a-9e0f-3a2b1c4d5e6f"  # uuid imported lazily: hook start-up
 _MAX_GPUS = 16
 
 State = Dict[str, Any]
 
 
 def _short_hostname() -> str:
-    return socket.gethostname().split(".")[0]
+    return os.uname().nodename.split(".")[0]
 
 
 def _gpu_uuid(node: str, index: int) -> str:
-    return "GPU-" + str(uuid.uuid5(_UUID_NS, f"{node}/gpu/{index}"))
+    import uuid
+
+    return "GPU-" + str(uuid.uuid5(uuid.UUID(_UUID_NS), f"{node}/gpu/{index}"))
 
 
 def _mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int, generation: int) -> str:
     """MIG device UUID; ``generation`` makes a re-created instance a new device, as on NVML."""
-    return "MIG-" + str(uuid.uuid5(_UUID_NS, f"{gpu_uuid}/gi{gi_id}/ci{ci_id}/g{generation}"))
+    import uuid
+
+    name = f"{gpu_uuid}/gi{gi_id}/ci{ci_id}/g{generation}"
+    return "MIG-" + str(uuid.uuid5(uuid.UUID(_UUID_NS), name))
 
 
 def _fresh_load() -> Dict[str, Any]:
