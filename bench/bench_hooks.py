@@ -7,7 +7,6 @@ measured in the same run. Target (issue: isolation): prolog + epilog <= 4x the b
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,12 +26,25 @@ def _config(tmp: str, mode: str, gpus: int) -> str:
         "paths": {"state_dir": f"{tmp}/state", "journal": f"{tmp}/journal.jsonl"},
         "gpu": {"backend": "sim", "sim_state": f"{tmp}/sim.json"},
         "classes": [
-            {"name": "train", "match": {"qos": ["train"]}, "isolation": "timeslice",
-             "mig_profile": "1g.10gb", "preemptible": True},
+            {
+                "name": "train",
+                "match": {"qos": ["train"]},
+                "isolation": "timeslice",
+                "mig_profile": "1g.10gb",
+                "preemptible": True,
+            },
         ],
         "default_class": "train",
-        "pools": [{"name": "p", "nodes": "bench1", "partition": "p", "gpu_model": "H100-80GB",
-                   "gpus_per_node": gpus, "mode": mode}],
+        "pools": [
+            {
+                "name": "p",
+                "nodes": "bench1",
+                "partition": "p",
+                "gpu_model": "H100-80GB",
+                "gpus_per_node": gpus,
+                "mode": mode,
+            }
+        ],
     }
     path = os.path.join(tmp, "slurmiso.yaml")
     with open(path, "w") as fh:
@@ -41,11 +53,17 @@ def _config(tmp: str, mode: str, gpus: int) -> str:
 
 
 def _env(cfg: str, job: int, gpu: int) -> Dict[str, str]:
-    return python_env({
-        "SLURMISO_CONFIG": cfg, "SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(os.getuid()),
-        "SLURMD_NODENAME": "bench1", "SLURM_JOB_QOS": "train", "SLURM_JOB_GPUS": str(gpu),
-        "SLURM_JOB_PARTITION": "p",
-    })
+    return python_env(
+        {
+            "SLURMISO_CONFIG": cfg,
+            "SLURM_JOB_ID": str(job),
+            "SLURM_JOB_UID": str(os.getuid()),
+            "SLURMD_NODENAME": "bench1",
+            "SLURM_JOB_QOS": "train",
+            "SLURM_JOB_GPUS": str(gpu),
+            "SLURM_JOB_PARTITION": "p",
+        }
+    )
 
 
 def per_job() -> bool:
@@ -69,8 +87,11 @@ def per_job() -> bool:
     base = median_ms(bare)
     print(f"baseline: python3 -c pass, median of {JOBS}: {base:.1f} ms")
     return report(
-        "prolog+epilog per job (mig-dynamic, sim)", f"{median_ms(pairs):.1f} ms",
-        median_ms(pairs) / base, "of bare start-up", 4.0,
+        "prolog+epilog per job (mig-dynamic, sim)",
+        f"{median_ms(pairs):.1f} ms",
+        median_ms(pairs) / base,
+        "of bare start-up",
+        4.0,
     )
 
 
@@ -83,8 +104,10 @@ def storm() -> bool:
         cfg = _config(tmp, "mig-dynamic", 8)
         init_state(f"{tmp}/sim.json", "H100-80GB", 8, mig=True, node="bench1")
         t0 = time.perf_counter()
-        procs = [subprocess.Popen(prolog, env=_env(cfg, j, j % 8), stderr=subprocess.PIPE)
-                 for j in range(1, STORM + 1)]
+        procs = [
+            subprocess.Popen(prolog, env=_env(cfg, j, j % 8), stderr=subprocess.PIPE)
+            for j in range(1, STORM + 1)
+        ]
         codes = [p.wait() for p in procs]
         total = time.perf_counter() - t0
         insts = SimBackend(f"{tmp}/sim.json").instances()
@@ -100,10 +123,19 @@ def storm() -> bool:
         serial_bare = time.perf_counter() - t1
     assert all(c == 0 for c in codes), f"prolog exit codes {codes}"
     ok = len(insts) == STORM and len(uuids) == STORM and conflicts == 0 and len(seq) == STORM
-    print(f"{STORM} concurrent prologs: {total:.2f} s total, {len(insts)} instances, "
-          f"{conflicts} overlapping placements, {STORM - len(uuids)} duplicate UUIDs")
-    return report(f"{STORM} prologs at once (total)", f"{total:.2f} s", total / serial_bare,
-                  f"of {STORM} bare interpreter starts run one after another") and ok
+    print(
+        f"{STORM} concurrent prologs: {total:.2f} s total, {len(insts)} instances, "
+        f"{conflicts} overlapping placements, {STORM - len(uuids)} duplicate UUIDs"
+    )
+    return (
+        report(
+            f"{STORM} prologs at once (total)",
+            f"{total:.2f} s",
+            total / serial_bare,
+            f"of {STORM} bare interpreter starts run one after another",
+        )
+        and ok
+    )
 
 
 def main() -> bool:

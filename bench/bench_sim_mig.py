@@ -40,8 +40,16 @@ def main() -> bool:
         assert sim.instances() == [], "benchmark left instances behind"
     rate = OPS / t_ops
     base_rate = OPS / t_base
-    print(f"baseline: {OPS * 4} locked read-modify-write cycles of the state file: {base_rate:.0f} equivalent pairs/s")
-    return report("sim MIG create+destroy (GI+CI)", f"{rate:.0f} pairs/s", t_ops / t_base, "of the bare file-transaction time")
+    print(
+        f"baseline: {OPS * 4} locked read-modify-write cycles of the state file: "
+        f"{base_rate:.0f} equivalent pairs/s"
+    )
+    return report(
+        "sim MIG create+destroy (GI+CI)",
+        f"{rate:.0f} pairs/s",
+        t_ops / t_base,
+        "of the bare file-transaction time",
+    )
 
 
 if __name__ == "__main__":

@@ -20,16 +20,36 @@ def main() -> bool:
             "bare": [py, "-c", "pass"],
             "version": [py, "-m", "slurmiso", "--version"],
             "prolog": [py, "-m", "slurmiso.hooks.prolog", "--help"],
-            "task": [py, "-c", "import slurmiso.hooks.task_prolog, slurmiso.config, slurmiso.state"],
+            "task": [
+                py,
+                "-c",
+                "import slurmiso.hooks.task_prolog, slurmiso.config, slurmiso.state",
+            ],
         },
         RUNS,
         python_env(),
     )
     base = median_ms(times["bare"])
     print(f"baseline: python3 -c pass, median of {RUNS}: {base:.1f} ms")
-    ok = report("slurmiso --version", f"{median_ms(times['version']):.1f} ms", median_ms(times["version"]) / base, "of bare start-up")
-    ok &= report("slurmiso-prolog --help (hook start-up)", f"{median_ms(times['prolog']):.1f} ms", median_ms(times["prolog"]) / base, "of bare start-up", 3.0)
-    report("task prolog imports", f"{median_ms(times['task']):.1f} ms", median_ms(times["task"]) / base, "of bare start-up")
+    ok = report(
+        "slurmiso --version",
+        f"{median_ms(times['version']):.1f} ms",
+        median_ms(times["version"]) / base,
+        "of bare start-up",
+    )
+    ok &= report(
+        "slurmiso-prolog --help (hook start-up)",
+        f"{median_ms(times['prolog']):.1f} ms",
+        median_ms(times["prolog"]) / base,
+        "of bare start-up",
+        3.0,
+    )
+    report(
+        "task prolog imports",
+        f"{median_ms(times['task']):.1f} ms",
+        median_ms(times["task"]) / base,
+        "of bare start-up",
+    )
     return ok
 
 

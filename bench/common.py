@@ -16,19 +16,25 @@ from typing import Callable, Dict, List, Optional, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def time_command(argv: Sequence[str], runs: int, env: Optional[Dict[str, str]] = None) -> List[float]:
+def time_command(
+    argv: Sequence[str], runs: int, env: Optional[Dict[str, str]] = None
+) -> List[float]:
     """Wall seconds of ``runs`` executions of ``argv`` (stdout discarded); fails loudly."""
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        proc = subprocess.run(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.run(
+            list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         out.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             raise SystemExit(f"benchmark command failed: {' '.join(argv)}\n{proc.stderr.decode()}")
     return out
 
 
-def interleaved(commands: Dict[str, Sequence[str]], runs: int, env: Optional[Dict[str, str]] = None) -> Dict[str, List[float]]:
+def interleaved(
+    commands: Dict[str, Sequence[str]], runs: int, env: Optional[Dict[str, str]] = None
+) -> Dict[str, List[float]]:
     """Time several commands round-robin so machine noise hits them alike."""
     times: Dict[str, List[float]] = {k: [] for k in commands}
     for _ in range(runs):
@@ -50,7 +56,9 @@ def median_ms(samples: Sequence[float]) -> float:
     return 1000.0 * statistics.median(samples)
 
 
-def report(name: str, value: str, ratio: float, baseline: str, target: Optional[float] = None) -> bool:
+def report(
+    name: str, value: str, ratio: float, baseline: str, target: Optional[float] = None
+) -> bool:
     """Print one result line; returns whether the target (a maximum ratio) is met."""
     ok = target is None or ratio <= target
     goal = "" if target is None else f"  target <= {target:g}x: {'met' if ok else 'MISSED'}"
