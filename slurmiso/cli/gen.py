@@ -15,6 +15,7 @@ examples:
   slurmiso gen gres-conf                       # this node, from its live MIG instances
   slurmiso gen gres-conf --node gpu017 --from-layout
   slurmiso gen gres-conf --dev-root /srv/sandbox/dev --node-prefix   # stand-in devices
+  slurmiso gen slurm-conf --prefix /opt/slurmiso/bin
 """
 
 
@@ -102,7 +103,32 @@ def _gen_gres_conf(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Target name -> function adding its subparser. ``slurm-conf`` and ``job-submit`` join here.
+# ------------------------------------------------------------------------ slurm.conf
+def _add_slurm_conf(sub: Any) -> None:
+    p = sub.add_parser(
+        "slurm-conf", help="the slurm.conf lines slurmiso needs, each with its reason",
+        description="slurm.conf settings slurmiso relies on (preemption, requeue, hooks, "
+        "GRES, accounting) and one partition per pool, with NodeName Gres= hints. "
+        "'slurmiso doctor' checks a live cluster against the same table.",
+    )
+    p.add_argument("--prefix", default="/usr/local/bin", metavar="DIR",
+                   help="where the slurmiso-prolog/-epilog/-task-prolog scripts are "
+                   "(default /usr/local/bin)")
+    _output(p)
+    p.set_defaults(func=_gen_slurm_conf)
+
+
+def _gen_slurm_conf(args: argparse.Namespace) -> int:
+    from slurmiso.config import load_config
+    from slurmiso.slurm import slurmconf
+
+    cfg = load_config(args.config)
+    _write(slurmconf.render(cfg, args.prefix, cfg.source), args.output)
+    return 0
+
+
+#: Target name -> function adding its subparser. ``job-submit`` joins here.
 TARGETS: Dict[str, Callable[[Any], None]] = {
     "gres-conf": _add_gres_conf,
+    "slurm-conf": _add_slurm_conf,
 }

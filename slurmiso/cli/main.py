@@ -28,6 +28,8 @@ SUBCOMMANDS = [
     "slurmiso.cli.gen",
     "slurmiso.cli.run",
     "slurmiso.cli.audit",
+    "slurmiso.cli.qos",
+    "slurmiso.cli.doctor",
 ]
 
 log = logging.getLogger("slurmiso")

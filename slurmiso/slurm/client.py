@@ -23,7 +23,12 @@ _UNREACHABLE = (
     "Connection refused",
     "slurm_load_jobs error: Unable",
     "Zero Bytes were transmitted",
+    "Problem talking to the database",
 )
+_UNREACHABLE_HINT = {
+    "": "is slurmctld running and reachable? (scontrol ping)",
+    "sacctmgr": "is slurmdbd running and reachable? (sacctmgr show cluster)",
+}
 
 
 def find_command(name: str) -> str:
@@ -79,9 +84,30 @@ class SlurmCli:
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip().splitlines()
             msg = err[-1] if err else f"exit status {proc.returncode}"
-            cls = SlurmUnavailable if any(s in msg for s in _UNREACHABLE) else SlurmError
-            raise cls(f"{cmd} {' '.join(args)} failed: {msg}")
+            if any(s in msg for s in _UNREACHABLE):
+                raise SlurmUnavailable(f"{cmd} {' '.join(args)} failed: {msg}",
+                                       hint=_UNREACHABLE_HINT.get(cmd, _UNREACHABLE_HINT[""]))
+            raise SlurmError(f"{cmd} {' '.join(args)} failed: {msg}")
         return proc.stdout
+
+    def show_config(self, timeout: Optional[float] = None) -> Dict[str, str]:
+        """``scontrol show config`` as key -> value (``(null)`` kept: it means unset)."""
+        out: Dict[str, str] = {}
+        for line in self.run("scontrol", ["show", "config"], timeout).splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and " " not in key.strip():
+                out[key.strip()] = value.strip()
+        return out
+
+    def show_all(self, kind: str, timeout: Optional[float] = None) -> Dict[str, Dict[str, str]]:
+        """``scontrol show partition|node -o``: name -> fields, for every entity."""
+        key = {"partition": "PartitionName", "node": "NodeName"}[kind]
+        out: Dict[str, Dict[str, str]] = {}
+        for line in self.run("scontrol", ["show", kind, "-o"], timeout).splitlines():
+            if line.startswith(key + "="):
+                fields = parse_kv_line(line)
+                out[fields[key]] = fields
+        return out
 
     def show_job(self, job_id: str, timeout: Optional[float] = None) -> Dict[str, str]:
         out = self.run("scontrol", ["show", "job", "-o", str(job_id)], timeout)

@@ -1,0 +1,159 @@
+"""The slurm.conf settings slurmiso relies on, derived from the config (pure, no I/O).
+
+One table, :func:`required_settings`, serves both ``slurmiso gen slurm-conf`` (which prints it
+with the reason for every line) and ``slurmiso doctor`` (which checks the live values against
+it), so the generator and the checker cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from slurmiso.config.model import Config, Pool
+
+log = logging.getLogger(__name__)
+
+MIG_RECONFIGURED = ("mig-static", "mig-dynamic")
+DEFAULT_PREFIX = "/usr/local/bin"
+HOOKS = (("Prolog", "slurmiso-prolog"), ("Epilog", "slurmiso-epilog"),
+         ("TaskProlog", "slurmiso-task-prolog"))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One slurm.conf line and why slurmiso needs it."""
+
+    key: str
+    value: str
+    why: str
+
+
+def gres_types(pools: Sequence[Pool]) -> List[str]:
+    """GRES names the pools use, in Slurm's usual order (gpu first)."""
+    used = {"gpu"} if pools else set()
+    for p in pools:
+        if p.mode == "mps":
+            used.add("mps")
+        elif p.mode in ("mig-dynamic", "timeslice"):
+            used.add("shard")
+    return [t for t in ("gpu", "mps", "shard") if t in used]
+
+
+def reconfigures_mig(cfg: Config) -> bool:
+    return any(p.mode in MIG_RECONFIGURED for p in cfg.pools)
+
+
+def required_settings(cfg: Config, prefix: str = DEFAULT_PREFIX) -> List[Setting]:
+    """Every cluster-wide setting slurmiso needs, with its reason."""
+    types = gres_types(cfg.pools)
+    out = [
+        Setting("PreemptType", "preempt/qos",
+                "infer preempts train by QoS ('slurmiso qos apply' creates the QoS)"),
+        Setting("PreemptMode", "REQUEUE",
+                "preempted training is requeued; CANCEL silently voids --requeue"),
+        Setting("JobRequeue", "1",
+                "batch jobs are requeueable by default, so preemption can requeue them"),
+    ]
+    why = {
+        "Prolog": "per-job GPU setup (MIG instance, MPS share, record); on every GPU node",
+        "Epilog": "undoes the Prolog's setup exactly and removes leftovers",
+        "TaskProlog": "exports the job's MIG UUID, MPS pipe and limits into the job",
+    }
+    out += [Setting(key, os.path.join(prefix, name), why[key]) for key, name in HOOKS]
+    out += [
+        Setting("PrologFlags", "Alloc",
+                "the Prolog runs at allocation, before the job starts (salloc too), so the "
+                "GPU is prepared before any step"),
+        Setting("GresTypes", ",".join(types), "GRES the pools use"),
+        Setting("AccountingStorageTRES", ",".join(f"gres/{t}" for t in types),
+                "sacct/audit see GPUs per job (without gres/gpu the count is missing)"),
+        Setting("AccountingStorageEnforce", "associations,limits,qos",
+                "QoS grants and limits (MaxWall, MaxTRESPerJob) are enforced"),
+    ]
+    if reconfigures_mig(cfg):
+        out.append(Setting("JobAcctGatherParams", "DisableGPUAcct",
+                           "slurmd holding NVML open blocks MIG changes (mig apply, dynamic "
+                           "MIG); also keep AcctGatherEnergyType off acct_gather_energy/gpu"))
+    out.append(Setting("JobSubmitPlugins", "lua",
+                       "submit-time class checks (job_submit.lua from 'slurmiso gen "
+                       "job-submit', in the slurm.conf directory)"))
+    return out
+
+
+def _type_counts(cfg: Config, pool: Pool) -> Optional[List[Tuple[str, int]]]:
+    """The mig-static pool's ``Gres=gpu:T:N`` types in gres.conf order, from its layout."""
+    from slurmiso.errors import SlurmisoError
+    from slurmiso.gpu.profiles import lookup_model
+    from slurmiso.mig.gres import gpu_type_name, layout_entries, type_counts
+
+    layout = cfg.mig_layout(pool.mig_layout)
+    model = lookup_model(pool.gpu_model)
+    if layout is None or model is None:
+        return None
+    try:
+        entries = layout_entries(model, layout, pool.gpus_per_node)
+    except SlurmisoError as err:
+        log.warning("pool %s: %s", pool.name, err)
+        return None
+    return type_counts(entries, gpu_type_name(pool.gpu_model))
+
+
+def pool_gres(cfg: Config, pool: Pool) -> str:
+    """The ``Gres=`` value a node of ``pool`` must declare ("" when it cannot be derived)."""
+    from slurmiso.mig.gres import gpu_type_name
+
+    n = pool.gpus_per_node
+    gtype = gpu_type_name(pool.gpu_model)
+    if pool.mode == "mig-static":
+        counts = _type_counts(cfg, pool)
+        return ",".join(f"gpu:{t}:{c}" for t, c in counts) if counts else ""
+    parts = [f"gpu:{gtype}:{n}"]
+    if pool.mode == "mps":
+        parts.append(f"mps:{pool.mps_shares_per_gpu * n}")
+    elif pool.mode in ("mig-dynamic", "timeslice"):
+        parts.append(f"shard:{pool.shards_per_gpu * n}")
+    return ",".join(parts)
+
+
+def _pool_lines(cfg: Config, pool: Pool) -> List[str]:
+    gres = pool_gres(cfg, pool)
+    nodes = pool.nodes or f"ns_{pool.name}"
+    lines = [f"# pool {pool.name}: {pool.mode}, {pool.gpus_per_node}x {pool.gpu_model}"]
+    if pool.mode == "mig-static":
+        lines.append("#   MIG types in gres.conf order ('slurmiso gen gres-conf'); another "
+                     "order gives jobs the wrong instance")
+    if gres:
+        lines.append(f"#   add to the pool's NodeName lines: Gres={gres}")
+    else:
+        lines.append("#   Gres=: run 'slurmiso gen gres-conf' on a node of the pool")
+    if not pool.nodes:
+        lines.append(f"NodeSet={nodes} Feature={pool.feature}")
+    lines.append(f"PartitionName={pool.partition} Nodes={nodes} State=UP")
+    return lines
+
+
+def render(cfg: Config, prefix: str = DEFAULT_PREFIX, source: str = "") -> str:
+    """slurm.conf lines with a comment on each saying why (``gen slurm-conf``)."""
+    lines = [
+        "# slurm.conf settings slurmiso needs, generated by 'slurmiso gen slurm-conf'"
+        + (f" from {source}" if source else "") + ".",
+        "# Merge into slurm.conf on every node, then restart slurmctld and slurmd "
+        "(PreemptType and GresTypes need a restart; 'scontrol reconfigure' is not enough).",
+        "",
+    ]
+    for s in required_settings(cfg, prefix):
+        lines.append(f"# {s.why}")
+        lines.append(f"{s.key}={s.value}")
+    lines += [
+        "# SPANK options (--iso-*): list slurmiso's plugin in plugstack.conf on login and "
+        "compute nodes ('slurmiso gen plugstack'); the default path needs no line here",
+        "#PlugStackConfig=/etc/slurm/plugstack.conf",
+        "",
+        "# One partition per pool. NodeName lines stay yours (CPUs, memory); add the Gres=.",
+    ]
+    for pool in cfg.pools:
+        lines += _pool_lines(cfg, pool)
+    return "\n".join(lines) + "\n"
