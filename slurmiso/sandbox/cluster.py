@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "libslurm-dev")
 #: What the system Python needs to run ``slurmiso task-prolog`` when it stands in (make_site).
-TASK_PACKAGES = ("python3-yaml", "python3-psutil", "python3-filelock")
+TASK_PACKAGES = ("python3-yaml", "python3-psutil")
 SYSTEM_PYTHON = "/usr/bin/python3"
 APT_GET = "/usr/bin/apt-get"
 DPKG_QUERY = "/usr/bin/dpkg-query"

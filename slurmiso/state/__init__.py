@@ -1,7 +1,7 @@
 """Node-local state (:class:`NodeState`) and the event journal (:class:`Journal`).
 
-Imported by the hooks on every job start, so only the stdlib here; ``filelock`` is imported
-when a lock is first taken.
+Imported by the hooks on every job start, so only the stdlib here; the flock-based
+:mod:`slurmiso.state.lock` is imported when a lock is first taken.
 """
 
 from slurmiso.state.journal import Journal, read_journals

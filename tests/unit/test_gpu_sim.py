@@ -353,8 +353,9 @@ def test_lock_timeout_names_lock_file(state_path: str) -> None:
             sys.executable,
             "-c",
             textwrap.dedent(f"""
-            import sys, time, filelock
-            with filelock.FileLock({state_path + ".lock"!r}):
+            import sys, time
+            from slurmiso.state.lock import FileLock
+            with FileLock({state_path + ".lock"!r}):
                 print("locked", flush=True)
                 time.sleep(30)
         """),
