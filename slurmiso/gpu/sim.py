@@ -198,6 +198,11 @@ class _StateFile:
         with self.locked():
             state = self.read()
             yield state
+            delay = os.environ.get("SLURMISO_SIM_DELAY_MS")
+            if delay:  # a driver call takes time: lets tests kill a hook in the middle of one
+                import time
+
+                time.sleep(float(delay) / 1000.0)
             self.write(state)
 
     def snapshot(self) -> State:

@@ -256,3 +256,41 @@ def test_events_file_symlink_is_not_followed(tmp_path: Any) -> None:
     assert run_hook("epilog", job_env(), cfg, Drains()) == 0
     assert not [e for e in journal(tmp) if e["event"] == "stolen"]
     assert secret.read_text() == '{"event": "stolen"}\n'
+
+
+@pytest.mark.slow
+def test_prolog_killed_at_random_points_then_epilog_leaves_gpu_clean(tmp_path: Any) -> None:
+    """kill -9 the real prolog process mid-way (each simulated driver call takes 40 ms), then
+    run the epilog as slurmd would: no MIG instance, claim or record may survive."""
+    import random
+    import signal
+    import time
+
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "mig-dynamic", model="H100-80GB")
+    with open(cfg) as fh:
+        data = yaml.safe_load(fh)
+    data["classes"][2].update(isolation="mig", mig_profile="3g.40gb")
+    with open(cfg, "w") as fh:
+        yaml.safe_dump(data, fh)
+    SimBackend(f"{tmp}/sim/node1.json").set_mig_mode(0, True)
+    sim = SimBackend(f"{tmp}/sim/node1.json")
+    rng = random.Random(7)
+    outcomes = []
+    for round_ in range(12):
+        env = job_env(job=str(100 + round_), SLURMISO_CONFIG=cfg, PYTHONPATH=ROOT,
+                      SLURMISO_SIM_DELAY_MS="40")
+        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prolog/slurmiso-prolog")],
+                                env=env, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        outcomes.append((len(sim.instances()), proc.returncode))
+        ep = subprocess.run([sys.executable, os.path.join(ROOT, "epilog/slurmiso-epilog")],
+                            env=env, capture_output=True, text=True, timeout=60)
+        assert ep.returncode == 0, ep.stderr
+        assert sim.instances() == [], f"round {round_}: instance left behind"
+        assert state(tmp).allocations() == {}
+        assert state(tmp).read_job(str(100 + round_)) is None
+    # the kills must have hit both before and after an instance existed, or this proved little
+    assert any(n == 0 for n, _ in outcomes) and any(n > 0 for n, _ in outcomes), outcomes
