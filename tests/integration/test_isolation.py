@@ -218,3 +218,38 @@ def test_gpu_off_the_bus_drains_the_node_with_the_reason(sandbox: Any, submit: A
     while sandbox.node_states()["n1"] != "idle" and time.monotonic() < wait_idle:
         time.sleep(0.5)
     assert sandbox.node_states()["n1"] == "idle"
+
+
+# (partition, sbatch GRES, what the pool gives)
+POOLS = [
+    ("gpu", "--gres=gpu:1", "exclusive"),
+    ("mig", "--gres=gpu:3g.40gb:1", "mig"),
+    ("migd", "--gres=shard:3", "mig"),
+    ("mps", "--gres=mps:50", "mps"),
+    ("tslice", "--gres=shard:1", "timeslice"),
+]
+STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
+#: the sandbox config's classes and the isolation each needs at least
+CLASSES = {"infer": "mps", "train": "timeslice", "debug": "exclusive"}
+
+
+@pytest.mark.parametrize("cls", sorted(CLASSES))
+@pytest.mark.parametrize("partition,gres,gives", POOLS, ids=[p[0] for p in POOLS])
+def test_every_class_in_every_pool(sandbox: Any, submit: Any, wait_for: Any, job_output: Any,
+                                   cls: str, partition: str, gres: str, gives: str) -> None:
+    """Each class in each mode: isolated with the mode's devices where the pool is strong
+    enough for the class, refused (node kept) where it is not."""
+    job = submit(ENV_DUMP, "-p", partition, gres, f"--qos={cls}")
+    wait_for(job, timeout=60)
+    env = env_of(job_output(job))
+    if STRENGTH[gives] < STRENGTH[CLASSES[cls]]:
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and "SLURMISO_REFUSED" in env
+        return
+    assert env.get("SLURMISO_CLASS") == cls and "SLURMISO_REFUSED" not in env
+    cvd = env["CUDA_VISIBLE_DEVICES"]
+    if gives == "mig":
+        assert cvd.startswith("MIG-")
+    elif gives == "mps":
+        assert cvd == "0" and env["CUDA_MPS_PIPE_DIRECTORY"]
+    else:
+        assert cvd in {"0", "1"}
