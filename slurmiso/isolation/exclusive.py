@@ -44,6 +44,10 @@ def check_clean(ctx: Context, gpus: List[int]) -> None:
         )
 
 
+#: Memory a GPU reports in use with no process on it (driver, ECC pages) that is not a leak.
+RELEASED_SLACK_MB = 512
+
+
 class ExclusiveIsolation:
     mode = "exclusive"
 
@@ -73,6 +77,12 @@ class ExclusiveIsolation:
                 f"{sorted({p.gpu_index for p in survivors})}: pids {[p.pid for p in survivors]}",
                 hint="the GPU may be hung; check nvidia-smi and reset it before resuming",
             )
+        for g in gpus:  # memory still held with no process left: a driver-level leak
+            dev = ctx.backend.device(g)
+            if dev.memory_used_mb > RELEASED_SLACK_MB and not on_devices(
+                ctx.backend.processes(), [g]
+            ):
+                ctx.warn(f"GPU {g} still has {dev.memory_used_mb} MiB in use after the job ended")
 
     def reconcile(self, ctx: ReconcileContext) -> List[str]:
         return []

@@ -294,3 +294,13 @@ def test_prolog_killed_at_random_points_then_epilog_leaves_gpu_clean(tmp_path: A
         assert state(tmp).read_job(str(100 + round_)) is None
     # the kills must have hit both before and after an instance existed, or this proved little
     assert any(n == 0 for n, _ in outcomes) and any(n > 0 for n, _ in outcomes), outcomes
+
+
+def test_epilog_reports_memory_not_released(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    SimBackend(f"{tmp}/sim/node1.json").set_load(0, memory_used_mb=6000)
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    end = [e for e in journal(tmp) if e["event"] == "job-end"][0]
+    assert any("6000 MiB in use after the job ended" in w for w in end["warnings"])
