@@ -120,11 +120,122 @@ def step_refusal(sbx: SandboxClient) -> str:
     return "a debug job on the unfenced pool was refused (GPUs hidden); node n5 stayed up"
 
 
+def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise SandboxError(f"timed out waiting for {what}")
+
+
+def _release_begin_time(sbx: SandboxClient, job: str) -> None:
+    """Slurm holds a requeued job back 120 s (BeginTime); a demo does not wait that out."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        fields = sbx.job_fields(job)
+        if fields.get("JobState") == "RUNNING":
+            return
+        if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
+            sbx.cmd("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+            return
+        time.sleep(0.2)
+
+
+def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float = 0.05,
+                        preemptions: int = 3) -> Dict[str, Any]:
+    """A ``train`` job counting steps under ``srun slurmiso run`` on both GPUs of n1, preempted
+    ``preemptions`` times by ``infer`` jobs; returns what happened (steps logged, restarts,
+    checkpoint records, how long each inference job waited to start)."""
+    import re
+    import sys
+
+    from slurmiso.sandbox.client import REPO
+
+    work = tempfile.mkdtemp(prefix="wrapper-", dir=sbx.jobs_dir)
+    os.chmod(work, 0o1777)
+    log, events = os.path.join(work, "steps.log"), os.path.join(work, "events.jsonl")
+    workload = os.path.join(REPO, "tests", "workloads", "train_counter.py")
+
+    def logged() -> List[int]:
+        try:
+            with open(log) as fh:
+                return [int(m) for m in re.findall(r"^step=(\d+) ", fh.read(), re.M)]
+        except FileNotFoundError:
+            return []
+
+    def records() -> List[Dict[str, Any]]:
+        try:
+            with open(events) as fh:
+                return [json.loads(x) for x in fh if x.strip()]
+        except FileNotFoundError:
+            return []
+
+    script = (
+        "#!/bin/bash\n"
+        f"export PYTHONPATH={REPO}\n"
+        f"srun {sys.executable} -m slurmiso run --ckpt-dir {work}/ckpt --events {events} -- "
+        f"{sys.executable} {workload} --steps {steps} --step-time {step_time} --log {log}\n"
+    )
+    job = sbx.submit(script, "--qos=train", "--requeue", "-p", "gpu", "--gres=gpu:2",
+                     "--open-mode=append", "-J", "train-demo")
+    waits: List[float] = []
+    for n in range(preemptions):
+        base = len(logged())
+
+        def progressed(base: int = base) -> bool:
+            return len(logged()) >= base + 20
+
+        _wait(progressed, 150, f"training run {n + 1} to progress")
+        t0 = time.monotonic()
+        infer = sbx.submit("sleep 1\n", "--qos=infer", "-p", "gpu", "--gres=gpu:1", "-J", "infer")
+
+        def started(infer: str = infer) -> bool:
+            return sbx.job_state(infer) in ("RUNNING", "COMPLETED")
+
+        _wait(started, 60, f"inference job {infer} to start")
+        waits.append(round(time.monotonic() - t0, 2))
+        sbx.wait_for(infer, timeout=60)
+
+        def requeued(n: int = n) -> bool:
+            return sum(e["event"] == "requeue" for e in records()) > n
+
+        _wait(requeued, 30, f"requeue {n + 1} of the training job")
+        _release_begin_time(sbx, job)
+    sbx.wait_for(job, timeout=steps * step_time + 150)
+    with open(log) as fh:
+        text = fh.read()
+    return {
+        "job": job,
+        "steps": logged(),
+        "target": steps,
+        "restarts": sbx.job_fields(job).get("Restarts"),
+        "finished": f"# finished steps={steps}" in text,
+        "events": records(),
+        "infer_waits_s": waits,
+    }
+
+
+def step_preemption(sbx: SandboxClient) -> str:
+    r = preemption_scenario(sbx)
+    ckpts = [e for e in r["events"] if e["event"] == "checkpoint-end"]
+    _say(f"  training job {r['job']}: restarts={r['restarts']}, checkpoints "
+         + ", ".join(f"{e.get('duration_s', 0):.2f}s" for e in ckpts)
+         + f"; inference waited {r['infer_waits_s']} s to start")
+    if sorted(r["steps"]) != list(range(1, r["target"] + 1)):
+        raise SandboxError("a training step was lost or counted twice")
+    if r["restarts"] != "3" or not r["finished"]:
+        raise SandboxError(f"expected 3 restarts and a finished run, got {r['restarts']}")
+    return (f"train job preempted 3 times by infer jobs; all {r['target']} steps counted once, "
+            f"restart count 3, inference started within {max(r['infer_waits_s'])} s")
+
+
 STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("a job on a simulated GPU", step_exclusive),
     ("inference + training share one GPU through MIG", step_mig_dynamic),
     ("inference + training share one GPU through MPS", step_mps),
     ("a job slurmiso cannot isolate is refused, the node is not", step_refusal),
+    ("training preempted three times by inference loses nothing", step_preemption),
 ]
 
 
