@@ -118,9 +118,13 @@ def pool_gres(cfg: Config, pool: Pool) -> str:
     return ",".join(parts)
 
 
+def partition_line(pool: Pool) -> str:
+    """The pool's ``PartitionName=`` line (feature pools name a ``NodeSet``)."""
+    return f"PartitionName={pool.partition} Nodes={pool.nodes or 'ns_' + pool.name} State=UP"
+
+
 def _pool_lines(cfg: Config, pool: Pool) -> List[str]:
     gres = pool_gres(cfg, pool)
-    nodes = pool.nodes or f"ns_{pool.name}"
     lines = [f"# pool {pool.name}: {pool.mode}, {pool.gpus_per_node}x {pool.gpu_model}"]
     if pool.mode == "mig-static":
         lines.append("#   MIG types in gres.conf order ('slurmiso gen gres-conf'); another "
@@ -130,8 +134,8 @@ def _pool_lines(cfg: Config, pool: Pool) -> List[str]:
     else:
         lines.append("#   Gres=: run 'slurmiso gen gres-conf' on a node of the pool")
     if not pool.nodes:
-        lines.append(f"NodeSet={nodes} Feature={pool.feature}")
-    lines.append(f"PartitionName={pool.partition} Nodes={nodes} State=UP")
+        lines.append(f"NodeSet=ns_{pool.name} Feature={pool.feature}")
+    lines.append(partition_line(pool))
     return lines
 
 

@@ -1,0 +1,118 @@
+"""Gather the live snapshot ``slurmiso doctor`` checks: Slurm through SlurmCli, files, GPUs.
+
+The snapshot is plain JSON (``doctor --save-snapshot``), so a recorded one can be edited and
+fed back (``doctor --snapshot``) to test each check on a real cluster's data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, Optional
+
+from slurmiso.config.model import Config, node_name
+from slurmiso.doctor import SNAPSHOT_VERSION, Snapshot
+from slurmiso.errors import UsageError
+from slurmiso.slurm import qos as Q
+from slurmiso.slurm import slurmconf
+from slurmiso.slurm.client import SlurmCli
+
+_PART_KEYS = ("Nodes", "PreemptMode", "State")
+_NODE_KEYS = ("Gres", "State", "Partitions", "AvailableFeatures")
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _conf_dir(config: Dict[str, str]) -> str:
+    return os.path.dirname(config.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+
+
+def _hooks(config: Dict[str, str]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, _name in slurmconf.HOOKS:
+        path = config.get(key, "")
+        if path in ("", "(null)"):
+            out[key] = {"path": ""}
+            continue
+        out[key] = {"path": path, "exists": os.path.isfile(path),
+                    "executable": os.access(path, os.X_OK)}
+    return out
+
+
+def _gpu_node(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
+    """This node's GPUs and MIG instances when it is in a pool, else None."""
+    pool = cfg.pool_for_node(node)
+    if pool is None:
+        return None
+    from slurmiso.gpu import open_backend
+
+    backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
+    try:
+        return {"node": node, "pool": pool.name,
+                "devices": [d.to_dict() for d in backend.devices()],
+                "instances": [i.to_dict() for i in backend.instances()]}
+    finally:
+        backend.close()
+
+
+def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snapshot:
+    """Read the live cluster (and, on a GPU node, its GPUs); Slurm unreachable raises."""
+    cli = cli or SlurmCli(timeout=30)
+    config = cli.show_config()
+    snap: Snapshot = {
+        "version": SNAPSHOT_VERSION,
+        "collected_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "slurm_version": config.get("SLURM_VERSION", ""),
+        "config": config,
+        "partitions": {n: {k: f.get(k, "") for k in _PART_KEYS}
+                       for n, f in cli.show_all("partition").items()},
+        "nodes": {n: {k: f.get(k, "") for k in _NODE_KEYS}
+                  for n, f in cli.show_all("node").items()},
+    }
+    cols = Q.QOS_FORMAT.split(",")
+    out = cli.run("sacctmgr", ["-P", "-n", "show", "qos", f"format={Q.QOS_FORMAT}"])
+    snap["qos"] = [dict(zip(cols, (ln.split("|") + [""] * len(cols))[:len(cols)]))
+                   for ln in out.splitlines() if ln.strip()]
+    accounts = Q.accounts_of(Q.desired_qos(cfg))
+    snap["account_qos"] = {a: list(q) for a, q in Q.read_account_qos(cli, accounts).items()}
+    plug = config.get("PlugStackConfig", "")
+    plug = os.path.join(_conf_dir(config), "plugstack.conf") if plug in ("", "(null)") else plug
+    text = _read_text(plug)
+    snap["plugstack"] = {"path": plug, "exists": text is not None, "text": text or ""}
+    gres_path = os.path.join(_conf_dir(config), "gres.conf")
+    snap["gres_conf"] = {"path": gres_path, "text": _read_text(gres_path)}
+    snap["hooks"] = _hooks(config)
+    snap["gpu_node"] = _gpu_node(cfg, node_name(node))
+    return snap
+
+
+def load_snapshot(path: str) -> Snapshot:
+    """A snapshot saved by ``doctor --save-snapshot`` (possibly edited)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            snap = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"cannot read snapshot {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"snapshot {path} is not valid JSON: {exc}",
+                         hint="record one with 'slurmiso doctor --save-snapshot FILE'") from None
+    if not isinstance(snap, dict) or snap.get("version") != SNAPSHOT_VERSION:
+        raise UsageError(f"snapshot {path} is not a version {SNAPSHOT_VERSION} doctor snapshot",
+                         hint="record one with 'slurmiso doctor --save-snapshot FILE'")
+    return snap
+
+
+def save_snapshot(snap: Snapshot, path: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(snap, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write snapshot {path}: {exc.strerror}") from None
