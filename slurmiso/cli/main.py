@@ -30,6 +30,8 @@ SUBCOMMANDS = [
     "slurmiso.cli.audit",
     "slurmiso.cli.qos",
     "slurmiso.cli.doctor",
+    "slurmiso.cli.agent",
+    "slurmiso.cli.monitor",
 ]
 
 log = logging.getLogger("slurmiso")

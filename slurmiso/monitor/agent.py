@@ -1,0 +1,204 @@
+"""``slurmiso agent``'s data: a node's GPUs, MIG instances and the jobs holding them, as
+Prometheus metrics.
+
+:func:`gather_node` reads the GPU backend (NVML or simulated) and the node's slurmiso records
+into a :class:`NodeReport`; :class:`NodeCollector` renders a fresh report on every scrape
+(a client_python custom collector: no state kept between scrapes, so a metric is never older
+than the scrape). The collector takes its backend and records through injected callables and
+is registered on a registry the caller builds, so tests need no global state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from slurmiso.errors import SlurmisoError
+from slurmiso.monitor import telemetry as t
+from slurmiso.monitor.snapshot import GpuSample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeviceRow:
+    """One whole GPU (``gi`` "") or one MIG instance, with the jobs holding it."""
+
+    gpu: int
+    gi: str = ""
+    profile: str = ""
+    uuid: str = ""
+    model: str = ""
+    memory_used_mb: int = 0
+    memory_total_mb: int = 0
+    sm_active: Optional[float] = None  # ratio 0..1, as DCGM's PROF fields
+    gr_active: Optional[float] = None
+    processes: int = 0
+    jobs: Tuple[str, ...] = ()
+    classes: Tuple[str, ...] = ()
+
+
+@dataclass
+class NodeReport:
+    node: str
+    collected: float
+    rows: List[DeviceRow] = field(default_factory=list)
+
+    def samples(self) -> List[GpuSample]:
+        """The monitor's view: one sample per GPU, MIG instances folded in."""
+        out = []
+        for r in self.rows:
+            if r.gi:
+                continue
+            insts = [i for i in self.rows if i.gi and i.gpu == r.gpu]
+            jobs = set(r.jobs).union(*(i.jobs for i in insts))
+            classes = set(r.classes).union(*(i.classes for i in insts))
+            out.append(GpuSample(
+                r.gpu, r.memory_used_mb, r.memory_total_mb,
+                None if r.sm_active is None else 100.0 * r.sm_active,
+                None if r.gr_active is None else 100.0 * r.gr_active,
+                r.processes, tuple(sorted(jobs)), tuple(sorted(classes)),
+                tuple(sorted(i.profile for i in insts))))
+        return out
+
+
+def gather_node(
+    cfg: Any, node: str, backend: Any = None, records: Optional[Dict[str, Any]] = None,
+    clock: Callable[[], float] = time.time,
+) -> NodeReport:
+    """Read ``node``'s GPUs (``backend``, else the configured one) and job records (``records``,
+    else its state dir). Raises :class:`SlurmisoError` when the GPUs cannot be read."""
+    if records is None:
+        from slurmiso.state import NodeState
+
+        records = NodeState(cfg.paths.state_dir_for(node)).jobs()
+    owners = _owners(records)
+    own = backend is None
+    if own:
+        from slurmiso.gpu import open_backend
+
+        backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
+    try:
+        report = NodeReport(node, clock())
+        procs = backend.processes()
+        instances = backend.instances()
+        for dev in backend.devices():
+            tel = backend.telemetry(dev.index)
+            jobs = owners.get(("gpu", str(dev.index)), set()) | owners.get(("uuid", dev.uuid),
+                                                                           set())
+            report.rows.append(DeviceRow(
+                dev.index, "", "", dev.uuid, dev.model, dev.memory_used_mb, dev.memory_total_mb,
+                tel.sm_active, tel.gr_engine_active,
+                sum(1 for p in procs if p.gpu_index == dev.index),
+                tuple(sorted(j for j, _ in jobs)), tuple(sorted({c for _, c in jobs if c}))))
+            for inst in (i for i in instances if i.gpu_index == dev.index):
+                held = owners.get(("uuid", inst.uuid), set()) if inst.uuid else set()
+                held |= owners.get(("gi", f"{inst.gpu_index}/{inst.gi_id}"), set())
+                report.rows.append(DeviceRow(
+                    dev.index, str(inst.gi_id), inst.profile, inst.uuid, dev.model,
+                    inst.memory_used_mb, inst.memory_total_mb, None, None,
+                    sum(1 for p in procs if inst.uuid and p.mig_uuid == inst.uuid),
+                    tuple(sorted(j for j, _ in held)), tuple(sorted({c for _, c in held if c}))))
+        return report
+    finally:
+        if own:
+            backend.close()
+
+
+def _owners(records: Dict[str, Any]) -> Dict[Tuple[str, str], set]:
+    """(("gpu", index) | ("uuid", uuid) | ("gi", "gpu/gi")) -> {(job, class)} from records."""
+    out: Dict[Tuple[str, str], set] = {}
+    for job, rec in records.items():
+        who = (str(job), str(rec.get("class") or ""))
+        for res in rec.get("resources", []) or []:
+            if res.get("uuid"):
+                out.setdefault(("uuid", str(res["uuid"])), set()).add(who)
+            if res.get("gi") is not None and res.get("gpu") is not None:
+                out.setdefault(("gi", f"{res['gpu']}/{res['gi']}"), set()).add(who)
+            elif res.get("gpu") is not None and not str(res.get("kind", "")).startswith("mig"):
+                out.setdefault(("gpu", str(res["gpu"])), set()).add(who)
+    return out
+
+
+class NodeCollector:
+    """client_python custom collector: every scrape reads the node afresh."""
+
+    def __init__(self, read: Callable[[], NodeReport], node: str = "") -> None:
+        self.read = read
+        self.node = node
+
+    def describe(self) -> List[Any]:
+        return []  # do not read the GPUs when the collector is registered
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            report: Optional[NodeReport] = self.read()
+        except SlurmisoError as exc:
+            log.warning("agent: cannot read node %s: %s", self.node, exc)
+            report = None
+        up = GaugeMetricFamily("slurmiso_agent_up", "1 if the GPUs could be read",
+                               labels=["node"])
+        up.add_metric([self.node], 0.0 if report is None else 1.0)
+        yield up
+        if report is None:
+            return
+        stamp = GaugeMetricFamily(t.M_COLLECTED, "When this scrape read the GPUs (Unix s)",
+                                  labels=["node"])
+        stamp.add_metric([report.node], report.collected)
+        yield stamp
+        labels = ["node", "gpu", "gi", "profile", "uuid", "job", "class"]
+        fams = {
+            t.M_MEM_USED: GaugeMetricFamily(t.M_MEM_USED, "GPU memory in use", labels=labels),
+            t.M_MEM_TOTAL: GaugeMetricFamily(t.M_MEM_TOTAL, "GPU memory", labels=labels),
+            t.M_SM: GaugeMetricFamily(t.M_SM, "Fraction of time SMs were busy", labels=labels),
+            t.M_GR: GaugeMetricFamily(t.M_GR, "Fraction of time the graphics engine was busy",
+                                      labels=labels),
+            t.M_PROCS: GaugeMetricFamily(t.M_PROCS, "Compute processes", labels=labels),
+        }
+        for r in report.rows:
+            values = [report.node, str(r.gpu), r.gi, r.profile, r.uuid, ",".join(r.jobs),
+                      ",".join(r.classes)]
+            fams[t.M_MEM_USED].add_metric(values, float(r.memory_used_mb * t.MIB))
+            fams[t.M_MEM_TOTAL].add_metric(values, float(r.memory_total_mb * t.MIB))
+            fams[t.M_PROCS].add_metric(values, float(r.processes))
+            if r.sm_active is not None:
+                fams[t.M_SM].add_metric(values, r.sm_active)
+            if r.gr_active is not None:
+                fams[t.M_GR].add_metric(values, r.gr_active)
+        yield from fams.values()
+
+
+def registry_for(cfg: Any, node: str) -> Any:
+    """A fresh registry holding only this node's collector (never the global one: the
+    process/platform collectors would add noise to every node's scrape)."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(lambda: gather_node(cfg, node), node))
+    return registry
+
+
+def render(registry: Any) -> str:
+    from prometheus_client import generate_latest
+
+    return str(generate_latest(registry).decode("utf-8"))
+
+
+def serve(cfg: Any, node: str, port: int, addr: str = "") -> None:
+    """Serve ``/metrics`` until killed (systemd stops it with SIGTERM)."""
+    from prometheus_client import start_http_server
+
+    from slurmiso.errors import UsageError
+
+    try:
+        start_http_server(port, addr=addr or "0.0.0.0", registry=registry_for(cfg, node))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {addr or '0.0.0.0'}:{port}: {exc.strerror}",
+                         hint="pick another --port or stop what holds it") from None
+    log.info("agent for node %s serving on port %d", node, port)
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,178 @@
+"""The monitor's policy (thresholds, from the config), its memory, and the actions it takes.
+
+``Policy`` is read-only input to :func:`~slurmiso.monitor.decide.decide`; ``Memory`` is what
+the monitor must remember between cycles (dwell timers, the holds *it* placed, nodes it lent,
+a MIG re-layout in progress). Memory is JSON so a restarted monitor picks up where it was and
+never releases a hold an admin or user placed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+#: Pool modes whose GPUs several jobs share: their load can hurt inference.
+SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
+#: Action kinds, in the order they are applied within one cycle.
+KINDS = ("resume", "drain", "mig-apply", "partition-update", "hold", "release", "reconcile")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One change the monitor wants: ``kind`` on ``target`` because of ``reason``."""
+
+    kind: str
+    target: str
+    reason: str
+    details: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "reason": self.reason,
+                "details": dict(self.details)}
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.target}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class SloLimit:
+    class_name: str
+    max_queue_wait_s: Optional[float] = None
+    p99_latency_ms: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Thresholds and scope of every policy (percentages 0..100, durations seconds)."""
+
+    memory_used_pct: float = 75
+    sm_active_pct: float = 85
+    hysteresis_pct: float = 10
+    min_dwell_s: float = 300
+    stagger_max_starts: int = 4
+    stagger_interval_s: float = 60
+    #: Telemetry older than this is stale: no admission change rests on it.
+    max_data_age_s: float = 90
+    train_classes: Tuple[str, ...] = ("train",)
+    slo: Tuple[SloLimit, ...] = ()
+    #: (inference partition, training partition) pairs whose idle nodes may be lent.
+    lend: Tuple[Tuple[str, str], ...] = ()
+    #: Idle nodes each inference partition keeps for bursts (never lent).
+    lend_reserve: int = 0
+    #: Per mig-static pool: (layout name, ((profile, count per node), ...)) candidates.
+    mig_layouts: Dict[str, Tuple[Tuple[str, Tuple[Tuple[str, int], ...]], ...]] = field(
+        default_factory=dict)
+    drain_timeout_s: float = 3600
+    #: Nodes whose leftovers this monitor host can reconcile, and how often (0 = never).
+    reconcile_nodes: Tuple[str, ...] = ()
+    reconcile_every_s: float = 0
+
+    @property
+    def release_memory_pct(self) -> float:
+        return self.memory_used_pct - self.hysteresis_pct
+
+    @property
+    def release_sm_pct(self) -> float:
+        return self.sm_active_pct - self.hysteresis_pct
+
+
+def policy_from_config(
+    cfg: Any,
+    lend: Sequence[Tuple[str, str]] = (),
+    lend_reserve: int = 0,
+    reconcile_nodes: Sequence[str] = (),
+    reconcile_every_s: float = 0,
+    drain_timeout_s: float = 3600,
+) -> Policy:
+    """The policy a :class:`~slurmiso.config.model.Config` states, plus the deployment choices
+    the config has no key for (which partitions lend to which, where reconcile runs)."""
+    mon = cfg.monitor
+    return Policy(
+        memory_used_pct=mon.thresholds.memory_used_pct,
+        sm_active_pct=mon.thresholds.sm_active_pct,
+        hysteresis_pct=mon.thresholds.hysteresis_pct,
+        min_dwell_s=mon.min_dwell_s,
+        stagger_max_starts=mon.stagger.max_starts,
+        stagger_interval_s=mon.stagger.interval_s,
+        max_data_age_s=max(3 * mon.interval_s, 60),
+        train_classes=tuple(c.name for c in cfg.classes if c.preemptible),
+        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms)
+                  for s in mon.slo),
+        lend=tuple(lend),
+        lend_reserve=lend_reserve,
+        mig_layouts=mig_candidates(cfg),
+        drain_timeout_s=drain_timeout_s,
+        reconcile_nodes=tuple(reconcile_nodes),
+        reconcile_every_s=reconcile_every_s,
+    )
+
+
+def mig_candidates(
+    cfg: Any,
+) -> Dict[str, Tuple[Tuple[str, Tuple[Tuple[str, int], ...]], ...]]:
+    """Per mig-static pool, every configured layout the pool's GPU model can hold, as
+    per-node profile counts (what Slurm will see as typed ``gres/gpu``)."""
+    from slurmiso.gpu.profiles import lookup_model
+
+    out: Dict[str, Tuple[Tuple[str, Tuple[Tuple[str, int], ...]], ...]] = {}
+    for pool in cfg.pools:
+        if pool.mode != "mig-static":
+            continue
+        model = lookup_model(pool.gpu_model)
+        if model is None:
+            continue
+        cands = []
+        for layout in cfg.mig_layouts:
+            counts: Dict[str, int] = {}
+            fits = True
+            for index in range(pool.gpus_per_node):
+                group = layout.for_device(index)
+                if group is None or not group.mig_enabled:
+                    continue
+                for profile, n in group.mig_devices:
+                    if model.profile(profile) is None:
+                        fits = False
+                    counts[profile] = counts.get(profile, 0) + n
+            if fits and counts:
+                cands.append((layout.name, tuple(sorted(counts.items()))))
+        out[pool.name] = tuple(cands)
+    return out
+
+
+@dataclass
+class Memory:
+    """What the monitor remembers between cycles (and restarts): all JSON-able."""
+
+    #: job id -> {"ts", "scopes", "reason"}: holds this monitor placed.
+    holds: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: Jobs someone else released after we held them: never held again by us.
+    overridden: List[str] = field(default_factory=list)
+    #: scope (partition name or "slo") -> {"closed", "since", "calm_since", "why"}.
+    gates: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: Scopes whose data is stale now (no admission change while listed).
+    stale: List[str] = field(default_factory=list)
+    release_times: List[float] = field(default_factory=list)
+    idle_since: Dict[str, float] = field(default_factory=dict)
+    #: node -> {"from", "to", "ts"}: nodes lent to a training partition.
+    lent: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    mig_mismatch_since: Dict[str, float] = field(default_factory=dict)
+    mig_last: Dict[str, float] = field(default_factory=dict)
+    #: {"node", "pool", "layout", "phase", "since", "reason"} while a re-layout runs.
+    relayout: Optional[Dict[str, Any]] = None
+    reconciled: Dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> Memory:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def copy(self) -> Memory:
+        """A copy whose containers are new; inner records are shared, so :func:`decide`
+        replaces a record instead of changing it (cheap with 20,000 holds)."""
+        return Memory(dict(self.holds), list(self.overridden), dict(self.gates),
+                      list(self.stale), list(self.release_times), dict(self.idle_since),
+                      dict(self.lent), dict(self.mig_mismatch_since), dict(self.mig_last),
+                      dict(self.relayout) if self.relayout else None, dict(self.reconciled))

@@ -1,0 +1,272 @@
+"""What the monitor sees in one cycle, as plain data that round-trips through JSON.
+
+A snapshot is the only input of :func:`slurmiso.monitor.decide.decide` besides the policy and
+the monitor's memory, so a recorded one (``slurmiso monitor snapshot -o FILE``) replays a
+decision exactly: admins ask "what would it do now?", tests and benchmarks feed synthetic ones.
+Telemetry that is missing or old is data here (``telemetry_age_s``), never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class GpuSample:
+    """One GPU of a node: memory, activity (percent; None = not reported) and its users."""
+
+    index: int
+    memory_used_mb: int = 0
+    memory_total_mb: int = 0
+    sm_active_pct: Optional[float] = None
+    gr_active_pct: Optional[float] = None
+    processes: int = 0
+    jobs: Tuple[str, ...] = ()
+    classes: Tuple[str, ...] = ()
+    mig_profiles: Tuple[str, ...] = ()
+
+    @property
+    def memory_pct(self) -> float:
+        return 100.0 * self.memory_used_mb / self.memory_total_mb if self.memory_total_mb else 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"index": self.index, "mem": self.memory_used_mb,
+                               "mem_total": self.memory_total_mb}
+        if self.sm_active_pct is not None:
+            out["sm"] = self.sm_active_pct
+        if self.gr_active_pct is not None:
+            out["gr"] = self.gr_active_pct
+        if self.processes:
+            out["procs"] = self.processes
+        if self.jobs:
+            out["jobs"] = list(self.jobs)
+        if self.classes:
+            out["classes"] = list(self.classes)
+        if self.mig_profiles:
+            out["mig"] = list(self.mig_profiles)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> GpuSample:
+        g = d.get
+        return cls(d["index"], g("mem", 0), g("mem_total", 0), g("sm"), g("gr"), g("procs", 0),
+                   tuple(g("jobs", ())), tuple(g("classes", ())), tuple(g("mig", ())))
+
+
+@dataclass
+class NodeInfo:
+    """A node as Slurm states it (``state`` as ``scontrol`` prints it, e.g. ``IDLE+DRAIN``)
+    and as its telemetry shows it; ``telemetry_age_s`` None = no telemetry at all."""
+
+    name: str
+    state: str = "IDLE"
+    partitions: Tuple[str, ...] = ()
+    pool: str = ""
+    mode: str = ""
+    gres: str = ""
+    addr: str = ""
+    gpus: Tuple[GpuSample, ...] = ()
+    telemetry_age_s: Optional[float] = None
+
+    @property
+    def flags(self) -> Tuple[str, ...]:
+        return tuple(self.state.upper().split("+"))
+
+    @property
+    def draining(self) -> bool:
+        return any(f.startswith("DRAIN") for f in self.flags)
+
+    @property
+    def usable(self) -> bool:
+        """Up and schedulable: not down, drained, failing or powered off."""
+        bad = ("DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "POWERED_DOWN",
+               "NOT_RESPONDING", "MAINT", "RESERVED", "INVAL")
+        return not any(f.rstrip("*") in bad for f in self.flags)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "state": self.state, "partitions": list(self.partitions),
+                "pool": self.pool, "mode": self.mode, "gres": self.gres, "addr": self.addr,
+                "gpus": [gpu.to_dict() for gpu in self.gpus],
+                "telemetry_age_s": self.telemetry_age_s}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> NodeInfo:
+        g = d.get
+        return cls(d["name"], g("state", "IDLE"), tuple(g("partitions", ())), g("pool", ""),
+                   g("mode", ""), g("gres", ""), g("addr", ""),
+                   tuple(GpuSample.from_dict(x) for x in g("gpus", ())), g("telemetry_age_s"))
+
+
+@dataclass
+class JobInfo:
+    """A pending or running job: class (as slurmiso classifies it), where it may run, and
+    whether it is held (``hold_reason`` JobHeldUser/JobHeldAdmin)."""
+
+    id: str
+    state: str  # PENDING | RUNNING
+    job_class: str = ""
+    partitions: Tuple[str, ...] = ()
+    qos: str = ""
+    submit_ts: float = 0.0
+    held: bool = False
+    reason: str = ""
+    nodes: Tuple[str, ...] = ()
+    gres: str = ""  # what the job asks per node, e.g. "gpu:3g.40gb:1"
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"id": self.id, "state": self.state, "class": self.job_class,
+                               "partitions": list(self.partitions), "qos": self.qos,
+                               "submit": self.submit_ts}
+        if self.held:
+            out["held"] = True
+        if self.reason:
+            out["reason"] = self.reason
+        if self.nodes:
+            out["nodes"] = list(self.nodes)
+        if self.gres:
+            out["gres"] = self.gres
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> JobInfo:
+        g = d.get
+        return cls(str(d["id"]), d["state"], g("class", ""), tuple(g("partitions", ())),
+                   g("qos", ""), g("submit", 0.0), g("held", False), g("reason", ""),
+                   tuple(g("nodes", ())), g("gres", ""))
+
+
+@dataclass
+class Snapshot:
+    """Everything one decision cycle looks at, taken at ``ts`` (Unix seconds)."""
+
+    ts: float
+    nodes: Tuple[NodeInfo, ...] = ()
+    partitions: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    jobs: Tuple[JobInfo, ...] = ()
+    #: P99 inference latency per class (ms), where a latency query is configured and answered.
+    latency_p99_ms: Dict[str, float] = field(default_factory=dict)
+    latency_age_s: Optional[float] = None
+    slurm_ok: bool = True
+    #: Why data is missing (Prometheus down, an agent unreachable): one line each.
+    errors: Tuple[str, ...] = ()
+
+    def node(self, name: str) -> Optional[NodeInfo]:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"version": SNAPSHOT_VERSION, "ts": self.ts,
+                "nodes": [n.to_dict() for n in self.nodes],
+                "partitions": {k: list(v) for k, v in self.partitions.items()},
+                "jobs": [j.to_dict() for j in self.jobs],
+                "latency_p99_ms": dict(self.latency_p99_ms),
+                "latency_age_s": self.latency_age_s, "slurm_ok": self.slurm_ok,
+                "errors": list(self.errors)}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
+        from slurmiso.errors import UsageError
+
+        if not isinstance(d, dict) or d.get("version") != SNAPSHOT_VERSION:
+            raise UsageError(f"not a slurmiso monitor snapshot (version {SNAPSHOT_VERSION})")
+        g = d.get
+        return cls(
+            float(d["ts"]),
+            tuple(NodeInfo.from_dict(n) for n in g("nodes", ())),
+            {k: tuple(v) for k, v in g("partitions", {}).items()},
+            tuple(JobInfo.from_dict(j) for j in g("jobs", ())),
+            dict(g("latency_p99_ms", {})),
+            g("latency_age_s"),
+            bool(g("slurm_ok", True)),
+            tuple(g("errors", ())),
+        )
+
+
+def dumps(snap: Snapshot) -> str:
+    return json.dumps(snap.to_dict(), separators=(",", ":"))
+
+
+def loads(text: str) -> Snapshot:
+    from slurmiso.errors import UsageError
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"snapshot is not JSON: {exc}") from None
+    try:
+        return Snapshot.from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"malformed snapshot: {exc!r}") from None
+
+
+def load(path: str) -> Snapshot:
+    from slurmiso.errors import UsageError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return loads(fh.read())
+    except OSError as exc:
+        raise UsageError(f"cannot read snapshot {path}: {exc.strerror}") from None
+
+
+def save(snap: Snapshot, path: str) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half a snapshot."""
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".snapshot-", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(dumps(snap))
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    import os
+
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def parse_gres_types(gres: str) -> Dict[str, int]:
+    """Typed GPU counts in a Slurm GRES string: ``gpu:3g.40gb:3,gpu:4g.40gb:1(S:0)`` ->
+    {"3g.40gb": 3, "4g.40gb": 1}; also ``gres:gpu:4g.40gb:1`` and ``gres/gpu:...`` (squeue)."""
+    out: Dict[str, int] = {}
+    for item in gres.split(","):
+        item = item.split("(", 1)[0].strip()
+        if item.startswith(("gres:", "gres/")):
+            item = item[5:]
+        parts = item.split(":")
+        if len(parts) < 2 or parts[0] != "gpu":
+            continue
+        if len(parts) == 3 and parts[2].isdigit():
+            out[parts[1]] = out.get(parts[1], 0) + int(parts[2])
+        elif len(parts) == 2 and not parts[1].isdigit():
+            out[parts[1]] = out.get(parts[1], 0) + 1
+    return out
+
+
+def jobs_by_node(jobs: List[JobInfo]) -> Dict[str, List[JobInfo]]:
+    """Running jobs per node name."""
+    out: Dict[str, List[JobInfo]] = {}
+    for j in jobs:
+        if j.state == "RUNNING":
+            for n in j.nodes:
+                out.setdefault(n, []).append(j)
+    return out
