@@ -1,0 +1,259 @@
+/*
+ * slurmiso SPANK plugin: the job options --iso-class, --iso-mps-mem, --iso-mig-profile and
+ * --iso-ckpt-dir, checked where the user types them (sbatch/salloc/srun refuse a bad value
+ * with a message) and handed to the Prolog/Epilog through the job control environment as
+ * SPANK_SLURMISO_CLASS, SPANK_SLURMISO_MPS_MEM, SPANK_SLURMISO_MIG_PROFILE and
+ * SPANK_SLURMISO_CKPT_DIR (slurmiso/hooks/jobenv.py reads them and checks them again: a
+ * client-side plugin is a convenience, never a security boundary).
+ *
+ * plugstack.conf (arguments are optional allow-lists; `slurmiso gen plugstack` writes it):
+ *   required /usr/lib/slurm/slurmiso.so classes=infer,train,debug mig_profiles=3g.40gb,4g.40gb
+ *
+ * No heap: the arguments and values live in fixed static buffers, so nothing can leak in the
+ * long-lived slurmd/slurmstepd processes that load the plugin too.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(slurmiso, 1);
+
+#define LIST_MAX 1024  /* a comma-separated allow-list from plugstack.conf */
+#define VALUE_MAX 4096 /* PATH_MAX: the longest value (a checkpoint directory) */
+
+enum { OPT_CLASS, OPT_MPS_MEM, OPT_MIG_PROFILE, OPT_CKPT_DIR, OPT_COUNT };
+
+/* Exported names: spank_job_control_setenv prefixes SPANK_, jobenv.py maps them back. */
+static const char *const env_names[OPT_COUNT] = {
+	"SLURMISO_CLASS", "SLURMISO_MPS_MEM", "SLURMISO_MIG_PROFILE", "SLURMISO_CKPT_DIR",
+};
+
+static char allowed_classes[LIST_MAX];
+static char allowed_profiles[LIST_MAX];
+static char values[OPT_COUNT][VALUE_MAX];
+
+static int check_option(int val, const char *optarg, int remote);
+
+static struct spank_option options[] = {
+	{ "iso-class", "NAME",
+	  "slurmiso job class (what the cluster allows; see `slurmiso --help`)",
+	  1, OPT_CLASS, check_option },
+	{ "iso-mps-mem", "SIZE",
+	  "slurmiso: lower the MPS pinned GPU memory limit, e.g. 8G",
+	  1, OPT_MPS_MEM, check_option },
+	{ "iso-mig-profile", "PROFILE",
+	  "slurmiso: MIG profile for mig-dynamic GPUs, e.g. 3g.40gb",
+	  1, OPT_MIG_PROFILE, check_option },
+	{ "iso-ckpt-dir", "DIR",
+	  "slurmiso: absolute directory for the job's checkpoints",
+	  1, OPT_CKPT_DIR, check_option },
+};
+
+/* Whether `word` (length n) is one of the comma-separated entries of `list`. */
+static int in_list(const char *list, const char *word, size_t n)
+{
+	const char *p = list;
+
+	while (*p) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (len == n && strncmp(p, word, n) == 0)
+			return 1;
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	return 0;
+}
+
+static const char *skip_digits(const char *p)
+{
+	while (*p >= '0' && *p <= '9')
+		p++;
+	return p;
+}
+
+/* ^[0-9]+(\.[0-9]+)?[KMGT]?(i?B)?$ */
+static int valid_size(const char *s)
+{
+	const char *p = skip_digits(s);
+
+	if (p == s)
+		return 0;
+	if (*p == '.') {
+		const char *frac = p + 1;
+
+		p = skip_digits(frac);
+		if (p == frac)
+			return 0;
+	}
+	if (*p && strchr("KMGT", *p))
+		p++;
+	if (p[0] == 'i' && p[1] == 'B')
+		p += 2;
+	else if (p[0] == 'B')
+		p++;
+	return *p == '\0';
+}
+
+/* ^[1-7]g\.[0-9]+gb(\+me)?$ */
+static int valid_profile(const char *s)
+{
+	const char *p;
+
+	if (s[0] < '1' || s[0] > '7' || s[1] != 'g' || s[2] != '.')
+		return 0;
+	p = skip_digits(s + 3);
+	if (p == s + 3 || strncmp(p, "gb", 2) != 0)
+		return 0;
+	p += 2;
+	return *p == '\0' || strcmp(p, "+me") == 0;
+}
+
+/* Absolute, no ".." component: the Prolog runs as root and must not be steered outside. */
+static int valid_dir(const char *s)
+{
+	const char *p = s;
+
+	if (s[0] != '/')
+		return 0;
+	while ((p = strstr(p, "..")) != NULL) {
+		if (p[-1] == '/' && (p[2] == '/' || p[2] == '\0'))
+			return 0;
+		p += 2;
+	}
+	return strchr(s, '\n') == NULL;
+}
+
+static int check_option(int val, const char *optarg, int remote)
+{
+	const char *name;
+	size_t n;
+
+	(void)remote;
+	if (val < 0 || val >= OPT_COUNT)
+		return -1;
+	name = options[val].name;
+	if (!optarg || !*optarg) {
+		slurm_error("slurmiso: --%s needs a value", name);
+		return -1;
+	}
+	n = strlen(optarg);
+	if (n >= VALUE_MAX) {
+		slurm_error("slurmiso: --%s value is longer than %d characters", name, VALUE_MAX - 1);
+		return -1;
+	}
+	switch (val) {
+	case OPT_CLASS:
+		if (allowed_classes[0] ? !in_list(allowed_classes, optarg, n)
+				       : strspn(optarg, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+						"abcdefghijklmnopqrstuvwxyz0123456789_.-") != n) {
+			slurm_error("slurmiso: --iso-class=%s is not a job class of this cluster "
+				    "(allowed: %s)", optarg,
+				    allowed_classes[0] ? allowed_classes : "letters, digits, _ . -");
+			return -1;
+		}
+		break;
+	case OPT_MPS_MEM:
+		if (!valid_size(optarg)) {
+			slurm_error("slurmiso: --iso-mps-mem=%s is not a size (allowed: a number "
+				    "with an optional K, M, G or T suffix, e.g. 8G, 8GiB, 512M)",
+				    optarg);
+			return -1;
+		}
+		break;
+	case OPT_MIG_PROFILE:
+		if (!valid_profile(optarg)) {
+			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile name "
+				    "(allowed: <1-7>g.<memory>gb[+me], e.g. 3g.40gb)", optarg);
+			return -1;
+		}
+		if (allowed_profiles[0] && !in_list(allowed_profiles, optarg, n)) {
+			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile of this "
+				    "cluster's GPUs (allowed: %s)", optarg, allowed_profiles);
+			return -1;
+		}
+		break;
+	case OPT_CKPT_DIR:
+		if (!valid_dir(optarg)) {
+			slurm_error("slurmiso: --iso-ckpt-dir=%s must be an absolute directory "
+				    "without '..' components, e.g. /scratch/$USER/ckpt", optarg);
+			return -1;
+		}
+		break;
+	}
+	memcpy(values[val], optarg, n + 1);
+	return 0;
+}
+
+static int copy_arg(char *dst, const char *arg, const char *key)
+{
+	size_t klen = strlen(key);
+
+	if (strncmp(arg, key, klen) != 0)
+		return 0;
+	if (strlen(arg + klen) >= LIST_MAX) {
+		slurm_error("slurmiso: plugstack.conf argument %s is longer than %d characters",
+			    key, LIST_MAX - 1);
+		return -1;
+	}
+	strcpy(dst, arg + klen);
+	return 1;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	int i;
+
+	for (i = 0; i < ac; i++) {
+		int rc = copy_arg(allowed_classes, av[i], "classes=");
+
+		if (rc == 0)
+			rc = copy_arg(allowed_profiles, av[i], "mig_profiles=");
+		if (rc < 0)
+			return -1;
+		if (rc == 0)
+			slurm_error("slurmiso: unknown plugstack.conf argument '%s' (allowed: "
+				    "classes=A,B,... mig_profiles=P,Q,...)", av[i]);
+	}
+	/* Registered in every context: sbatch (allocator) needs it, and so do srun and
+	 * slurmstepd, which pass the options on. */
+	for (i = 0; i < OPT_COUNT; i++) {
+		spank_err_t rc = spank_option_register(sp, &options[i]);
+
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("slurmiso: cannot register --%s: %s", options[i].name,
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* After option parsing, where the job is created (sbatch, salloc, srun without a job):
+ * export the validated values for the Prolog and Epilog. */
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	spank_context_t ctx = spank_context();
+	int i;
+
+	(void)ac;
+	(void)av;
+	if (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR)
+		return 0;
+	for (i = 0; i < OPT_COUNT; i++) {
+		spank_err_t rc;
+
+		if (!values[i][0])
+			continue;
+		rc = spank_job_control_setenv(sp, env_names[i], values[i], 1);
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("slurmiso: cannot pass --%s to the job: %s", options[i].name,
+				    spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
