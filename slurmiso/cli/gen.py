@@ -15,6 +15,8 @@ examples:
   slurmiso gen gres-conf                       # this node, from its live MIG instances
   slurmiso gen gres-conf --node gpu017 --from-layout
   slurmiso gen gres-conf --dev-root /srv/sandbox/dev --node-prefix   # stand-in devices
+  slurmiso gen job-submit -o /etc/slurm/job_submit.lua
+  slurmiso gen plugstack -o /etc/slurm/plugstack.conf.d/slurmiso.conf
   slurmiso gen slurm-conf --prefix /opt/slurmiso/bin
 """
 
@@ -127,8 +129,56 @@ def _gen_slurm_conf(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Target name -> function adding its subparser. ``job-submit`` joins here.
+# ---------------------------------------------------------------- job_submit.lua
+def _add_job_submit(sub: Any) -> None:
+    p = sub.add_parser(
+        "job-submit", help="job_submit.lua (and cli_filter.lua) enforcing the job classes",
+        description="The Lua script slurmctld's job_submit/lua runs on every submission: "
+        "classifies the job as the Prolog will, fills the class's defaults (--requeue, time "
+        "limit) and rejects what would fail later, with a message naming the fix. Install it "
+        "next to slurm.conf as job_submit.lua (JobSubmitPlugins=lua) and, for the --signal "
+        "default and check, as cli_filter.lua too (CliFilterPlugins=lua).",
+    )
+    _output(p)
+    p.set_defaults(func=_gen_job_submit)
+
+
+def _gen_job_submit(args: argparse.Namespace) -> int:
+    from slurmiso.config import load_config
+    from slurmiso.submit.job_submit import render_job_submit
+
+    _write(render_job_submit(load_config(args.config)), args.output)
+    return 0
+
+
+# ---------------------------------------------------------------- plugstack.conf
+def _add_plugstack(sub: Any) -> None:
+    from slurmiso.submit.plugstack import DEFAULT_PLUGIN
+
+    p = sub.add_parser(
+        "plugstack", help="plugstack.conf line for the slurmiso SPANK plugin",
+        description="The plugstack.conf line loading spank/slurmiso.so with the config's job "
+        "classes and MIG profiles as allow-lists, so sbatch refuses other --iso-class and "
+        "--iso-mig-profile values.",
+    )
+    p.add_argument("--plugin", default=DEFAULT_PLUGIN, metavar="PATH",
+                   help=f"where the plugin is installed (default {DEFAULT_PLUGIN})")
+    _output(p)
+    p.set_defaults(func=_gen_plugstack)
+
+
+def _gen_plugstack(args: argparse.Namespace) -> int:
+    from slurmiso.config import load_config
+    from slurmiso.submit.plugstack import render_plugstack
+
+    _write(render_plugstack(load_config(args.config), args.plugin), args.output)
+    return 0
+
+
+#: Target name -> function adding its subparser.
 TARGETS: Dict[str, Callable[[Any], None]] = {
     "gres-conf": _add_gres_conf,
     "slurm-conf": _add_slurm_conf,
+    "job-submit": _add_job_submit,
+    "plugstack": _add_plugstack,
 }
