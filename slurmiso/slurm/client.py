@@ -133,3 +133,35 @@ class SlurmCli:
             "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"]
         )
         return [ln.strip() for ln in out.splitlines() if ln.strip()]
+
+    # -- the monitor's reads and actions (slurmiso.monitor) -------------------------------
+    #: squeue fields the monitor reads, in order (``-o`` with ``|``: stable across versions,
+    #: unlike ``--json`` whose schema changes between 21.08, 22.05 and 24.11).
+    QUEUE_FIELDS = ("id", "state", "partition", "qos", "submit", "reason", "nodes", "gres",
+                    "account")
+
+    def queue(self, states: str = "PENDING,RUNNING") -> List[Dict[str, str]]:
+        """Pending and running jobs as dicts keyed by :attr:`QUEUE_FIELDS`."""
+        out = self.run("squeue", ["-h", "-t", states, "-o", "%i|%T|%P|%q|%V|%r|%N|%b|%a"],
+                       timeout=max(self.timeout, 30.0))
+        rows = []
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == len(self.QUEUE_FIELDS):
+                rows.append(dict(zip(self.QUEUE_FIELDS, (p.strip() for p in parts))))
+        return rows
+
+    def hold(self, job_ids: Sequence[str]) -> None:
+        """``scontrol hold`` (priority 0 until released); several jobs in one call."""
+        self.run("scontrol", ["hold", ",".join(job_ids)])
+
+    def release(self, job_ids: Sequence[str]) -> None:
+        self.run("scontrol", ["release", ",".join(job_ids)])
+
+    def set_partition_nodes(self, partition: str, nodes: str) -> None:
+        """Replace a partition's node list (``nodes`` a hostlist expression)."""
+        self.run("scontrol", ["update", f"PartitionName={partition}", f"Nodes={nodes}"])
+
+    def resume(self, node: str) -> None:
+        """Return a drained node to service."""
+        self.run("scontrol", ["update", f"NodeName={node}", "State=RESUME"])

@@ -1,0 +1,162 @@
+"""Carry out the monitor's actions through the Slurm adapter; one journal line each.
+
+The only side-effect module of the monitor. Every action yields an :class:`Outcome`, failed
+or not, so the loop can hand failures back to :func:`slurmiso.monitor.decide.failed` and keep
+running: a slurmctld that stops answering mid-cycle costs this cycle, not the monitor.
+
+MIG layouts are applied *on the node* (its GPUs, its state dir): ``slurmiso mig apply`` is run
+there through ``node_exec`` (e.g. ``ssh {node}``); with no ``node_exec`` it runs on this host
+with ``SLURMD_NODENAME`` set, which is right for the sandbox and for a monitor on the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from slurmiso.errors import SlurmisoError
+from slurmiso.monitor.policy import Action
+from slurmiso.slurm.hostlist import compress
+
+log = logging.getLogger(__name__)
+
+HOLD_BATCH = 500  # job ids per scontrol hold/release call
+
+
+@dataclass
+class Outcome:
+    action: Action
+    ok: bool
+    error: str = ""
+
+
+class Applier:
+    """Applies actions with ``slurm`` (a :class:`~slurmiso.slurm.client.SlurmCli`)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        slurm: Any,
+        journal: Any = None,
+        node_exec: str = "",
+        gres_out: str = "",
+        after_relayout: str = "",
+        run: Optional[Callable[..., subprocess.CompletedProcess[str]]] = None,
+    ) -> None:
+        self.cfg = cfg
+        self.slurm = slurm
+        self.journal = journal
+        self.node_exec = node_exec
+        self.gres_out = gres_out
+        self.after_relayout = after_relayout
+        self._run = run or subprocess.run
+
+    def apply(self, actions: Sequence[Action], dry_run: bool = False) -> List[Outcome]:
+        """Apply (or, dry-run, only journal) ``actions`` in order."""
+        outcomes: List[Outcome] = []
+        i = 0
+        while i < len(actions):
+            act = actions[i]
+            if act.kind in ("hold", "release") and not dry_run:
+                j = i
+                while j < len(actions) and actions[j].kind == act.kind and j - i < HOLD_BATCH:
+                    j += 1
+                outcomes += self._batch(actions[i:j])
+                i = j
+                continue
+            outcomes.append(Outcome(act, True) if dry_run else self._one(act))
+            i += 1
+        for out in outcomes:
+            self._journal(out, dry_run)
+        return outcomes
+
+    # ------------------------------------------------------------------------- internals
+    def _batch(self, acts: Sequence[Action]) -> List[Outcome]:
+        call = self.slurm.hold if acts[0].kind == "hold" else self.slurm.release
+        try:
+            call([a.target for a in acts])
+            return [Outcome(a, True) for a in acts]
+        except SlurmisoError as exc:
+            if len(acts) == 1:
+                return [Outcome(acts[0], False, str(exc))]
+            log.info("monitor: %s of %d jobs failed (%s); one at a time", acts[0].kind,
+                     len(acts), exc)
+        return [o for a in acts for o in self._batch([a])]
+
+    def _one(self, act: Action) -> Outcome:
+        try:
+            if act.kind == "partition-update":
+                self.slurm.set_partition_nodes(act.target, compress(act.details["nodes"]))
+            elif act.kind == "drain":
+                self.slurm.drain(act.target, f"slurmiso monitor: {act.reason}")
+            elif act.kind == "resume":
+                self.slurm.resume(act.target)
+            elif act.kind == "mig-apply":
+                self._relayout(act.target, str(act.details["layout"]))
+            elif act.kind == "reconcile":
+                from slurmiso.cli.reconcile import reconcile_node
+
+                fixes = reconcile_node(self.cfg, act.target, False,
+                                       list(act.details.get("live_jobs", [])))
+                act.details["fixes"] = fixes
+            else:
+                raise SlurmisoError(f"unknown monitor action {act.kind!r}")
+        except SlurmisoError as exc:
+            return Outcome(act, False, str(exc))
+        return Outcome(act, True)
+
+    def _relayout(self, node: str, layout: str) -> None:
+        """``mig apply`` on the node, regenerate its gres.conf, run the after-hook."""
+        self._on_node(node, ["mig", "apply", "--layout", layout, "--node", node])
+        if self.gres_out:
+            path = self.gres_out.replace("{node}", node)
+            self._on_node(node, ["gen", "gres-conf", "--node", node, "-o", path])
+        if self.after_relayout:
+            self._shell(self.after_relayout.replace("{node}", node))
+
+    def _on_node(self, node: str, args: List[str]) -> None:
+        if self.node_exec:
+            argv = shlex.split(self.node_exec.replace("{node}", node)) + ["slurmiso", *args]
+            env = None
+        else:
+            argv = [sys.executable, "-m", "slurmiso"]
+            if self.cfg.source:
+                argv += ["--config", self.cfg.source]
+            argv += args
+            env = dict(os.environ, SLURMD_NODENAME=node)
+        self._check(argv, env)
+
+    def _shell(self, command: str) -> None:
+        self._check(shlex.split(command), None)
+
+    def _check(self, argv: List[str], env: Optional[Dict[str, str]]) -> None:
+        try:
+            cp = self._run(argv, env=env, text=True, capture_output=True, timeout=600,
+                           check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SlurmisoError(f"{' '.join(argv)}: {exc}") from None
+        if cp.returncode != 0:
+            tail = (cp.stderr or cp.stdout or "").strip().splitlines()
+            raise SlurmisoError(f"{' '.join(argv[-6:])} failed ({cp.returncode}): "
+                                f"{tail[-1] if tail else 'no output'}")
+
+    def _journal(self, out: Outcome, dry_run: bool) -> None:
+        act = out.action
+        fields: Dict[str, Any] = {"source": "monitor", "action": act.kind, "target": act.target,
+                                  "reason": act.reason, "dry_run": dry_run,
+                                  "details": act.details, "ok": out.ok}
+        if out.error:
+            fields["error"] = out.error
+        level = logging.INFO if out.ok else logging.WARNING
+        log.log(level, "monitor: %s%s%s", "(dry-run) " if dry_run else "", act.describe(),
+                "" if out.ok else f" -- FAILED: {out.error}")
+        if self.journal is not None:
+            try:
+                self.journal.append("monitor-action", **fields)
+            except OSError as exc:
+                log.warning("monitor: cannot write the journal %s: %s", self.journal, exc)

@@ -1,0 +1,111 @@
+"""The live snapshot: Slurm's nodes, partitions and queue plus telemetry, at one moment.
+
+Slurm unreachable is not an exception here: the snapshot says ``slurm_ok=False`` and
+``decide`` changes nothing, while the loop backs off. Job classes come from what Slurm
+enforces (QoS, partition, account) through :func:`slurmiso.isolation.classify.classify`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from slurmiso.errors import SlurmError, SlurmisoError
+from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
+from slurmiso.monitor.telemetry import Reading, TelemetrySource
+from slurmiso.slurm.hostlist import expand
+
+log = logging.getLogger(__name__)
+
+_HELD = ("JobHeldUser", "JobHeldAdmin")
+
+
+def live_snapshot(
+    cfg: Any, slurm: Any, source: Optional[TelemetrySource],
+    clock: Callable[[], float] = time.time,
+) -> Snapshot:
+    """Ask Slurm, then the telemetry source, for everything :func:`decide` looks at."""
+    now = clock()
+    try:
+        raw_nodes = slurm.show_all("node")
+        raw_parts = slurm.show_all("partition")
+        raw_jobs = slurm.queue()
+    except SlurmError as exc:
+        log.warning("monitor: Slurm did not answer: %s", exc)
+        return Snapshot(now, slurm_ok=False, errors=(f"slurm: {exc}",))
+    partitions = {name: tuple(_expand(f.get("Nodes", ""))) for name, f in raw_parts.items()}
+    member: Dict[str, List[str]] = {}
+    for part, names in partitions.items():
+        for n in names:
+            member.setdefault(n, []).append(part)
+    addrs = {name: f.get("NodeAddr", "") for name, f in raw_nodes.items()}
+    reading = Reading()
+    if source is not None:
+        try:
+            reading = source.read(addrs, now)
+        except SlurmisoError as exc:  # a source bug must not stop the monitor
+            reading.errors.append(f"telemetry: {exc}")
+    for err in reading.errors[:20]:
+        log.info("monitor: telemetry: %s", err)
+    nodes = []
+    for name, f in sorted(raw_nodes.items()):
+        pool = cfg.pool_for_node(name, tuple(_features(f)))
+        gpus: Tuple[GpuSample, ...] = tuple(reading.gpus.get(name, ()))
+        nodes.append(NodeInfo(
+            name, f.get("State", "UNKNOWN"), tuple(member.get(name, ())),
+            pool.name if pool else "", pool.mode if pool else "", _gres(f.get("Gres", "")),
+            addrs[name], gpus, reading.ages.get(name)))
+    jobs = parse_queue(cfg, raw_jobs)
+    return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
+                    reading.latency_age_s, True, tuple(reading.errors))
+
+
+def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
+    """squeue rows (:meth:`SlurmCli.queue`) into jobs with their slurmiso class."""
+    from slurmiso.isolation.classify import classify
+
+    classes: Dict[Tuple[str, str, str], str] = {}
+    out = []
+    for r in rows:
+        parts = tuple(p for p in r.get("partition", "").split(",") if p)
+        key = (r.get("qos", ""), parts[0] if parts else "", r.get("account", ""))
+        if key not in classes:
+            try:
+                job_class, _ = classify(cfg, *key)
+                classes[key] = job_class.name if job_class else ""
+            except SlurmisoError:
+                classes[key] = ""
+        reason = r.get("reason", "")
+        state = r.get("state", "")
+        out.append(JobInfo(
+            r["id"], state, classes[key], parts, r.get("qos", ""), _epoch(r.get("submit", "")),
+            state == "PENDING" and reason in _HELD, reason if reason != "None" else "",
+            tuple(_expand(r.get("nodes", ""))) if state == "RUNNING" else (),
+            _gres(r.get("gres", ""))))
+    return out
+
+
+def _expand(expr: str) -> List[str]:
+    expr = expr.strip()
+    if not expr or expr in ("(null)", "N/A"):
+        return []
+    return expand(expr)
+
+
+def _gres(text: str) -> str:
+    return "" if text in ("(null)", "N/A", "") else text
+
+
+def _features(fields: Dict[str, str]) -> List[str]:
+    text = fields.get("ActiveFeatures", "") or fields.get("AvailableFeatures", "")
+    return [] if text in ("", "(null)") else text.split(",")
+
+
+def _epoch(text: str) -> float:
+    """squeue's ``%V`` (local time, ISO) as Unix seconds; 0 when unknown."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
