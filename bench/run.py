@@ -11,7 +11,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
-BENCHES = ["bench_startup", "bench_sim_mig", "bench_hooks", "bench_audit", "bench_wrapper"]
+BENCHES = ["bench_startup", "bench_sim_mig", "bench_hooks", "bench_audit", "bench_wrapper",
+           "bench_monitor"]
 
 
 def main() -> int:
