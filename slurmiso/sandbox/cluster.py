@@ -42,7 +42,10 @@ from slurmiso.sandbox.procs import (
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "libslurm-dev")
+#: lua5.1: the Lua job_submit/lua links (and the unit tests run the generated script with);
+#: gcc, make and libslurm-dev build the SPANK plugin.
+PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "libslurm-dev", "lua5.1", "gcc",
+            "make")
 #: What the system Python needs to run ``slurmiso task-prolog`` when it stands in (make_site).
 TASK_PACKAGES = ("python3-yaml", "python3-psutil")
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -61,6 +64,7 @@ RUNUSER = "/usr/sbin/runuser"
 USERADD = "/usr/sbin/useradd"
 SCONTROL = "/usr/bin/scontrol"
 SINFO = "/usr/bin/sinfo"
+MAKE = "/usr/bin/make"
 
 NODES_TIMEOUT = 60.0
 #: Node states that count as "up" for a warm cluster that may be running jobs.
@@ -87,17 +91,45 @@ def make_site(root: Optional[str] = None) -> L.Site:
 
     pkg_parent = str(Path(slurmiso.__file__).resolve().parent.parent)
     prolog = os.path.join(pkg_parent, "prolog", "slurmiso-prolog")
+    root = os.path.abspath(root or default_dir())
     epilog = os.path.join(pkg_parent, "epilog", "slurmiso-epilog")
     hooks = os.path.isfile(prolog) and os.path.isfile(epilog) and hooks_wanted()
     return L.Site(
-        root=os.path.abspath(root or default_dir()),
+        root=root,
         host=socket.gethostname().split(".")[0],
         python=sys.executable,
         prolog=prolog if hooks else "",
         epilog=epilog if hooks else "",
         pythonpath=pkg_parent,
         task_python="" if world_reachable(sys.executable) else SYSTEM_PYTHON,
+        spank_plugin=os.path.join(root, "lib", "slurmiso.so")
+        if os.path.isfile(spank_source(pkg_parent)) else "",
     )
+
+
+def spank_source(pkg_parent: str) -> str:
+    return os.path.join(pkg_parent, "spank", "slurmiso_spank.c")
+
+
+def build_spank(site: L.Site) -> str:
+    """``make -C spank`` (make rebuilds only when the source is newer), then install the
+    plugin under the sandbox dir, where every user's sbatch can load it."""
+    if not site.spank_plugin:
+        return "no spank/ in this checkout"
+    src_dir = os.path.dirname(spank_source(site.pythonpath))
+    run([MAKE, "-s", "-C", src_dir], timeout=120)
+    built = Path(src_dir, "slurmiso.so").read_bytes()
+    try:
+        if Path(site.spank_plugin).read_bytes() == built:
+            return "up to date"
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(site.spank_plugin), exist_ok=True)
+    tmp = f"{site.spank_plugin}.tmp"
+    Path(tmp).write_bytes(built)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, site.spank_plugin)  # running slurmstepds keep the old file mapped
+    return f"installed {site.spank_plugin}"
 
 
 def world_reachable(path: str) -> bool:
@@ -326,7 +358,7 @@ def _mknod(dev: L.DeviceNode) -> bool:
 
 def write_files(site: L.Site) -> List[str]:
     """Directories, device stand-ins, configs and hook wrappers; returns changed files."""
-    for d in ("etc", "bin", "run", "log", "spool/ctld", "sim", "mysql", "dev"):
+    for d in ("etc", "bin", "lib", "run", "log", "spool/ctld", "sim", "mysql", "dev"):
         os.makedirs(site.path(*d.split("/")), exist_ok=True)
     for n in site.nodes:
         os.makedirs(site.path("state", n.name), exist_ok=True)
@@ -514,6 +546,8 @@ def _up(site: L.Site) -> UpReport:
         s.detail = install_packages(site)
     with _step(report, "test user") as s:
         s.detail = ensure_test_user()
+    with _step(report, "spank plugin") as s:
+        s.detail = build_spank(site)
     with _step(report, "files") as s:
         changed = write_files(site)
         s.detail = f"{len(changed)} changed" if changed else "unchanged"

@@ -105,6 +105,7 @@ class Site:
     epilog: str = ""
     pythonpath: str = ""
     task_python: str = ""  # TaskProlog runs as the job's user: an interpreter they can run
+    spank_plugin: str = ""  # the built SPANK plugin ("" = none: no plugstack.conf)
     nodes: Tuple[SandboxNode, ...] = field(default=NODES)
 
     def path(self, *parts: str) -> str:
@@ -117,6 +118,10 @@ class Site:
     @property
     def slurmiso_yaml(self) -> str:
         return self.path("etc", "slurmiso.yaml")
+
+    @property
+    def plugstack_conf(self) -> str:
+        return self.path("etc", "plugstack.conf")
 
     @property
     def hooks(self) -> bool:
@@ -196,6 +201,14 @@ def _hook_lines(site: Site) -> List[str]:
     ]
 
 
+def _submit_lines(site: Site) -> List[str]:
+    # slurmctld and the clients find job_submit.lua / cli_filter.lua next to slurm.conf.
+    lines = ["JobSubmitPlugins=lua", "CliFilterPlugins=lua"]
+    if site.spank_plugin:
+        lines.append(f"PlugStackConfig={site.plugstack_conf}")
+    return lines
+
+
 def render_slurm_conf(site: Site) -> str:
     """slurm.conf of the sandbox: accounting, QoS preemption, GRES, one partition per pool."""
     p = site.path
@@ -250,6 +263,7 @@ def render_slurm_conf(site: Site) -> str:
         "PrologFlags=Alloc",
         "PrologEpilogTimeout=60",
         *_hook_lines(site),
+        *_submit_lines(site),
         "ReturnToService=2",
         "KillWait=5",
         "MinJobAge=60",
@@ -461,7 +475,7 @@ classes:
     qos:
       priority: 500
       max_wall: 2h
-      max_gpus_per_job: 1
+      max_gpus_per_job: 2               # the GPU-loss test takes both of n1's GPUs
 
 default_class: train
 
@@ -512,6 +526,23 @@ def render_slurmiso_yaml(site: Site) -> str:
     return "\n".join(lines) + "\n" + _YAML_TAIL
 
 
+def render_submit_files(site: Site) -> Dict[str, str]:
+    """job_submit.lua, cli_filter.lua (the same script) and plugstack.conf, from the sandbox's
+    own slurmiso.yaml through the real generators, so the sandbox tests what sites install."""
+    import yaml
+
+    from slurmiso.config import parse_config
+    from slurmiso.submit.job_submit import render_job_submit
+    from slurmiso.submit.plugstack import render_plugstack
+
+    cfg = parse_config(yaml.safe_load(render_slurmiso_yaml(site)), "slurmiso.yaml")
+    script = render_job_submit(cfg)
+    files = {"etc/job_submit.lua": script, "etc/cli_filter.lua": script}
+    if site.spank_plugin:
+        files["etc/plugstack.conf"] = render_plugstack(cfg, site.spank_plugin)
+    return files
+
+
 def rendered_files(site: Site) -> Dict[str, str]:
     """Relative path under the sandbox dir -> content, for every generated text file."""
     files = {
@@ -519,6 +550,7 @@ def rendered_files(site: Site) -> Dict[str, str]:
         "etc/gres.conf": render_gres_conf(site),
         "etc/slurmdbd.conf": render_slurmdbd_conf(site),
         "etc/slurmiso.yaml": render_slurmiso_yaml(site),
+        **render_submit_files(site),
     }
     for name, text in hook_wrappers(site).items():
         files[f"bin/{name}"] = text

@@ -144,11 +144,16 @@ def test_mig_dynamic_infer_and_train_share_one_gpu(sandbox: Any, submit: Any, wa
 
 def test_mig_dynamic_profile_that_cannot_fit_refuses_only_the_job(
         sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
-    first = submit(HOLD.format(secs=10), "-p", "migd", "--gres=shard:4", "--qos=train",
-                   "-w", "n4")
-    wait_for(first, {"RUNNING"}, timeout=40)
-    # a second 4g.40gb beside the first on GPU 0 breaks the placement rules (4g only at 0)
-    second = submit(ENV_DUMP, "-p", "migd", "--gres=shard:3", "--qos=train")
+    # Two 3g.40gb fill GPU 0's memory slices (0-3, 4-7) but leave one of its 7 shards: a
+    # 1g.10gb job passes job_submit.lua (1 shard = 1 compute slice) and Slurm packs it there,
+    # where no memory slice is free.
+    holders = [submit(HOLD.format(secs=12), "-p", "migd", "--gres=shard:3", "--qos=infer",
+                      "-w", "n4") for _ in range(2)]
+    for job in holders:
+        wait_for(job, {"RUNNING"}, timeout=40)
+        wait_prolog(sandbox, "n4", job)
+    second = submit(ENV_DUMP, "-p", "migd", "--gres=shard:1", "--qos=infer",
+                    "--iso-mig-profile=1g.10gb")
     wait_for(second, timeout=60)
     out = job_output(second)
     env = env_of(out)
@@ -158,7 +163,8 @@ def test_mig_dynamic_profile_that_cannot_fit_refuses_only_the_job(
     assert "does not fit" in env["SLURMISO_REFUSED"]
     assert "refused" in out
     assert sandbox.node_states()["n4"] in {"mixed", "allocated", "idle"}
-    wait_for(first, timeout=60)
+    for job in holders:
+        wait_for(job, timeout=60)
 
 
 def test_mps_jobs_share_one_daemon_with_their_class_limits(

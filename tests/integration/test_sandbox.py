@@ -54,7 +54,8 @@ def test_mig_typed_gres_job_runs(sandbox, submit, wait_for):
 
 def test_two_shard_jobs_share_gpu0_on_n4(sandbox, submit, wait_for, job_output):
     script = "#!/bin/bash\nenv | sort\nsleep 4\n"
-    a = submit(script, "-p", "migd", "--gres=shard:3")
+    # shard counts match the class's MIG profile (job_submit.lua): infer 3g, train 4g
+    a = submit(script, "-p", "migd", "--gres=shard:3", "--qos=infer")
     b = submit(script, "-p", "migd", "--gres=shard:4")
     wait_for(a, {"RUNNING"}, timeout=30)
     wait_for(b, {"RUNNING"}, timeout=30)  # both at once: 3 + 4 shards fit GPU 0's 7

@@ -22,7 +22,8 @@ SITE = L.Site(root="/var/lib/slurmiso-sandbox", host="sbxhost", python="/usr/bin
               pythonpath="/opt/slurmiso")
 HOOKED = L.Site(root="/srv/sbx/", host="sbxhost", python="/opt/venv/bin/python",
                 prolog="/src/slurmiso/prolog/slurmiso-prolog",
-                epilog="/src/slurmiso/epilog/slurmiso-epilog", pythonpath="/src/slurmiso")
+                epilog="/src/slurmiso/epilog/slurmiso-epilog", pythonpath="/src/slurmiso",
+                spank_plugin="/srv/sbx/lib/slurmiso.so")
 
 
 def check_golden(name: str, text: str) -> None:
@@ -45,6 +46,8 @@ def check_golden(name: str, text: str) -> None:
         ("gres.conf", L.render_gres_conf, SITE),
         ("slurmdbd.conf", L.render_slurmdbd_conf, SITE),
         ("slurmiso.yaml", L.render_slurmiso_yaml, SITE),
+        ("plugstack.conf", lambda s: L.render_submit_files(s)["etc/plugstack.conf"], HOOKED),
+        ("job_submit.lua", lambda s: L.render_submit_files(s)["etc/job_submit.lua"], SITE),
     ],
 )
 def test_rendered_file_matches_golden(name, render, site):
@@ -223,3 +226,13 @@ def test_mig_gres_lines_grouped_by_type_then_gpu_then_start():
     lines = [ln for ln in L.render_gres_conf(SITE).splitlines() if "MultipleFiles=" in ln]
     order = [(ln.split("Type=")[1].split()[0], ln.split("/dev/n3/nvidia")[1][0]) for ln in lines]
     assert order == [("3g.40gb", "0"), ("3g.40gb", "0"), ("3g.40gb", "1"), ("4g.40gb", "1")]
+
+
+def test_submit_files_wired_next_to_slurm_conf():
+    files = L.rendered_files(HOOKED)
+    assert files["etc/cli_filter.lua"] == files["etc/job_submit.lua"]
+    conf = files["etc/slurm.conf"]
+    assert "JobSubmitPlugins=lua\n" in conf and "CliFilterPlugins=lua\n" in conf
+    assert f"PlugStackConfig={HOOKED.plugstack_conf}\n" in conf
+    assert "etc/plugstack.conf" not in L.rendered_files(SITE)  # no plugin built: no plugstack
+    assert "PlugStackConfig" not in L.rendered_files(SITE)["etc/slurm.conf"]
