@@ -1,0 +1,156 @@
+"""The monitor against the live sandbox: holds and releases training under simulated load,
+lends a node between partitions and takes it back, re-lays MIG on a drained node.
+
+Each test runs ``slurmiso monitor --once`` (in-process GPU backends: the five simulated
+nodes share this host) with a copy of the sandbox config whose dwell is 0 and which applies
+its decisions; whatever the test changes in the sandbox is restored in ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, List
+
+import pytest
+
+from slurmiso.slurm.hostlist import expand
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXTRA_LAYOUT = """    sandbox-all-3g:
+      - devices: all
+        mig-enabled: true
+        mig-devices:
+          3g.40gb: 2
+"""
+
+
+@pytest.fixture
+def monitor(sandbox: Any, tmp_path: Any) -> Callable[..., str]:
+    """Run one applied monitor cycle; returns its stdout (fails on a non-zero exit)."""
+    with open(sandbox.slurmiso_config) as fh:
+        text = fh.read()
+    text = re.sub(r"min_dwell: \S+", "min_dwell: 0s", text)
+    text = re.sub(r"dry_run: true", "dry_run: false", text)
+    text = text.replace("  mig-configs:\n", "  mig-configs:\n" + EXTRA_LAYOUT, 1)
+    cfg = os.path.join(str(tmp_path), "slurmiso.yaml")
+    with open(cfg, "w") as fh:
+        fh.write(text)
+    state, lock = (os.path.join(str(tmp_path), n) for n in ("state.json", "leader.lock"))
+
+    def run(*args: str) -> str:
+        cp = sandbox.slurmiso("--config", cfg, "monitor", "--once", "--telemetry", "local",
+                              "--state", state, "--lock", lock, *args, timeout=120)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        return str(cp.stdout)
+
+    run.config = cfg  # type: ignore[attr-defined]
+    return run
+
+
+def _held(sandbox: Any, job: str) -> bool:
+    return sandbox.job_fields(job).get("Reason", "") in ("JobHeldAdmin", "JobHeldUser")
+
+
+def _nodes(sandbox: Any, partition: str) -> List[str]:
+    out = sandbox.cmd("scontrol", "show", "partition", "-o", partition)
+    value = re.search(r" Nodes=(\S+)", out)
+    return expand(value.group(1)) if value and value.group(1) != "(null)" else []
+
+
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def test_load_holds_training_and_calm_releases_it(sandbox: Any, submit: Any, wait_for: Any,
+                                                  monitor: Callable[..., str]) -> None:
+    state = sandbox.path("sim", "n5.json")
+    flag = os.path.join(sandbox.jobs_dir, f"stop-load-{os.getpid()}")
+    sim = f"PYTHONPATH={REPO} {sys.executable} -m slurmiso sim load --state {state} --gpu 0"
+    load = submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
+                  f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
+                  "-p", "tslice", "--qos=train", "--exclusive")
+    try:
+        wait_for(load, {"RUNNING"}, timeout=40)
+        _wait(lambda: "loaded" in sandbox.job_output(load), 30, "the load to start")
+        pending = submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
+                         "--gres=shard:1")
+        out = monitor()
+        assert f"did hold {pending}: training held: n5 GPU 0" in out, out
+        assert _held(sandbox, pending)
+        assert "no action" in monitor(), "hot still: nothing more to do"
+        open(flag, "w").close()
+        wait_for(load, timeout=40)
+        out = monitor()
+        assert f"did release {pending}" in out, out
+        wait_for(pending, timeout=60)
+    finally:
+        open(flag, "w").close()
+        sandbox.slurmiso("sim", "load", "--state", state, "--gpu", "0", "--sm", "0")
+    journal = sandbox.path("log", f"journal-{os.uname().nodename.split('.')[0]}.jsonl")
+    with open(journal) as fh:
+        lines = [json.loads(ln) for ln in fh if '"monitor-action"' in ln]
+    mine = [ln for ln in lines if ln.get("target") == pending]
+    assert [ln["action"] for ln in mine][-2:] == ["hold", "release"]
+    assert mine[-2]["details"]["memory_pct"] > 75 and mine[-2]["dry_run"] is False
+
+
+def test_idle_node_lent_and_reclaimed(sandbox: Any, submit: Any, wait_for: Any,
+                                      monitor: Callable[..., str]) -> None:
+    original = _nodes(sandbox, "tslice")
+    try:
+        sandbox.wait_idle()
+        out = monitor("--lend", "mps:tslice")
+        assert "did partition-update tslice: lend idle n2 of mps to tslice" in out, out
+        assert sorted(_nodes(sandbox, "tslice")) == sorted(original + ["n2"])
+        infer = submit("#!/bin/bash\nsleep 20\n", "-p", "mps", "--qos=infer", "--gres=mps:50")
+        _wait(lambda: sandbox.job_state(infer) in ("RUNNING", "PENDING"), 20, "infer job")
+        out = monitor("--lend", "mps:tslice")
+        assert "did partition-update tslice: reclaim n2 for mps" in out, out
+        assert _nodes(sandbox, "tslice") == original
+    finally:
+        sandbox.cmd("scontrol", "update", "PartitionName=tslice",
+                    f"Nodes={','.join(original)}")
+
+
+def test_mig_relayout_drains_applies_resumes(sandbox: Any, submit: Any, wait_for: Any,
+                                             monitor: Callable[..., str]) -> None:
+    """Pending 3g.40gb demand beyond n3's three: drain n3, wait for its jobs (never killed),
+    lay out 4x 3g.40gb, resume. The new GRES count is not made schedulable here: slurm.conf
+    states n3's Gres and changing it needs a slurmctld restart (see the report)."""
+    cfg = monitor.config  # type: ignore[attr-defined]
+    hold = "#!/bin/bash\nsleep 8\n"
+    try:
+        running = [submit(hold, "-p", "mig", "--gres=gpu:3g.40gb:1", "--qos=infer")
+                   for _ in range(3)]
+        for job in running:
+            wait_for(job, {"RUNNING"}, timeout=40)
+        waiting = [submit(hold, "-p", "mig", "--gres=gpu:3g.40gb:1", "--qos=infer")
+                   for _ in range(2)]
+        out = monitor()
+        assert "did drain n3: MIG re-layout to sandbox-all-3g" in out, out
+        assert "DRAIN" in sandbox.cmd("scontrol", "show", "node", "n3")
+        assert "no action" in monitor(), "jobs still run: wait for them"
+        for job in running:
+            wait_for(job, timeout=40)  # they finish: nothing was killed
+        sandbox.cmd("scancel", *waiting)
+        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        out = monitor()
+        assert "did mig-apply n3: drained and empty: lay out MIG sandbox-all-3g" in out, out
+        shown = json.loads(sandbox.slurmiso("--config", cfg, "mig", "show", "--node", "n3",
+                                            "--json").stdout)
+        assert sorted(i["profile"] for i in shown["instances"]) == ["3g.40gb"] * 4
+    finally:
+        sandbox.cmd("scancel", "-p", "mig", check=False)
+        cp = sandbox.slurmiso("mig", "apply", "--node", "n3")  # the sandbox's own layout
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+    out = monitor()
+    assert "did resume n3: MIG layout sandbox-all-3g applied" in out, out
+    assert "DRAIN" not in sandbox.cmd("scontrol", "show", "node", "n3")
+    assert sandbox.slurmiso("mig", "assert", "--node", "n3").returncode == 0
