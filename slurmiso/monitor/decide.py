@@ -17,11 +17,11 @@ tables. Each policy is one function below:
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.monitor.policy import KINDS, SHARED_MODES, Action, Memory, Policy
-from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, jobs_by_node, parse_gres_types
+from slurmiso.monitor.relayout import relayout
+from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, jobs_by_node
 from slurmiso.slurm.hostlist import compress
 
 SLO_SCOPE = "slo"
@@ -34,7 +34,7 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
     if not snap.slurm_ok:  # nothing is known about the queue: change nothing
         return [], mem
     running = jobs_by_node(list(snap.jobs))
-    actions = _relayout(snap, policy, mem, running)
+    actions = relayout(snap, policy, mem, running)
     actions += _partitions(snap, policy, mem, running)
     actions += _admission(snap, policy, mem)
     actions += _reconcile(snap, policy, mem, running)
@@ -287,113 +287,6 @@ def _partitions(
                 f">= {policy.min_dwell_s:g}s",
                 {"op": "lend", "from": frm, "moved": lendable, "nodes": members[to]}))
     return actions
-
-
-# ---------------------------------------------------------------------------- MIG layout
-def _relayout(
-    snap: Snapshot, policy: Policy, mem: Memory, running: Dict[str, List[JobInfo]]
-) -> List[Action]:
-    r = mem.relayout
-    if r is not None:
-        return _relayout_step(snap, policy, mem, running, r)
-    gres_of: Dict[str, Dict[str, int]] = {}
-    for pool, candidates in sorted(policy.mig_layouts.items()):
-        pool_nodes = [n for n in snap.nodes if n.pool == pool]
-        if not pool_nodes or not candidates:
-            continue
-        parts = {p for n in pool_nodes for p in n.partitions}
-        pending: Counter[str] = Counter()
-        for j in snap.jobs:
-            if j.pending and not j.held and j.gres and not parts.isdisjoint(j.partitions):
-                pending.update(gres_of.setdefault(j.gres, parse_gres_types(j.gres)))
-        need = Counter(pending)
-        supply: Counter[str] = Counter()
-        for n in pool_nodes:
-            supply.update(parse_gres_types(n.gres))
-            for j in running.get(n.name, []):
-                need.update(gres_of.setdefault(j.gres, parse_gres_types(j.gres)))
-        unmet = _unmet(need, supply)
-        choice = _best_layout(pool_nodes, candidates, need, supply, running, policy) \
-            if pending and unmet else None
-        if choice is None:
-            mem.mig_mismatch_since.pop(pool, None)
-            continue
-        node, layout, after = choice
-        since = mem.mig_mismatch_since.setdefault(pool, snap.ts)
-        if (snap.ts - since < policy.min_dwell_s
-                or snap.ts - mem.mig_last.get(pool, -1e18) < policy.min_dwell_s):
-            continue
-        del mem.mig_mismatch_since[pool]
-        want = ", ".join(f"{t} x{c}" for t, c in sorted(pending.items()))
-        reason = (f"MIG re-layout to {layout}: pending {want} cannot all be placed "
-                  f"(unmet {unmet} -> {after})")
-        mem.relayout = {"node": node.name, "pool": pool, "layout": layout,
-                        "phase": "draining", "since": snap.ts, "reason": reason}
-        return [Action("drain", node.name, reason,
-                       {"pool": pool, "layout": layout, "pending": dict(pending),
-                        "supply": dict(supply), "unmet_before": unmet, "unmet_after": after})]
-    return []
-
-
-def _unmet(need: Counter[str], supply: Counter[str]) -> int:
-    return sum(max(0, c - supply.get(t, 0)) for t, c in need.items())
-
-
-def _best_layout(
-    pool_nodes: List[NodeInfo],
-    candidates: Any,
-    need: Counter[str],
-    supply: Counter[str],
-    running: Dict[str, List[JobInfo]],
-    policy: Policy,
-) -> Optional[Tuple[NodeInfo, str, int]]:
-    """(node, layout, unmet after) of the re-layout that places most demand, taking the node
-    with no inference job and the fewest jobs (it drains soonest); None if none helps."""
-    train = set(policy.train_classes)
-    usable = [n for n in pool_nodes if n.usable]
-    if not usable:
-        return None
-    node = min(usable, key=lambda n: (
-        any(j.job_class not in train for j in running.get(n.name, [])),
-        len(running.get(n.name, [])), n.name))
-    mine = Counter(parse_gres_types(node.gres))
-    best: Optional[Tuple[int, str]] = None
-    current = _unmet(need, supply)
-    for name, counts in candidates:
-        after = _unmet(need, supply - mine + Counter(dict(counts)))
-        if after < current and (best is None or after < best[0]):
-            best = (after, name)
-    return None if best is None else (node, best[1], best[0])
-
-
-def _relayout_step(
-    snap: Snapshot, policy: Policy, mem: Memory, running: Dict[str, List[JobInfo]],
-    r: Dict[str, Any],
-) -> List[Action]:
-    """Advance the re-layout in progress: drained and empty -> apply; applied -> resume."""
-    node = snap.node(r["node"])
-    details = {"pool": r["pool"], "layout": r["layout"]}
-    if node is None:
-        mem.relayout = None
-        return []
-    if r["phase"] == "draining":
-        jobs = running.get(node.name, [])
-        if not jobs and node.draining:
-            mem.relayout = dict(r, phase="applying", since=snap.ts)
-            return [Action("mig-apply", node.name,
-                           f"drained and empty: lay out MIG {r['layout']}", details)]
-        if snap.ts - float(r["since"]) <= policy.drain_timeout_s:
-            return []
-        why = (f"re-layout to {r['layout']} abandoned: {len(jobs)} job(s) still run after "
-               f"{policy.drain_timeout_s:g}s")
-    elif r["phase"] == "applying":
-        why = f"MIG layout {r['layout']} applied, GRES regenerated"
-    else:
-        why = (f"re-layout to {r['layout']} failed ({r.get('error', 'unknown error')}); "
-               "back in service")
-    mem.relayout = None
-    mem.mig_last[r["pool"]] = snap.ts
-    return [Action("resume", node.name, why, details)]
 
 
 # ----------------------------------------------------------------------------- reconcile
