@@ -1,0 +1,147 @@
+"""``qos apply``, preemption under the applied QoS, and ``doctor`` on the real sandbox.
+
+The QoS limits ``qos apply`` adds (MaxWall, MaxTRESPerJob) are removed again after this module,
+so other tests see the QoS the sandbox itself sets up. Misconfigurations are planted in a
+snapshot recorded from the live cluster (``doctor --save-snapshot``), never in the shared
+slurm.conf; the one live plant (a QoS GraceTime) is repaired by ``qos apply``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from slurmiso.cli.main import main
+from tests.unit.test_doctor import CASES, KNOWN
+
+QOS_FORMAT = "Name,Priority,Preempt,PreemptMode,GraceTime,MaxWall,MaxTRESPerJob,Flags"
+MANAGED = ("infer", "train", "debug")
+
+
+def show_qos(sandbox: Any) -> str:
+    return sandbox.cmd("sacctmgr", "-P", "-n", "show", "qos", f"format={QOS_FORMAT}")
+
+
+def _restore(sandbox: Any, before: str) -> None:
+    for line in before.splitlines():
+        name, prio, preempt, mode, grace, wall, tres, _flags = (line.split("|") + [""] * 8)[:8]
+        if name not in MANAGED:
+            continue
+        gpus = next((t.split("=", 1)[1] for t in tres.split(",") if t.startswith("gres/gpu=")),
+                    "-1")
+        secs = sum(int(x) * m for x, m in zip(reversed(grace.split("-")[-1].split(":")),
+                                               (1, 60, 3600)))
+        sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set",
+                    f"Priority={prio}", f"Preempt={preempt}", f"PreemptMode={mode}",
+                    f"GraceTime={secs}", f"MaxWall={wall or -1}", f"MaxTRESPerJob=gres/gpu={gpus}",
+                    check=False)
+
+
+@pytest.fixture(scope="module")
+def applied(sandbox: Any) -> Iterator[str]:
+    """QoS as the sandbox config says (qos apply); the sandbox's own QoS restored after."""
+    before = show_qos(sandbox)
+    cp = sandbox.slurmiso("qos", "apply")
+    assert cp.returncode == 0, cp.stderr
+    yield cp.stdout
+    _restore(sandbox, before)
+    assert show_qos(sandbox) == before
+
+
+def doctor(sandbox: Any, *args: str) -> Dict[str, Any]:
+    cp = sandbox.slurmiso("doctor", "--json", *args)
+    assert cp.returncode in (0, 1), cp.stderr
+    data = json.loads(cp.stdout)
+    assert (cp.returncode == 0) == data["ok"]
+    return data
+
+
+def problem_codes(data: Dict[str, Any]) -> List[str]:
+    return sorted({f["code"] for f in data["findings"] if f["severity"] != "info"})
+
+
+def test_qos_apply_twice_changes_nothing(sandbox: Any, applied: str) -> None:
+    before = show_qos(sandbox)
+    cp = sandbox.slurmiso("qos", "apply")
+    assert cp.returncode == 0, cp.stderr
+    assert "nothing to change" in cp.stdout
+    assert show_qos(sandbox) == before
+    assert sandbox.slurmiso("qos", "show").returncode == 0
+
+
+@pytest.mark.slow
+def test_train_is_preempted_by_infer_requeued_and_restarts(sandbox: Any, applied: str,
+                                                           submit: Any, wait_for: Any) -> None:
+    """Measured on 22.05.8: ~150 s (GraceTime 30 s, then the requeued job waits about two
+    minutes before it is eligible again)."""
+    train = submit("#!/bin/bash\necho attempt ${SLURM_RESTART_COUNT:-0}\nsleep 300\n",
+                   "-p", "gpu", "--gres=gpu:2", "--qos=train")
+    wait_for(train, {"RUNNING"}, timeout=30)
+    infer = submit("#!/bin/bash\nsleep 2\n", "-p", "gpu", "--gres=gpu:1", "--qos=infer")
+    wait_for(infer, timeout=90)  # GraceTime 30 s, then the GPU is infer's
+    states = [r["State"] for r in sandbox.sacct(train)]
+    assert "PREEMPTED" in states or "REQUEUED" in states, states
+    deadline = time.monotonic() + 180
+    fields: Dict[str, str] = {}
+    while time.monotonic() < deadline:  # the GPU is free again: train starts again
+        fields = sandbox.job_fields(train)
+        if fields.get("JobState") == "RUNNING" and int(fields.get("Restarts", "0")) >= 1:
+            break
+        time.sleep(1)
+    assert fields.get("JobState") == "RUNNING", fields
+    assert int(fields["Restarts"]) >= 1
+    deadline = time.monotonic() + 20
+    while "attempt 1" not in sandbox.job_output(train) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "attempt 1" in sandbox.job_output(train)
+
+
+def test_doctor_on_the_sandbox_finds_only_the_known_mig_limit(sandbox: Any,
+                                                              applied: str) -> None:
+    data = doctor(sandbox, "--node", "n3")
+    assert data["node"] == "n3" and data["slurm_version"].startswith(("22.", "23.", "24."))
+    assert problem_codes(data) == sorted(KNOWN), data["findings"]
+    assert doctor(sandbox, "--node", "n3", "--ignore", "mig-mixed-gpu")["ok"] is True
+    assert problem_codes(doctor(sandbox)) == sorted(KNOWN)  # controller view: no GPU node
+
+
+@pytest.fixture(scope="module")
+def live_snapshot(sandbox: Any, applied: str, tmp_path_factory: Any) -> Dict[str, Any]:
+    path = str(tmp_path_factory.mktemp("doctor") / "live.json")
+    cp = sandbox.slurmiso("doctor", "--node", "n3", "--save-snapshot", path)
+    assert cp.returncode in (0, 1), cp.stderr
+    with open(path) as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize("name,plant,codes", CASES, ids=[c[0] for c in CASES])
+def test_doctor_finds_each_misconfiguration_planted_in_a_live_snapshot(
+        sandbox: Any, live_snapshot: Dict[str, Any], tmp_path: Any, capsys: Any,
+        name: str, plant: Any, codes: Any) -> None:
+    snap = copy.deepcopy(live_snapshot)
+    plant(snap)
+    path = os.path.join(str(tmp_path), f"{name}.json")
+    with open(path, "w") as fh:
+        json.dump(snap, fh)
+    rc = main(["doctor", "--json", "--snapshot", path])  # in-process: no Slurm is read
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 1 and set(problem_codes(data)) - KNOWN == codes, data["findings"]
+
+
+def test_doctor_sees_a_live_grace_time_cut_and_qos_apply_repairs_it(sandbox: Any,
+                                                                    applied: str) -> None:
+    sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", "name=train", "set", "GraceTime=5")
+    try:
+        data = doctor(sandbox, "--node", "n3")
+        grace = [f for f in data["findings"] if f["code"] == "qos-grace"]
+        assert grace and "GraceTime=5" in grace[0]["message"], data["findings"]
+        assert sandbox.slurmiso("qos", "show").returncode == 1
+    finally:
+        cp = sandbox.slurmiso("qos", "apply")
+    assert cp.returncode == 0 and "GraceTime 5 -> 30" in cp.stdout, cp.stdout
+    assert problem_codes(doctor(sandbox, "--node", "n3")) == sorted(KNOWN)
