@@ -206,7 +206,8 @@ def test_gpu_off_the_bus_drains_the_node_with_the_reason(sandbox: Any, submit: A
     node_sim = sim(sandbox, "n1")
     node_sim.set_lost(0, True)
     try:
-        job = submit(ENV_DUMP, "-p", "gpu", "--gres=gpu:2", "--qos=debug")
+        # both of n1's GPUs: infer (debug may have only one, job_submit.lua says)
+        job = submit(ENV_DUMP, "-p", "gpu", "--gres=gpu:2", "--qos=infer")
         deadline = time.monotonic() + 40
         reason = ""
         while time.monotonic() < deadline:
@@ -234,6 +235,8 @@ POOLS = [
     ("mps", "--gres=mps:50", "mps"),
     ("tslice", "--gres=shard:1", "timeslice"),
 ]
+#: mig-dynamic shards must match the class's MIG profile (job_submit.lua checks it): 3g=3, 4g=4
+SHARDS = {"infer": "--gres=shard:3", "train": "--gres=shard:4"}
 STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
 #: the sandbox config's classes and the isolation each needs at least
 CLASSES = {"infer": "mps", "train": "timeslice", "debug": "exclusive"}
@@ -244,11 +247,21 @@ CLASSES = {"infer": "mps", "train": "timeslice", "debug": "exclusive"}
 def test_every_class_in_every_pool(sandbox: Any, submit: Any, wait_for: Any, job_output: Any,
                                    cls: str, partition: str, gres: str, gives: str) -> None:
     """Each class in each mode: isolated with the mode's devices where the pool is strong
-    enough for the class, refused (node kept) where it is not."""
-    job = submit(ENV_DUMP, "-p", partition, gres, f"--qos={cls}")
+    enough for the class, refused where it is not — at sbatch by job_submit.lua when it can
+    tell, else by the prolog (the job starts with no GPU and the reason; the node is kept)."""
+    from slurmiso.errors import SandboxError
+
+    if partition == "migd":
+        gres = SHARDS.get(cls, gres)
+    too_weak = STRENGTH[gives] < STRENGTH[CLASSES[cls]]
+    try:
+        job = submit(ENV_DUMP, "-p", partition, gres, f"--qos={cls}")
+    except SandboxError as refused_at_submit:
+        assert too_weak and "slurmiso:" in str(refused_at_submit), refused_at_submit
+        return
     wait_for(job, timeout=60)
     env = env_of(job_output(job))
-    if STRENGTH[gives] < STRENGTH[CLASSES[cls]]:
+    if too_weak:
         assert env["CUDA_VISIBLE_DEVICES"] == "" and "SLURMISO_REFUSED" in env
         return
     assert env.get("SLURMISO_CLASS") == cls and "SLURMISO_REFUSED" not in env
