@@ -230,12 +230,88 @@ def step_preemption(sbx: SandboxClient) -> str:
             f"restart count 3, inference started within {max(r['infer_waits_s'])} s")
 
 
+def monitor_config(sbx: SandboxClient, folder: str, extra_layouts: str = "") -> str:
+    """A copy of the sandbox config whose monitor acts at once (no dwell, not dry-run)."""
+    import re
+
+    with open(sbx.slurmiso_config) as fh:
+        text = fh.read()
+    text = re.sub(r"min_dwell: \S+", "min_dwell: 0s", text)
+    text = re.sub(r"dry_run: true", "dry_run: false", text)
+    if extra_layouts:
+        text = text.replace("  mig-configs:\n", "  mig-configs:\n" + extra_layouts, 1)
+    path = os.path.join(folder, "slurmiso-monitor.yaml")
+    with open(path, "w") as fh:
+        fh.write(text)
+    return path
+
+
+def run_monitor(sbx: SandboxClient, config: str, folder: str, *args: str) -> str:
+    """One applied ``slurmiso monitor --once`` cycle (in-process GPU reads: one host)."""
+    cp = sbx.slurmiso("--config", config, "monitor", "--once", "--telemetry", "local",
+                      "--state", os.path.join(folder, "monitor-state.json"),
+                      "--lock", os.path.join(folder, "monitor.lock"), *args, timeout=120)
+    if cp.returncode != 0:
+        raise SandboxError(f"slurmiso monitor failed: {cp.stdout}{cp.stderr}")
+    return str(cp.stdout)
+
+
+def monitor_hold_scenario(sbx: SandboxClient, folder: str) -> Dict[str, Any]:
+    """A job runs GPU 0 of n5 hot (simulated load); a pending training job is held by one
+    monitor cycle, nothing more happens while it stays hot, and it is released once calm."""
+    import sys
+
+    from slurmiso.sandbox.client import REPO
+
+    config = monitor_config(sbx, folder)
+    state = sbx.path("sim", "n5.json")
+    flag = os.path.join(sbx.jobs_dir, f"stop-load-{os.getpid()}")
+    sim = f"PYTHONPATH={REPO} {sys.executable} -m slurmiso sim load --state {state} --gpu 0"
+    load = sbx.submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
+                      f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
+                      "-p", "tslice", "--qos=train", "--exclusive")
+    out: Dict[str, Any] = {"load_job": load}
+    try:
+        sbx.wait_for(load, {"RUNNING"}, timeout=40)
+        _wait(lambda: "loaded" in sbx.job_output(load), 30, "the load to start")
+        pending = sbx.submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
+                             "--gres=shard:1")
+        out["pending_job"] = pending
+        out["hot"] = run_monitor(sbx, config, folder)
+        out["held"] = sbx.job_fields(pending).get("Reason", "") in ("JobHeldAdmin",
+                                                                     "JobHeldUser")
+        out["still_hot"] = run_monitor(sbx, config, folder)
+        open(flag, "w").close()
+        sbx.wait_for(load, timeout=40)
+        out["calm"] = run_monitor(sbx, config, folder)
+        sbx.wait_for(pending, timeout=60)
+        out["pending_state"] = sbx.job_state(pending)
+    finally:
+        open(flag, "w").close()
+        sbx.slurmiso("sim", "load", "--state", state, "--gpu", "0", "--sm", "0")
+    return out
+
+
+def step_monitor(sbx: SandboxClient) -> str:
+    folder = tempfile.mkdtemp(prefix="monitor-", dir=sbx.jobs_dir)
+    r = monitor_hold_scenario(sbx, folder)
+    for phase in ("hot", "still_hot", "calm"):
+        _say(f"  monitor cycle ({phase.replace('_', ' ')}):")
+        for line in r[phase].splitlines():
+            _say(f"    {line}")
+    if not r["held"] or f"did release {r['pending_job']}" not in r["calm"]:
+        raise SandboxError("the monitor did not hold and then release the training job")
+    return (f"GPU 0 of n5 ran hot: training job {r['pending_job']} held, released when calm, "
+            f"then {r['pending_state']}")
+
+
 STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("a job on a simulated GPU", step_exclusive),
     ("inference + training share one GPU through MIG", step_mig_dynamic),
     ("inference + training share one GPU through MPS", step_mps),
     ("a job slurmiso cannot isolate is refused, the node is not", step_refusal),
     ("training preempted three times by inference loses nothing", step_preemption),
+    ("the monitor holds training while a GPU runs hot, releases it when calm", step_monitor),
 ]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from typing import Any, Callable, List
 
@@ -31,21 +30,12 @@ EXTRA_LAYOUT = """    sandbox-all-3g:
 @pytest.fixture
 def monitor(sandbox: Any, tmp_path: Any) -> Callable[..., str]:
     """Run one applied monitor cycle; returns its stdout (fails on a non-zero exit)."""
-    with open(sandbox.slurmiso_config) as fh:
-        text = fh.read()
-    text = re.sub(r"min_dwell: \S+", "min_dwell: 0s", text)
-    text = re.sub(r"dry_run: true", "dry_run: false", text)
-    text = text.replace("  mig-configs:\n", "  mig-configs:\n" + EXTRA_LAYOUT, 1)
-    cfg = os.path.join(str(tmp_path), "slurmiso.yaml")
-    with open(cfg, "w") as fh:
-        fh.write(text)
-    state, lock = (os.path.join(str(tmp_path), n) for n in ("state.json", "leader.lock"))
+    from slurmiso.sandbox.demo import monitor_config, run_monitor
+
+    cfg = monitor_config(sandbox, str(tmp_path), EXTRA_LAYOUT)
 
     def run(*args: str) -> str:
-        cp = sandbox.slurmiso("--config", cfg, "monitor", "--once", "--telemetry", "local",
-                              "--state", state, "--lock", lock, *args, timeout=120)
-        assert cp.returncode == 0, cp.stdout + cp.stderr
-        return str(cp.stdout)
+        return run_monitor(sandbox, cfg, str(tmp_path), *args)
 
     run.config = cfg  # type: ignore[attr-defined]
     return run
@@ -68,31 +58,16 @@ def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def test_load_holds_training_and_calm_releases_it(sandbox: Any, submit: Any, wait_for: Any,
-                                                  monitor: Callable[..., str]) -> None:
-    state = sandbox.path("sim", "n5.json")
-    flag = os.path.join(sandbox.jobs_dir, f"stop-load-{os.getpid()}")
-    sim = f"PYTHONPATH={REPO} {sys.executable} -m slurmiso sim load --state {state} --gpu 0"
-    load = submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
-                  f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
-                  "-p", "tslice", "--qos=train", "--exclusive")
-    try:
-        wait_for(load, {"RUNNING"}, timeout=40)
-        _wait(lambda: "loaded" in sandbox.job_output(load), 30, "the load to start")
-        pending = submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
-                         "--gres=shard:1")
-        out = monitor()
-        assert f"did hold {pending}: training held: n5 GPU 0" in out, out
-        assert _held(sandbox, pending)
-        assert "no action" in monitor(), "hot still: nothing more to do"
-        open(flag, "w").close()
-        wait_for(load, timeout=40)
-        out = monitor()
-        assert f"did release {pending}" in out, out
-        wait_for(pending, timeout=60)
-    finally:
-        open(flag, "w").close()
-        sandbox.slurmiso("sim", "load", "--state", state, "--gpu", "0", "--sm", "0")
+def test_load_holds_training_and_calm_releases_it(sandbox: Any, tmp_path: Any) -> None:
+    from slurmiso.sandbox.demo import monitor_hold_scenario
+
+    r = monitor_hold_scenario(sandbox, str(tmp_path))
+    pending = r["pending_job"]
+    assert f"did hold {pending}: training held: n5 GPU 0" in r["hot"], r["hot"]
+    assert r["held"]
+    assert "no action" in r["still_hot"], "hot still: nothing more to do"
+    assert f"did release {pending}" in r["calm"], r["calm"]
+    assert r["pending_state"] == "COMPLETED"
     journal = sandbox.path("log", f"journal-{os.uname().nodename.split('.')[0]}.jsonl")
     with open(journal) as fh:
         lines = [json.loads(ln) for ln in fh if '"monitor-action"' in ln]
