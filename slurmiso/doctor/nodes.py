@@ -22,7 +22,8 @@ GresItem = Tuple[str, str, int]
 MIXED_WHY = (
     "measured on Slurm 22.05.8 with an explicit MultipleFiles gres.conf: slurmctld records the "
     "second MIG type under the first with count 0, so a job asking for it gets no device "
-    "(tests/integration/test_isolation.py, strict xfail)")
+    "(tests/integration/test_isolation.py, strict xfail); also seen with one type per GPU "
+    "(3g.40gb on GPU 0, 4g.40gb on GPU 1): it is the node that must not mix types")
 
 
 def parse_gres(value: str) -> List[GresItem]:
@@ -190,7 +191,7 @@ def check_mig_live(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_mig_mixed(snap: Snapshot, cfg: Config) -> List[Finding]:
-    """A mig-static GPU holding two MIG types (see :data:`MIXED_WHY`)."""
+    """A mig-static node holding two MIG types, on one GPU or across GPUs (:data:`MIXED_WHY`)."""
     text = str((snap.get("gres_conf") or {}).get("text") or "").lower()
     if "autodetect=nvml" in text:
         return []
@@ -211,13 +212,13 @@ def check_mig_mixed(snap: Snapshot, cfg: Config) -> List[Finding]:
                 group = layout.for_device(idx) if layout else None
                 if group and group.mig_enabled:
                     per_gpu[idx] = {p for p, n in group.mig_devices if n > 0}
-        mixed = sorted(i for i, types in per_gpu.items() if len(types) > 1)
-        if mixed:
+        types = sorted(set().union(*per_gpu.values())) if per_gpu else []
+        if len(types) > 1:
             out.append(Finding(
                 "warning", "mig-mixed-gpu",
-                f"{where}: GPU {','.join(map(str, mixed))} mixes MIG types; {MIXED_WHY}",
-                "one MIG profile per GPU in the layout, or AutoDetect=nvml in gres.conf on "
-                "real GPUs"))
+                f"{where}: mixes MIG types {', '.join(types)}; {MIXED_WHY}",
+                "one MIG profile per node in the layout (per mig-static pool), or "
+                "AutoDetect=nvml in gres.conf on real GPUs"))
     return out
 
 

@@ -242,3 +242,26 @@ def test_cli_slurm_unreachable_exits_5(tmp_path: Any, sandbox_yaml: str, capsys:
 def test_finding_problem_flag() -> None:
     assert Finding("warning", "x", "m", "f").is_problem
     assert not Finding("info", "x", "m", "f").is_problem
+
+
+def test_mixed_types_across_gpus_of_one_node_are_flagged_too() -> None:
+    """Measured: 3g.40gb on GPU 0 and 4g.40gb on GPU 1 fail like a mixed GPU does."""
+    from slurmiso.config import parse_config
+    from slurmiso.doctor.nodes import check_mig_mixed
+
+    data = {
+        "version": 1,
+        "classes": [{"name": "c", "match": {"qos": ["c"]}, "isolation": "mig",
+                     "mig_profile": "3g.40gb"}],
+        "pools": [{"name": "m", "nodes": "g1", "partition": "m", "gpu_model": "H100-80GB",
+                   "gpus_per_node": 2, "mode": "mig-static", "mig_layout": "split"}],
+        "mig_layouts": {"version": "v1", "mig-configs": {"split": [
+            {"devices": [0], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
+            {"devices": [1], "mig-enabled": True, "mig-devices": {"4g.40gb": 1}},
+        ]}},
+    }
+    cfg = parse_config(data)
+    found = check_mig_mixed({}, cfg)
+    assert [f.code for f in found] == ["mig-mixed-gpu"] and "3g.40gb, 4g.40gb" in found[0].message
+    data["mig_layouts"]["mig-configs"]["split"][1]["mig-devices"] = {"3g.40gb": 2}
+    assert check_mig_mixed({}, parse_config(data)) == []
