@@ -475,7 +475,7 @@ classes:
     qos:
       priority: 500
       max_wall: 2h
-      max_gpus_per_job: 2               # the GPU-loss test takes both of n1's GPUs
+      max_gpus_per_job: 1
 
 default_class: train
 

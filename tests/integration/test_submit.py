@@ -27,8 +27,8 @@ def sbatch(sandbox: Any, *args: str) -> subprocess.CompletedProcess:
      "--no-requeue"),
     (("-p", "gpu", "--gres=gpu:1", "--qos=infer", "-t", "2-00:00:00"),
      "slurmiso: infer jobs may run at most 1-00:00:00 (asked 2-00:00:00): lower --time"),
-    (("-p", "gpu", "--qos=debug", "--gpus=3"),
-     "slurmiso: debug jobs may use at most 2 GPU(s) (asked 3): lower --gres=gpu/--gpus"),
+    (("-p", "gpu", "--qos=debug", "--gpus=2"),
+     "slurmiso: debug jobs may use at most 1 GPU(s) (asked 2): lower --gres=gpu/--gpus"),
     (("-p", "mps", "--gres=mps:80", "--qos=train"),
      "slurmiso: train jobs run at 60% of an MPS GPU on partition mps: ask --gres=mps:60 or "
      "less (asked mps:80)"),

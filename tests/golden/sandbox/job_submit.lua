@@ -31,7 +31,7 @@ SLURMISO = {
     {
       accounts = {},
       allowed_accounts = {},
-      max_gpus = 2,
+      max_gpus = 1,
       max_wall_min = 120,
       name = "debug",
       partitions = {},
