@@ -8,7 +8,9 @@ Definitions the report relies on:
 
 - *attempt*: one allocation record (``sacct -D`` lists each requeued attempt);
   *jobs*: distinct job ids; *requeues* = attempts - jobs.
-- *preemption*: an attempt whose state is ``PREEMPTED``.
+- *preemption*: an attempt whose state is ``PREEMPTED``, or ``REQUEUED`` while the wrapper's
+  journal shows a preemption signal in it (``slurmiso run`` requeues a preempted job itself:
+  on 22.05 one that ends inside the grace time is not requeued by Slurm).
 - *wait*: ``start - eligible`` (``submit`` when eligible is unknown) per started attempt, so a
   requeued attempt's wait counts from its requeue.
 - *GPU-hours*: elapsed x GPU equivalents (whole GPUs + ``mps`` units / the pool's
@@ -146,7 +148,10 @@ class Aggregator:
             stats.long_jobs += 1
             if len(stats.long_job_ids) < _MAX_IDS:
                 stats.long_job_ids.append(rec.job)
-        if rec.state == "PREEMPTED":
+        if rec.state == "PREEMPTED" or (
+            rec.state == "REQUEUED" and rec.start is not None and rec.end is not None
+            and self.digest.preempted_within(rec.job, rec.start, rec.end)
+        ):
             self._preemption(rec, cls, stats, gpus)
 
     def _gpu_hours(self, rec: JobRecord, stats: ClassStats, attempt: int) -> Tuple[float, float]:

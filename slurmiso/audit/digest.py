@@ -39,6 +39,10 @@ class CheckpointStats:
     durations: LogHistogram = field(default_factory=LogHistogram)
 
 
+#: sacct times are whole seconds; journal times are not.
+_SACCT_SLACK_S = 2.0
+
+
 @dataclass
 class JournalDigest:
     records: int = 0
@@ -51,6 +55,8 @@ class JournalDigest:
     #: job -> resume steps reported, in order (progress across requeues)
     resume_steps: Dict[str, List[Any]] = field(default_factory=dict)
     preempt_signals: Counter = field(default_factory=Counter)
+    #: job -> sorted Unix times the wrapper saw a *preemption* signal (not a time limit)
+    preempted_at: Dict[str, List[float]] = field(default_factory=dict)
     requeues: Counter = field(default_factory=Counter)  # by reason
     requeued_jobs: set = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
@@ -83,6 +89,8 @@ class JournalDigest:
             self._checkpoint_end(job, rec)
         elif event == "preempt-signal":
             self.preempt_signals[job] += 1
+            if rec.get("cause", "preempted") == "preempted":
+                bisect.insort(self.preempted_at.setdefault(job, []), _ts(rec))
         elif event == "requeue":
             self.requeues[str(rec.get("reason", "?"))] += 1
             self.requeued_jobs.add(job)
@@ -139,6 +147,16 @@ class JournalDigest:
             return None
         i = bisect.bisect_right(times, end) - 1
         return times[i] if i >= 0 and times[i] >= start else None
+
+    def preempted_within(self, job: str, start: float, end: float) -> bool:
+        """Whether the wrapper saw ``job`` preempted during ``[start, end]`` (an attempt the
+        wrapper requeued itself shows REQUEUED in sacct, not PREEMPTED)."""
+        times = self.preempted_at.get(job)
+        if not times:
+            return False
+        i = bisect.bisect_left(times, start)
+        # sacct's End is whole seconds (truncated); the wrapper's signal time has ms
+        return i < len(times) and times[i] <= end + _SACCT_SLACK_S
 
     def made_progress(self, job: str) -> bool:
         """Whether journals show the job moving forward across its attempts."""

@@ -30,3 +30,28 @@ def test_train_job_preempted_three_times_loses_nothing(sandbox) -> None:
     assert len(ends) == 3 and all(e["ok"] for e in ends), ends
     assert [e["restart_count"] for e in recs if e["event"] == "resume"] == [1, 2, 3]
     assert all(w < 15 for w in r["infer_waits_s"]), f"inference waited {r['infer_waits_s']} s"
+
+
+def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
+        sandbox, tmp_path) -> None:
+    """After three preemptions with checkpoints, the audit counts 3 preemptions and 3
+    requeues, and the work lost is what ran after each checkpoint: measured, near zero."""
+    import json
+
+    from slurmiso.audit.sacct import SACCT_FIELDS
+    from slurmiso.sandbox.demo import preemption_scenario
+
+    r = preemption_scenario(sandbox, steps=120, step_time=0.05)
+    assert r["restarts"] == "3"
+    sacct = tmp_path / "sacct.txt"
+    sacct.write_text(sandbox.cmd("sacct", "-a", "-D", "-S", "now-1hour", "-j", r["job"], "-P",
+                                 "--format=" + ",".join(SACCT_FIELDS)))
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in r["events"]))
+    cp = sandbox.slurmiso("audit", "--sacct-file", str(sacct), "--journal", str(events),
+                          "--format", "json")
+    assert cp.returncode in (0, 1), cp.stderr
+    train = json.loads(cp.stdout)["classes"]["train"]
+    assert (train["jobs"], train["preemptions"], train["requeues"]) == (1, 3, 3), train
+    assert train["lost_gpu_hours_estimated"] == 0, train  # every preemption had a checkpoint
+    assert 0 <= train["lost_gpu_hours"] < 0.01, train

@@ -176,3 +176,20 @@ def test_digest_checkpoint_vs_grace_and_monitor():
     assert d.monitor_actions == {"hold": 2} and d.monitor_dry_run == 1
     assert d.idle_jobs == {"7": "GPU idle"} and d.latency == [("", 120.0)]
     assert d.last_checkpoint("1", 0, 100) == pytest.approx(80) and d.made_progress("1")
+
+
+def test_wrapper_requeued_attempt_with_a_preemption_signal_counts_as_preempted() -> None:
+    """slurmiso run requeues a preempted job itself: sacct says REQUEUED, the journal says why."""
+    from slurmiso.audit.digest import JournalDigest
+
+    d = JournalDigest()
+    d.add({"event": "preempt-signal", "job": "7", "cause": "preempted",
+           "ts": "2026-01-01T00:00:10.400Z"})
+    d.add({"event": "preempt-signal", "job": "7", "cause": "time-limit",
+           "ts": "2026-01-01T00:05:00.000Z"})
+    from slurmiso.state.journal import parse_ts
+
+    t0 = parse_ts("2026-01-01T00:00:00.000Z").timestamp()
+    assert d.preempted_within("7", t0, t0 + 10)  # End truncated to the second
+    assert not d.preempted_within("7", t0 + 60, t0 + 400)  # the time-limit one is not
+    assert not d.preempted_within("8", t0, t0 + 10)
