@@ -56,6 +56,19 @@ def _wait_released(sbx: SandboxClient, node: str, jobs: List[str], timeout: floa
         time.sleep(0.2)
 
 
+def step_qos(sbx: SandboxClient) -> str:
+    """The classes' QoS as the config declares them (assert, then act)."""
+    first = sbx.slurmiso("qos", "apply")
+    second = sbx.slurmiso("qos", "apply")
+    for line in first.stdout.splitlines():
+        _say(f"    {line}")
+    if first.returncode != 0 or second.returncode != 0:
+        raise SandboxError(f"qos apply failed: {first.stderr or second.stderr}")
+    if "nothing to change" not in second.stdout:
+        raise SandboxError("a second 'qos apply' still changed something")
+    return "QoS infer (preempts train), train (requeue, grace), debug applied; rerun: no change"
+
+
 def step_exclusive(sbx: SandboxClient) -> str:
     job = sbx.submit(_script(), "-p", "gpu", "--gres=gpu:1", "--qos=debug")
     sbx.wait_for(job)
@@ -306,6 +319,7 @@ def step_monitor(sbx: SandboxClient) -> str:
 
 
 STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
+    ("the classes' QoS applied to slurmdbd", step_qos),
     ("a job on a simulated GPU", step_exclusive),
     ("inference + training share one GPU through MIG", step_mig_dynamic),
     ("inference + training share one GPU through MPS", step_mps),
