@@ -34,10 +34,17 @@ def test_audit_counts_the_preemption_and_requeue(sandbox, submit, wait_for, tmp_
         time.sleep(0.5)
     sandbox.cmd("scancel", train)  # the requeued attempt need not run: 2 attempts recorded
 
-    # live: sacct over the last hour (other tests' jobs may be in it too: at least ours)
-    cp = sandbox.slurmiso("audit", "--since", "1h", "--format", "json")
-    assert cp.returncode in (0, 1), cp.stderr
-    live = json.loads(cp.stdout)
+    # live: sacct over the last hour (other tests' jobs may be in it too: at least ours).
+    # slurmdbd records the cancelled requeue asynchronously: poll until it has settled.
+    deadline = time.monotonic() + 30
+    while True:
+        cp = sandbox.slurmiso("audit", "--since", "1h", "--format", "json")
+        assert cp.returncode in (0, 1), cp.stderr
+        live = json.loads(cp.stdout)
+        if live["classes"].get("train", {}).get("preemptions", 0) >= 1:
+            break
+        assert time.monotonic() < deadline, (live["classes"], sandbox.sacct(train))
+        time.sleep(1)
     assert live["classes"]["train"]["preemptions"] >= 1, live["classes"]
     assert live["classes"]["train"]["requeues"] >= 1, live["classes"]
     assert live["inputs"]["sacct"]["bad"] == 0 and not live["inputs"]["sacct"]["truncated"]
