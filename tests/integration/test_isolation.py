@@ -47,24 +47,23 @@ def journal(sandbox: Any, node: str, job: str) -> List[Dict[str, Any]]:
     return [e for e in Journal(path).read() if e.get("job") == job]
 
 
-def wait_prolog(sandbox: Any, node: str, job: str, timeout: float = 30) -> None:
-    """RUNNING can show while the Prolog still works (PrologFlags=Alloc): wait for its record."""
+def wait_event(sandbox: Any, node: str, job: str, event: str, timeout: float = 30) -> None:
+    """Wait for the job's ``event`` record: RUNNING can show while the Prolog still works
+    (PrologFlags=Alloc), and COMPLETED before the Epilog has finished."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(e["event"] == "prolog" for e in journal(sandbox, node, job)):
+        if any(e["event"] == event for e in journal(sandbox, node, job)):
             return
         time.sleep(0.2)
-    raise AssertionError(f"no prolog record for job {job} on {node}")
+    raise AssertionError(f"no {event} record for job {job} on {node}")
 
 
-def wait_epilog(sandbox: Any, node: str, job: str, timeout: float = 30) -> None:
-    """The job is COMPLETED before its epilog finishes: wait for the job-end record."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(e["event"] == "job-end" for e in journal(sandbox, node, job)):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no job-end record for job {job} on {node}")
+def wait_prolog(sandbox: Any, node: str, job: str) -> None:
+    wait_event(sandbox, node, job, "prolog")
+
+
+def wait_epilog(sandbox: Any, node: str, job: str) -> None:
+    wait_event(sandbox, node, job, "job-end")
 
 
 def test_exclusive_job(sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
