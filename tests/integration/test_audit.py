@@ -46,7 +46,9 @@ def test_audit_counts_the_preemption_and_requeue(sandbox, submit, wait_for, tmp_
         assert time.monotonic() < deadline, (live["classes"], sandbox.sacct(train))
         time.sleep(1)
     assert live["classes"]["train"]["preemptions"] >= 1, live["classes"]
-    assert live["classes"]["train"]["requeues"] >= 1, live["classes"]
+    # Not asserted live: a requeued attempt Slurm holds back (BeginTime +120 s) and that is
+    # cancelled before it was eligible may be missing from a live `sacct -S` window (seen on
+    # a fresh sandbox); the saved file below (`-D`, this job only) must count it exactly.
     assert live["inputs"]["sacct"]["bad"] == 0 and not live["inputs"]["sacct"]["truncated"]
 
     # exact: the same through a saved file holding only this test's jobs
