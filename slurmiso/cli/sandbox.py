@@ -31,6 +31,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     st.add_argument("--dir", help=DIR_HELP)
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_status)
+    sync = sub.add_parser(
+        "sync-gres",
+        help="tell Slurm about the simulated GPUs' MIG instances as they are now",
+        description=(
+            "Rewrites gres.conf and the nodes' Gres= from the simulated GPUs' live MIG "
+            "instances and restarts slurmctld and the slurmds when that changed them "
+            "(Slurm 22.05 keeps GRES counts across 'scontrol reconfigure'). The sandbox's "
+            "after-re-layout step: slurmiso monitor --after-relayout 'slurmiso sandbox "
+            "sync-gres'. Drained nodes stay drained."
+        ),
+    )
+    sync.add_argument("--dir", help=DIR_HELP)
+    sync.set_defaults(func=cmd_sync_gres)
     demo = sub.add_parser(
         "demo",
         help="run a short mixed inference/training scenario on the running sandbox",
@@ -64,6 +77,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"sandbox up in {report.seconds:.1f}s: cluster {report.site.root}")
     print(f"export SLURM_CONF={report.site.slurm_conf}")
     print(f"export SLURMISO_CONFIG={report.site.slurmiso_yaml}")
+    return 0
+
+
+def cmd_sync_gres(args: argparse.Namespace) -> int:
+    from slurmiso.sandbox import cluster
+
+    changed = cluster.sync_gres(args.dir)
+    conf = [c for c in changed if c.startswith("etc/")]
+    print(f"GRES changed ({', '.join(conf)}): restarted slurmctld and the slurmds"
+          if conf else "GRES unchanged: nothing restarted")
     return 0
 
 

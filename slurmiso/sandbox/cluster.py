@@ -20,7 +20,7 @@ import stat
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -373,6 +373,29 @@ def write_files(site: L.Site) -> List[str]:
     return changed
 
 
+def with_live_slots(site: L.Site) -> L.Site:
+    """``site`` with each MIG node's ``live_slots`` read from its simulated GPUs, so gres.conf
+    and ``Gres=`` describe the instances that exist (a re-laid node included); a node without
+    simulated state or instances keeps its planned slots (``init_sim`` creates them)."""
+    from slurmiso.gpu.sim import SimBackend
+
+    nodes = []
+    for n in site.nodes:
+        path = L.sim_path(site, n)
+        if n.mig_slots and os.path.exists(path):
+            backend = SimBackend(path)
+            try:
+                live = tuple(L.MigSlot(i.gpu_index, i.profile, i.placement_start)
+                             for i in sorted(backend.instances(),
+                                             key=lambda i: (i.gpu_index, i.placement_start)))
+            finally:
+                backend.close()
+            if live:
+                n = replace(n, live_slots=live)
+        nodes.append(n)
+    return replace(site, nodes=tuple(nodes))
+
+
 def init_sim(site: L.Site) -> List[str]:
     """Simulated GPU state per node, created only when absent; n3 gets its MIG layout."""
     from slurmiso.gpu.backend import create_mig_device
@@ -549,6 +572,7 @@ def _up(site: L.Site) -> UpReport:
     with _step(report, "spank plugin") as s:
         s.detail = build_spank(site)
     with _step(report, "files") as s:
+        site = report.site = with_live_slots(site)
         changed = write_files(site)
         s.detail = f"{len(changed)} changed" if changed else "unchanged"
     with _step(report, "simulated GPUs") as s:
@@ -567,6 +591,43 @@ def _up(site: L.Site) -> UpReport:
     with _step(report, "nodes") as s:
         s.detail = wait_nodes(site)
     return report
+
+
+def sync_gres(root: Optional[str] = None) -> List[str]:
+    """Tell Slurm about the simulated GPUs' MIG instances as they are now: rewrite gres.conf
+    and the nodes' ``Gres=``, and restart slurmctld and the slurmds when that changed them.
+
+    The sandbox's after-re-layout step: slurmctld 22.05 keeps a node's GRES counts across
+    ``scontrol reconfigure`` (measured), so a new count needs the restart. Drained nodes stay
+    drained (whoever drained them resumes them); returns the files changed.
+    """
+    if os.geteuid() != 0:
+        raise SandboxError("sandbox sync-gres must run as root (it restarts Slurm's daemons)")
+    site = make_site(root)
+    with file_lock(lock_path(site), "sandbox sync-gres"):
+        site = with_live_slots(site)
+        changed = write_files(site)
+        if {"etc/slurm.conf", "etc/gres.conf"} & set(changed):
+            start_slurm(site, restart=True)
+            _wait_registered(site)
+        return changed
+
+
+def _wait_registered(site: L.Site) -> None:
+    """Until every slurmd has registered again (drained is fine, unknown/down is not)."""
+    deadline = time.monotonic() + NODES_TIMEOUT
+    back = USABLE_STATES | {"drained", "draining"}
+    while True:
+        states = node_states(site)
+        bad = {n.name: states.get(n.name, ("missing", "")) for n in site.nodes
+               if states.get(n.name, ("", ""))[0] not in back}
+        if not bad:
+            return
+        if any("inval" in state for state, _r in bad.values()):
+            raise SandboxError(_nodes_error(site, bad, "rejected its GRES"))
+        if time.monotonic() > deadline:
+            raise SandboxError(_nodes_error(site, bad, f"not back after {NODES_TIMEOUT:g}s"))
+        time.sleep(0.3)
 
 
 # --- down and status --------------------------------------------------------------------

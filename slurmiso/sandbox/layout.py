@@ -62,6 +62,13 @@ class SandboxNode:
     mig_slots: Tuple[MigSlot, ...] = ()
     mig_layout: str = ""
     default_partition: bool = False
+    #: The MIG devices Slurm is told about (gres.conf, ``Gres=``): the simulated GPUs' live
+    #: instances once they exist, so a re-laid node is scheduled as it is; None: ``mig_slots``.
+    live_slots: Optional[Tuple[MigSlot, ...]] = None
+
+    @property
+    def gres_slots(self) -> Tuple[MigSlot, ...]:
+        return self.mig_slots if self.live_slots is None else self.live_slots
 
 
 MIG_LAYOUT_NAME = "sandbox-migs"
@@ -76,8 +83,7 @@ NODES: Tuple[SandboxNode, ...] = (
         mig_slots=(
             MigSlot(0, "3g.40gb", 0),
             MigSlot(0, "3g.40gb", 4),
-            MigSlot(1, "4g.40gb", 0),
-            MigSlot(1, "3g.40gb", 4),
+            MigSlot(1, "3g.40gb", 0),
         ),
         mig_layout=MIG_LAYOUT_NAME,
     ),
@@ -155,7 +161,7 @@ def device_nodes(site: Site) -> List[DeviceNode]:
     out: List[DeviceNode] = []
     for n in site.nodes:
         out += [DeviceNode(gpu_device(site, n, g), NVIDIA_MAJOR, g) for g in range(n.gpus)]
-        for i, _slot in enumerate(n.mig_slots):
+        for i, _slot in enumerate(n.gres_slots):
             out += [DeviceNode(cap_device(site, n, m), CAPS_MAJOR, m) for m in cap_minors(i)]
     return out
 
@@ -167,7 +173,7 @@ def mig_gres_order(n: SandboxNode) -> List[Tuple[int, MigSlot]]:
     order); with one type's lines not contiguous, ``SLURM_JOB_GPUS`` and the types disagree.
     This is the order :mod:`slurmiso.mig.gres` (the prolog's view) uses too.
     """
-    return sorted(enumerate(n.mig_slots), key=lambda t: (t[1].profile, t[1].gpu, t[1].placement))
+    return sorted(enumerate(n.gres_slots), key=lambda t: (t[1].profile, t[1].gpu, t[1].placement))
 
 
 def mig_gres_counts(n: SandboxNode) -> OrderedDict[str, int]:
@@ -180,7 +186,7 @@ def mig_gres_counts(n: SandboxNode) -> OrderedDict[str, int]:
 
 def node_gres(n: SandboxNode) -> str:
     """The ``Gres=`` value of a node line in slurm.conf."""
-    if n.mig_slots:
+    if n.gres_slots:
         parts = [f"gpu:{p}:{c}" for p, c in mig_gres_counts(n).items()]
     else:
         parts = [f"gpu:{n.gres_type}:{n.gpus}"]
@@ -291,7 +297,7 @@ def render_slurm_conf(site: Site) -> str:
 
 def _gres_lines(site: Site, n: SandboxNode) -> List[str]:
     out: List[str] = []
-    if n.mig_slots:
+    if n.gres_slots:
         for i, slot in mig_gres_order(n):
             files = [gpu_device(site, n, slot.gpu)]
             files += [cap_device(site, n, m) for m in cap_minors(i)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -103,14 +103,51 @@ def test_mig_static_jobs_get_their_own_instances(sandbox: Any, submit: Any, wait
     assert {i.uuid for i in sim(sandbox, "n3").instances()} == set(insts)  # static: kept
 
 
+MIXED_LAYOUT = """    sandbox-mixed:
+      - devices: [0]
+        mig-enabled: true
+        mig-devices:
+          3g.40gb: 2
+      - devices: [1]
+        mig-enabled: true
+        mig-devices:
+          4g.40gb: 1
+          3g.40gb: 1
+"""
+
+
+@pytest.fixture
+def n3_mixed(sandbox: Any, tmp_path: Any) -> Iterator[None]:
+    """n3 re-laid for one test as 3g.40gb x2 | 4g.40gb + 3g.40gb (``mig apply`` with a config
+    copy that has that layout, then ``sandbox sync-gres``); its own layout again after."""
+    from slurmiso.sandbox.demo import monitor_config
+
+    cfg = monitor_config(sandbox, str(tmp_path), MIXED_LAYOUT)
+    steps = [("--config", cfg, "mig", "apply", "--layout", "sandbox-mixed", "--node", "n3"),
+             ("sandbox", "sync-gres")]
+    try:
+        for args in steps:
+            cp = sandbox.slurmiso(*args)
+            assert cp.returncode == 0, cp.stdout + cp.stderr
+        node = sandbox.cmd("scontrol", "show", "node", "n3")
+        assert "Gres=gpu:3g.40gb:3,gpu:4g.40gb:1" in node, node
+        yield
+    finally:
+        sandbox.cmd("scancel", "-p", "mig", check=False)
+        for args in [("mig", "apply", "--node", "n3"), ("sandbox", "sync-gres")]:
+            cp = sandbox.slurmiso(*args)
+            assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "measured on Debian's Slurm 22.05.8: with an explicit MultipleFiles gres.conf whose node "
     "mixes MIG types (3x 3g.40gb + 1x 4g.40gb), slurmctld records the 4g device as 3g with "
     "count 0 (DebugFlags=Gres topo dump), so --gres=gpu:4g.40gb:1 runs with JOB_GRES "
     "gpu:4g.40gb:0 and no device; independent of line order and of saved node state. "
-    "strict: the day Slurm gets it right, this test says so"))
-def test_mig_static_second_type_is_scheduled(sandbox: Any, submit: Any, wait_for: Any,
-                                             job_output: Any) -> None:
+    "So the sandbox's n3 has one MIG type and doctor warns about mixing (mig-mixed-gpu). "
+    "strict: the day Slurm gets it right, this test says so"), raises=AssertionError)
+def test_mig_static_second_type_is_scheduled(sandbox: Any, n3_mixed: None, submit: Any,
+                                             wait_for: Any, job_output: Any) -> None:
     job = submit(ENV_DUMP, "-p", "mig", "--gres=gpu:4g.40gb:1", "--qos=infer")
     wait_for(job, timeout=60)
     uuid = env_of(job_output(job)).get("CUDA_VISIBLE_DEVICES", "")

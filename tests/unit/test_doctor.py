@@ -1,7 +1,9 @@
 """doctor checks, table-driven over a snapshot recorded from the real sandbox (22.05.8).
 
 tests/fixtures/doctor/sandbox-n3.json came from ``slurmiso doctor --node n3 --save-snapshot``
-after ``slurmiso qos apply`` on the sandbox; each case plants one misconfiguration in a copy.
+after ``slurmiso qos apply`` on the sandbox (doctor is clean there); each case plants one
+misconfiguration in a copy. sandbox-n3-mixed.json was recorded the same way when n3 mixed
+3g.40gb and 4g.40gb (the layout slurmctld 22.05 mis-schedules): the mixed-type checks run on it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import copy
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Set
 
@@ -25,19 +28,29 @@ from slurmiso.sandbox import layout as L
 from slurmiso.slurm import slurmconf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SNAPSHOT = os.path.join(os.path.dirname(HERE), "fixtures", "doctor", "sandbox-n3.json")
+FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures", "doctor")
+SNAPSHOT = os.path.join(FIXTURES, "sandbox-n3.json")
+MIXED_SNAPSHOT = os.path.join(FIXTURES, "sandbox-n3-mixed.json")
 ROOT = "/var/lib/slurmiso-sandbox"
-#: The sandbox's known finding: n3's GPU 1 holds 4g.40gb + 3g.40gb (see test_isolation xfail).
-KNOWN = {"mig-mixed-gpu"}
+#: Findings the sandbox's correct configuration has: none.
+KNOWN: Set[str] = set()
+#: n3 as it was laid out when sandbox-n3-mixed.json was recorded: GPU 1 holds 4g + 3g.
+MIXED_N3 = (L.MigSlot(0, "3g.40gb", 0), L.MigSlot(0, "3g.40gb", 4),
+            L.MigSlot(1, "4g.40gb", 0), L.MigSlot(1, "3g.40gb", 4))
 
 
-def sandbox_config() -> Config:
-    site = L.Site(root=ROOT, host="vm", python="/usr/bin/python3")
-    return parse_config(yaml.safe_load(L.render_slurmiso_yaml(site)), "sandbox.yaml")
+def _site(mixed: bool = False) -> L.Site:
+    nodes = tuple(replace(n, mig_slots=MIXED_N3) if mixed and n.mig_slots else n
+                  for n in L.NODES)
+    return L.Site(root=ROOT, host="vm", python="/usr/bin/python3", nodes=nodes)
 
 
-def recorded() -> Dict[str, Any]:
-    with open(SNAPSHOT, encoding="utf-8") as fh:
+def sandbox_config(mixed: bool = False) -> Config:
+    return parse_config(yaml.safe_load(L.render_slurmiso_yaml(_site(mixed))), "sandbox.yaml")
+
+
+def recorded(mixed: bool = False) -> Dict[str, Any]:
+    with open(MIXED_SNAPSHOT if mixed else SNAPSHOT, encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -94,18 +107,39 @@ CASES: List[Any] = [
     ("partition-nodes", lambda s: s["partitions"]["gpu"].__setitem__("Nodes", "n[1-2]"), {"partition-nodes"}),
     ("partition-cancel", lambda s: s["partitions"]["gpu"].__setitem__("PreemptMode", "CANCEL"), {"preempt-mode"}),
     ("mps-count", node_gres("n2", "gpu:h100:2,mps:100"), {"gres-layout"}),
-    ("mig-type-order", node_gres("n3", "gpu:4g.40gb:1,gpu:3g.40gb:3"), {"gres-order", "gres-mig-order", "gres-conf-order"}),
-    ("mig-types-wrong", node_gres("n3", "gpu:3g.40gb:4"), {"gres-layout", "gres-mig-live", "gres-conf-order"}),
+    ("mig-types-wrong", node_gres("n3", "gpu:4g.40gb:3"), {"gres-layout", "gres-mig-live", "gres-conf-order"}),
+    ("mig-count-wrong", node_gres("n3", "gpu:3g.40gb:4"), {"gres-layout", "gres-mig-live"}),
     ("mig-instance-gone", lambda s: s["gpu_node"]["instances"].pop(), {"gres-mig-live"}),
-    ("gres-conf-order", _gres_conf_4g_first, {"gres-conf-order"}),
     ("hook-missing", lambda s: s["hooks"]["Prolog"].update(exists=False, executable=False), {"hook-missing"}),
     ("hook-not-exec", lambda s: s["hooks"]["TaskProlog"].update(executable=False), {"hook-not-executable"}),
     ("migd-mig-off", _migd_gpu_off, {"mig-mode"}),
 ]
 
 
-def test_recorded_sandbox_has_only_the_known_finding() -> None:
-    assert problems(recorded(), sandbox_config()) == KNOWN
+#: Plants that need a node mixing MIG types: on sandbox-n3-mixed.json, whose own finding is
+#: mig-mixed-gpu.
+MIXED_CASES: List[Any] = [
+    ("mig-type-order", node_gres("n3", "gpu:4g.40gb:1,gpu:3g.40gb:3"), {"gres-order", "gres-mig-order", "gres-conf-order"}),
+    ("gres-conf-order", _gres_conf_4g_first, {"gres-conf-order"}),
+]
+MIXED_KNOWN = {"mig-mixed-gpu"}
+
+
+def test_recorded_sandbox_is_clean() -> None:
+    assert problems(recorded(), sandbox_config()) == KNOWN == set()
+
+
+def test_recorded_mixed_node_has_only_the_mixed_type_finding() -> None:
+    assert problems(recorded(True), sandbox_config(True)) == MIXED_KNOWN
+    assert problems(recorded(True), sandbox_config()) >= {"gres-layout", "mig-mixed-gpu"}
+
+
+@pytest.mark.parametrize("name,plant,codes", MIXED_CASES, ids=[c[0] for c in MIXED_CASES])
+def test_planted_mixed_type_misconfiguration_is_found(name: str, plant: Any,
+                                                      codes: Set[str]) -> None:
+    snap = copy.deepcopy(recorded(True))
+    plant(snap)
+    assert problems(snap, sandbox_config(True)) - MIXED_KNOWN == codes
 
 
 @pytest.mark.parametrize("name,plant,codes", CASES, ids=[c[0] for c in CASES])
@@ -126,24 +160,24 @@ def test_every_problem_code_has_a_case() -> None:
     codes = set(re.findall(r'Finding\(\s*"(?:error|warning)", "([a-z-]+)"', source))
     codes |= set(re.findall(r'"error", "([a-z-]+)" if', source))
     codes |= {"gres-order", "gres-layout", "gres-mig-order", "gres-mig-live"}  # computed codes
-    planted = set().union(*(c[2] for c in CASES)) | KNOWN
+    planted = set().union(*(c[2] for c in CASES + MIXED_CASES)) | MIXED_KNOWN
     elsewhere = {"qos-grant", "qos-account", "qos-unread"}  # test_qos.py
     assert len(all_checks()) >= 8
     assert codes - planted - elsewhere == set()
 
 
 def test_autodetect_gres_conf_silences_the_mixed_type_warning() -> None:
-    snap = recorded()
+    snap = recorded(True)
     snap["gres_conf"]["text"] = "AutoDetect=nvml\n"
-    assert problems(snap, sandbox_config()) == set()
+    assert problems(snap, sandbox_config(True)) == set()
 
 
 def test_off_a_gpu_node_the_layout_still_shows_mixing_and_hooks_are_not_checked() -> None:
-    snap = recorded()
+    snap = recorded(True)
     snap["gpu_node"] = None
     snap["hooks"]["Prolog"]["exists"] = False  # not judged off a GPU node
-    found = run_checks(snap, sandbox_config())
-    assert {f.code for f in found if f.is_problem} == KNOWN
+    found = run_checks(snap, sandbox_config(True))
+    assert {f.code for f in found if f.is_problem} == MIXED_KNOWN
     assert "hooks-unchecked" in {f.code for f in found if f.severity == "info"}
     assert "layout sandbox-migs" in next(f.message for f in found if f.code == "mig-mixed-gpu")
 
@@ -199,15 +233,20 @@ def _write(tmp: Any, snap: Dict[str, Any]) -> str:
 @pytest.fixture
 def sandbox_yaml(tmp_path: Any) -> str:
     path = tmp_path / "slurmiso.yaml"
-    path.write_text(L.render_slurmiso_yaml(L.Site(root=ROOT, host="vm", python="/usr/bin/python3")))
+    path.write_text(L.render_slurmiso_yaml(_site()))
     return str(path)
 
 
 def test_cli_snapshot_exit_codes_and_json(tmp_path: Any, sandbox_yaml: str, capsys: Any) -> None:
-    path = _write(tmp_path, recorded())
-    assert main(["-c", sandbox_yaml, "doctor", "--snapshot", path]) == 1
+    assert main(["-c", sandbox_yaml, "doctor", "--snapshot", _write(tmp_path, recorded())]) == 0
+    assert "no problems found" in capsys.readouterr().out
+    mixed_yaml = tmp_path / "mixed.yaml"
+    mixed_yaml.write_text(L.render_slurmiso_yaml(_site(mixed=True)))
+    path = _write(tmp_path, recorded(mixed=True))
+    assert main(["-c", str(mixed_yaml), "doctor", "--snapshot", path]) == 1
     assert "mig-mixed-gpu" in capsys.readouterr().out
-    assert main(["-c", sandbox_yaml, "doctor", "--snapshot", path, "--ignore", "mig-mixed-gpu"]) == 0
+    assert main(["-c", str(mixed_yaml), "doctor", "--snapshot", path,
+                 "--ignore", "mig-mixed-gpu"]) == 0
     assert "no problems found" in capsys.readouterr().out
     snap = recorded()
     snap["config"]["PreemptMode"] = "CANCEL"

@@ -7,6 +7,7 @@ Golden files live in tests/golden/sandbox/; delete one and run the tests to rege
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 import warnings
 from collections import Counter
 
@@ -92,7 +93,7 @@ def test_wrapper_quotes_odd_paths():
     [
         ("n1", "gpu:a100:2"),
         ("n2", "gpu:h100:2,mps:200"),
-        ("n3", "gpu:3g.40gb:3,gpu:4g.40gb:1"),
+        ("n3", "gpu:3g.40gb:3"),
         ("n4", "gpu:h100:2,shard:14"),
         ("n5", "gpu:a100:2,shard:8"),
     ],
@@ -148,7 +149,7 @@ def test_mig_gres_lines_match_slots():
     assert n3 is not None
     assert len(mig_lines) == len(n3.mig_slots)
     types = Counter(ln.split("Type=")[1].split()[0] for ln in mig_lines)
-    assert types == Counter({"3g.40gb": 3, "4g.40gb": 1})
+    assert types == Counter({"3g.40gb": 3})  # one type: slurmctld 22.05 mis-schedules a mix
     # each MIG device names its parent GPU plus its own GI/CI capability files
     assert all(ln.count("/nvidia-caps/") == 2 for ln in mig_lines)
 
@@ -176,7 +177,7 @@ def test_slurmiso_yaml_describes_the_same_cluster():
     layout = data["mig_layouts"]["mig-configs"][L.MIG_LAYOUT_NAME]
     assert layout == [
         {"devices": [0], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
-        {"devices": [1], "mig-enabled": True, "mig-devices": {"4g.40gb": 1, "3g.40gb": 1}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {"3g.40gb": 1}},
     ]
     assert data["paths"]["state_dir"] == "/var/lib/slurmiso-sandbox/state/%n"
     assert data["gpu"] == {"backend": "sim", "sim_state": "/var/lib/slurmiso-sandbox/sim/%n.json"}
@@ -221,11 +222,35 @@ def test_qos_changes_assert_then_act(rows, add, fix):
     assert set(got_fix) == fix
 
 
+MIXED_LIVE = (L.MigSlot(0, "3g.40gb", 0), L.MigSlot(0, "3g.40gb", 4),
+              L.MigSlot(1, "4g.40gb", 0), L.MigSlot(1, "3g.40gb", 4))
+
+
+def _relaid(live):
+    """SITE with n3's simulated GPUs laid out as ``live`` (what ``sync-gres`` renders)."""
+    return replace(SITE, nodes=tuple(replace(n, live_slots=live) if n.mig_slots else n
+                                     for n in SITE.nodes))
+
+
 def test_mig_gres_lines_grouped_by_type_then_gpu_then_start():
     """slurmctld 22.05 indexes typed GRES type by type: one type's lines must be contiguous."""
-    lines = [ln for ln in L.render_gres_conf(SITE).splitlines() if "MultipleFiles=" in ln]
+    site = _relaid(MIXED_LIVE)
+    lines = [ln for ln in L.render_gres_conf(site).splitlines() if "MultipleFiles=" in ln]
     order = [(ln.split("Type=")[1].split()[0], ln.split("/dev/n3/nvidia")[1][0]) for ln in lines]
     assert order == [("3g.40gb", "0"), ("3g.40gb", "0"), ("3g.40gb", "1"), ("4g.40gb", "1")]
+    assert "Gres=gpu:3g.40gb:3,gpu:4g.40gb:1 " in L.render_slurm_conf(site)
+
+
+def test_re_laid_node_is_rendered_from_its_live_instances_config_keeps_the_plan():
+    live = tuple(L.MigSlot(g, "3g.40gb", p) for g in (0, 1) for p in (0, 4))
+    site = _relaid(live)
+    assert "Gres=gpu:3g.40gb:4 " in L.render_slurm_conf(site)
+    lines = [ln for ln in L.render_gres_conf(site).splitlines() if "MultipleFiles=" in ln]
+    assert len(lines) == 4
+    caps = [d for d in L.device_nodes(site) if "nvidia-caps" in d.path]
+    assert len({d.minor for d in caps}) == 8  # the fourth instance gets its own cap devices
+    assert L.render_slurmiso_yaml(site) == L.render_slurmiso_yaml(SITE)  # the plan is unchanged
+    assert L.render_gres_conf(_relaid(None)) == L.render_gres_conf(SITE)
 
 
 def test_submit_files_wired_next_to_slurm_conf():
