@@ -7,9 +7,9 @@ Golden files live in tests/golden/sandbox/; delete one and run the tests to rege
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 import warnings
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import yaml
