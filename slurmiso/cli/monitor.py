@@ -66,7 +66,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gres-out", default="",
                    help="after a re-layout write the node's gres.conf here ({node} allowed)")
     p.add_argument("--after-relayout", default="",
-                   help="command after a re-layout, e.g. 'ssh {node} systemctl restart slurmd'")
+                   help="command after a re-layout that makes Slurm schedule the new GRES: "
+                   "update the node's Gres= in slurm.conf and restart slurmctld and the node's "
+                   "slurmd (22.05 keeps GRES counts across 'scontrol reconfigure'); the "
+                   "sandbox's is 'slurmiso sandbox sync-gres' ({node} allowed)")
     p.add_argument("--metrics-port", type=int, default=0, help="serve monitor metrics here")
     p.add_argument("--json", action="store_true", help="machine-readable output (--once)")
     p.set_defaults(func=run)

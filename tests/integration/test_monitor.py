@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from typing import Any, Callable, List
 
@@ -94,38 +95,53 @@ def test_idle_node_lent_and_reclaimed(sandbox: Any, submit: Any, wait_for: Any,
                     f"Nodes={','.join(original)}")
 
 
-def test_mig_relayout_drains_applies_resumes(sandbox: Any, submit: Any, wait_for: Any,
-                                             monitor: Callable[..., str]) -> None:
+def test_mig_relayout_drains_applies_resumes_and_new_gres_schedule(
+        sandbox: Any, submit: Any, wait_for: Any, monitor: Callable[..., str]) -> None:
     """Pending 3g.40gb demand beyond n3's three: drain n3, wait for its jobs (never killed),
-    lay out 4x 3g.40gb, resume. The new GRES count is not made schedulable here: slurm.conf
-    states n3's Gres and changing it needs a slurmctld restart (see the report)."""
+    lay out 4x 3g.40gb, tell Slurm (the sandbox's after-relayout step restarts slurmctld:
+    22.05 keeps GRES counts across reconfigure), resume; then four 3g.40gb jobs run at once,
+    each on its own instance, the two that waited through the re-layout among them."""
     cfg = monitor.config  # type: ignore[attr-defined]
-    hold = "#!/bin/bash\nsleep 8\n"
+    sync = f"{sys.executable} -m slurmiso sandbox sync-gres"
+    hold = "#!/bin/bash\necho CVD=$CUDA_VISIBLE_DEVICES\nsleep {secs}\n"
     try:
-        running = [submit(hold, "-p", "mig", "--gres=gpu:3g.40gb:1", "--qos=infer")
-                   for _ in range(3)]
+        running = [submit(hold.format(secs=8), "-p", "mig", "--gres=gpu:3g.40gb:1",
+                          "--qos=infer") for _ in range(3)]
         for job in running:
             wait_for(job, {"RUNNING"}, timeout=40)
-        waiting = [submit(hold, "-p", "mig", "--gres=gpu:3g.40gb:1", "--qos=infer")
-                   for _ in range(2)]
+        waiting = [submit(hold.format(secs=15), "-p", "mig", "--gres=gpu:3g.40gb:1",
+                          "--qos=infer") for _ in range(2)]
         out = monitor()
         assert "did drain n3: MIG re-layout to sandbox-all-3g" in out, out
         assert "DRAIN" in sandbox.cmd("scontrol", "show", "node", "n3")
         assert "no action" in monitor(), "jobs still run: wait for them"
         for job in running:
             wait_for(job, timeout=40)  # they finish: nothing was killed
-        sandbox.cmd("scancel", *waiting)
         _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
-        out = monitor()
+        out = monitor("--after-relayout", sync)
         assert "did mig-apply n3: drained and empty: lay out MIG sandbox-all-3g" in out, out
         shown = json.loads(sandbox.slurmiso("--config", cfg, "mig", "show", "--node", "n3",
                                             "--json").stdout)
         assert sorted(i["profile"] for i in shown["instances"]) == ["3g.40gb"] * 4
+        node = sandbox.cmd("scontrol", "show", "node", "n3")
+        assert "Gres=gpu:3g.40gb:4" in node and "DRAIN" in node, node  # still drained
+        out = monitor()
+        assert "did resume n3: MIG layout sandbox-all-3g applied" in out, out
+        more = [submit(hold.format(secs=15), "-p", "mig", "--gres=gpu:3g.40gb:1",
+                       "--qos=infer") for _ in range(2)]
+        for job in waiting + more:  # four at once: the fourth GRES is schedulable
+            wait_for(job, {"RUNNING"}, timeout=40)
+        cvd = set()
+        for job in waiting + more:
+            _wait(lambda: "CVD=MIG-" in sandbox.job_output(job), 20, f"job {job} output")
+            cvd.add(re.search(r"CVD=(\S+)", sandbox.job_output(job)).group(1))  # type: ignore
+        assert cvd == {i["uuid"] for i in shown["instances"]}
     finally:
         sandbox.cmd("scancel", "-p", "mig", check=False)
-        cp = sandbox.slurmiso("mig", "apply", "--node", "n3")  # the sandbox's own layout
-        assert cp.returncode == 0, cp.stdout + cp.stderr
-    out = monitor()
-    assert "did resume n3: MIG layout sandbox-all-3g applied" in out, out
-    assert "DRAIN" not in sandbox.cmd("scontrol", "show", "node", "n3")
+        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        for args in [("mig", "apply", "--node", "n3"), ("sandbox", "sync-gres")]:
+            cp = sandbox.slurmiso(*args)  # the sandbox's own layout, and Slurm told
+            assert cp.returncode == 0, cp.stdout + cp.stderr
+        sandbox.cmd("scontrol", "update", "nodename=n3", "state=resume", check=False)
+    assert "Gres=gpu:3g.40gb:3" in sandbox.cmd("scontrol", "show", "node", "n3")
     assert sandbox.slurmiso("mig", "assert", "--node", "n3").returncode == 0
