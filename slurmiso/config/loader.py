@@ -30,6 +30,7 @@ from slurmiso.config.model import (
     Paths,
     Pool,
     QosSpec,
+    Relayout,
     Slo,
     Stagger,
     TelemetrySource,
@@ -353,6 +354,12 @@ def _read_monitor(s: _Section) -> MonitorSettings:
             )
         )
         ss.done()
+    rl = s.section("relayout")
+    relayout = Relayout(
+        drain=rl.text("drain", "wait", ("wait", "preempt-training")),
+        preempt_after_s=rl.converted("preempt_after", 0, _duration, "duration"),
+    )
+    rl.done()
     mon = MonitorSettings(
         interval_s=s.converted("interval", 30, _duration, "duration"),
         dry_run=s.flag("dry_run", False),
@@ -361,6 +368,8 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         stagger=stagger,
         telemetry=telemetry,
         slo=tuple(slos),
+        admission=s.text("admission", "hold", ("hold", "qos-limit")),
+        relayout=relayout,
     )
     s.done()
     return mon

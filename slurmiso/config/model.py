@@ -183,6 +183,15 @@ class Slo:
 
 
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
+class Relayout:
+    """How a MIG re-layout empties its node: ``wait`` for every job, or ``preempt-training``
+    (requeue the training jobs on it once it has drained ``preempt_after_s``; never inference)."""
+
+    drain: str = "wait"
+    preempt_after_s: int = 0
+
+
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class MonitorSettings:
     interval_s: int = 30
     dry_run: bool = False
@@ -191,6 +200,10 @@ class MonitorSettings:
     stagger: Stagger = field(default_factory=Stagger)
     telemetry: TelemetrySource = field(default_factory=TelemetrySource)
     slo: Tuple[Slo, ...] = ()
+    #: ``hold`` pending training jobs, or ``qos-limit``: cap the training QoS's GrpTRES at
+    #: what training uses now (pending jobs wait with reason QOSGrpGRES; nothing is held).
+    admission: str = "hold"
+    relayout: Relayout = field(default_factory=Relayout)
 
 
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up

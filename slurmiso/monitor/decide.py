@@ -8,7 +8,9 @@ tables. Each policy is one function below:
 * admission: a gate per partition (shared GPUs hot / calm, with hysteresis and a minimum
   dwell) and one for the inference SLO; pending training jobs are held while a gate of theirs
   is closed, released (at most ``stagger_max_starts`` per interval) once all are open again;
-  a scope whose telemetry is stale changes nothing;
+  or, with ``admission="qos-limit"``, the training QoS is capped at what training uses and
+  raised by the next ``stagger_max_starts`` jobs' GRES per interval once calm; a scope whose
+  telemetry is stale changes nothing;
 * partitions: idle inference nodes are lent to a training partition, reclaimed as soon as
   inference demand returns;
 * MIG re-layout: one node at a time is drained, laid out anew when empty, and resumed;
@@ -19,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.monitor.policy import KINDS, SHARED_MODES, Action, Memory, Policy
+from slurmiso.monitor.policy import CAP_TRES, KINDS, SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
-from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, jobs_by_node
+from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, gres_counts, jobs_by_node
 from slurmiso.slurm.hostlist import compress
 
 SLO_SCOPE = "slo"
@@ -61,6 +63,14 @@ def failed(memory: Memory, action: Action, error: str) -> Memory:
                 mem.lent[node] = {"from": d.get("from", ""), "to": action.target, "ts": 0.0}
     elif action.kind == "drain":
         mem.relayout = None
+    elif action.kind == "qos-limit":
+        if d.get("previous") is None:
+            mem.caps.pop(action.target, None)
+        else:
+            mem.caps[action.target] = {"tres": dict(d["previous"]), "ts": 0.0}
+    elif action.kind == "requeue" and mem.relayout is not None:
+        done = [j for j in mem.relayout.get("requeued", []) if j != action.target]
+        mem.relayout = dict(mem.relayout, requeued=done)
     elif action.kind in ("mig-apply", "resume"):
         mem.relayout = {"node": action.target, "pool": d.get("pool", ""),
                         "layout": d.get("layout", ""), "phase": "failed", "since": 0.0,
@@ -88,6 +98,8 @@ def _admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
         gate[SLO_SCOPE] = _gate(mem, SLO_SCOPE, verdict, text, snap.ts, policy)
         why[SLO_SCOPE] = (text, facts)
     mem.stale = sorted(s for s, g in gate.items() if g is None)
+    if policy.admission == "qos-limit":
+        return _qos_caps(snap, policy, mem, gate, why, waiting) + _unhold_all(pending, mem)
 
     actions: List[Action] = []
     overridden = set(mem.overridden)
@@ -136,6 +148,73 @@ def _admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
             {"hold": hold, "held_s": round(snap.ts - float(hold.get("ts", snap.ts)), 1),
              "partition": ",".join(job.partitions),
              "stagger": f"{policy.stagger_max_starts}/{policy.stagger_interval_s:g}s"}))
+    return actions
+
+
+def _qos_caps(
+    snap: Snapshot, policy: Policy, mem: Memory, gate: Dict[str, Optional[bool]],
+    why: Dict[str, Tuple[str, Dict[str, Any]]], waiting: List[JobInfo],
+) -> List[Action]:
+    """qos-limit admission: while a gate is closed, cap each training QoS's GrpTRES at what
+    its running jobs use (lowered as they end, never raised); once every gate is open, set it
+    to that use plus the GRES of the next ``stagger_max_starts`` waiting jobs, once per
+    interval, and remove it when none waits. Stale data changes nothing."""
+    closed = sorted(s for s, g in gate.items() if g)
+    stale = any(g is None for g in gate.values())
+    train = set(policy.train_classes)
+    actions: List[Action] = []
+    for qos in policy.train_qos:
+        mine = [j for j in snap.jobs if j.qos == qos or (not j.qos and j.job_class in train)]
+        used = {t: 0 for t in CAP_TRES}
+        for j in mine:
+            if not j.pending:
+                for t, c in gres_counts(j.gres).items():
+                    if t in used:
+                        used[t] += c * max(1, len(j.nodes))
+        old = mem.caps.get(qos)
+        prev = dict(old["tres"]) if old else None
+        ids = {j.id for j in mine}
+        queue = [j for j in waiting if j.id in ids and not j.held]
+        if closed:
+            text, facts = why[closed[0]]
+            new = {t: min(used[t], prev[t]) if prev else used[t] for t in CAP_TRES}
+            if new == prev:
+                continue
+            reason = f"training capped at what it uses: {text}"
+            details = dict(facts, scopes=closed)
+        elif stale or old is None or snap.ts - float(old["ts"]) < policy.stagger_interval_s:
+            continue
+        elif not queue:
+            mem.caps.pop(qos)
+            actions.append(Action("qos-limit", qos, "calm and no training waits: cap removed",
+                                  {"tres": None, "previous": prev, "used": used}))
+            continue
+        else:
+            step = queue[:policy.stagger_max_starts]
+            new = dict(used)  # jobs let in before that have not started are still in step
+            for j in step:
+                for t, c in gres_counts(j.gres).items():
+                    if t in new:
+                        new[t] += c
+            reason = (f"calm for {policy.min_dwell_s:g}s: cap raised for the next "
+                      f"{len(step)} training job(s) "
+                      f"(stagger {policy.stagger_max_starts}/{policy.stagger_interval_s:g}s)")
+            details = {"jobs": [j.id for j in step]}
+        mem.caps[qos] = {"tres": new, "ts": snap.ts}
+        actions.append(Action("qos-limit", qos, reason,
+                              dict(details, tres=new, previous=prev, used=used)))
+    return actions
+
+
+def _unhold_all(pending: Dict[str, JobInfo], mem: Memory) -> List[Action]:
+    """Holds placed under ``admission: hold`` are released once admission caps the QoS."""
+    actions = []
+    for jid in sorted(mem.holds):
+        hold = mem.holds.pop(jid)
+        job = pending.get(jid)
+        if job is not None and job.held:
+            actions.append(Action("release", jid, "admission is qos-limit now: no holds",
+                                  {"hold": hold}))
     return actions
 
 

@@ -14,7 +14,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
 SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
 #: Action kinds, in the order they are applied within one cycle.
-KINDS = ("resume", "drain", "mig-apply", "partition-update", "hold", "release", "reconcile")
+KINDS = ("resume", "drain", "requeue", "mig-apply", "partition-update", "qos-limit", "hold",
+         "release", "reconcile")
+#: GRES a training QoS cap counts (``GrpTRES=gres/gpu=N,...``).
+CAP_TRES = ("gpu", "shard", "mps")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,13 @@ class Policy:
     #: Nodes whose leftovers this monitor host can reconcile, and how often (0 = never).
     reconcile_nodes: Tuple[str, ...] = ()
     reconcile_every_s: float = 0
+    #: "hold" pending training jobs, or "qos-limit": cap ``train_qos`` at what training uses.
+    admission: str = "hold"
+    #: The QoS of the training classes (capped in "qos-limit" admission).
+    train_qos: Tuple[str, ...] = ("train",)
+    #: A re-layout requeues the training jobs on its node once it has drained this long
+    #: (None: it waits for every job).
+    preempt_training_after_s: Optional[float] = None
 
     @property
     def release_memory_pct(self) -> float:
@@ -87,6 +97,7 @@ def policy_from_config(
     """The policy a :class:`~slurmiso.config.model.Config` states, plus the deployment choices
     the config has no key for (which partitions lend to which, where reconcile runs)."""
     mon = cfg.monitor
+    train = [c for c in cfg.classes if c.preemptible]
     return Policy(
         memory_used_pct=mon.thresholds.memory_used_pct,
         sm_active_pct=mon.thresholds.sm_active_pct,
@@ -95,7 +106,7 @@ def policy_from_config(
         stagger_max_starts=mon.stagger.max_starts,
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
-        train_classes=tuple(c.name for c in cfg.classes if c.preemptible),
+        train_classes=tuple(c.name for c in train),
         slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms)
                   for s in mon.slo),
         lend=tuple(lend),
@@ -104,6 +115,10 @@ def policy_from_config(
         drain_timeout_s=drain_timeout_s,
         reconcile_nodes=tuple(reconcile_nodes),
         reconcile_every_s=reconcile_every_s,
+        admission=mon.admission,
+        train_qos=tuple(dict.fromkeys(c.qos.name for c in train)),
+        preempt_training_after_s=(float(mon.relayout.preempt_after_s)
+                                  if mon.relayout.drain == "preempt-training" else None),
     )
 
 
@@ -160,6 +175,8 @@ class Memory:
     #: {"node", "pool", "layout", "phase", "since", "reason"} while a re-layout runs.
     relayout: Optional[Dict[str, Any]] = None
     reconciled: Dict[str, float] = field(default_factory=dict)
+    #: qos-limit admission: QoS -> {"tres": {gpu: N, ...}, "ts"} caps this monitor set.
+    caps: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -175,4 +192,5 @@ class Memory:
         return Memory(dict(self.holds), list(self.overridden), dict(self.gates),
                       list(self.stale), list(self.release_times), dict(self.idle_since),
                       dict(self.lent), dict(self.mig_mismatch_since), dict(self.mig_last),
-                      dict(self.relayout) if self.relayout else None, dict(self.reconciled))
+                      dict(self.relayout) if self.relayout else None, dict(self.reconciled),
+                      dict(self.caps))

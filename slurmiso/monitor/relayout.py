@@ -3,7 +3,9 @@
 When pending demand for MIG types persistently exceeds what a mig-static pool's layout
 offers, and another configured layout would place more of it, one node at a time goes
 through: drain (its jobs finish; nothing is killed) -> ``mig-apply`` once drained and empty
--> ``resume``. A failed apply or a node that never empties is resumed with its old layout.
+-> ``resume``. With ``preempt_training_after_s`` set, the training jobs still on the node after
+that long are requeued (they checkpoint on the signal; inference is always waited for). A
+failed apply or a node that never empties is resumed with its old layout.
 """
 
 from __future__ import annotations
@@ -108,7 +110,20 @@ def _relayout_step(
             mem.relayout = dict(r, phase="applying", since=snap.ts)
             return [Action("mig-apply", node.name,
                            f"drained and empty: lay out MIG {r['layout']}", details)]
-        if snap.ts - float(r["since"]) <= policy.drain_timeout_s:
+        waited = snap.ts - float(r["since"])
+        after = policy.preempt_training_after_s
+        if after is not None and waited >= after:
+            done = set(r.get("requeued", ()))
+            train = [j for j in jobs if j.job_class in policy.train_classes and j.id not in done]
+            if train:
+                mem.relayout = dict(r, requeued=sorted(done | {j.id for j in train}))
+                left = len(jobs) - len(train)
+                return [Action(
+                    "requeue", j.id,
+                    f"re-layout of {node.name} to {r['layout']}: training requeued after "
+                    f"{waited:.0f}s of drain ({left} other job(s) are waited for)",
+                    dict(details, node=node.name, job_class=j.job_class)) for j in train]
+        if waited <= policy.drain_timeout_s:
             return []
         why = (f"re-layout to {r['layout']} abandoned: {len(jobs)} job(s) still run after "
                f"{policy.drain_timeout_s:g}s")

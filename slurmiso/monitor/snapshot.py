@@ -262,6 +262,22 @@ def parse_gres_types(gres: str) -> Dict[str, int]:
     return out
 
 
+def gres_counts(gres: str) -> Dict[str, int]:
+    """GRES counts by name, types summed: ``gres:gpu:a100:2,gres:shard:3`` ->
+    {"gpu": 2, "shard": 3}; a name without a count is 1; ``N/A`` and ``(null)`` are {}."""
+    out: Dict[str, int] = {}
+    for item in gres.split(","):
+        item = item.split("(", 1)[0].strip()
+        if item.startswith(("gres:", "gres/")):
+            item = item[5:]
+        parts = item.split(":")
+        if not parts[0] or not parts[0][0].isalpha() or parts[0] in ("N/A", "null"):
+            continue
+        count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        out[parts[0]] = out.get(parts[0], 0) + count
+    return out
+
+
 def jobs_by_node(jobs: List[JobInfo]) -> Dict[str, List[JobInfo]]:
     """Running jobs per node name."""
     out: Dict[str, List[JobInfo]] = {}

@@ -158,6 +158,18 @@ class SlurmCli:
     def release(self, job_ids: Sequence[str]) -> None:
         self.run("scontrol", ["release", ",".join(job_ids)])
 
+    def requeue(self, job_ids: Sequence[str]) -> None:
+        """``scontrol requeue``: the job is signalled (SIGTERM, KillWait before SIGKILL), goes
+        back to PENDING and keeps its id; the slurmiso wrapper checkpoints on the signal."""
+        self.run("scontrol", ["requeue", ",".join(job_ids)])
+
+    def set_qos_grp_tres(self, qos: str, tres: Dict[str, int]) -> None:
+        """Set a QoS's ``GrpTRES`` for GRES counts: ``{"gpu": 4, "shard": -1}`` ->
+        ``gres/gpu=4,gres/shard=-1`` (-1 lifts that limit)."""
+        value = ",".join(f"gres/{t}={int(c)}" for t, c in sorted(tres.items()))
+        self.run("sacctmgr", ["-i", "modify", "qos", "where", f"name={qos}", "set",
+                              f"GrpTRES={value}"])
+
     def set_partition_nodes(self, partition: str, nodes: str) -> None:
         """Replace a partition's node list (``nodes`` a hostlist expression)."""
         self.run("scontrol", ["update", f"PartitionName={partition}", f"Nodes={nodes}"])

@@ -133,7 +133,7 @@ def test_mig_relayout_drains_applies_resumes_and_new_gres_schedule(
             wait_for(job, {"RUNNING"}, timeout=40)
         cvd = set()
         for job in waiting + more:
-            _wait(lambda: "CVD=MIG-" in sandbox.job_output(job), 20, f"job {job} output")
+            _wait(lambda j=job: "CVD=MIG-" in sandbox.job_output(j), 20, f"job {job} output")
             cvd.add(re.search(r"CVD=(\S+)", sandbox.job_output(job)).group(1))  # type: ignore
         assert cvd == {i["uuid"] for i in shown["instances"]}
     finally:
