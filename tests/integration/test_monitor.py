@@ -145,3 +145,113 @@ def test_mig_relayout_drains_applies_resumes_and_new_gres_schedule(
         sandbox.cmd("scontrol", "update", "nodename=n3", "state=resume", check=False)
     assert "Gres=gpu:3g.40gb:3" in sandbox.cmd("scontrol", "show", "node", "n3")
     assert sandbox.slurmiso("mig", "assert", "--node", "n3").returncode == 0
+
+
+def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
+        sandbox: Any, submit: Any, wait_for: Any, tmp_path: Any) -> None:
+    """admission: qos-limit. Training holds 2 shards of n5 and runs GPU 0 hot; a training job
+    that becomes eligible then waits with reason QOSGrpGRES under the cap the monitor set
+    (nothing is held); calm: the cap is raised by that job's shard and it runs; nothing waits:
+    the cap is removed."""
+    from slurmiso.sandbox.demo import monitor_config, run_monitor
+
+    cfg = monitor_config(sandbox, str(tmp_path))
+    with open(cfg) as fh:
+        text = fh.read()
+    text = text.replace("  stagger:\n    max_starts: 4\n    interval: 60s\n",
+                        "  stagger:\n    max_starts: 4\n    interval: 0s\n")
+    text = text.replace("monitor:\n", "monitor:\n  admission: qos-limit\n", 1)
+    with open(cfg, "w") as fh:
+        fh.write(text)
+    state = sandbox.path("sim", "n5.json")
+    flag = os.path.join(sandbox.jobs_dir, f"stop-load-{os.getpid()}-qos")
+    sim = f"PYTHONPATH={REPO} {sys.executable} -m slurmiso sim load --state {state} --gpu 0"
+
+    def grp_tres() -> str:
+        return sandbox.cmd("sacctmgr", "-n", "-P", "show", "qos", "train",
+                           "format=GrpTRES").strip()
+
+    try:
+        load = submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
+                      f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
+                      "-p", "tslice", "--qos=train", "--gres=shard:2")
+        wait_for(load, {"RUNNING"}, timeout=40)
+        _wait(lambda: "loaded" in sandbox.job_output(load), 30, "the load to start")
+        later = submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
+                       "--gres=shard:1", "--begin=now+15")
+        out = run_monitor(sandbox, cfg, str(tmp_path))
+        assert "did qos-limit train: training capped at what it uses: n5 GPU 0" in out, out
+        assert sorted(grp_tres().split(",")) == ["gres/gpu=0", "gres/mps=0", "gres/shard=2"]
+        _wait(lambda: sandbox.job_fields(later).get("Reason") == "QOSGrpGRES", 60,
+              "the eligible training job to wait on the cap")
+        assert sandbox.job_fields(later).get("JobState") == "PENDING"
+        open(flag, "w").close()
+        wait_for(load, timeout=40)
+        out = run_monitor(sandbox, cfg, str(tmp_path))
+        assert "did qos-limit train: calm for 0s: cap raised for the next 1 training job" in out
+        wait_for(later, timeout=60)
+        assert sandbox.job_state(later) == "COMPLETED"
+        out = run_monitor(sandbox, cfg, str(tmp_path))
+        assert "did qos-limit train: calm and no training waits: cap removed" in out, out
+        assert grp_tres() == ""
+    finally:
+        open(flag, "w").close()
+        sandbox.slurmiso("sim", "load", "--state", state, "--gpu", "0", "--sm", "0")
+        sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", "name=train", "set",
+                    "GrpTRES=gres/gpu=-1,gres/shard=-1,gres/mps=-1", check=False)
+
+
+def test_mig_relayout_preempts_training_never_inference(
+        sandbox: Any, submit: Any, wait_for: Any, tmp_path: Any) -> None:
+    """relayout.drain: preempt-training. n3 runs two training jobs and one inference job;
+    the drained node's training is requeued at once (preempt_after 0s, Restarts=1, back to
+    PENDING), the inference job is waited for; then the node is laid out and resumed."""
+    from slurmiso.sandbox.demo import monitor_config, run_monitor
+
+    cfg = monitor_config(sandbox, str(tmp_path), EXTRA_LAYOUT)
+    with open(cfg) as fh:
+        text = fh.read()
+    text = text.replace("monitor:\n", "monitor:\n  relayout:\n    drain: preempt-training\n"
+                        "    preempt_after: 0s\n", 1)
+    with open(cfg, "w") as fh:
+        fh.write(text)
+
+    def cycle(*args: str) -> str:
+        return run_monitor(sandbox, cfg, str(tmp_path), *args)
+
+    g = "--gres=gpu:3g.40gb:1"
+    try:
+        train = [submit("#!/bin/bash\nsleep 300\n", "-p", "mig", g, "--qos=train")
+                 for _ in range(2)]
+        infer = submit("#!/bin/bash\nsleep 8\n", "-p", "mig", g, "--qos=infer")
+        for job in train + [infer]:
+            wait_for(job, {"RUNNING"}, timeout=40)
+        waiting = [submit("#!/bin/bash\nsleep 2\n", "-p", "mig", g, "--qos=infer")
+                   for _ in range(2)]
+        assert "did drain n3: MIG re-layout to sandbox-all-3g" in cycle()
+        out = cycle()
+        for job in train:
+            assert f"did requeue {job}: re-layout of n3 to sandbox-all-3g: training requeued" \
+                in out, out
+        assert f"requeue {infer}" not in out and "1 other job(s) are waited for" in out
+        assert sandbox.job_state(infer) == "RUNNING"
+        for job in train:
+            _wait(lambda j=job: sandbox.job_state(j) == "PENDING", 40, f"job {job} requeued")
+            assert int(sandbox.job_fields(job).get("Restarts", "0")) == 1
+        wait_for(infer, timeout=40)
+        assert sandbox.job_state(infer) == "COMPLETED"  # waited for, never killed
+        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        out = cycle("--after-relayout", f"{sys.executable} -m slurmiso sandbox sync-gres")
+        assert "did mig-apply n3" in out, out
+        assert "did resume n3" in cycle()
+        for job in waiting:
+            wait_for(job, timeout=60)
+            assert sandbox.job_state(job) == "COMPLETED"
+    finally:
+        sandbox.cmd("scancel", "-p", "mig", check=False)
+        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        for args in [("mig", "apply", "--node", "n3"), ("sandbox", "sync-gres")]:
+            cp = sandbox.slurmiso(*args)
+            assert cp.returncode == 0, cp.stdout + cp.stderr
+        sandbox.cmd("scontrol", "update", "nodename=n3", "state=resume", check=False)
+    assert sandbox.slurmiso("mig", "assert", "--node", "n3").returncode == 0
