@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SlurmisoError
-from slurmiso.monitor.policy import CAP_TRES, Action
+from slurmiso.monitor.policy import Action
 from slurmiso.slurm.hostlist import compress
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,8 @@ class Applier:
             elif act.kind == "requeue":
                 self.slurm.requeue([act.target])
             elif act.kind == "qos-limit":
-                self.slurm.set_qos_grp_tres(
-                    act.target, act.details.get("tres") or {t: -1 for t in CAP_TRES})
+                lift = {t: -1 for t in act.details.get("lift", ("gpu",))}
+                self.slurm.set_qos_grp_tres(act.target, act.details.get("tres") or lift)
             elif act.kind == "mig-apply":
                 self._relayout(act.target, str(act.details["layout"]))
             elif act.kind == "reconcile":

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.monitor.policy import CAP_TRES, KINDS, SHARED_MODES, Action, Memory, Policy
+from slurmiso.monitor.policy import KINDS, SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, gres_counts, jobs_by_node
 from slurmiso.slurm.hostlist import compress
@@ -165,7 +165,7 @@ def _qos_caps(
     actions: List[Action] = []
     for qos in policy.train_qos:
         mine = [j for j in snap.jobs if j.qos == qos or (not j.qos and j.job_class in train)]
-        used = {t: 0 for t in CAP_TRES}
+        used = {t: 0 for t in policy.cap_tres}
         for j in mine:
             if not j.pending:
                 for t, c in gres_counts(j.gres).items():
@@ -177,7 +177,8 @@ def _qos_caps(
         queue = [j for j in waiting if j.id in ids and not j.held]
         if closed:
             text, facts = why[closed[0]]
-            new = {t: min(used[t], prev[t]) if prev else used[t] for t in CAP_TRES}
+            new = {t: min(used[t], prev.get(t, used[t])) if prev else used[t]
+                   for t in policy.cap_tres}
             if new == prev:
                 continue
             reason = f"training capped at what it uses: {text}"
@@ -187,7 +188,8 @@ def _qos_caps(
         elif not queue:
             mem.caps.pop(qos)
             actions.append(Action("qos-limit", qos, "calm and no training waits: cap removed",
-                                  {"tres": None, "previous": prev, "used": used}))
+                                  {"tres": None, "lift": list(policy.cap_tres),
+                                   "previous": prev, "used": used}))
             continue
         else:
             step = queue[:policy.stagger_max_starts]

@@ -16,8 +16,7 @@ SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
 #: Action kinds, in the order they are applied within one cycle.
 KINDS = ("resume", "drain", "requeue", "mig-apply", "partition-update", "qos-limit", "hold",
          "release", "reconcile")
-#: GRES a training QoS cap counts (``GrpTRES=gres/gpu=N,...``).
-CAP_TRES = ("gpu", "shard", "mps")
+
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,9 @@ class Policy:
     admission: str = "hold"
     #: The QoS of the training classes (capped in "qos-limit" admission).
     train_qos: Tuple[str, ...] = ("train",)
+    #: GRES the cap counts (``GrpTRES=gres/gpu=N,...``): those the pools use, so every one
+    #: is in AccountingStorageTRES (sacctmgr rejects a TRES it does not track).
+    cap_tres: Tuple[str, ...] = ("gpu", "shard", "mps")
     #: A re-layout requeues the training jobs on its node once it has drained this long
     #: (None: it waits for every job).
     preempt_training_after_s: Optional[float] = None
@@ -96,6 +98,8 @@ def policy_from_config(
 ) -> Policy:
     """The policy a :class:`~slurmiso.config.model.Config` states, plus the deployment choices
     the config has no key for (which partitions lend to which, where reconcile runs)."""
+    from slurmiso.slurm.slurmconf import gres_types
+
     mon = cfg.monitor
     train = [c for c in cfg.classes if c.preemptible]
     return Policy(
@@ -117,6 +121,7 @@ def policy_from_config(
         reconcile_every_s=reconcile_every_s,
         admission=mon.admission,
         train_qos=tuple(dict.fromkeys(c.qos.name for c in train)),
+        cap_tres=tuple(gres_types(cfg.pools)) or ("gpu",),
         preempt_training_after_s=(float(mon.relayout.preempt_after_s)
                                   if mon.relayout.drain == "preempt-training" else None),
     )

@@ -129,6 +129,7 @@ def test_config_keys_and_policy() -> None:
     pol = policy_from_config(parse_config(data))
     assert pol.admission == "qos-limit" and pol.train_qos == ("train",)
     assert pol.preempt_training_after_s == 600
+    assert pol.cap_tres == ("gpu",)  # no pool uses shard or mps: those TRES are untracked
     assert policy_from_config(parse_config({**data, "monitor": {}})).preempt_training_after_s \
         is None
     with pytest.raises(ConfigError) as err:
@@ -154,7 +155,7 @@ def test_applier_requeues_and_caps() -> None:
     slurm = _Slurm()
     outs = Applier(None, slurm).apply([
         Action("qos-limit", "train", "hot", {"tres": {"gpu": 2, "shard": 0, "mps": 0}}),
-        Action("qos-limit", "train", "calm", {"tres": None}),
+        Action("qos-limit", "train", "calm", {"tres": None, "lift": ["gpu", "shard", "mps"]}),
         Action("requeue", "42", "relayout", {})])
     assert all(o.ok for o in outs)
     assert slurm.calls == [("cap", "train", {"gpu": 2, "shard": 0, "mps": 0}),
