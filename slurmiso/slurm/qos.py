@@ -224,7 +224,7 @@ def read_account_qos(cli: Runner, accounts: Sequence[str]) -> Dict[str, Tuple[st
     if not accounts:
         return {}
     return parse_account_qos(cli.run("sacctmgr", [
-        "-P", "-n", "show", "assoc", f"where account={','.join(accounts)}",
+        "-P", "-n", "show", "assoc", "where", f"account={','.join(accounts)}",
         "format=Account,User,QOS"]))
 
 

@@ -28,18 +28,27 @@ def show_qos(sandbox: Any) -> str:
 
 
 def _restore(sandbox: Any, before: str) -> None:
-    for line in before.splitlines():
-        name, prio, preempt, mode, grace, wall, tres, _flags = (line.split("|") + [""] * 8)[:8]
-        if name not in MANAGED:
+    """Set back each field that differs from ``before`` (only those: 22.05's sacctmgr calls
+    re-setting an unchanged ``Preempt=train`` a preemption loop and then changes nothing)."""
+    def rows(text: str) -> Dict[str, List[str]]:
+        return {r[0]: r for r in ((ln.split("|") + [""] * 8)[:8] for ln in text.splitlines())}
+
+    now = rows(show_qos(sandbox))
+    for name, (_n, prio, preempt, mode, grace, wall, tres, _flags) in rows(before).items():
+        if name not in MANAGED or name not in now:
             continue
         gpus = next((t.split("=", 1)[1] for t in tres.split(",") if t.startswith("gres/gpu=")),
                     "-1")
         secs = sum(int(x) * m for x, m in zip(reversed(grace.split("-")[-1].split(":")),
                                                (1, 60, 3600)))
-        sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set",
-                    f"Priority={prio}", f"Preempt={preempt}", f"PreemptMode={mode}",
-                    f"GraceTime={secs}", f"MaxWall={wall or -1}", f"MaxTRESPerJob=gres/gpu={gpus}",
-                    check=False)
+        want = {1: f"Priority={prio}", 2: f"Preempt={preempt}",
+                3: f"PreemptMode={mode}", 4: f"GraceTime={secs}", 5: f"MaxWall={wall or -1}",
+                6: f"MaxTRESPerJob=gres/gpu={gpus}"}
+        changes = [v for i, v in want.items() if now[name][i] != (prio, preempt, mode, grace,
+                                                                   wall, tres)[i - 1]]
+        if changes:
+            sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set",
+                        *changes)
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +154,57 @@ def test_doctor_sees_a_live_grace_time_cut_and_qos_apply_repairs_it(sandbox: Any
         cp = sandbox.slurmiso("qos", "apply")
     assert cp.returncode == 0 and "GraceTime 5 -> 30" in cp.stdout, cp.stdout
     assert problem_codes(doctor(sandbox, "--node", "n3")) == sorted(KNOWN)
+
+
+def test_account_grants_applied_and_enforced_at_sbatch(sandbox: Any, applied: str,
+                                                       tmp_path: Any) -> None:
+    """A config whose debug class is for account ``ops`` only: ``qos apply`` grants debug to
+    ops, and the job_submit.lua generated from it refuses debug jobs of another account at
+    sbatch, with the fix; the same user's debug job under ops is accepted."""
+    with open(sandbox.slurmiso_config) as fh:
+        text = fh.read()
+    marker = "    qos:\n      priority: 500\n"
+    assert marker in text
+    cfg = tmp_path / "accounts.yaml"
+    cfg.write_text(text.replace(marker, marker + "      accounts: [ops]\n"))
+    lua = sandbox.path("etc", "job_submit.lua")
+    with open(lua) as fh:
+        original = fh.read()
+    argv = ["runuser", "-u", "sbxuser", "--", "env", f"SLURM_CONF={sandbox.slurm_conf}",
+            "sbatch", "--parsable", "--hold", "-o", "/dev/null", "-p", "gpu", "--qos=debug"]
+
+    def sbatch(*args: str) -> Any:
+        import subprocess
+
+        return subprocess.run(argv + list(args) + ["--wrap", "sleep 1"], env=sandbox.env,
+                               text=True, capture_output=True, timeout=30, cwd="/tmp")
+
+    try:
+        plan = sandbox.slurmiso("--config", str(cfg), "qos", "apply", "--dry-run")
+        assert "+ account ops: grant qos debug" in plan.stdout, plan.stdout + plan.stderr
+        cp = sandbox.slurmiso("--config", str(cfg), "qos", "apply")
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        again = sandbox.slurmiso("--config", str(cfg), "qos", "apply")
+        assert "nothing to change" in again.stdout, again.stdout
+        sandbox.cmd("sacctmgr", "-i", "add", "user", "sbxuser", "account=ops",
+                    "cluster=slurmiso-sbx")
+        gen = sandbox.slurmiso("--config", str(cfg), "gen", "job-submit", "-o", lua)
+        assert gen.returncode == 0, gen.stderr
+        refused = sbatch()  # the user's default account is research
+        assert refused.returncode != 0, refused.stdout
+        assert ("slurmiso: account research may not run debug jobs (allowed: ops): submit "
+                "with --account=ops or another --qos") in refused.stderr, refused.stderr
+        ok = sbatch("--account=ops")
+        assert ok.returncode == 0, ok.stderr
+        fields = sandbox.job_fields(ok.stdout.strip())
+        assert (fields["Account"], fields["QOS"]) == ("ops", "debug")
+    finally:
+        sandbox.cmd("scancel", "-u", "sbxuser", check=False)
+        with open(lua, "w") as fh:
+            fh.write(original)
+        sandbox.cmd("sacctmgr", "-i", "delete", "user", "name=sbxuser", "account=ops",
+                    check=False)
+        sandbox.cmd("sacctmgr", "-i", "modify", "account", "where", "name=ops", "set",
+                    "qos-=debug", check=False)
+    assert "debug" not in sandbox.cmd("sacctmgr", "-n", "-P", "show", "assoc",
+                                      "where", "account=ops", "format=qos")

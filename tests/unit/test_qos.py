@@ -117,6 +117,8 @@ class FakeSacctmgr:
         if a[:4] == ["-P", "-n", "show", "qos"]:
             return "\n".join("|".join(r) for r in self.rows.values()) + "\n"
         if a[:4] == ["-P", "-n", "show", "assoc"]:
+            # sacctmgr takes "where" as its own word ("where account=x" in one is refused)
+            assert a[4] == "where" and a[5].startswith("account="), a
             return "".join(f"{n}||{','.join(q)}\n" for n, q in self.accounts.items())
         self.calls.append(a)
         if a[1:3] == ["add", "qos"]:
