@@ -48,6 +48,8 @@ if mode == "cycle":
     actions, _ = decide(snap, pol, Memory())
     result["decide_ms"] = timed(lambda: decide(snap, pol, Memory()), 5)
     result["cycle_ms"] = timed(lambda: decide(loads(text), pol, Memory()), 3)
+    caps = Policy(**{**pol.__dict__, "admission": "qos-limit"})
+    result["caps_ms"] = timed(lambda: decide(snap, caps, Memory()), 5)
     result["actions"] = len(actions)
     result["kinds"] = sorted({a.kind for a in actions})
 result["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -120,6 +122,8 @@ def main() -> bool:
     parse_ms = base["parse_ms"]
     ok1 = report("monitor decide() (median)", f"{cyc['decide_ms']:.0f} ms",
                  cyc["decide_ms"] / parse_ms, f"of parse-only {parse_ms:.0f} ms")
+    report("monitor decide(), admission qos-limit", f"{cyc['caps_ms']:.0f} ms",
+           cyc["caps_ms"] / parse_ms, f"of parse-only {parse_ms:.0f} ms")
     ok2 = report("monitor cycle: parse + decide (median)", f"{cyc['cycle_ms']:.0f} ms",
                  cyc["cycle_ms"] / parse_ms, f"of parse-only {parse_ms:.0f} ms")
     ok3 = report("monitor cycle peak memory (ru_maxrss)", f"{cyc['rss_mb']:.0f} MB",
