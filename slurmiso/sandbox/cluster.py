@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.errors import SandboxError, SlurmisoError
 from slurmiso.sandbox import accounting as A
@@ -515,14 +515,19 @@ def node_states(site: L.Site) -> Dict[str, Tuple[str, str]]:
     return out
 
 
+def nodes_not_in(site: L.Site, ok: Set[str]) -> Dict[str, Tuple[str, str]]:
+    """node -> (state, reason) of each sandbox node whose state is not in ``ok``."""
+    states = node_states(site)
+    return {n.name: states.get(n.name, ("missing", "")) for n in site.nodes
+            if states.get(n.name, ("", ""))[0] not in ok}
+
+
 def wait_nodes(site: L.Site) -> str:
     """Until every node is usable; drained nodes (a failed hook in an earlier run) resume."""
     deadline = time.monotonic() + NODES_TIMEOUT
     resumed: List[str] = []
     while True:
-        states = node_states(site)
-        bad = {n.name: states.get(n.name, ("missing", "")) for n in site.nodes
-               if states.get(n.name, ("", ""))[0] not in USABLE_STATES}
+        bad = nodes_not_in(site, USABLE_STATES)
         if not bad:
             break
         for name, (state, reason) in bad.items():
@@ -618,9 +623,7 @@ def _wait_registered(site: L.Site) -> None:
     deadline = time.monotonic() + NODES_TIMEOUT
     back = USABLE_STATES | {"drained", "draining"}
     while True:
-        states = node_states(site)
-        bad = {n.name: states.get(n.name, ("missing", "")) for n in site.nodes
-               if states.get(n.name, ("", ""))[0] not in back}
+        bad = nodes_not_in(site, back)
         if not bad:
             return
         if time.monotonic() > deadline:  # inval too: a slurmd re-registers once more
