@@ -18,7 +18,6 @@ KINDS = ("resume", "drain", "requeue", "mig-apply", "partition-update", "qos-lim
          "release", "reconcile")
 
 
-
 @dataclass(frozen=True)
 class Action:
     """One change the monitor wants: ``kind`` on ``target`` because of ``reason``."""
