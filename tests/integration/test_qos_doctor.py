@@ -188,8 +188,9 @@ def test_account_grants_applied_and_enforced_at_sbatch(sandbox: Any, applied: st
         assert "nothing to change" in again.stdout, again.stdout
         sandbox.cmd("sacctmgr", "-i", "add", "user", "sbxuser", "account=ops",
                     "cluster=slurmiso-sbx")
-        gen = sandbox.slurmiso("--config", str(cfg), "gen", "job-submit", "-o", lua)
+        gen = sandbox.slurmiso("--config", str(cfg), "gen", "job-submit")
         assert gen.returncode == 0, gen.stderr
+        _swap_script(lua, gen.stdout)
         refused = sbatch()  # the user's default account is research
         assert refused.returncode != 0, refused.stdout
         assert ("slurmiso: account research may not run debug jobs (allowed: ops): submit "
@@ -200,11 +201,30 @@ def test_account_grants_applied_and_enforced_at_sbatch(sandbox: Any, applied: st
         assert (fields["Account"], fields["QOS"]) == ("ops", "debug")
     finally:
         sandbox.cmd("scancel", "-u", "sbxuser", check=False)
-        with open(lua, "w") as fh:
-            fh.write(original)
+        _swap_script(lua, original)
         sandbox.cmd("sacctmgr", "-i", "delete", "user", "name=sbxuser", "account=ops",
                     check=False)
         sandbox.cmd("sacctmgr", "-i", "modify", "account", "where", "name=ops", "set",
                     "qos-=debug", check=False)
     assert "debug" not in sandbox.cmd("sacctmgr", "-n", "-P", "show", "assoc",
                                       "where", "account=ops", "format=qos")
+    deadline = time.monotonic() + 30
+    while True:  # slurmctld runs the sandbox's own job_submit.lua again
+        back = sbatch()
+        if back.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert back.returncode == 0, back.stderr
+    sandbox.cmd("scancel", back.stdout.strip())
+
+
+def _swap_script(path: str, text: str) -> None:
+    """Replace job_submit.lua whole (rename: slurmctld never reads half a file), a second
+    after the last load: job_submit/lua reloads only a script newer, in whole seconds,
+    than its last load."""
+    time.sleep(1.1)
+    tmp = path + ".swap"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
