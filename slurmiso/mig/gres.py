@@ -135,7 +135,10 @@ def mig_files(
 Row = Tuple[int, int, str, int, Optional[int], Optional[int], str]
 
 
-def _entries(rows: List[Row], minors: Optional[Dict[str, int]], dev_root: str) -> List[GresEntry]:
+def entries_from_rows(
+    rows: List[Row], minors: Optional[Dict[str, int]], dev_root: str
+) -> List[GresEntry]:
+    """GRES entries in THE order from (gpu, minor, profile, start, gi, ci, uuid) rows."""
     out = []
     ordered = sorted(rows, key=lambda r: (r[2], r[0], r[3]))  # THE order: type, GPU, start
     for n, (gpu, minor, prof, start, gi, ci, uuid) in enumerate(ordered):
@@ -182,7 +185,7 @@ def live_entries(
             continue
         rows.append((inst.gpu_index, minor_of.get(inst.gpu_index, inst.gpu_index), inst.profile,
                      inst.placement_start, inst.gi_id, inst.ci_id, inst.uuid))
-    return _entries(rows, minors, dev_root)
+    return entries_from_rows(rows, minors, dev_root)
 
 
 def layout_entries(
@@ -209,7 +212,7 @@ def layout_entries(
             raise GpuError(f"layout {layout.name!r} does not fit on GPU {gpu} ({model.name})")
         for gi, (prof, start) in enumerate(sorted(placed, key=lambda p: p[1]), start=1):
             rows.append((gpu, gpu, prof, start, gi, 0, ""))
-    return _entries(rows, minors, dev_root)
+    return entries_from_rows(rows, minors, dev_root)
 
 
 def map_gres_indices(

@@ -104,6 +104,7 @@ def make_site(root: Optional[str] = None) -> L.Site:
         task_python="" if world_reachable(sys.executable) else SYSTEM_PYTHON,
         spank_plugin=os.path.join(root, "lib", "slurmiso.so")
         if os.path.isfile(spank_source(pkg_parent)) else "",
+        cgroup=host_cgroup(),
     )
 
 
@@ -343,17 +344,29 @@ def _write_if_changed(path: str, text: str, mode: int) -> bool:
 
 
 def _mknod(dev: L.DeviceNode) -> bool:
+    """Make the stand-in with the driver's mode (chmod after mknod: the umask would narrow it,
+    and a narrower mode hides whether the device cgroup is what keeps a job out)."""
     want = os.makedev(dev.major, dev.minor)
     try:
         st = os.lstat(dev.path)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
-            return False
+            if stat.S_IMODE(st.st_mode) == dev.mode and st.st_uid == 0:
+                return False
+            os.chown(dev.path, 0, 0)
+            os.chmod(dev.path, dev.mode)
+            return True
         os.unlink(dev.path)
     except FileNotFoundError:
         pass
-    os.makedirs(os.path.dirname(dev.path), exist_ok=True)
-    os.mknod(dev.path, 0o666 | stat.S_IFCHR, want)
+    os.makedirs(os.path.dirname(dev.path), mode=0o755, exist_ok=True)
+    os.mknod(dev.path, dev.mode | stat.S_IFCHR, want)
+    os.chmod(dev.path, dev.mode)
     return True
+
+
+def host_cgroup() -> str:
+    """``v1`` where the host mounts the v1 devices controller, else ``v2`` (pure unified)."""
+    return "v1" if os.path.isdir("/sys/fs/cgroup/devices") else "v2"
 
 
 def write_files(site: L.Site) -> List[str]:
@@ -385,7 +398,8 @@ def with_live_slots(site: L.Site) -> L.Site:
         if n.mig_slots and os.path.exists(path):
             backend = SimBackend(path)
             try:
-                live = tuple(L.MigSlot(i.gpu_index, i.profile, i.placement_start)
+                live = tuple(L.MigSlot(i.gpu_index, i.profile, i.placement_start, i.gi_id,
+                                       i.ci_id)
                              for i in sorted(backend.instances(),
                                              key=lambda i: (i.gpu_index, i.placement_start)))
             finally:
@@ -396,12 +410,17 @@ def with_live_slots(site: L.Site) -> L.Site:
     return replace(site, nodes=tuple(nodes))
 
 
+#: Files whose change needs the daemons restarted (slurmd reads them at start).
+SLURMD_CONFS = {"etc/slurm.conf", "etc/gres.conf", "etc/cgroup.conf"}
+
+
 def init_sim(site: L.Site) -> List[str]:
     """Simulated GPU state per node, created only when absent; n3 gets its MIG layout."""
     from slurmiso.gpu.backend import create_mig_device
     from slurmiso.gpu.sim import SimBackend, init_state
 
     made = []
+    os.makedirs(site.path("sim"), exist_ok=True)
     for n in site.nodes:
         path = L.sim_path(site, n)
         if not os.path.exists(path):
@@ -576,12 +595,13 @@ def _up(site: L.Site) -> UpReport:
         s.detail = ensure_test_user()
     with _step(report, "spank plugin") as s:
         s.detail = build_spank(site)
+    with _step(report, "simulated GPUs") as s:
+        # first: gres.conf names the caps of the instances the simulated GPUs really have
+        s.detail = ", ".join(init_sim(site)) or "unchanged"
     with _step(report, "files") as s:
         site = report.site = with_live_slots(site)
         changed = write_files(site)
         s.detail = f"{len(changed)} changed" if changed else "unchanged"
-    with _step(report, "simulated GPUs") as s:
-        s.detail = ", ".join(init_sim(site)) or "unchanged"
     with _step(report, "munge") as s:
         s.detail = ensure_munge(site)
     with _step(report, "mariadb") as s:
@@ -591,7 +611,7 @@ def _up(site: L.Site) -> UpReport:
     with _step(report, "accounting") as s:
         s.detail = ", ".join(A.ensure_accounting(site)) or "unchanged"
     with _step(report, "slurmctld+slurmd") as s:
-        conf_changed = bool({"etc/slurm.conf", "etc/gres.conf"} & set(changed))
+        conf_changed = bool(SLURMD_CONFS & set(changed))
         s.detail = start_slurm(site, restart=conf_changed)
     with _step(report, "nodes") as s:
         s.detail = wait_nodes(site)
@@ -612,7 +632,7 @@ def sync_gres(root: Optional[str] = None) -> List[str]:
     with file_lock(lock_path(site), "sandbox sync-gres"):
         site = with_live_slots(site)
         changed = write_files(site)
-        if {"etc/slurm.conf", "etc/gres.conf"} & set(changed):
+        if SLURMD_CONFS & set(changed):
             start_slurm(site, restart=True)
             _wait_registered(site)
         return changed

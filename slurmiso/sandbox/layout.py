@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 CLUSTER = "slurmiso-sbx"
 DEFAULT_DIR = "/var/lib/slurmiso-sandbox"
@@ -27,8 +27,21 @@ DB_NAME = "slurm_acct_db"
 DB_USER = "slurmsbx"
 DB_PASS = "slurmsbx"  # loopback-only database of a throwaway cluster
 
-NVIDIA_MAJOR = 195  # what the NVIDIA driver registers for /dev/nvidiaN
-CAPS_MAJOR = 237  # a fixed major no local driver uses; slurmd only needs a char device
+NVIDIA_MAJOR = 195  # what the NVIDIA driver registers for /dev/nvidiaN (and nvidiactl, 255)
+NVIDIACTL_MINOR = 255
+# The driver registers nvidia-caps and nvidia-uvm with dynamic majors; the stand-ins take fixed
+# ones no local driver uses (opening them gives ENXIO, as a GPU device with no driver does).
+CAPS_MAJOR = 237
+UVM_MAJOR = 238
+# The modes NVIDIA's driver (nvidia-modprobe) gives the real files: anyone may open a GPU, and
+# the MIG access caps are world-readable; only the device cgroup keeps a job off the others.
+GPU_MODE = 0o666
+CAP_MODE = 0o444
+CAP_CONFIG_MODE = 0o400  # nvidia-cap1 ("config"): root only
+CAP_CONFIG_MINOR = 1
+CAP_MONITOR_MINOR = 2
+MIG_GI_SLOTS = 15  # GPU-instance ids a GPU can have (0..14), each with CI ids 0..7
+MIG_CI_SLOTS = 8
 
 NODE_CPUS = 4  # declared, not real: SlurmdParameters=config_overrides lets 5 slurmds share 2 cores
 NODE_MEMORY_MB = 2000
@@ -42,6 +55,8 @@ class MigSlot:
     gpu: int
     profile: str
     placement: int
+    gi_id: Optional[int] = None  # None: as a fresh 'mig apply' would number it
+    ci_id: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,7 @@ class Site:
     pythonpath: str = ""
     task_python: str = ""  # TaskProlog runs as the job's user: an interpreter they can run
     spank_plugin: str = ""  # the built SPANK plugin ("" = none: no plugstack.conf)
+    cgroup: str = "v1"  # cgroup.conf's CgroupPlugin: v1 on a hybrid host, v2 on pure unified
     nodes: Tuple[SandboxNode, ...] = field(default=NODES)
 
     def path(self, *parts: str) -> str:
@@ -136,52 +152,85 @@ class Site:
 
 @dataclass(frozen=True)
 class DeviceNode:
-    """A character device to ``mknod``."""
+    """A character device to ``mknod``, with the mode the NVIDIA driver gives the real one."""
 
     path: str
     major: int
     minor: int
+    mode: int = GPU_MODE
+
+
+def dev_root(site: Site, n: SandboxNode) -> str:
+    """The node's stand-in for ``/dev``: what its gres.conf names."""
+    return site.path("dev", n.name)
 
 
 def gpu_device(site: Site, n: SandboxNode, gpu: int) -> str:
     return site.path("dev", n.name, f"nvidia{gpu}")
 
 
-def cap_minors(slot_index: int) -> Tuple[int, int]:
-    """(GI access, CI access) nvidia-caps minors of a node's ``slot_index``-th MIG device."""
-    return 10 + 2 * slot_index, 11 + 2 * slot_index
-
-
 def cap_device(site: Site, n: SandboxNode, minor: int) -> str:
     return site.path("dev", n.name, "nvidia-caps", f"nvidia-cap{minor}")
 
 
-def device_nodes(site: Site) -> List[DeviceNode]:
-    """Every stand-in device file of every node."""
-    out: List[DeviceNode] = []
-    for n in site.nodes:
-        out += [DeviceNode(gpu_device(site, n, g), NVIDIA_MAJOR, g) for g in range(n.gpus)]
-        for i, _slot in enumerate(n.gres_slots):
-            out += [DeviceNode(cap_device(site, n, m), CAPS_MAJOR, m) for m in cap_minors(i)]
+def all_cap_minors(n: SandboxNode) -> List[int]:
+    """Every MIG access-cap minor the driver would number on the node's GPUs (GI 0..14 and
+    CI 0..7 of each): a MIG-capable node has a stand-in for every instance it may ever have,
+    the ones the prolog creates per job included."""
+    from slurmiso.mig.gres import computed_cap_minor
+
+    out = []
+    for g in range(n.gpus):
+        for gi in range(MIG_GI_SLOTS):
+            out.append(computed_cap_minor(g, gi))
+            out += [computed_cap_minor(g, gi, ci) for ci in range(MIG_CI_SLOTS)]
     return out
 
 
-def mig_gres_order(n: SandboxNode) -> List[Tuple[int, MigSlot]]:
-    """(slot index, slot) in gres.conf order: type, then GPU, then placement start.
+def device_nodes(site: Site) -> List[DeviceNode]:
+    """Every stand-in device file of every node, with the driver's modes."""
+    out: List[DeviceNode] = []
+    for n in site.nodes:
+        out += [DeviceNode(gpu_device(site, n, g), NVIDIA_MAJOR, g) for g in range(n.gpus)]
+        root = dev_root(site, n)
+        out += [
+            DeviceNode(f"{root}/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+            DeviceNode(f"{root}/nvidia-uvm", UVM_MAJOR, 0),
+            DeviceNode(f"{root}/nvidia-uvm-tools", UVM_MAJOR, 1),
+        ]
+        if n.mig_enabled or n.gres_slots:
+            out += [
+                DeviceNode(cap_device(site, n, CAP_CONFIG_MINOR), CAPS_MAJOR, CAP_CONFIG_MINOR,
+                           CAP_CONFIG_MODE),
+                DeviceNode(cap_device(site, n, CAP_MONITOR_MINOR), CAPS_MAJOR, CAP_MONITOR_MINOR,
+                           CAP_MODE),
+            ]
+            out += [DeviceNode(cap_device(site, n, m), CAPS_MAJOR, m, CAP_MODE)
+                    for m in all_cap_minors(n)]
+    return out
 
-    slurmctld 22.05 numbers a node's typed ``gres/gpu`` records type by type (in ``Gres=``
-    order); with one type's lines not contiguous, ``SLURM_JOB_GPUS`` and the types disagree.
-    This is the order :mod:`slurmiso.mig.gres` (the prolog's view) uses too.
-    """
-    return sorted(enumerate(n.gres_slots), key=lambda t: (t[1].profile, t[1].gpu, t[1].placement))
+
+def gres_entries(n: SandboxNode, dev: str = "/dev") -> List[Any]:
+    """The node's MIG devices as ``slurmiso gen gres-conf`` lists them (one order for gres.conf,
+    ``Gres=`` and the prolog); GI ids not read from a simulated GPU are numbered as a fresh
+    ``mig apply`` numbers them (1, 2, ... per GPU in placement order)."""
+    from slurmiso.mig.gres import entries_from_rows
+
+    rows = []
+    for gpu in sorted({s.gpu for s in n.gres_slots}):
+        mine = sorted((s for s in n.gres_slots if s.gpu == gpu), key=lambda s: s.placement)
+        for i, slot in enumerate(mine, start=1):
+            gi = slot.gi_id if slot.gi_id is not None else i
+            ci = slot.ci_id if slot.ci_id is not None else 0
+            rows.append((gpu, gpu, slot.profile, slot.placement, gi, ci, ""))
+    return entries_from_rows(rows, None, dev)
 
 
 def mig_gres_counts(n: SandboxNode) -> OrderedDict[str, int]:
     """MIG profile -> count on the node, in gres.conf order (the ``Gres=`` types)."""
-    counts: OrderedDict[str, int] = OrderedDict()
-    for _i, slot in mig_gres_order(n):
-        counts[slot.profile] = counts.get(slot.profile, 0) + 1
-    return counts
+    from slurmiso.mig.gres import type_counts
+
+    return OrderedDict(type_counts(gres_entries(n)))
 
 
 def node_gres(n: SandboxNode) -> str:
@@ -240,8 +289,10 @@ def render_slurm_conf(site: Site) -> str:
         "SlurmdDebug=info",
         # Several slurmds declare more CPUs than the host has: trust the config.
         "SlurmdParameters=config_overrides",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        # What production GPU nodes run: the job's processes tracked by cgroup, and the
+        # device constraint (cgroup.conf) keeping each job off the GPUs it was not given.
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
         f"DefMemPerCPU={DEF_MEM_PER_CPU}",
@@ -266,7 +317,7 @@ def render_slurm_conf(site: Site) -> str:
         # slurmd must not hold NVML open, or MIG cannot be reconfigured under it.
         "JobAcctGatherParams=DisableGPUAcct",
         "JobCompType=jobcomp/none",
-        "PrologFlags=Alloc",
+        "PrologFlags=Alloc,Contain",
         "PrologEpilogTimeout=60",
         *_hook_lines(site),
         *_submit_lines(site),
@@ -295,33 +346,46 @@ def render_slurm_conf(site: Site) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _gres_lines(site: Site, n: SandboxNode) -> List[str]:
-    out: List[str] = []
-    if n.gres_slots:
-        for i, slot in mig_gres_order(n):
-            files = [gpu_device(site, n, slot.gpu)]
-            files += [cap_device(site, n, m) for m in cap_minors(i)]
-            out.append(
-                f"NodeName={n.name} Name=gpu Type={slot.profile} MultipleFiles={','.join(files)}"
-            )
-        return out
-    for g in range(n.gpus):
-        out.append(f"NodeName={n.name} Name=gpu Type={n.gres_type} File={gpu_device(site, n, g)}")
-    for g in range(n.gpus):
-        dev = gpu_device(site, n, g)
-        if n.mps_per_gpu:
-            out.append(f"NodeName={n.name} Name=mps Count={n.mps_per_gpu} File={dev}")
-        if n.shards_per_gpu:
-            out.append(f"NodeName={n.name} Name=shard Count={n.shards_per_gpu} File={dev}")
-    return out
+def _sandbox_config(site: Site) -> Any:
+    import yaml
+
+    from slurmiso.config import parse_config
+
+    return parse_config(yaml.safe_load(render_slurmiso_yaml(site)), "slurmiso.yaml")
 
 
 def render_gres_conf(site: Site) -> str:
-    """gres.conf: explicit files per node (no AutoDetect: there are no real GPUs)."""
-    lines = ["# Generated by 'slurmiso sandbox up'; device files are mknod stand-ins."]
+    """gres.conf: each node's lines from the generator sites run (``slurmiso gen gres-conf``),
+    naming the node's stand-in device folder, so what the sandbox proves about Slurm's device
+    constraint holds for the generated file."""
+    from slurmiso.mig.gres import render_gres_conf as render_node
+
+    cfg = _sandbox_config(site)
+    parts = ["# Generated by 'slurmiso sandbox up'; device files are mknod stand-ins."]
     for n in site.nodes:
-        lines += [f"# {n.name}: pool {n.pool} ({n.mode}), {n.gpus}x {n.gpu_model}"]
-        lines += _gres_lines(site, n)
+        pool = next(p for p in cfg.pools if p.name == n.pool)
+        dev = dev_root(site, n)
+        entries = gres_entries(n, dev) if n.gres_slots else None
+        parts.append(render_node(pool, n.name, entries, dev, node_prefix=True).rstrip("\n"))
+    return "\n".join(parts) + "\n"
+
+
+def render_cgroup_conf(site: Site) -> str:
+    """cgroup.conf as production GPU nodes have it: devices, cores and memory constrained.
+
+    ``cgroup/v1`` where the host mounts the v1 ``devices`` controller (a hybrid host such as
+    this one), ``cgroup/v2`` on a pure unified hierarchy. Several ``slurmd -N`` share the host:
+    each gets its own root (``slurm_<node>``) under the v1 controllers.
+    """
+    lines = [
+        "# Generated by 'slurmiso sandbox up'.",
+        f"CgroupPlugin=cgroup/{site.cgroup}",
+        "ConstrainDevices=yes",
+        "ConstrainCores=yes",
+        "ConstrainRAMSpace=yes",
+    ]
+    if site.cgroup == "v2":
+        lines.append("IgnoreSystemd=yes")  # no systemd to delegate a scope from
     return "\n".join(lines) + "\n"
 
 
@@ -535,13 +599,10 @@ def render_slurmiso_yaml(site: Site) -> str:
 def render_submit_files(site: Site) -> Dict[str, str]:
     """job_submit.lua, cli_filter.lua (the same script) and plugstack.conf, from the sandbox's
     own slurmiso.yaml through the real generators, so the sandbox tests what sites install."""
-    import yaml
-
-    from slurmiso.config import parse_config
     from slurmiso.submit.job_submit import render_job_submit
     from slurmiso.submit.plugstack import render_plugstack
 
-    cfg = parse_config(yaml.safe_load(render_slurmiso_yaml(site)), "slurmiso.yaml")
+    cfg = _sandbox_config(site)
     script = render_job_submit(cfg)
     files = {"etc/job_submit.lua": script, "etc/cli_filter.lua": script}
     if site.spank_plugin:
@@ -554,6 +615,7 @@ def rendered_files(site: Site) -> Dict[str, str]:
     files = {
         "etc/slurm.conf": render_slurm_conf(site),
         "etc/gres.conf": render_gres_conf(site),
+        "etc/cgroup.conf": render_cgroup_conf(site),
         "etc/slurmdbd.conf": render_slurmdbd_conf(site),
         "etc/slurmiso.yaml": render_slurmiso_yaml(site),
         **render_submit_files(site),

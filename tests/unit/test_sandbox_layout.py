@@ -115,7 +115,10 @@ def test_essential_slurm_settings():
     assert conf["PreemptType"] == "preempt/qos"
     assert conf["PreemptMode"] == "REQUEUE"
     assert conf["JobRequeue"] == "1"
-    assert conf["PrologFlags"] == "Alloc"
+    assert conf["PrologFlags"] == "Alloc,Contain"
+    # the production GPU node's world: cgroup tracking and the device constraint
+    assert conf["ProctrackType"] == "proctrack/cgroup"
+    assert conf["TaskPlugin"] == "task/cgroup,task/affinity"
     assert conf["SelectType"] == "select/cons_tres"
     assert conf["GresTypes"] == "gpu,mps,shard"
     assert "%n" in conf["SlurmdSpoolDir"] and "%n" in conf["SlurmdPidFile"]
@@ -136,10 +139,50 @@ def test_device_nodes_distinct_per_node_and_character_numbers():
     assert len({d.path for d in devs}) == len(devs)
     for n in L.NODES:
         mine = [d for d in devs if f"/dev/{n.name}/" in d.path]
-        assert sum(d.major == L.NVIDIA_MAJOR for d in mine) == n.gpus
-    caps = [(d.major, d.minor) for d in devs if "nvidia-caps" in d.path]
-    assert len(caps) == 2 * len(L.find_node("n3").mig_slots)  # type: ignore[union-attr]
-    assert len(set(caps)) == len(caps)
+        gpus = [d for d in mine if os.path.basename(d.path).startswith("nvidia")
+                and os.path.basename(d.path)[6:].isdigit()]
+        assert sorted((d.major, d.minor) for d in gpus) == [(195, g) for g in range(n.gpus)]
+        names = {os.path.basename(d.path) for d in mine}
+        assert {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} <= names
+        caps = [(d.major, d.minor) for d in mine if "nvidia-caps" in d.path]
+        assert len(set(caps)) == len(caps)
+        if n.mig_enabled:  # config + monitor + 15 GIs x (1 + 8 CIs) per GPU
+            assert len(caps) == 2 + n.gpus * 15 * 9
+        else:
+            assert caps == []
+
+
+def test_device_stand_ins_carry_the_drivers_modes():
+    """0666 GPUs and 0444 caps, as nvidia-modprobe makes them: with narrower stand-ins an
+    unprivileged open fails with EACCES everywhere and hides whether anything is fenced."""
+    modes = {os.path.basename(d.path): d.mode for d in L.device_nodes(SITE)
+             if "/dev/n4/" in d.path}
+    assert modes["nvidia0"] == modes["nvidiactl"] == modes["nvidia-uvm"] == 0o666
+    assert modes["nvidia-cap1"] == 0o400  # config: root only
+    assert modes["nvidia-cap2"] == 0o444
+    assert modes["nvidia-cap3"] == modes["nvidia-cap12"] == 0o444  # gpu0 gi0, gpu0 gi1
+
+
+def test_mig_gres_caps_use_the_drivers_minors():
+    """gres.conf names the GI/CI caps by the driver's numbering of the instance's ids."""
+    from slurmiso.mig.gres import computed_cap_minor
+
+    live = (L.MigSlot(0, "3g.40gb", 0, 2, 0), L.MigSlot(0, "3g.40gb", 4, 1, 0),
+            L.MigSlot(1, "3g.40gb", 0, 1, 0))
+    lines = [ln for ln in L.render_gres_conf(_relaid(live)).splitlines() if "MultipleFiles" in ln]
+    assert lines[0].endswith(f"nvidia-cap{computed_cap_minor(0, 2)},"
+                             f"/var/lib/slurmiso-sandbox/dev/n3/nvidia-caps/"
+                             f"nvidia-cap{computed_cap_minor(0, 2, 0)}")
+    assert f"nvidia-cap{computed_cap_minor(1, 1, 0)}" in lines[2]
+
+
+def test_cgroup_conf_constrains_devices_cores_memory():
+    conf = L.render_cgroup_conf(SITE)
+    assert "CgroupPlugin=cgroup/v1\n" in conf
+    for key in ("ConstrainDevices", "ConstrainCores", "ConstrainRAMSpace"):
+        assert f"{key}=yes\n" in conf
+    assert "CgroupPlugin=cgroup/v2\n" in L.render_cgroup_conf(replace(SITE, cgroup="v2"))
+    assert L.rendered_files(SITE)["etc/cgroup.conf"] == conf
 
 
 def test_mig_gres_lines_match_slots():
@@ -247,8 +290,9 @@ def test_re_laid_node_is_rendered_from_its_live_instances_config_keeps_the_plan(
     assert "Gres=gpu:3g.40gb:4 " in L.render_slurm_conf(site)
     lines = [ln for ln in L.render_gres_conf(site).splitlines() if "MultipleFiles=" in ln]
     assert len(lines) == 4
-    caps = [d for d in L.device_nodes(site) if "nvidia-caps" in d.path]
-    assert len({d.minor for d in caps}) == 8  # the fourth instance gets its own cap devices
+    caps = {d.path for d in L.device_nodes(site) if "nvidia-caps" in d.path}
+    named = {f for ln in lines for f in ln.split("MultipleFiles=")[1].split(",")[1:]}
+    assert len(named) == 8 and named <= caps  # the fourth instance has its own cap devices
     assert L.render_slurmiso_yaml(site) == L.render_slurmiso_yaml(SITE)  # the plan is unchanged
     assert L.render_gres_conf(_relaid(None)) == L.render_gres_conf(SITE)
 
