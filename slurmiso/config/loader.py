@@ -535,9 +535,10 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
         state_dir=ps.text("state_dir", Paths.state_dir),
         journal=ps.text("journal", Paths.journal),
         dcgm_job_mapping_dir=ps.text("dcgm_job_mapping_dir", ""),
+        dev_root=ps.text("dev_root", Paths.dev_root),
     )
     ps.done()
-    for k in ("state_dir", "journal"):
+    for k in ("state_dir", "journal", "dev_root"):
         v = getattr(paths, k)
         if v and not v.startswith("/"):
             p.add(

@@ -140,9 +140,15 @@ class Paths:
     state_dir: str = "/run/slurmiso"
     journal: str = "/var/log/slurmiso/journal.jsonl"
     dcgm_job_mapping_dir: str = ""
+    #: Where the node's NVIDIA device files are (the sandbox's stand-ins live elsewhere);
+    #: the device fence reads their numbers from here.
+    dev_root: str = "/dev"
 
     def state_dir_for(self, node: str = "") -> str:
         return expand_node(self.state_dir, node)
+
+    def dev_root_for(self, node: str = "") -> str:
+        return expand_node(self.dev_root, node)
 
     def journal_for(self, node: str = "") -> str:
         return expand_node(self.journal, node)

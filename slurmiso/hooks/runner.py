@@ -198,6 +198,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         "times": {"prolog_start": round(started, 3)},
     }
     handler = handler_for(ctx.pool.mode)
+    _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
     try:
         qos = _job_qos(ctx)
         ctx.record["qos"] = qos
@@ -227,6 +228,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     except GpuError as err:
         _teardown_quietly(ctx)
         raise NodeFault(str(err)) from None
+    _fence(ctx, refused=False)
     ctx.record["status"] = READY
     ctx.record["times"]["prolog_end"] = round(time.time(), 3)
     ctx.save()
@@ -265,8 +267,22 @@ def _fold_events(ctx: Context) -> None:
         ctx.journal.append(str(rec["event"])[:64], **fields)
 
 
+def _fence(ctx: Context, refused: bool) -> None:
+    """Write the job's device fence (isolation/fence.py), applied by slurmiso_fence.so in
+    slurmstepd; a fence that cannot be written is a node fault (the job must not start)."""
+    from slurmiso.isolation import fence
+
+    why, rules, narrow = fence.job_fence(
+        ctx.record, refused, ctx.config.paths.dev_root_for(ctx.env.node), ctx.pool.gpus_per_node)
+    try:
+        fence.write(ctx.state.state_dir, ctx.job_id, why, rules, narrow)
+    except OSError as exc:
+        raise NodeFault(f"cannot write the device fence of job {ctx.job_id}: {exc}") from None
+
+
 def _refuse(ctx: Context, reason: str) -> None:
     log.warning("job %s refused: %s", ctx.job_id, reason)
+    _fence(ctx, refused=True)
     _teardown_quietly(ctx)
     ctx.record.update(status=REFUSED, reason=reason, env={})
     ctx.save()
@@ -320,6 +336,9 @@ def epilog(ctx: Context) -> None:
     dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, resources, False)
     _teardown(ctx)
     _fold_events(ctx)
+    from slurmiso.isolation import fence
+
+    fence.remove(ctx.state.state_dir, ctx.job_id)
     times: Dict[str, Any] = dict(record.get("times", {}))
     times["epilog_end"] = round(time.time(), 3)
     ctx.journal.append(

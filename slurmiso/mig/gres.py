@@ -136,7 +136,7 @@ Row = Tuple[int, int, str, int, Optional[int], Optional[int], str]
 
 
 def entries_from_rows(
-    rows: List[Row], minors: Optional[Dict[str, int]], dev_root: str
+    rows: Sequence[Row], minors: Optional[Dict[str, int]], dev_root: str
 ) -> List[GresEntry]:
     """GRES entries in THE order from (gpu, minor, profile, start, gi, ci, uuid) rows."""
     out = []

@@ -113,24 +113,28 @@ def spank_source(pkg_parent: str) -> str:
 
 
 def build_spank(site: L.Site) -> str:
-    """``make -C spank`` (make rebuilds only when the source is newer), then install the
-    plugin under the sandbox dir, where every user's sbatch can load it."""
+    """``make -C spank`` (make rebuilds only when a source is newer), then install the
+    plugins under the sandbox dir, where every user's sbatch can load them."""
     if not site.spank_plugin:
         return "no spank/ in this checkout"
     src_dir = os.path.dirname(spank_source(site.pythonpath))
     run([MAKE, "-s", "-C", src_dir], timeout=120)
-    built = Path(src_dir, "slurmiso.so").read_bytes()
-    try:
-        if Path(site.spank_plugin).read_bytes() == built:
-            return "up to date"
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(site.spank_plugin), exist_ok=True)
-    tmp = f"{site.spank_plugin}.tmp"
-    Path(tmp).write_bytes(built)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, site.spank_plugin)  # running slurmstepds keep the old file mapped
-    return f"installed {site.spank_plugin}"
+    done = []
+    for name in ("slurmiso.so", "slurmiso_fence.so"):
+        dest = os.path.join(os.path.dirname(site.spank_plugin), name)
+        built = Path(src_dir, name).read_bytes()
+        try:
+            if Path(dest).read_bytes() == built:
+                continue
+        except OSError:
+            pass
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.tmp"
+        Path(tmp).write_bytes(built)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)  # running slurmstepds keep the old file mapped
+        done.append(dest)
+    return f"installed {', '.join(done)}" if done else "up to date"
 
 
 def world_reachable(path: str) -> bool:
@@ -411,7 +415,7 @@ def with_live_slots(site: L.Site) -> L.Site:
 
 
 #: Files whose change needs the daemons restarted (slurmd reads them at start).
-SLURMD_CONFS = {"etc/slurm.conf", "etc/gres.conf", "etc/cgroup.conf"}
+SLURMD_CONFS = {"etc/slurm.conf", "etc/gres.conf", "etc/cgroup.conf", "etc/plugstack.conf"}
 
 
 def init_sim(site: L.Site) -> List[str]:

@@ -490,6 +490,7 @@ paths:
   state_dir: {root}/state/%n
   journal: {root}/log/journal-%n.jsonl
   dcgm_job_mapping_dir: ""
+  dev_root: {root}/dev/%n
 
 gpu:
   backend: sim
@@ -606,7 +607,9 @@ def render_submit_files(site: Site) -> Dict[str, str]:
     script = render_job_submit(cfg)
     files = {"etc/job_submit.lua": script, "etc/cli_filter.lua": script}
     if site.spank_plugin:
-        files["etc/plugstack.conf"] = render_plugstack(cfg, site.spank_plugin)
+        fence = site.spank_plugin.replace("slurmiso.so", "slurmiso_fence.so") if site.hooks else ""
+        files["etc/plugstack.conf"] = render_plugstack(
+            cfg, site.spank_plugin, fence, (NVIDIA_MAJOR, CAPS_MAJOR, UVM_MAJOR))
     return files
 
 
