@@ -103,6 +103,17 @@ for suite in $SUITES; do
             | grep -o 'libslurm[0-9]*' | head -1)" >/dev/null 2>&1; then
         cp "$spank" "$ROOT/tmp/debs/"; pkgs="slurmiso slurmiso-spank"
     fi
+    if [ -n "$spank" ] && [[ $pkgs != *spank* ]]; then
+        # Tied to its Slurm series: where that libslurm is absent, dpkg must refuse it.
+        cp "$spank" "$ROOT/tmp/spank.deb"
+        if unshare -n chroot "$ROOT" dpkg -i /tmp/spank.deb >/dev/null 2>&1; then
+            bad "slurmiso-spank for another Slurm series was accepted"
+        else
+            ok "slurmiso-spank refused: its Slurm series is not installed here"
+        fi
+        chroot "$ROOT" dpkg --purge slurmiso-spank >/dev/null 2>&1 || true
+        rm -f "$ROOT/tmp/spank.deb"
+    fi
     check "dpkg -i $pkgs (no network)" sh -c 'dpkg -i /tmp/debs/*.deb'
     check "slurmiso --version" slurmiso --version
     check "check-config /etc/slurmiso/slurmiso.yaml" \

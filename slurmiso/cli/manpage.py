@@ -178,6 +178,8 @@ def example_comments(text: str) -> Dict[str, str]:
             stripped = line.strip()
             above = above + [stripped.lstrip("# ")] if stripped.startswith("#") else []
             continue
+        if not stack and not out:
+            above = []  # the file's header is about the file, not its first key
         lead, dash, key, rest = len(m.group(1)), m.group(2), m.group(3), m.group(4)
         key_indent = lead + (2 if dash else 0)
         while stack and stack[-1][0] >= (lead if dash else key_indent):
