@@ -4,12 +4,17 @@
 #   make bench   benchmarks; each prints its figure and a ratio to a baseline run beside it
 #   make unit    fast unit tests only (no Slurm, no root)
 #   make lint    ruff + mypy
+#   make deb     Debian packages into dist/deb (packaging/deb/build.sh)
+#   make rpm     EL9 RPMs into dist/rpm (packaging/rpm/build.sh; built here, not EL9-tested)
+#   make package-test  build the .debs, install them with no network into clean Debian 12
+#                and 13 roots (debootstrap, cached in /var/cache/slurmiso-dev/roots), check, purge
 
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: all install sandbox sandbox-down test unit integration demo bench lint clean
+.PHONY: all install sandbox sandbox-down test unit integration demo bench lint clean deb rpm \
+	package-test
 
 all: test
 
@@ -42,6 +47,15 @@ bench: install
 lint: install
 	$(PYTHON) -m ruff check slurmiso tests bench
 	$(PYTHON) -m mypy
+
+deb:
+	sh packaging/deb/build.sh
+
+rpm:
+	sh packaging/rpm/build.sh
+
+package-test: deb
+	bash packaging/test/package-test.sh
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

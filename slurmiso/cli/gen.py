@@ -12,12 +12,16 @@ from typing import Any, Callable, Dict
 
 _EPILOG = """\
 examples:
+  slurmiso gen config -o /etc/slurmiso/slurmiso.yaml   # the annotated example, to edit
+  slurmiso gen systemd --dir /etc/systemd/system      # monitor and agent units
+  slurmiso gen cron -o /etc/cron.d/slurmiso-audit
+  slurmiso gen man --dir /usr/local/share/man         # slurmiso(1), slurmiso.yaml(5), ...
   slurmiso gen gres-conf                       # this node, from its live MIG instances
   slurmiso gen gres-conf --node gpu017 --from-layout
   slurmiso gen gres-conf --dev-root /srv/sandbox/dev --node-prefix   # stand-in devices
   slurmiso gen job-submit -o /etc/slurm/job_submit.lua
   slurmiso gen plugstack -o /etc/slurm/plugstack.conf.d/slurmiso.conf
-  slurmiso gen slurm-conf --prefix /opt/slurmiso/bin
+  slurmiso gen slurm-conf --slurm-version 22.05.8
 """
 
 
@@ -37,17 +41,16 @@ def _output(parser: argparse.ArgumentParser) -> None:
                         help="write here instead of stdout")
 
 
-def _write(text: str, path: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    from slurmiso.errors import UsageError
+def _write(text: str, path: str, overwrite: bool = True) -> None:
+    from slurmiso.cli.output import write_text
 
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    write_text(text, path, overwrite=overwrite)
+
+
+def _bindir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bindir", default=None, metavar="DIR",
+                        help="where the slurmiso scripts are (default: this installation's, "
+                        "found from the running slurmiso)")
 
 
 # ------------------------------------------------------------------------- gres.conf
@@ -113,19 +116,34 @@ def _add_slurm_conf(sub: Any) -> None:
         "GRES, accounting) and one partition per pool, with NodeName Gres= hints. "
         "'slurmiso doctor' checks a live cluster against the same table.",
     )
-    p.add_argument("--prefix", default="/usr/local/bin", metavar="DIR",
+    p.add_argument("--prefix", default=None, metavar="DIR",
                    help="where the slurmiso-prolog/-epilog/-task-prolog scripts are "
-                   "(default /usr/local/bin)")
+                   "(default: this installation's scripts directory, e.g. /usr/bin for the "
+                   "packages, VENV/bin for pip)")
+    p.add_argument("--slurm-version", default=None, metavar="X.Y.Z",
+                   help="the cluster's Slurm release (default: asked of scontrol --version "
+                   "or slurmd -V here); settings newer Slurm added are left out for older")
     _output(p)
     p.set_defaults(func=_gen_slurm_conf)
 
 
 def _gen_slurm_conf(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
+    from slurmiso.errors import UsageError
+    from slurmiso.install import scripts_dir
     from slurmiso.slurm import slurmconf
+    from slurmiso.slurm.client import SlurmCli, parse_version
 
     cfg = load_config(args.config)
-    _write(slurmconf.render(cfg, args.prefix, cfg.source), args.output)
+    if args.slurm_version:
+        version = parse_version(args.slurm_version)
+        if version is None:
+            raise UsageError(f"--slurm-version {args.slurm_version!r} is not a Slurm release",
+                             hint="e.g. --slurm-version 22.05.8")
+    else:
+        version = SlurmCli(timeout=10).version()
+    _write(slurmconf.render(cfg, args.prefix or scripts_dir(), cfg.source, version),
+           args.output)
     return 0
 
 
@@ -153,8 +171,13 @@ def _gen_job_submit(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- plugstack.conf
 def _add_plugstack(sub: Any) -> None:
+    import os
+
+    from slurmiso.install import PACKAGE_SPANK_PLUGIN
     from slurmiso.submit.plugstack import DEFAULT_PLUGIN
 
+    if os.path.exists(PACKAGE_SPANK_PLUGIN):  # the slurmiso-spank package is installed
+        DEFAULT_PLUGIN = PACKAGE_SPANK_PLUGIN
     p = sub.add_parser(
         "plugstack", help="plugstack.conf line for the slurmiso SPANK plugin",
         description="The plugstack.conf line loading spank/slurmiso.so with the config's job "
@@ -175,10 +198,146 @@ def _gen_plugstack(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------- shipped files: config, units, cron
+def _add_config(sub: Any) -> None:
+    p = sub.add_parser(
+        "config", help="the annotated example slurmiso.yaml",
+        description="The shipped, annotated example configuration (every key with a comment), "
+        "to copy to /etc/slurmiso/slurmiso.yaml and edit. 'slurmiso check-config' then lists "
+        "every problem in it.",
+    )
+    _output(p)
+    p.add_argument("--force", action="store_true", help="replace an existing -o file")
+    p.set_defaults(func=_gen_config)
+
+
+def _gen_config(args: argparse.Namespace) -> int:
+    from slurmiso.install import asset_text
+
+    _write(asset_text("slurmiso.yaml"), args.output, overwrite=args.force)
+    return 0
+
+
+def with_bindir(text: str, bindir: str) -> str:
+    """A shipped unit or cron file pointed at ``bindir`` (they name the packages' /usr/bin)."""
+    from slurmiso.install import PACKAGE_BINDIR
+
+    bindir = bindir.rstrip("/") or "/"
+    if bindir == PACKAGE_BINDIR:
+        return text
+    text = text.replace(f"{PACKAGE_BINDIR}/slurmiso", f"{bindir}/slurmiso")
+    return text.replace("PATH=/usr/bin:/bin", f"PATH={bindir}:/usr/bin:/bin")
+
+
+UNITS = ("slurmiso-monitor.service", "slurmiso-agent.service")
+
+
+def _add_systemd(sub: Any) -> None:
+    p = sub.add_parser(
+        "systemd", help="systemd units for the monitor and the agent",
+        description="slurmiso-monitor.service (controller) and slurmiso-agent.service (GPU "
+        "nodes), with ExecStart= naming this installation's slurmiso. With --dir, one file "
+        "each there (then: systemctl daemon-reload); without, both on stdout.",
+    )
+    p.add_argument("--dir", default="", metavar="DIR",
+                   help="write the unit files into DIR (e.g. /etc/systemd/system)")
+    _bindir(p)
+    p.set_defaults(func=_gen_systemd)
+
+
+def _gen_systemd(args: argparse.Namespace) -> int:
+    import os
+
+    from slurmiso.install import asset_text, scripts_dir
+
+    bindir = args.bindir or scripts_dir()
+    texts = {u: with_bindir(asset_text(f"systemd/{u}"), bindir) for u in UNITS}
+    if args.dir:
+        for unit, text in texts.items():
+            _write(text, os.path.join(args.dir, unit))
+        return 0
+    sys.stdout.write("\n".join(f"# ---- {u}\n{t}" for u, t in texts.items()))
+    return 0
+
+
+def _add_cron(sub: Any) -> None:
+    p = sub.add_parser(
+        "cron", help="the daily audit cron file (/etc/cron.d/slurmiso-audit)",
+        description="The cron.d file that mails the admins yesterday's audit every morning; "
+        "its PATH names this installation's scripts directory. Edit MAILTO.",
+    )
+    _output(p)
+    _bindir(p)
+    p.set_defaults(func=_gen_cron)
+
+
+def _gen_cron(args: argparse.Namespace) -> int:
+    from slurmiso.install import asset_text, scripts_dir
+
+    _write(with_bindir(asset_text("cron.d/slurmiso-audit"), args.bindir or scripts_dir()),
+           args.output)
+    return 0
+
+
+def _add_man(sub: Any) -> None:
+    p = sub.add_parser(
+        "man", help="man pages slurmiso(1), slurmiso.yaml(5), slurmiso-prolog(8)",
+        description="Render the man pages from the command-line definitions and the config "
+        "schema (the packages run this at build time). With --dir, writes DIR/man1/... "
+        "(then: mandb); with --page NAME, one page to -o/stdout.",
+    )
+    p.add_argument("--dir", default="", metavar="DIR", help="man root, e.g. /usr/local/share/man")
+    p.add_argument("--page", default="slurmiso.1", metavar="NAME",
+                   help="page for -o/stdout: slurmiso.1, slurmiso.yaml.5 or slurmiso-prolog.8")
+    _output(p)
+    p.set_defaults(func=_gen_man)
+
+
+def _gen_man(args: argparse.Namespace) -> int:
+    import os
+
+    from slurmiso.cli import manpage
+    from slurmiso.errors import UsageError
+
+    pages = manpage.all_pages()
+    if args.dir:
+        for name, text in pages.items():
+            section_dir = os.path.join(args.dir, f"man{name.rsplit('.', 1)[1]}")
+            os.makedirs(section_dir, exist_ok=True)
+            _write(text, os.path.join(section_dir, name))
+        return 0
+    if args.page not in pages:
+        raise UsageError(f"no man page {args.page!r}", hint=f"pages: {', '.join(pages)}")
+    _write(pages[args.page], args.output)
+    return 0
+
+
+def _add_completion(sub: Any) -> None:
+    p = sub.add_parser(
+        "completion", help="bash completion for slurmiso",
+        description="Bash completion generated from the command-line definitions. Install as "
+        "/usr/share/bash-completion/completions/slurmiso (or source it).",
+    )
+    _output(p)
+    p.set_defaults(func=_gen_completion)
+
+
+def _gen_completion(args: argparse.Namespace) -> int:
+    from slurmiso.cli import manpage
+
+    _write(manpage.bash_completion(), args.output)
+    return 0
+
+
 #: Target name -> function adding its subparser.
 TARGETS: Dict[str, Callable[[Any], None]] = {
     "gres-conf": _add_gres_conf,
     "slurm-conf": _add_slurm_conf,
     "job-submit": _add_job_submit,
     "plugstack": _add_plugstack,
+    "config": _add_config,
+    "systemd": _add_systemd,
+    "cron": _add_cron,
+    "man": _add_man,
+    "completion": _add_completion,
 }

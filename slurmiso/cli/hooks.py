@@ -1,7 +1,7 @@
 """``slurmiso task-prolog``, ``slurmiso prolog``, ``slurmiso epilog``: the hooks as subcommands.
 
 Same code as the ``slurmiso-prolog``/``-epilog``/``-task-prolog`` executables, for sites that
-prefer one entry point (``TaskProlog=/usr/local/bin/slurmiso task-prolog`` is not valid in
+prefer one entry point (``TaskProlog=/usr/bin/slurmiso task-prolog`` is not valid in
 slurm.conf, which takes no arguments, so the executables remain the documented form).
 """
 
@@ -30,6 +30,14 @@ def _run(args: argparse.Namespace) -> int:
         from slurmiso.hooks.task_prolog import main as task_main
 
         return task_main([])
+    import sys
+
+    from slurmiso.hooks.prolog import NO_JOB_EXIT, missing_job
+
+    why = missing_job(os.environ, args.hook)
+    if why:
+        print(why, file=sys.stderr)
+        return NO_JOB_EXIT
     from slurmiso.hooks.runner import run_hook
 
     return run_hook(args.hook, os.environ)

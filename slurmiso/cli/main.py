@@ -35,6 +35,7 @@ SUBCOMMANDS = [
 ]
 
 log = logging.getLogger("slurmiso")
+CONFIG_HELP = "config file (default: $SLURMISO_CONFIG or /etc/slurmiso/slurmiso.yaml)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,12 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
-    parser.add_argument(
-        "-c",
-        "--config",
-        metavar="PATH",
-        help="config file (default: $SLURMISO_CONFIG or /etc/slurmiso/slurmiso.yaml)",
-    )
+    parser.add_argument("-c", "--config", metavar="PATH", help=CONFIG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
@@ -65,7 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    _config_everywhere(parser)
     return parser
+
+
+def _config_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``-c/--config`` after the subcommand too (``slurmiso doctor -c F``), as admins
+    type it. SUPPRESS keeps an absent sub-level option from hiding the top-level one."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in {id(p): p for p in action.choices.values()}.values():
+            try:
+                child.add_argument("-c", "--config", metavar="PATH", default=argparse.SUPPRESS,
+                                   help=CONFIG_HELP)
+            except argparse.ArgumentError:  # the subcommand uses -c itself: its meaning wins
+                pass
+            _config_everywhere(child)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -77,8 +89,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         stream=sys.stderr,
     )
     if not getattr(args, "func", None):
+        # A bare 'slurmiso' is a question ("what can this do?"), answered like --help: on
+        # stdout, exit 0. Scripts never call it bare; a wrong subcommand still exits 2.
         parser.print_help()
-        return 2
+        return 0
     try:
         return int(args.func(args) or 0)
     except SlurmisoError as err:

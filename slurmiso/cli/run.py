@@ -9,9 +9,10 @@ from typing import Any, List, Optional
 
 EPILOG = """\
 examples:
-  # in a batch script: 'exec' so the wrapper is the batch shell and gets Slurm's signals
-  #SBATCH --qos=train --requeue --signal=B:USR1@300
-  exec slurmiso run -- python train.py --epochs 90
+  # in a batch script: run the program as a job step; Slurm signals every step's
+  # processes (no 'B:', which would signal only the batch shell)
+  #SBATCH --qos=train --requeue --signal=USR1@300
+  srun slurmiso run -- python train.py --epochs 90
   slurmiso run --ckpt-dir /scratch/$USER/run1 --grace 60 -- ./train
   slurmiso run -- python train.py        # on a laptop: checkpoint-on-signal still works
 
@@ -63,8 +64,8 @@ def add_parser(sub: Any) -> None:
         default="USR1",
         metavar="SIG",
         help="the signal Slurm sends before the time limit (sbatch "
-        "--signal=B:SIG@T); on it the wrapper checkpoints and requeues "
-        "(default: USR1)",
+        "--signal=SIG@T, no 'B:': the wrapper runs as a step under srun); on it the "
+        "wrapper checkpoints and requeues (default: USR1)",
     )
     p.add_argument(
         "--ckpt-signal",
@@ -158,7 +159,38 @@ def run(args: argparse.Namespace) -> int:
         from slurmiso.state import Journal
 
         journal = Journal(events_path)
-    return Supervisor(argv, settings, job, env, isolation_env(record), Events(journal)).run()
+    supervisor = Supervisor(argv, settings, job, env, isolation_env(record), Events(journal))
+    if job.in_slurm or args.ckpt_dir or env.get("SLURMISO_CKPT_DIR"):
+        return supervisor.run()
+    # Outside Slurm with the default directory: leave nothing behind unless a checkpoint
+    # was written (directories that stayed empty are removed; rmdir never removes content).
+    created = _missing_dirs(settings.ckpt_dir, os.getcwd())
+    try:
+        return supervisor.run()
+    finally:
+        _remove_if_empty(created)
+
+
+def _missing_dirs(ckpt_dir: str, stop: str) -> List[str]:
+    """``ckpt_dir``'s metadata folder and its parents up to ``stop`` that do not exist yet,
+    deepest first (the supervisor creates ``<ckpt_dir>/.slurmiso``)."""
+    from slurmiso.wrapper.checkpoint_protocol import meta_dir
+
+    out: List[str] = []
+    d = meta_dir(os.path.abspath(ckpt_dir))
+    stop = os.path.abspath(stop)
+    while d != stop and d.startswith(stop + os.sep) and not os.path.exists(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
+
+
+def _remove_if_empty(dirs: List[str]) -> None:
+    for d in dirs:  # deepest first
+        try:
+            os.rmdir(d)
+        except OSError:
+            return  # not empty (a checkpoint, a report): keep it and everything above
 
 
 def _checkpoint_settings(cfg: Any, name: str, record: Any, env: dict) -> Optional[Any]:

@@ -584,8 +584,7 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
         monitor=monitor,
         audit=audit,
     )
-    if not p.errors:
-        _check(cfg, p)
+    _cross_checks(cfg, p)
     if p.errors:
         n = len(p.errors)
         raise ConfigError(
@@ -595,6 +594,29 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
     if p.warnings:
         object.__setattr__(cfg, "warnings", tuple(f"{source}: {w}" for w in p.warnings))
     return cfg
+
+
+def _cross_checks(cfg: Config, p: _Problems) -> None:
+    """Cross-field rules, reported together with the structural problems (one pass to fix).
+
+    With structural problems the bad values were replaced by defaults, so a cross-field
+    finding about a key already reported (or inside it) is dropped as noise; a rule that
+    trips over such a stand-in value is skipped, since the file is rejected anyway.
+    """
+    if not p.errors:
+        _check(cfg, p)
+        return
+    cross = _Problems()
+    try:
+        _check(cfg, cross)
+    except (TypeError, ValueError, AttributeError, KeyError, LookupError):
+        return
+    reported = [e.split(": ", 1)[0] for e in p.errors]
+    for e in cross.errors:
+        key = e.split(": ", 1)[0]
+        if not any(key.startswith(r) or r.startswith(key) for r in reported):
+            p.errors.append(e)
+    p.warnings += cross.warnings
 
 
 def load_config(path: Optional[str] = None) -> Config:
@@ -625,7 +647,8 @@ def _read_yaml(src: str) -> Any:
     except FileNotFoundError:
         raise ConfigError(
             f"config file {src} does not exist",
-            hint="copy etc/slurmiso.yaml there, or set SLURMISO_CONFIG / pass --config",
+            hint=f"write the annotated example there with 'slurmiso gen config -o {src}' and "
+            "edit it, or set SLURMISO_CONFIG / pass --config",
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {src}: {exc.strerror}") from None

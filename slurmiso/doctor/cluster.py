@@ -114,8 +114,18 @@ def check_prolog_flags(snap: Snapshot, cfg: Config) -> List[Finding]:
 def check_gpu_acct(snap: Snapshot, cfg: Config) -> List[Finding]:
     if not slurmconf.reconfigures_mig(cfg):
         return []
+    from slurmiso.slurm.client import parse_version
+
     out: List[Finding] = []
-    if "disablegpuacct" not in _items(conf(snap, "JobAcctGatherParams")):
+    version = parse_version(str(snap.get("slurm_version") or ""))
+    if version is not None and not slurmconf.has_disable_gpu_acct(version):
+        out.append(Finding("info", "gpu-acct",
+                           f"Slurm {snap.get('slurm_version')} has no "
+                           "JobAcctGatherParams=DisableGPUAcct (23.02.7 added it): slurmd may "
+                           "hold NVML open while pools reconfigure MIG",
+                           "if 'slurmiso mig apply' fails with IN_USE, stop slurmd on that "
+                           "node while it runs"))
+    elif "disablegpuacct" not in _items(conf(snap, "JobAcctGatherParams")):
         out.append(Finding("error", "gpu-acct",
                            "JobAcctGatherParams lacks DisableGPUAcct while pools reconfigure "
                            "MIG: slurmd holds NVML open and MIG changes fail (IN_USE)",
@@ -129,12 +139,15 @@ def check_gpu_acct(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_hooks_set(snap: Snapshot, cfg: Config) -> List[Finding]:
+    from slurmiso.install import scripts_dir
+
     out = []
+    bindir = scripts_dir()
     for key, name in slurmconf.HOOKS:
         if not conf(snap, key):
             out.append(Finding("error", "hook-unset",
                                f"{key} is not set: slurmiso's per-job GPU isolation never runs",
-                               f"set {key}=/usr/local/bin/{name} in slurm.conf "
+                               f"set {key}={bindir}/{name} in slurm.conf "
                                "('slurmiso gen slurm-conf')"))
     return out
 

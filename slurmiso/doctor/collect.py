@@ -34,15 +34,27 @@ def _conf_dir(config: Dict[str, str]) -> str:
     return os.path.dirname(config.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
 
 
+def hook_files(path: str) -> Dict[str, Any]:
+    """What a Prolog=/Epilog= value names on this host.
+
+    slurm.conf allows a glob (``Prolog=/etc/slurm/prolog.d/*``): slurmd runs every match in
+    order. ``files`` lists each match with its state; ``exists`` means at least one matched.
+    """
+    import glob
+
+    paths = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+    files = [{"path": p, "exists": os.path.isfile(p), "executable": os.access(p, os.X_OK)}
+             for p in paths if os.path.isfile(p) or not glob.has_magic(path)]
+    return {"path": path, "glob": glob.has_magic(path), "files": files,
+            "exists": any(f["exists"] for f in files),
+            "executable": bool(files) and all(f["executable"] for f in files)}
+
+
 def _hooks(config: Dict[str, str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, _name in slurmconf.HOOKS:
         path = config.get(key, "")
-        if path in ("", "(null)"):
-            out[key] = {"path": ""}
-            continue
-        out[key] = {"path": path, "exists": os.path.isfile(path),
-                    "executable": os.access(path, os.X_OK)}
+        out[key] = {"path": ""} if path in ("", "(null)") else hook_files(path)
     return out
 
 

@@ -8,6 +8,7 @@ files as seen on the inspected node.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -22,7 +23,7 @@ GresItem = Tuple[str, str, int]
 MIXED_WHY = (
     "measured on Slurm 22.05.8 with an explicit MultipleFiles gres.conf: slurmctld records the "
     "second MIG type under the first with count 0, so a job asking for it gets no device "
-    "(tests/integration/test_isolation.py, strict xfail); also seen with one type per GPU "
+    "('scontrol show node' lists the second type with count 0); also seen with one type per GPU "
     "(3g.40gb on GPU 0, 4g.40gb on GPU 1): it is the node that must not mix types")
 
 
@@ -237,14 +238,25 @@ def check_hook_files(snap: Snapshot, cfg: Config) -> List[Finding]:
         if not path:
             continue  # check_hooks_set reports it
         if not h.get("exists"):
+            what = "matches no file" if h.get("glob") else "does not exist"
             out.append(Finding("error", "hook-missing",
-                               f"{key}={path} does not exist on {node}: slurmd fails the job "
-                               "and drains the node", f"install slurmiso on {node} "
-                               "(pip install slurmiso) or fix the path in slurm.conf"))
-        elif not h.get("executable"):
-            out.append(Finding("error", "hook-not-executable",
-                               f"{key}={path} is not executable on {node}",
-                               f"chmod 755 {path}"))
+                               f"{key}={path} {what} on {node}: slurmd fails the job "
+                               "and drains the node", f"install the slurmiso package on {node} "
+                               "(docs/admin-guide.md) or fix the path in slurm.conf"))
+            continue
+        files = h.get("files") or [h]
+        for f in files:
+            if f.get("exists") and not f.get("executable"):
+                out.append(Finding("error", "hook-not-executable",
+                                   f"{key}={path}: {f.get('path')} is not executable on "
+                                   f"{node}", f"chmod 755 {f.get('path')}"))
+        if h.get("glob") and not any(
+                os.path.basename(str(f.get("path", ""))).startswith(f"slurmiso-{key.lower()}")
+                or "slurmiso" in os.path.realpath(str(f.get("path", ""))) for f in files):
+            out.append(Finding("warning", "hook-not-slurmiso",
+                               f"{key}={path} runs {len(files)} file(s) on {node}, none of them "
+                               "slurmiso's: per-job GPU isolation never runs",
+                               f"link slurmiso's hook into {os.path.dirname(path)}"))
     return out
 
 

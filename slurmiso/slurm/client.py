@@ -1,6 +1,8 @@
 """The Slurm CLI as slurmiso uses it: absolute paths, bounded time, errors translated once.
 
-Hooks run with no PATH, so commands are looked up in fixed directories. Every call has a
+Commands are looked up in ``$SLURMISO_SLURM_BIN``, then ``$PATH`` (module and Bright-style
+installs put Slurm under /cm/shared/... or /opt/slurm/<version>/bin and add it to PATH), then
+fixed directories, because hooks run with no PATH. Every call has a
 timeout: a hung slurmctld must not hang a prolog forever. ``CalledProcessError``/``OSError``
 become :class:`~slurmiso.errors.SlurmError` here and nowhere else.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import SlurmError, SlurmUnavailable
 
@@ -31,17 +33,42 @@ _UNREACHABLE_HINT = {
 }
 
 
-def find_command(name: str) -> str:
-    """Absolute path of a Slurm command; ``$SLURMISO_SLURM_BIN`` first (odd install prefixes)."""
-    dirs = [d for d in os.environ.get("SLURMISO_SLURM_BIN", "").split(":") if d] + list(BIN_DIRS)
+def search_dirs(env: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Where Slurm commands are looked for, in order, each once.
+
+    Only absolute ``PATH`` entries count: an empty or relative entry would run a ``scontrol``
+    from whatever directory a root hook happens to be in.
+    """
+    env = os.environ if env is None else env
+    dirs: List[str] = []
+    for var in ("SLURMISO_SLURM_BIN", "PATH"):
+        dirs += [d for d in env.get(var, "").split(":") if d.startswith("/")]
+    dirs += list(BIN_DIRS)
+    return list(dict.fromkeys(dirs))
+
+
+def find_command(name: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """Absolute path of a Slurm command (see :func:`search_dirs`)."""
+    dirs = search_dirs(env)
     for d in dirs:
         path = os.path.join(d, name)
-        if os.access(path, os.X_OK):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     raise SlurmUnavailable(
         f"{name} not found in {', '.join(dirs)}",
-        hint="install Slurm's client commands or set SLURMISO_SLURM_BIN",
+        hint="install Slurm's client commands, add their directory to PATH, "
+        "or set SLURMISO_SLURM_BIN",
     )
+
+
+def parse_version(text: str) -> Optional[Tuple[int, int, int]]:
+    """``slurm 22.05.8`` / ``slurm-wlm 24.11.5`` / ``22.05.8-4+deb12u3`` -> (22, 5, 8)."""
+    for word in text.replace("-", " ").split():
+        parts = word.split(".")
+        if len(parts) >= 2 and all(p.isdigit() for p in parts[:3]):
+            nums = [int(p) for p in parts[:3]] + [0]
+            return nums[0], nums[1], nums[2]
+    return None
 
 
 def parse_kv_line(line: str) -> Dict[str, str]:
@@ -89,6 +116,22 @@ class SlurmCli:
                                        hint=_UNREACHABLE_HINT.get(cmd, _UNREACHABLE_HINT[""]))
             raise SlurmError(f"{cmd} {' '.join(args)} failed: {msg}")
         return proc.stdout
+
+    def version(self) -> Optional[Tuple[int, int, int]]:
+        """The installed Slurm release, or None when no Slurm command answers.
+
+        ``scontrol --version`` needs a readable slurm.conf; ``slurmd -V``/``slurmctld -V``
+        do not, so a host that is being set up (no config yet) still gets its answer.
+        """
+        for cmd, args in (("scontrol", ["--version"]), ("slurmd", ["-V"]),
+                          ("slurmctld", ["-V"])):
+            try:
+                found = parse_version(self.run(cmd, args))
+            except SlurmError:
+                continue
+            if found:
+                return found
+        return None
 
     def show_config(self, timeout: Optional[float] = None) -> Dict[str, str]:
         """``scontrol show config`` as key -> value (``(null)`` kept: it means unset)."""

@@ -225,7 +225,8 @@ def test_gen_slurm_conf_golden() -> None:
 
 
 def test_gen_slurm_conf_cli_prefix_and_mig_order(capsys: Any) -> None:
-    assert main(["-c", EXAMPLE, "gen", "slurm-conf", "--prefix", "/opt/si/bin"]) == 0
+    assert main(["-c", EXAMPLE, "gen", "slurm-conf", "--prefix", "/opt/si/bin",
+                 "--slurm-version", "23.11.4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "Prolog=/opt/si/bin/slurmiso-prolog" in lines
