@@ -1,37 +1,217 @@
 """A stand-in for ``nvidia-cuda-mps-control -d`` that runs anywhere: a real, detached daemon.
 
-Only the parts slurmiso relies on are imitated, so daemon lifecycle, dead-daemon detection and
-orphan cleanup are tested against a real process instead of a mock:
+It imitates what slurmiso relies on, including what makes MPS limits hold, so lifecycle and
+enforcement are tested against a real process instead of a mock:
 
 * ``python -m slurmiso.isolation.mps_sim --pipe-dir D --log-dir L --gpu-uuid U`` detaches
   (fork, ``setsid``, fork) and returns once the daemon listens, like ``-d``;
 * the daemon writes ``D/control.pid``, listens on the unix socket ``D/control`` and logs to
-  ``L/control.log``;
-* one command per connection, one line each: ``quit`` stops it, ``get_server_list`` answers
-  the (simulated) server pids, one a line; ``start_server -uid N`` adds a simulated server;
+  ``L/control.log``; it opens the log once, before slurmiso hands the directories to the job's
+  user, so it never reopens a path that user controls;
+* one command per connection, one line each, with the words of NVIDIA's control shell:
+  ``quit``, ``get_server_list``, ``start_server -uid N``, ``get_client_list PID``,
+  ``set_default_active_thread_percentage P`` / ``get_...``, ``set_default_device_pinned_mem_limit
+  DEV VALUE`` / ``get_... DEV`` (affect only servers started afterwards, as NVIDIA documents),
+  and the per-server ``set_active_thread_percentage PID P`` / ``set_device_pinned_mem_limit PID
+  DEV VALUE`` with their ``get_`` forms;
+* a *client* (``python -m slurmiso.isolation.mps_sim client``, standing for what libcuda does at
+  ``cuInit``) connects with its ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; the daemon learns its uid from the kernel
+  (``SO_PEERCRED``), not from anything the client says, starts or reuses that uid's server, and
+  answers the limits the client gets: the server's setting, narrowed by the client's variables
+  where they are lower. A variable can never raise a limit; garbage narrows nothing;
 * it exits cleanly (socket and pid file removed) on ``quit``, SIGTERM or SIGINT.
+
+Who may talk to it is decided by the file system alone, as for the real daemon: a client that
+cannot search the pipe directory gets ``PermissionError`` at ``connect``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
+import re
 import select
 import signal
 import socket
+import struct
 import sys
-from typing import Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional
 
 PID_FILE = "control.pid"
 SOCKET = "control"
 LOG_FILE = "control.log"
+#: NVIDIA's default when the variable is unset (the client tries ``/tmp/nvidia-mps``).
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 #: sun_path holds 108 bytes; longer paths are reached through the directory's fd instead.
 _MAX_SUN_PATH = 100
 _READY_TIMEOUT_S = 10.0
+_MEM_RE = re.compile(r"([0-9]{1,9})\s*(M|MB|G|GB)", re.IGNORECASE)
+_FIRST_SERVER_PID = 100000
 
 log = logging.getLogger("slurmiso.mps_sim")
+
+
+# -- limits -----------------------------------------------------------------------------------
+
+
+def parse_mem(text: str) -> Optional[int]:
+    """MiB from an MPS memory value (``512M``, ``30G``, ``1024MB``); None when malformed."""
+    m = _MEM_RE.fullmatch(text.strip())
+    if not m:
+        return None
+    value = int(m.group(1))
+    return value * 1024 if m.group(2).upper().startswith("G") else value
+
+
+def parse_client_mem(text: str) -> Dict[int, int]:
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=1G,1=512M``) as {device: MiB}; bad items drop."""
+    limits: Dict[int, int] = {}
+    for item in text.split(","):
+        dev, sep, value = item.partition("=")
+        mb = parse_mem(value) if sep else None
+        if dev.strip().isdigit() and mb is not None and len(dev.strip()) < 4:
+            limits[int(dev)] = mb
+    return limits
+
+
+def parse_percentage(text: str) -> Optional[float]:
+    """A thread percentage in (0, 100]; None when malformed or out of range."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value <= 100 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Server:
+    """A simulated ``nvidia-cuda-mps-server``: its uid and the limits it was started with."""
+
+    pid: int
+    uid: int
+    thread_percentage: float
+    mem_limits_mb: Dict[int, int]
+    clients: List[int] = field(default_factory=list)
+
+    def grant(self, client_thread: str, client_mem: str) -> Dict[str, object]:
+        """What a client gets: the server's limits, narrowed (never raised) by its variables."""
+        thread = self.thread_percentage
+        wanted = parse_percentage(client_thread) if client_thread else None
+        if wanted is not None:
+            thread = min(thread, wanted)
+        mem = dict(self.mem_limits_mb)
+        for dev, mb in parse_client_mem(client_mem).items():
+            mem[dev] = min(mem[dev], mb) if dev in mem else mb
+        return {
+            "mps": True, "server_pid": self.pid, "uid": self.uid,
+            "active_thread_percentage": thread,
+            "pinned_device_mem_limit_mb": {str(d): mb for d, mb in sorted(mem.items())},
+        }
+
+
+class Controller:
+    """The control daemon's bookkeeping, without sockets: defaults, servers, commands."""
+
+    def __init__(self) -> None:
+        self.default_thread_percentage = 100.0
+        self.default_mem_mb: Dict[int, int] = {}
+        self.servers: List[Server] = []
+        self.quitting = False
+
+    def _server(self, word: str) -> Optional[Server]:
+        return next((s for s in self.servers if word.isdigit() and s.pid == int(word)), None)
+
+    def start_server(self, uid: int) -> Server:
+        """The uid's server, started with the current defaults if it has none."""
+        for server in self.servers:
+            if server.uid == uid:
+                return server
+        pid = _FIRST_SERVER_PID + len(self.servers)
+        server = Server(pid, uid, self.default_thread_percentage, dict(self.default_mem_mb))
+        self.servers.append(server)
+        log.info("started server %d for uid %d (threads %g%%, pinned %s)",
+                 pid, uid, server.thread_percentage, server.mem_limits_mb)
+        return server
+
+    def connect_client(self, uid: int, pid: int, words: List[str]) -> str:
+        """A client's connection: what libcuda would learn from the daemon and server."""
+        env = dict(w.split("=", 1) for w in words if "=" in w)
+        for server in self.servers:  # a client that exited no longer holds its server
+            server.clients = [c for c in server.clients if _alive(c)]
+        foreign = [s for s in self.servers if s.uid != uid and s.clients]
+        if foreign:  # NVIDIA: queued until the other user's server has no clients
+            return json.dumps({"mps": True, "queued_behind_uid": foreign[0].uid}) + "\n"
+        self.servers = [s for s in self.servers if s.uid == uid]
+        server = self.start_server(uid)
+        server.clients.append(pid)
+        return json.dumps(server.grant(env.get("thread", ""), env.get("mem", ""))) + "\n"
+
+    def command(self, line: str) -> str:
+        """Answer one control command line as NVIDIA's control shell would (roughly)."""
+        words = line.split()
+        name, args = (words[0], words[1:]) if words else ("", [])
+        if name == "quit" and not args:
+            self.quitting = True
+            return ""
+        if name == "get_server_list" and not args:
+            return "".join(f"{s.pid}\n" for s in self.servers)
+        if name == "start_server" and len(args) == 2 and args[0] == "-uid" and args[1].isdigit():
+            self.start_server(int(args[1]))
+            return ""
+        if name == "set_default_active_thread_percentage" and len(args) == 1:
+            value = parse_percentage(args[0])
+            if value is not None:
+                self.default_thread_percentage = value
+                return f"{value:.1f}\n"
+        if name == "get_default_active_thread_percentage" and not args:
+            return f"{self.default_thread_percentage:.1f}\n"
+        if name == "set_default_device_pinned_mem_limit" and len(args) == 2 and args[0].isdigit():
+            mb = parse_mem(args[1])
+            if mb is not None:
+                self.default_mem_mb[int(args[0])] = mb
+                return ""
+        if name == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
+            mb = self.default_mem_mb.get(int(args[0]))
+            return f"{mb}M\n" if mb is not None else "none\n"
+        server = self._server(args[0]) if args else None
+        if server is not None:
+            if name == "get_client_list" and len(args) == 1:
+                server.clients = [c for c in server.clients if _alive(c)]
+                return "".join(f"{c}\n" for c in server.clients)
+            if name == "set_active_thread_percentage" and len(args) == 2:
+                value = parse_percentage(args[1])
+                if value is not None:
+                    server.thread_percentage = value
+                    return f"{value:.1f}\n"
+            if name == "get_active_thread_percentage" and len(args) == 1:
+                return f"{server.thread_percentage:.1f}\n"
+            if name == "set_device_pinned_mem_limit" and len(args) == 3 and args[1].isdigit():
+                mb = parse_mem(args[2])
+                if mb is not None:
+                    server.mem_limits_mb[int(args[1])] = mb
+                    return ""
+            if name == "get_device_pinned_mem_limit" and len(args) == 2 and args[1].isdigit():
+                mb = server.mem_limits_mb.get(int(args[1]))
+                return f"{mb}M\n" if mb is not None else "none\n"
+        return f"error: invalid command: {line[:200]}\n"
+
+
+# -- sockets ----------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -39,7 +219,8 @@ def socket_path(pipe_dir: str) -> Iterator[str]:
     """A path to ``pipe_dir/control`` short enough for ``bind``/``connect``.
 
     Deep state dirs (and pytest's tmp dirs) exceed ``sun_path``; ``/proc/self/fd/N/control``
-    names the same file through an open directory descriptor.
+    names the same file through an open directory descriptor. Opening that descriptor needs
+    search permission on ``pipe_dir``, like a plain ``connect`` does.
     """
     path = os.path.join(pipe_dir, SOCKET)
     if len(path.encode()) < _MAX_SUN_PATH:
@@ -55,7 +236,8 @@ def socket_path(pipe_dir: str) -> Iterator[str]:
 def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
     """Send one command line to the daemon of ``pipe_dir``; return its whole answer.
 
-    Raises OSError (e.g. ConnectionRefusedError, FileNotFoundError) when no daemon listens.
+    Raises OSError (ConnectionRefusedError, FileNotFoundError, PermissionError) when the
+    daemon cannot be reached.
     """
     with socket_path(pipe_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
@@ -71,13 +253,20 @@ def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+def _peer(conn: socket.socket) -> tuple:
+    """(pid, uid) of the connected process, from the kernel."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
 class _Daemon:
     def __init__(self, pipe_dir: str, log_dir: str, gpu_uuid: str) -> None:
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.gpu_uuid = gpu_uuid
         self.stopping = False
-        self.servers: List[int] = []
+        self.controller = Controller()
         self.sock: Optional[socket.socket] = None
 
     def prepare(self) -> None:
@@ -91,7 +280,7 @@ class _Daemon:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             self.sock.bind(path)
-        # Clients of any uid connect (as to the real daemon, whose socket is 0777 too).
+        # The socket is open to all, as the real daemon's is: the pipe directory is the door.
         os.chmod(os.path.join(self.pipe_dir, SOCKET), 0o777)
         self.sock.listen(16)
         self.sock.settimeout(0.2)
@@ -110,7 +299,7 @@ class _Daemon:
     def serve(self) -> None:
         assert self.sock is not None
         try:
-            while not self.stopping:
+            while not (self.stopping or self.controller.quitting):
                 try:
                     conn, _ = self.sock.accept()
                 except (socket.timeout, InterruptedError):
@@ -129,18 +318,14 @@ class _Daemon:
                 if not chunk:
                     break
                 data += chunk
-        command = data.decode("utf-8", "replace").strip()
-        log.info("command: %s", command)
-        words = command.split()
-        answer = ""
-        if command == "quit":
-            self.stopping = True
-        elif command == "get_server_list":
-            answer = "".join(f"{pid}\n" for pid in self.servers)
-        elif len(words) == 3 and words[:2] == ["start_server", "-uid"] and words[2].isdigit():
-            self.servers.append(100000 + len(self.servers))  # simulated: no real process
+        line = data.decode("utf-8", "replace").strip()
+        pid, uid = _peer(conn)
+        log.info("command: %s (uid %d, pid %d)", line, uid, pid)
+        words = line.split()
+        if words[:1] == ["client_connect"]:
+            answer = self.controller.connect_client(uid, pid, words[1:])
         else:
-            answer = f"unknown command: {command}\n"
+            answer = self.controller.command(line)
         with contextlib.suppress(OSError):
             conn.sendall(answer.encode())
 
@@ -198,7 +383,33 @@ def _detach(daemon: _Daemon) -> int:
     os._exit(0)
 
 
+def client(env: Optional[Dict[str, str]] = None) -> int:
+    """Act as a CUDA client starting up: print (JSON) what MPS grants this process.
+
+    Exit 0 when the daemon answered. Exit 3 when it could not be reached: real CUDA would then
+    run without MPS, which is what the device fence, not MPS, must stop.
+    """
+    env = dict(os.environ if env is None else env)
+    pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
+    words = ["client_connect"]
+    for key, name in (("thread", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                      ("mem", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")):
+        value = "".join(env.get(name, "").split())  # one word on the wire
+        if value:
+            words.append(f"{key}={value}")
+    try:
+        answer = send_command(pipe_dir, " ".join(words))
+    except OSError as exc:
+        print(json.dumps({"mps": False, "error": f"{type(exc).__name__}: {exc}"}))
+        return 3
+    sys.stdout.write(answer)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["client"]:
+        return client()
     parser = argparse.ArgumentParser(prog="python -m slurmiso.isolation.mps_sim")
     parser.add_argument("--pipe-dir", required=True)
     parser.add_argument("--log-dir", required=True)
