@@ -493,12 +493,11 @@ class MpsIsolation:
             if pid is not None:
                 fixes.append(f"stop MPS control daemon pid {pid} of GPU {gpu} in {name} "
                              "(no live client)")
-                if not ctx.dry_run:
+                if not ctx.dry_run:  # removes its directory too, when it is a daemon's own
                     self._stop_daemon(control, ctx.journal, key, paths, "reconcile: no client")
-            if os.path.lexists(path):
-                fixes.append(f"remove stale MPS directory {path}")
-                if not ctx.dry_run:
-                    _remove_tree(path)
+            fixes.append(f"remove stale MPS directory {path}")
+            if not ctx.dry_run:
+                _remove_tree(path)
         if not ctx.dry_run:
             with contextlib.suppress(OSError):
                 os.rmdir(where)

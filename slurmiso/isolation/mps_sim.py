@@ -108,15 +108,19 @@ class Server:
     mem_limits_mb: Dict[int, int]
     clients: List[int] = field(default_factory=list)
 
-    def grant(self, client_thread: str, client_mem: str) -> Dict[str, object]:
-        """What a client gets: the server's limits, narrowed (never raised) by its variables."""
+    def grant(self, client_thread: str, client_mem: str, devices: int = 1) -> Dict[str, object]:
+        """What a client gets: the server's limits, narrowed (never raised) by its variables.
+
+        Only the daemon's ``devices`` exist for the client (ordinals 0..devices-1).
+        """
         thread = self.thread_percentage
         wanted = parse_percentage(client_thread) if client_thread else None
         if wanted is not None:
             thread = min(thread, wanted)
         mem = dict(self.mem_limits_mb)
         for dev, mb in parse_client_mem(client_mem).items():
-            mem[dev] = min(mem[dev], mb) if dev in mem else mb
+            if dev < devices:
+                mem[dev] = min(mem[dev], mb) if dev in mem else mb
         return {
             "mps": True, "server_pid": self.pid, "uid": self.uid,
             "active_thread_percentage": thread,
@@ -127,7 +131,8 @@ class Server:
 class Controller:
     """The control daemon's bookkeeping, without sockets: defaults, servers, commands."""
 
-    def __init__(self) -> None:
+    def __init__(self, devices: int = 1) -> None:
+        self.devices = devices  # the GPUs in the daemon's CUDA_VISIBLE_DEVICES
         self.default_thread_percentage = 100.0
         self.default_mem_mb: Dict[int, int] = {}
         self.servers: List[Server] = []
@@ -159,7 +164,8 @@ class Controller:
         self.servers = [s for s in self.servers if s.uid == uid]
         server = self.start_server(uid)
         server.clients.append(pid)
-        return json.dumps(server.grant(env.get("thread", ""), env.get("mem", ""))) + "\n"
+        granted = server.grant(env.get("thread", ""), env.get("mem", ""), self.devices)
+        return json.dumps(granted) + "\n"
 
     def command(self, line: str) -> str:
         """Answer one control command line as NVIDIA's control shell would (roughly)."""
@@ -182,7 +188,7 @@ class Controller:
             return f"{self.default_thread_percentage:.1f}\n"
         if name == "set_default_device_pinned_mem_limit" and len(args) == 2 and args[0].isdigit():
             mb = parse_mem(args[1])
-            if mb is not None:
+            if mb is not None and int(args[0]) < self.devices:
                 self.default_mem_mb[int(args[0])] = mb
                 return ""
         if name == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
@@ -266,7 +272,7 @@ class _Daemon:
         self.log_dir = log_dir
         self.gpu_uuid = gpu_uuid
         self.stopping = False
-        self.controller = Controller()
+        self.controller = Controller(devices=len(gpu_uuid.split(",")))
         self.sock: Optional[socket.socket] = None
 
     def prepare(self) -> None:
@@ -383,26 +389,41 @@ def _detach(daemon: _Daemon) -> int:
     os._exit(0)
 
 
+def connect(env: Dict[str, str]) -> Dict[str, object]:
+    """What a CUDA client with environment ``env`` gets from MPS, as the daemon answers it.
+
+    Raises OSError when the daemon cannot be reached (PermissionError for a pipe directory
+    this uid may not search).
+    """
+    pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
+    words = ["client_connect"]
+    for key, name in (("thread", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                      ("mem", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")):
+        value = "".join(env.get(name, "").split())[:200]  # one word on the wire
+        if value:
+            words.append(f"{key}={value}")
+    answer = send_command(pipe_dir, " ".join(words))
+    try:
+        granted = json.loads(answer)
+    except ValueError:
+        granted = None
+    if not isinstance(granted, dict):
+        raise ConnectionError(f"MPS daemon of {pipe_dir} answered {answer[:200]!r}")
+    return granted
+
+
 def client(env: Optional[Dict[str, str]] = None) -> int:
     """Act as a CUDA client starting up: print (JSON) what MPS grants this process.
 
     Exit 0 when the daemon answered. Exit 3 when it could not be reached: real CUDA would then
     run without MPS, which is what the device fence, not MPS, must stop.
     """
-    env = dict(os.environ if env is None else env)
-    pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
-    words = ["client_connect"]
-    for key, name in (("thread", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-                      ("mem", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")):
-        value = "".join(env.get(name, "").split())  # one word on the wire
-        if value:
-            words.append(f"{key}={value}")
     try:
-        answer = send_command(pipe_dir, " ".join(words))
+        granted = connect(dict(os.environ if env is None else env))
     except OSError as exc:
         print(json.dumps({"mps": False, "error": f"{type(exc).__name__}: {exc}"}))
         return 3
-    sys.stdout.write(answer)
+    print(json.dumps(granted))
     return 0
 
 
