@@ -404,3 +404,18 @@ def test_reconcile_removes_dirs_of_a_dead_daemon(tmp_path: Any) -> None:
     fixes = HANDLER.reconcile(reconcile_ctx(ctx))
     assert not any(f.startswith("stop") for f in fixes)
     assert fixes[-1].startswith("remove stale MPS directory")
+
+
+@pytest.mark.parametrize("damage", [{"uid": None}, {"thread_percentage": "x"}, {"gpu": -1}])
+def test_a_corrupt_mps_resource_is_a_node_fault_naming_the_job(
+    tmp_path: Any, damage: Dict[str, Any]
+) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    assert entry_key(mps_entry(ctx), "101") == key_of()
+    mps_entry(ctx).update(damage)
+    with pytest.raises(NodeFault, match="job 101's record has a"):
+        HANDLER.teardown(ctx)
+    mps_entry(ctx).update(gpu=0, uid=os.getuid(), thread_percentage=60)
+    HANDLER.teardown(ctx)
+    assert daemon_pid(tmp_path) is None
