@@ -419,3 +419,39 @@ def test_a_corrupt_mps_resource_is_a_node_fault_naming_the_job(
     mps_entry(ctx).update(gpu=0, uid=os.getuid(), thread_percentage=60)
     HANDLER.teardown(ctx)
     assert daemon_pid(tmp_path) is None
+
+
+class _IgnoresLimits(SimMpsControl):
+    """A daemon that accepts set_default_* and keeps allowing everything (an old driver)."""
+
+    def set_limits(self, pipe_dir: str, thread_percentage: int, memory_limit_mb: int) -> None:
+        from slurmiso.isolation import mps_sim
+        from slurmiso.isolation.mps_daemon import apply_limits
+
+        def send(command: str) -> str:
+            return "" if command.startswith("set_") else mps_sim.send_command(pipe_dir, command)
+
+        apply_limits(send, pipe_dir, thread_percentage, memory_limit_mb)
+
+
+def test_a_daemon_that_does_not_confirm_its_limits_is_stopped_and_drains(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    handler = MpsIsolation(control_factory=lambda backend: _IgnoresLimits())
+    with pytest.raises(NodeFault, match="did not take its limits: active thread percentage "
+                       "100.0 instead of 60"):
+        handler.setup(ctx)
+    assert daemon_pid(tmp_path) is None  # no job ever reaches an unlimited daemon
+    assert not os.path.exists(paths(tmp_path)["base"])
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in ctx.record.get("env", {})
+
+
+def test_reconcile_stops_a_daemon_of_the_old_shared_layout(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    legacy = os.path.join(gpu_dir(ctx.state.state_dir, 0))
+    for name in ("pipe", "log"):
+        os.makedirs(os.path.join(legacy, name))
+    os.chmod(os.path.join(legacy, "pipe"), 0o1777)
+    pid = SimMpsControl().start("GPU-x", os.path.join(legacy, "pipe"), os.path.join(legacy, "log"))
+    fixes = HANDLER.reconcile(reconcile_ctx(ctx))
+    assert fixes[0].startswith(f"stop MPS control daemon pid {pid} of GPU 0")
+    assert wait_gone(pid) and not os.path.exists(legacy)
