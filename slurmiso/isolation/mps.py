@@ -21,12 +21,7 @@ Why a daemon per (GPU, uid, limits) rather than one per GPU:
 
 One source of truth for "who uses which daemon": the allocation keys ``mps/<N>/job/<jobid>``
 of jobs whose record is live; each record's ``mps`` resource holds the uid and limits that
-name its daemon. Layout::
-
-    <state_dir>/mps/gpu<N>/                  root 0755
-    <state_dir>/mps/gpu<N>/u<U>-t<P>-m<M>/   root 0755 (one daemon: uid U, P %, M MiB)
-        pipe   CUDA_MPS_PIPE_DIRECTORY  owner U, 0700 (root-only until the limits are set)
-        log    CUDA_MPS_LOG_DIRECTORY   owner U, 0700
+name its daemon; :mod:`slurmiso.isolation.mps_dirs` says where that daemon lives.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set
 
@@ -49,34 +43,26 @@ from slurmiso.isolation.base import (
     ReconcileContext,
 )
 from slurmiso.isolation.mps_daemon import MpsControl, mps_control_for
+from slurmiso.isolation.mps_dirs import (
+    DAEMON_DIR_RE,
+    LEGACY_DIRS,
+    DaemonKey,
+    daemon_paths,
+    gpu_dir,
+    hand_over,
+    has_leftovers,
+    prepare_dirs,
+    remove_tree,
+)
 from slurmiso.isolation.processes import clean_job_devices
 from slurmiso.state import Journal, NodeState
 from slurmiso.units import parse_size
 
 log = logging.getLogger(__name__)
 
-DIR_MODE = 0o755
-PRIVATE_MODE = 0o700
 STOP_TIMEOUT_S = 10.0
 _KEY_RE = re.compile(r"mps/([0-9]+)/job/([0-9_]+)")
 _GPU_DIR_RE = re.compile(r"gpu([0-9]+)")
-_DAEMON_DIR_RE = re.compile(r"u([0-9]+)-t([0-9]+)-m([0-9]+)")
-#: Directories of the one-daemon-per-GPU layout before per-user daemons (1777 pipe dir).
-_LEGACY_DIRS = ("pipe", "log")
-
-
-@dataclass(frozen=True)
-class DaemonKey:
-    """What one daemon serves: one GPU, one uid, one set of server-side limits."""
-
-    gpu: int
-    uid: int
-    thread_percentage: int
-    memory_limit_mb: int  # 0 = no pinned-memory limit
-
-    @property
-    def name(self) -> str:
-        return f"u{self.uid}-t{self.thread_percentage}-m{self.memory_limit_mb}"
 
 
 @dataclass(frozen=True)
@@ -97,15 +83,6 @@ class Client:
 
 def client_key(gpu: int, job_id: str) -> str:
     return f"mps/{gpu}/job/{job_id}"
-
-
-def gpu_dir(state_dir: str, gpu: int) -> str:
-    return os.path.join(state_dir, "mps", f"gpu{gpu}")
-
-
-def daemon_paths(state_dir: str, key: DaemonKey) -> Dict[str, str]:
-    base = os.path.join(gpu_dir(state_dir, key.gpu), key.name)
-    return {"base": base, "pipe": os.path.join(base, "pipe"), "log": os.path.join(base, "log")}
 
 
 def entry_key(entry: Dict[str, Any], job_id: str) -> DaemonKey:
@@ -216,47 +193,6 @@ def _warn_job(state: NodeState, job_id: str, message: str) -> None:
         state.write_job(job_id, record)
 
 
-def _prepare_dirs(paths: Dict[str, str]) -> None:
-    """Fresh daemon directories, root-only. chmod after mkdir: slurmd's umask may be 077.
-
-    The parents stay root-owned 0755 so nobody can swap a daemon's directory; a stale one
-    (e.g. after a reboot) is removed first (rmtree does not follow symlinks).
-    """
-    for path in (os.path.dirname(os.path.dirname(paths["base"])),
-                 os.path.dirname(paths["base"])):
-        os.makedirs(path, DIR_MODE, exist_ok=True)
-        os.chmod(path, DIR_MODE)
-    if os.path.lexists(paths["base"]):
-        if os.path.islink(paths["base"]):
-            os.unlink(paths["base"])
-        else:
-            shutil.rmtree(paths["base"])
-    os.mkdir(paths["base"], DIR_MODE)
-    os.chmod(paths["base"], DIR_MODE)
-    for name in ("pipe", "log"):
-        os.mkdir(paths[name], PRIVATE_MODE)
-        os.chmod(paths[name], PRIVATE_MODE)
-
-
-def _hand_over(paths: Dict[str, str], uid: int) -> None:
-    """Give the pipe and log directories to the job's user, 0700: that user and root only.
-
-    Called once the daemon runs and holds its limits, so every file the root daemon creates
-    at start exists before the user can touch the directory. The MPS server runs as the
-    client's uid and makes its pipes here, so the directory must be that user's.
-    """
-    for name in ("pipe", "log"):
-        os.chown(paths[name], uid, -1, follow_symlinks=False)
-        os.chmod(paths[name], PRIVATE_MODE)
-
-
-def _has_leftovers(pipe_dir: str) -> bool:
-    try:
-        return bool(os.listdir(pipe_dir))
-    except OSError:
-        return False
-
-
 class MpsIsolation:
     mode = "mps"
 
@@ -330,7 +266,7 @@ class MpsIsolation:
         pid = control.running(paths["pipe"])
         if pid is not None:
             return pid
-        if _has_leftovers(paths["pipe"]):
+        if has_leftovers(paths["pipe"]):
             users = (", ".join(c.job_id for c in sharing)
                      or "none (stale files, e.g. after a reboot)")
             message = (
@@ -346,14 +282,14 @@ class MpsIsolation:
             )
             control.stop(paths["pipe"], STOP_TIMEOUT_S)  # clears a corpse's files and servers
         try:
-            _prepare_dirs(paths)
+            prepare_dirs(paths)
         except OSError as exc:
             raise NodeFault(f"cannot prepare MPS directories for GPU {key.gpu}: {exc}") from None
         pid = control.start(uuid, paths["pipe"], paths["log"])
         try:
             control.set_limits(paths["pipe"], key.thread_percentage, key.memory_limit_mb)
             try:
-                _hand_over(paths, key.uid)
+                hand_over(paths, key.uid)
             except OSError as exc:
                 raise NodeFault(
                     f"cannot give the MPS directories of GPU {key.gpu} to uid {key.uid}: {exc}",
@@ -434,7 +370,7 @@ class MpsIsolation:
             log.info("stopped MPS control daemon pid %d of GPU %d (%s)", pid, key.gpu, reason)
             journal.append("mps-daemon-stopped", gpu=key.gpu, pid=pid, uid=key.uid,
                            reason=reason)
-        _remove_tree(paths["base"])
+        remove_tree(paths["base"])
         with contextlib.suppress(OSError):  # the GPU's directory goes with its last daemon
             os.rmdir(os.path.dirname(paths["base"]))
 
@@ -478,13 +414,13 @@ class MpsIsolation:
             return fixes
         for name in names:
             path = os.path.join(where, name)
-            m = _DAEMON_DIR_RE.fullmatch(name)
+            m = DAEMON_DIR_RE.fullmatch(name)
             if m:
                 if name in in_use:
                     continue
                 key = DaemonKey(gpu, *map(int, m.groups()))
                 paths = daemon_paths(ctx.state.state_dir, key)
-            elif name in _LEGACY_DIRS and not any_live:
+            elif name in LEGACY_DIRS and not any_live:
                 key = DaemonKey(gpu, -1, 100, 0)
                 paths = {"base": path, "pipe": os.path.join(where, "pipe")}
             else:
@@ -497,20 +433,11 @@ class MpsIsolation:
                     self._stop_daemon(control, ctx.journal, key, paths, "reconcile: no client")
             fixes.append(f"remove stale MPS directory {path}")
             if not ctx.dry_run:
-                _remove_tree(path)
+                remove_tree(path)
         if not ctx.dry_run:
             with contextlib.suppress(OSError):
                 os.rmdir(where)
         return fixes
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a daemon directory (a symlink is removed, never followed)."""
-    if os.path.islink(path):
-        os.unlink(path)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(path)
 
 
 HANDLER = MpsIsolation()
