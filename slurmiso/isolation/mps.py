@@ -1,17 +1,27 @@
-"""MPS pools: one MPS control daemon per GPU, shared by the jobs Slurm puts on that GPU.
+"""MPS pools: one MPS control daemon per GPU, user and limits, started while it has clients.
 
 Slurm hands the job ``gres/mps`` on one GPU and sets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``,
-but it neither runs the daemons nor caps memory. This handler runs the daemon of a GPU while
-it has clients, pins each client's device memory (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) from
-its class, refuses a job whose pinned memory would not fit, and reports what MPS cannot
-isolate: clients of different users are serialised (time-sliced), not run concurrently.
+but it neither runs the daemons nor caps memory, and a client's variables can only narrow
+what its daemon allows. So the limits that hold are the daemon's: each daemon gets its
+class's thread percentage and pinned-memory limit as ``set_default_*`` before anyone can reach
+it, and the job's variables only repeat (or narrow) them.
 
-One source of truth for "who uses the daemon of GPU N": the allocation keys
-``mps/<N>/job/<jobid>`` of jobs whose record is live; each record's ``mps`` resource holds
-that job's uid and memory limit. Layout (root-owned)::
+Why a daemon per (GPU, uid, limits) rather than one per GPU:
 
-    <state_dir>/mps/gpu<N>/pipe   CUDA_MPS_PIPE_DIRECTORY (1777, see _prepare_dirs)
-    <state_dir>/mps/gpu<N>/log    CUDA_MPS_LOG_DIRECTORY  (0755)
+* MPS runs one server per uid at a time anyway (other users' clients wait until that server
+  has no clients), so a shared daemon buys no concurrency across users; it only lets every
+  user on the GPU ``quit`` it or change its defaults. A daemon per uid lets its pipe
+  directory belong to that uid, mode 0700: only that user and root can reach it. This is
+  NVIDIA's "MPS per user" provisioning (a pipe directory per user, not shared).
+* Daemon defaults bind every client of the server, and per-server settings bind every
+  client of that server; neither can tell two jobs of one user apart. Jobs of one user with
+  different limits (two classes, or a lowered ``--iso-mps-mem``) therefore get daemons of
+  their own ("multiple control/server pairs" in NVIDIA's terms), and same-limit jobs of one
+  user share one, keeping MPS's concurrency where it is real.
+
+One source of truth for "who uses which daemon": the allocation keys ``mps/<N>/job/<jobid>``
+of jobs whose record is live; each record's ``mps`` resource holds the uid and limits that
+name its daemon; :mod:`slurmiso.isolation.mps_dirs` says where that daemon lives.
 """
 
 from __future__ import annotations
@@ -20,9 +30,8 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from slurmiso.config.model import MpsShare
 from slurmiso.gpu.backend import GpuBackend
@@ -34,14 +43,23 @@ from slurmiso.isolation.base import (
     ReconcileContext,
 )
 from slurmiso.isolation.mps_daemon import MpsControl, mps_control_for
+from slurmiso.isolation.mps_dirs import (
+    DAEMON_DIR_RE,
+    LEGACY_DIRS,
+    DaemonKey,
+    daemon_paths,
+    gpu_dir,
+    hand_over,
+    has_leftovers,
+    prepare_dirs,
+    remove_tree,
+)
 from slurmiso.isolation.processes import clean_job_devices
 from slurmiso.state import Journal, NodeState
 from slurmiso.units import parse_size
 
 log = logging.getLogger(__name__)
 
-DIR_MODE = 0o755
-PIPE_DIR_MODE = 0o1777
 STOP_TIMEOUT_S = 10.0
 _KEY_RE = re.compile(r"mps/([0-9]+)/job/([0-9_]+)")
 _GPU_DIR_RE = re.compile(r"gpu([0-9]+)")
@@ -49,20 +67,35 @@ _GPU_DIR_RE = re.compile(r"gpu([0-9]+)")
 
 @dataclass(frozen=True)
 class Client:
-    """A job registered on a GPU's daemon, as its record describes it."""
+    """A job registered on a GPU, as its record describes it."""
 
     job_id: str
-    uid: int
-    memory_limit_mb: int
+    key: DaemonKey
+
+    @property
+    def uid(self) -> int:
+        return self.key.uid
+
+    @property
+    def memory_limit_mb(self) -> int:
+        return self.key.memory_limit_mb
 
 
 def client_key(gpu: int, job_id: str) -> str:
     return f"mps/{gpu}/job/{job_id}"
 
 
-def gpu_paths(state_dir: str, gpu: int) -> Dict[str, str]:
-    base = os.path.join(state_dir, "mps", f"gpu{gpu}")
-    return {"base": base, "pipe": os.path.join(base, "pipe"), "log": os.path.join(base, "log")}
+def entry_key(entry: Dict[str, Any], job_id: str) -> DaemonKey:
+    """The daemon a record's ``mps`` resource names; NodeFault naming the job if it is corrupt."""
+    try:
+        key = DaemonKey(int(entry["gpu"]), int(entry["uid"]), int(entry["thread_percentage"]),
+                        int(entry.get("memory_limit_mb") or 0))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise NodeFault(f"job {job_id}'s record has a corrupt mps resource ({exc!r}): {entry}",
+                        hint="check the job record under the state dir's jobs/") from None
+    if min(key.gpu, key.uid, key.thread_percentage, key.memory_limit_mb) < 0:
+        raise NodeFault(f"job {job_id}'s record has a negative mps value: {entry}")
+    return key
 
 
 def resolve_memory_limit(class_limit_mb: int, option: str) -> int:
@@ -123,6 +156,7 @@ def _job_live(state: NodeState, job_id: str, live_jobs: Optional[List[str]] = No
 
 
 def live_clients(state: NodeState, gpu: int, exclude: str = "") -> List[Client]:
+    """Every job with a live record registered on ``gpu``, whatever its daemon."""
     clients = []
     for job_id in registered(state).get(gpu, []):
         if job_id == exclude:
@@ -130,10 +164,14 @@ def live_clients(state: NodeState, gpu: int, exclude: str = "") -> List[Client]:
         record = state.read_job(job_id)
         if record is None or record.get("status") == RELEASED:
             continue
-        entry = next((r for r in _mps_entries(record) if r.get("gpu") == gpu), {})
-        uid, limit = int(entry.get("uid", -1)), int(entry.get("memory_limit_mb") or 0)
-        clients.append(Client(job_id, uid, limit))
+        entry = next((r for r in _mps_entries(record) if r.get("gpu") == gpu), None)
+        if entry is not None:  # registered before its resource was written: no daemon yet
+            clients.append(Client(job_id, entry_key(entry, job_id)))
     return clients
+
+
+def daemon_clients(state: NodeState, key: DaemonKey, exclude: str = "") -> List[Client]:
+    return [c for c in live_clients(state, key.gpu, exclude) if c.key == key]
 
 
 def _unregister(state: NodeState, gpu: int, job_id: str) -> bool:
@@ -153,34 +191,6 @@ def _warn_job(state: NodeState, job_id: str, message: str) -> None:
     if message not in warnings:
         warnings.append(message)
         state.write_job(job_id, record)
-
-
-def _prepare_dirs(paths: Dict[str, str]) -> None:
-    """Fresh pipe dir, kept log dir. chmod after mkdir because slurmd's umask may be 077.
-
-    The pipe dir is 1777 like NVIDIA's default ``/tmp/nvidia-mps``: every MPS server runs as
-    its client's uid and creates its pipes there, and clients of several uids connect to one
-    daemon, so chown to one job's uid would lock the next user out; the sticky bit stops users
-    deleting each other's pipes. Its parent ``gpu<N>`` stays root-owned 0755, so nobody can
-    swap the pipe dir itself, and it is recreated (symlink-safe rmtree) before each start.
-    """
-    for path in (os.path.dirname(paths["base"]), paths["base"], paths["log"]):
-        os.makedirs(path, DIR_MODE, exist_ok=True)
-        os.chmod(path, DIR_MODE)
-    if os.path.lexists(paths["pipe"]):
-        if os.path.islink(paths["pipe"]):
-            os.unlink(paths["pipe"])
-        else:
-            shutil.rmtree(paths["pipe"])
-    os.mkdir(paths["pipe"], DIR_MODE)
-    os.chmod(paths["pipe"], PIPE_DIR_MODE)
-
-
-def _has_leftovers(pipe_dir: str) -> bool:
-    try:
-        return bool(os.listdir(pipe_dir))
-    except OSError:
-        return False
 
 
 class MpsIsolation:
@@ -204,7 +214,8 @@ class MpsIsolation:
         others = live_clients(ctx.state, gpu, exclude=ctx.job_id)
         check_headroom(gpu, dev.memory_total_mb, others, limit, headroom_pct)
 
-        paths = gpu_paths(ctx.state.state_dir, gpu)
+        key = DaemonKey(gpu, ctx.env.uid, share.thread_percentage, limit)
+        paths = daemon_paths(ctx.state.state_dir, key)
         entry = existing[0] if existing else ctx.add_resource({
             "kind": "mps", "gpu": gpu, "gpu_uuid": dev.uuid, "uid": ctx.env.uid,
             "pipe_dir": paths["pipe"], "log_dir": paths["log"], "daemon_pid": None,
@@ -212,10 +223,13 @@ class MpsIsolation:
         })
         ctx.claim(client_key(gpu, ctx.job_id))
         ctx.save()
-        pid = self._ensure_daemon(ctx, gpu, dev.uuid, paths, others)
+        pid = self._ensure_daemon(ctx, key, dev.uuid, paths,
+                                  [c for c in others if c.key == key])
         self._report_other_users(ctx, gpu, others)
 
         entry.update(daemon_pid=pid, state="ready")
+        # What the daemon enforces, repeated for the job: unsetting or raising these changes
+        # nothing (a client's variables only narrow), lowering them narrows this job alone.
         ctx.set_env("CUDA_MPS_PIPE_DIRECTORY", paths["pipe"])
         ctx.set_env("CUDA_MPS_LOG_DIRECTORY", paths["log"])
         ctx.set_env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(share.thread_percentage))
@@ -244,33 +258,53 @@ class MpsIsolation:
         return by_minor[gres]
 
     def _ensure_daemon(
-        self, ctx: Context, gpu: int, uuid: str, paths: Dict[str, str], others: List[Client]
+        self, ctx: Context, key: DaemonKey, uuid: str, paths: Dict[str, str],
+        sharing: List[Client],
     ) -> int:
+        """The pid of ``key``'s daemon, started (limits set, then handed over) if need be."""
         control = self.control_factory(ctx.backend)
         pid = control.running(paths["pipe"])
         if pid is not None:
             return pid
-        if _has_leftovers(paths["pipe"]):
-            users = ", ".join(c.job_id for c in others) or "none (stale files, e.g. after a reboot)"
+        if has_leftovers(paths["pipe"]):
+            users = (", ".join(c.job_id for c in sharing)
+                     or "none (stale files, e.g. after a reboot)")
             message = (
-                f"the MPS control daemon of GPU {gpu} had died (leftovers in {paths['pipe']}); "
-                f"restarted it; jobs that were using it: {users}"
+                f"the MPS control daemon of GPU {key.gpu} had died (leftovers in "
+                f"{paths['pipe']}); restarted it; jobs that were using it: {users}"
             )
             ctx.warn(message)
-            for other in others:  # their MPS connections died with it
+            for other in sharing:  # their MPS connections died with it
                 _warn_job(ctx.state, other.job_id, message)
             ctx.journal.append(
-                "mps-daemon-restarted", job=ctx.job_id, gpu=gpu, pipe_dir=paths["pipe"],
-                clients=[c.job_id for c in others],
+                "mps-daemon-restarted", job=ctx.job_id, gpu=key.gpu, pipe_dir=paths["pipe"],
+                clients=[c.job_id for c in sharing],
             )
             control.stop(paths["pipe"], STOP_TIMEOUT_S)  # clears a corpse's files and servers
         try:
-            _prepare_dirs(paths)
+            prepare_dirs(paths)
         except OSError as exc:
-            raise NodeFault(f"cannot prepare MPS directories for GPU {gpu}: {exc}") from None
+            raise NodeFault(f"cannot prepare MPS directories for GPU {key.gpu}: {exc}") from None
         pid = control.start(uuid, paths["pipe"], paths["log"])
-        log.info("job %s: started MPS control daemon pid %d on GPU %d", ctx.job_id, pid, gpu)
-        ctx.journal.append("mps-daemon-started", job=ctx.job_id, gpu=gpu, pid=pid)
+        try:
+            control.set_limits(paths["pipe"], key.thread_percentage, key.memory_limit_mb)
+            try:
+                hand_over(paths, key.uid)
+            except OSError as exc:
+                raise NodeFault(
+                    f"cannot give the MPS directories of GPU {key.gpu} to uid {key.uid}: {exc}",
+                    hint="the prolog must run as root",
+                ) from None
+        except NodeFault:
+            # Fail closed: no job may reach a daemon that does not hold its limits.
+            self._stop_daemon(control, ctx.journal, key, paths, "limits not confirmed")
+            raise
+        log.info("job %s: started MPS control daemon pid %d on GPU %d for uid %d "
+                 "(threads %d%%, pinned %s MiB)", ctx.job_id, pid, key.gpu, key.uid,
+                 key.thread_percentage, key.memory_limit_mb or "unlimited")
+        ctx.journal.append("mps-daemon-started", job=ctx.job_id, gpu=key.gpu, pid=pid,
+                           uid=key.uid, thread_percentage=key.thread_percentage,
+                           memory_limit_mb=key.memory_limit_mb)
         return pid
 
     def _report_other_users(self, ctx: Context, gpu: int, others: List[Client]) -> None:
@@ -282,14 +316,16 @@ class MpsIsolation:
         uids = sorted({c.uid for c in foreign})
         ctx.warn(
             f"GPU {gpu} is shared over MPS with job(s) {ids} of uid(s) "
-            f"{', '.join(map(str, uids))}: MPS serialises different users, so this job's work "
-            "is time-sliced with theirs, not concurrent"
+            f"{', '.join(map(str, uids))}: MPS does not run different users' work together "
+            "(each user has its own daemon and server), so this job's work is time-sliced "
+            "with theirs, not concurrent"
         )
         for c in foreign:
             _warn_job(
                 ctx.state, c.job_id,
-                f"job {ctx.job_id} of uid {ctx.env.uid} joined MPS GPU {gpu}: MPS serialises "
-                "different users, so this job's work is time-sliced with it, not concurrent",
+                f"job {ctx.job_id} of uid {ctx.env.uid} joined MPS GPU {gpu}: MPS does not run "
+                "different users' work together, so this job's work is time-sliced with it, "
+                "not concurrent",
             )
         ctx.journal.append(
             "mps-user-conflict", gpu=gpu, job=ctx.job_id, uid=ctx.env.uid,
@@ -302,14 +338,13 @@ class MpsIsolation:
         for entry in _mps_entries(ctx.record):
             if entry.get("state") == RELEASED:
                 continue
-            gpu = int(entry["gpu"])
-            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=[gpu])
-            _unregister(ctx.state, gpu, ctx.job_id)
-            if not live_clients(ctx.state, gpu, exclude=ctx.job_id):
+            key = entry_key(entry, ctx.job_id)
+            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=[key.gpu])
+            _unregister(ctx.state, key.gpu, ctx.job_id)
+            if not daemon_clients(ctx.state, key, exclude=ctx.job_id):
                 self._stop_daemon(
-                    self.control_factory(ctx.backend), ctx.journal, gpu,
-                    gpu_paths(ctx.state.state_dir, gpu),
-                    f"last client job {ctx.job_id} ended",
+                    self.control_factory(ctx.backend), ctx.journal, key,
+                    daemon_paths(ctx.state.state_dir, key), f"last client job {ctx.job_id} ended",
                 )
             entry["state"] = RELEASED
         ctx.release_claims()
@@ -318,23 +353,26 @@ class MpsIsolation:
 
     @staticmethod
     def _stop_daemon(
-        control: MpsControl, journal: Journal, gpu: int, paths: Dict[str, str], reason: str
+        control: MpsControl, journal: Journal, key: DaemonKey, paths: Dict[str, str],
+        reason: str,
     ) -> None:
-        """Stop the daemon, prove it is gone (NodeFault if not), drop its pipe dir."""
+        """Stop the daemon, prove it is gone (NodeFault if not), remove its directories."""
         pid = control.running(paths["pipe"])
         control.stop(paths["pipe"], STOP_TIMEOUT_S)
         survivor = control.running(paths["pipe"])
         if survivor is not None:
             raise NodeFault(
-                f"MPS control daemon pid {survivor} of GPU {gpu} survived quit, SIGTERM and "
-                "SIGKILL",
+                f"MPS control daemon pid {survivor} of GPU {key.gpu} survived quit, SIGTERM "
+                "and SIGKILL",
                 hint="the GPU may be hung; check nvidia-smi and reset it before resuming",
             )
         if pid is not None:
-            log.info("stopped MPS control daemon pid %d of GPU %d (%s)", pid, gpu, reason)
-            journal.append("mps-daemon-stopped", gpu=gpu, pid=pid, reason=reason)
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(paths["pipe"])
+            log.info("stopped MPS control daemon pid %d of GPU %d (%s)", pid, key.gpu, reason)
+            journal.append("mps-daemon-stopped", gpu=key.gpu, pid=pid, uid=key.uid,
+                           reason=reason)
+        remove_tree(paths["base"])
+        with contextlib.suppress(OSError):  # the GPU's directory goes with its last daemon
+            os.rmdir(os.path.dirname(paths["base"]))
 
     # -- reconcile ------------------------------------------------------------------------
 
@@ -347,8 +385,7 @@ class MpsIsolation:
         with contextlib.suppress(FileNotFoundError):
             gpus |= {int(m.group(1)) for m in map(_GPU_DIR_RE.fullmatch, os.listdir(root)) if m}
         for gpu in sorted(gpus):
-            paths = gpu_paths(ctx.state.state_dir, gpu)
-            live = []
+            live: List[str] = []
             for job_id in clients.get(gpu, []):
                 if _job_live(ctx.state, job_id, ctx.live_jobs):
                     live.append(job_id)
@@ -357,20 +394,49 @@ class MpsIsolation:
                              "(no live job record)")
                 if not ctx.dry_run:
                     _unregister(ctx.state, gpu, job_id)
-            if live:
-                continue
-            pid = control.running(paths["pipe"])
-            if pid is not None:
-                fixes.append(f"stop MPS control daemon pid {pid} of GPU {gpu} (no live client)")
-                if not ctx.dry_run:
-                    self._stop_daemon(control, ctx.journal, gpu, paths, "reconcile: no client")
-            if os.path.isdir(paths["base"]):
-                fixes.append(f"remove stale MPS directory {paths['base']}")
-                if not ctx.dry_run:
-                    shutil.rmtree(paths["base"])
+            in_use = {c.key.name for c in live_clients(ctx.state, gpu) if c.job_id in live}
+            fixes += self._reconcile_gpu_dir(ctx, control, gpu, in_use, bool(live))
         if not ctx.dry_run:
             for fix in fixes:
                 ctx.journal.append("mps-reconcile", fix=fix)
+        return fixes
+
+    def _reconcile_gpu_dir(
+        self, ctx: ReconcileContext, control: MpsControl, gpu: int, in_use: Set[str],
+        any_live: bool,
+    ) -> List[str]:
+        """Stop and remove every daemon directory of ``gpu`` that no live job uses."""
+        fixes: List[str] = []
+        where = gpu_dir(ctx.state.state_dir, gpu)
+        try:
+            names = sorted(os.listdir(where))
+        except FileNotFoundError:
+            return fixes
+        for name in names:
+            path = os.path.join(where, name)
+            m = DAEMON_DIR_RE.fullmatch(name)
+            if m:
+                if name in in_use:
+                    continue
+                key = DaemonKey(gpu, *map(int, m.groups()))
+                paths = daemon_paths(ctx.state.state_dir, key)
+            elif name in LEGACY_DIRS and not any_live:
+                key = DaemonKey(gpu, -1, 100, 0)
+                paths = {"base": path, "pipe": os.path.join(where, "pipe")}
+            else:
+                continue  # not ours to judge (or a legacy daemon a live job may still use)
+            pid = control.running(paths["pipe"])
+            if pid is not None:
+                fixes.append(f"stop MPS control daemon pid {pid} of GPU {gpu} in {name} "
+                             "(no live client)")
+                if not ctx.dry_run:  # removes its directory too, when it is a daemon's own
+                    self._stop_daemon(control, ctx.journal, key, paths, "reconcile: no client")
+            fixes.append(f"remove stale MPS directory {path}")
+            if not ctx.dry_run:
+                remove_tree(path)
+        if not ctx.dry_run:
+            with contextlib.suppress(OSError):
+                os.rmdir(where)
         return fixes
 
 

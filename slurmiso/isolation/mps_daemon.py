@@ -11,6 +11,13 @@ remapping ambiguity), communicating through ``CUDA_MPS_PIPE_DIRECTORY`` and logg
 ``CUDA_MPS_LOG_DIRECTORY``; it writes ``nvidia-cuda-mps-control.pid`` into the pipe directory;
 ``echo quit | nvidia-cuda-mps-control`` (same pipe directory) shuts it down and
 ``get_server_list`` lists the pids of its ``nvidia-cuda-mps-server`` instances.
+
+Limits: a client's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+can only narrow what the control daemon allows, and it allows everything by default. So
+:meth:`MpsControl.set_limits` gives the daemon ``set_default_active_thread_percentage`` and
+``set_default_device_pinned_mem_limit`` right after it starts, before any server exists (a
+default applies to servers started afterwards), and reads them back: a daemon that does not
+confirm them is a node fault, never a job that runs unlimited.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import stat
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Protocol
+from typing import Callable, Dict, List, Optional, Protocol
 
 import psutil
 
@@ -40,6 +49,11 @@ NVIDIA_PID_FILE = "nvidia-cuda-mps-control.pid"
 #: The daemon inherits only this plus the MPS variables: never the hook's environment.
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 START_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 10.0
+#: The daemon serves one GPU (``CUDA_VISIBLE_DEVICES`` = its UUID), which is its device 0.
+DEVICE = 0
+_PID_LIMIT = 1 << 23  # above Linux's pid_max ceiling (4194304)
+_NUMBER_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(G|GB|GiB|M|MB|MiB)?(?![A-Za-z])")
 
 
 class MpsControl(Protocol):
@@ -59,6 +73,12 @@ class MpsControl(Protocol):
     def servers(self, pipe_dir: str) -> List[int]:
         """Pids of the daemon's MPS servers (best effort: [] when it cannot tell)."""
 
+    def set_limits(self, pipe_dir: str, thread_percentage: int, memory_limit_mb: int) -> None:
+        """Make the limits every server of this daemon starts with; NodeFault unless confirmed.
+
+        ``memory_limit_mb`` 0 means no pinned-memory limit.
+        """
+
 
 def mps_control_for(backend: object) -> MpsControl:
     """The daemon implementation that matches a GPU backend: simulated GPUs get the sim."""
@@ -68,12 +88,42 @@ def mps_control_for(backend: object) -> MpsControl:
 
 
 def _read_pid(path: str) -> Optional[int]:
+    """The pid in a daemon's pid file, read without trusting the file.
+
+    The pipe directory belongs to the job's user, who can put a symlink, a FIFO (an open
+    that never returns) or a huge file there: no symlink is followed, nothing but a regular
+    file is read, and only its first bytes.
+    """
     try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            text = fh.read().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() and 0 < int(text) < _PID_LIMIT else None
+
+
+def _ours(pid: int, pipe_dir: Optional[str] = None) -> bool:
+    """Whether ``pid`` runs as us (a daemon we started) and, if given, serves ``pipe_dir``.
+
+    A user who owns the pipe directory can write any pid into its pid file, e.g. another
+    user's daemon: stopping "the daemon" must never reach a process that is not this one.
+    """
+    try:
+        proc = psutil.Process(pid)
+        if proc.uids().real != os.geteuid():
+            return False
+        if pipe_dir is None:
+            return True
+        return proc.environ().get("CUDA_MPS_PIPE_DIRECTORY") == pipe_dir
+    except psutil.Error:
+        return False
 
 
 def _live_cmdline(pid: int) -> Optional[List[str]]:
@@ -89,6 +139,21 @@ def _live_cmdline(pid: int) -> Optional[List[str]]:
         return []  # alive, but not ours to inspect
 
 
+def _serves(server: int, daemon: int, pipe_dir: str) -> bool:
+    """Whether an MPS server pid is this daemon's: its child, or started for its pipe dir.
+
+    The pid list comes through a socket in a directory the job's user owns; a server of
+    another daemon (another user's) must never be killed on its word.
+    """
+    try:
+        proc = psutil.Process(server)
+        if proc.ppid() == daemon:
+            return True
+        return proc.environ().get("CUDA_MPS_PIPE_DIRECTORY") == pipe_dir
+    except psutil.Error:
+        return False
+
+
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while _live_cmdline(pid) is not None:
@@ -96,6 +161,46 @@ def _wait_gone(pid: int, timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def _read_number(answer: str, unit_mb: bool) -> Optional[float]:
+    """The first number of a control answer, in MiB when ``unit_mb`` (a bare number is MiB)."""
+    m = _NUMBER_RE.search(answer)
+    if not m:
+        return None
+    value = float(m.group(1))
+    if unit_mb and (m.group(2) or "M").upper().startswith("G"):
+        value *= 1024
+    return value
+
+
+def apply_limits(
+    send: Callable[[str], str], where: str, thread_percentage: int, memory_limit_mb: int
+) -> None:
+    """Set the daemon-wide defaults through ``send`` (one command -> answer), then verify them.
+
+    Shared by the NVIDIA and the simulated daemon so both are held to the same check.
+    """
+    if not 0 < thread_percentage <= 100 or memory_limit_mb < 0:
+        raise NodeFault(f"MPS limits out of range for {where}: threads {thread_percentage}%, "
+                        f"pinned memory {memory_limit_mb} MiB")
+    send(f"set_default_active_thread_percentage {thread_percentage}")
+    got = _read_number(send("get_default_active_thread_percentage"), unit_mb=False)
+    problems = []
+    if got is None or abs(got - thread_percentage) > 0.01:
+        problems.append(f"active thread percentage {got} instead of {thread_percentage}")
+    if memory_limit_mb:
+        send(f"set_default_device_pinned_mem_limit {DEVICE} {memory_limit_mb}M")
+        mem = _read_number(send(f"get_default_device_pinned_mem_limit {DEVICE}"), unit_mb=True)
+        if mem is None or abs(mem - memory_limit_mb) > 0.5:
+            problems.append(f"pinned memory limit {mem} MiB instead of {memory_limit_mb} MiB")
+    if problems:
+        raise NodeFault(
+            f"the MPS control daemon of {where} did not take its limits: {'; '.join(problems)}",
+            hint="server-side MPS limits need a Volta or newer GPU and a driver whose "
+            "nvidia-cuda-mps-control knows set_default_active_thread_percentage and "
+            "set_default_device_pinned_mem_limit; use another pool mode on this node",
+        )
 
 
 def _kill_if_alive(pid: int, what: str, grace_s: float = 3.0) -> None:
@@ -166,6 +271,27 @@ class NvidiaMpsControl:
             )
         return result.stdout
 
+    def _strict_command(self, pipe_dir: str, command: str) -> str:
+        """A command whose failure is a node fault (limits must not be skipped silently)."""
+        try:
+            result = subprocess.run(
+                [self.binary()], input=command + "\n", env=self._client_env(pipe_dir),
+                capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NodeFault(f"'{command}' to the MPS control daemon of {pipe_dir} failed: "
+                            f"{exc}") from None
+        if result.returncode != 0:
+            raise NodeFault(
+                f"'{command}' to the MPS control daemon of {pipe_dir} failed (exit "
+                f"{result.returncode}): {(result.stderr or result.stdout).strip()[:300]}"
+            )
+        return result.stdout
+
+    def set_limits(self, pipe_dir: str, thread_percentage: int, memory_limit_mb: int) -> None:
+        apply_limits(lambda cmd: self._strict_command(pipe_dir, cmd), pipe_dir,
+                     thread_percentage, memory_limit_mb)
+
     def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
         binary = self.binary()
         try:
@@ -204,12 +330,10 @@ class NvidiaMpsControl:
         if pid is None:
             return None
         cmd = _live_cmdline(pid)
-        if cmd is None:
+        # A reused pid, or one the pipe dir's owner wrote there, is not our daemon.
+        if not cmd or not any("nvidia-cuda-mps-control" in part for part in cmd[:2]):
             return None
-        # A reused pid belongs to some other program: that is not our daemon.
-        if cmd and not any("nvidia-cuda-mps-control" in part for part in cmd[:2]):
-            return None
-        return pid
+        return pid if _ours(pid, pipe_dir) else None
 
     def servers(self, pipe_dir: str) -> List[int]:
         if self.running(pipe_dir) is None:
@@ -234,7 +358,9 @@ class NvidiaMpsControl:
             _kill_if_alive(pid, "MPS control daemon")
         for server in servers:  # a server outliving its daemon holds the GPU for nobody
             cmd = _live_cmdline(server)
-            if cmd and any("nvidia-cuda-mps-server" in part for part in cmd[:2]):
+            if cmd and any("nvidia-cuda-mps-server" in part for part in cmd[:2]) and (
+                _serves(server, pid, pipe_dir)
+            ):
                 _kill_if_alive(server, "orphaned MPS server")
 
 
@@ -285,11 +411,9 @@ class SimMpsControl:
         if pid is None:
             return None
         cmd = _live_cmdline(pid)
-        if cmd is None:
-            return None
-        if cmd and not (self._MODULE in cmd and os.path.abspath(pipe_dir) in cmd):
-            return None  # pid reused by another process
-        return pid
+        if not cmd or not (self._MODULE in cmd and os.path.abspath(pipe_dir) in cmd):
+            return None  # pid reused by another process, or written there by the dir's owner
+        return pid if _ours(pid) else None
 
     def servers(self, pipe_dir: str) -> List[int]:
         if self.running(pipe_dir) is None:
@@ -300,6 +424,20 @@ class SimMpsControl:
             log.warning("cannot list MPS servers of %s: %s", pipe_dir, exc)
             return []
         return [int(w) for w in out.split() if w.isdigit()]
+
+    def set_limits(self, pipe_dir: str, thread_percentage: int, memory_limit_mb: int) -> None:
+        def send(command: str) -> str:
+            try:
+                answer = mps_sim.send_command(pipe_dir, command, COMMAND_TIMEOUT_S)
+            except OSError as exc:
+                raise NodeFault(f"'{command}' to the simulated MPS daemon of {pipe_dir} "
+                                f"failed: {exc}") from None
+            if answer.startswith("error"):
+                raise NodeFault(f"simulated MPS daemon of {pipe_dir} refused '{command}': "
+                                f"{answer.strip()}")
+            return answer
+
+        apply_limits(send, pipe_dir, thread_percentage, memory_limit_mb)
 
     def stop(self, pipe_dir: str, timeout: float) -> None:
         pid = self.running(pipe_dir)

@@ -1,32 +1,52 @@
 """A stand-in for ``nvidia-cuda-mps-control -d`` that runs anywhere: a real, detached daemon.
 
-Only the parts slurmiso relies on are imitated, so daemon lifecycle, dead-daemon detection and
-orphan cleanup are tested against a real process instead of a mock:
+It imitates what slurmiso relies on, including what makes MPS limits hold, so lifecycle and
+enforcement are tested against a real process instead of a mock:
 
 * ``python -m slurmiso.isolation.mps_sim --pipe-dir D --log-dir L --gpu-uuid U`` detaches
   (fork, ``setsid``, fork) and returns once the daemon listens, like ``-d``;
 * the daemon writes ``D/control.pid``, listens on the unix socket ``D/control`` and logs to
-  ``L/control.log``;
-* one command per connection, one line each: ``quit`` stops it, ``get_server_list`` answers
-  the (simulated) server pids, one a line; ``start_server -uid N`` adds a simulated server;
+  ``L/control.log``; it opens the log once, before slurmiso hands the directories to the job's
+  user, so it never reopens a path that user controls;
+* one command per connection, one line each, with the words of NVIDIA's control shell:
+  ``quit``, ``get_server_list``, ``start_server -uid N``, ``get_client_list PID``,
+  ``set_default_active_thread_percentage P`` / ``get_...``, ``set_default_device_pinned_mem_limit
+  DEV VALUE`` / ``get_... DEV`` (affect only servers started afterwards, as NVIDIA documents),
+  and the per-server ``set_active_thread_percentage PID P`` / ``set_device_pinned_mem_limit PID
+  DEV VALUE`` with their ``get_`` forms;
+* a *client* (``python -m slurmiso.isolation.mps_sim client``, standing for what libcuda does at
+  ``cuInit``) connects with its ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; the daemon learns its uid from the kernel
+  (``SO_PEERCRED``), not from anything the client says, starts or reuses that uid's server, and
+  answers the limits the client gets: the server's setting, narrowed by the client's variables
+  where they are lower. A variable can never raise a limit; garbage narrows nothing;
 * it exits cleanly (socket and pid file removed) on ``quit``, SIGTERM or SIGINT.
+
+Who may talk to it is decided by the file system alone, as for the real daemon: a client that
+cannot search the pipe directory gets ``PermissionError`` at ``connect``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import select
 import signal
 import socket
+import struct
 import sys
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
+
+from slurmiso.isolation.mps_sim_control import Controller
 
 PID_FILE = "control.pid"
 SOCKET = "control"
 LOG_FILE = "control.log"
+#: NVIDIA's default when the variable is unset (the client tries ``/tmp/nvidia-mps``).
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 #: sun_path holds 108 bytes; longer paths are reached through the directory's fd instead.
 _MAX_SUN_PATH = 100
 _READY_TIMEOUT_S = 10.0
@@ -34,12 +54,16 @@ _READY_TIMEOUT_S = 10.0
 log = logging.getLogger("slurmiso.mps_sim")
 
 
+# -- sockets ----------------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
 def socket_path(pipe_dir: str) -> Iterator[str]:
     """A path to ``pipe_dir/control`` short enough for ``bind``/``connect``.
 
     Deep state dirs (and pytest's tmp dirs) exceed ``sun_path``; ``/proc/self/fd/N/control``
-    names the same file through an open directory descriptor.
+    names the same file through an open directory descriptor. Opening that descriptor needs
+    search permission on ``pipe_dir``, like a plain ``connect`` does.
     """
     path = os.path.join(pipe_dir, SOCKET)
     if len(path.encode()) < _MAX_SUN_PATH:
@@ -55,7 +79,8 @@ def socket_path(pipe_dir: str) -> Iterator[str]:
 def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
     """Send one command line to the daemon of ``pipe_dir``; return its whole answer.
 
-    Raises OSError (e.g. ConnectionRefusedError, FileNotFoundError) when no daemon listens.
+    Raises OSError (ConnectionRefusedError, FileNotFoundError, PermissionError) when the
+    daemon cannot be reached.
     """
     with socket_path(pipe_dir) as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
@@ -71,13 +96,20 @@ def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+def _peer(conn: socket.socket) -> tuple:
+    """(pid, uid) of the connected process, from the kernel."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
 class _Daemon:
     def __init__(self, pipe_dir: str, log_dir: str, gpu_uuid: str) -> None:
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.gpu_uuid = gpu_uuid
         self.stopping = False
-        self.servers: List[int] = []
+        self.controller = Controller(devices=len(gpu_uuid.split(",")))
         self.sock: Optional[socket.socket] = None
 
     def prepare(self) -> None:
@@ -91,7 +123,7 @@ class _Daemon:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             self.sock.bind(path)
-        # Clients of any uid connect (as to the real daemon, whose socket is 0777 too).
+        # The socket is open to all, as the real daemon's is: the pipe directory is the door.
         os.chmod(os.path.join(self.pipe_dir, SOCKET), 0o777)
         self.sock.listen(16)
         self.sock.settimeout(0.2)
@@ -110,7 +142,7 @@ class _Daemon:
     def serve(self) -> None:
         assert self.sock is not None
         try:
-            while not self.stopping:
+            while not (self.stopping or self.controller.quitting):
                 try:
                     conn, _ = self.sock.accept()
                 except (socket.timeout, InterruptedError):
@@ -129,18 +161,14 @@ class _Daemon:
                 if not chunk:
                     break
                 data += chunk
-        command = data.decode("utf-8", "replace").strip()
-        log.info("command: %s", command)
-        words = command.split()
-        answer = ""
-        if command == "quit":
-            self.stopping = True
-        elif command == "get_server_list":
-            answer = "".join(f"{pid}\n" for pid in self.servers)
-        elif len(words) == 3 and words[:2] == ["start_server", "-uid"] and words[2].isdigit():
-            self.servers.append(100000 + len(self.servers))  # simulated: no real process
+        line = data.decode("utf-8", "replace").strip()
+        pid, uid = _peer(conn)
+        log.info("command: %s (uid %d, pid %d)", line, uid, pid)
+        words = line.split()
+        if words[:1] == ["client_connect"]:
+            answer = self.controller.connect_client(uid, pid, words[1:])
         else:
-            answer = f"unknown command: {command}\n"
+            answer = self.controller.command(line)
         with contextlib.suppress(OSError):
             conn.sendall(answer.encode())
 
@@ -198,7 +226,48 @@ def _detach(daemon: _Daemon) -> int:
     os._exit(0)
 
 
+def connect(env: Dict[str, str]) -> Dict[str, object]:
+    """What a CUDA client with environment ``env`` gets from MPS, as the daemon answers it.
+
+    Raises OSError when the daemon cannot be reached (PermissionError for a pipe directory
+    this uid may not search).
+    """
+    pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
+    words = ["client_connect"]
+    for key, name in (("thread", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                      ("mem", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")):
+        value = "".join(env.get(name, "").split())[:200]  # one word on the wire
+        if value:
+            words.append(f"{key}={value}")
+    answer = send_command(pipe_dir, " ".join(words))
+    try:
+        granted = json.loads(answer)
+    except ValueError:
+        granted = None
+    if not isinstance(granted, dict):
+        raise ConnectionError(f"MPS daemon of {pipe_dir} answered {answer[:200]!r}")
+    return granted
+
+
+def client(env: Optional[Dict[str, str]] = None) -> int:
+    """Act as a CUDA client starting up: print (JSON) what MPS grants this process.
+
+    Exit 0 when the daemon answered. Exit 3 when it could not be reached: real CUDA would then
+    run without MPS, which is what the device fence, not MPS, must stop.
+    """
+    try:
+        granted = connect(dict(os.environ if env is None else env))
+    except OSError as exc:
+        print(json.dumps({"mps": False, "error": f"{type(exc).__name__}: {exc}"}))
+        return 3
+    print(json.dumps(granted))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["client"]:
+        return client()
     parser = argparse.ArgumentParser(prog="python -m slurmiso.isolation.mps_sim")
     parser.add_argument("--pipe-dir", required=True)
     parser.add_argument("--log-dir", required=True)

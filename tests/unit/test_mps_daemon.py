@@ -135,7 +135,7 @@ def test_sim_servers_lists_started_servers(dirs: Dict[str, str]) -> None:
     assert control.servers(dirs["pipe"]) == []
     mps_sim.send_command(dirs["pipe"], "start_server -uid 1234")
     assert control.servers(dirs["pipe"]) == [100000]
-    assert "unknown command" in mps_sim.send_command(dirs["pipe"], "bogus")
+    assert "invalid command" in mps_sim.send_command(dirs["pipe"], "bogus")
     control.stop(dirs["pipe"], 5.0)
     assert control.servers(dirs["pipe"]) == []
 
@@ -184,8 +184,20 @@ if sys.argv[1:] == ["-d"]:
             fh.write(str(p.pid))
 else:
     entry["stdin"] = sys.stdin.read()
+    words = entry["stdin"].split()
+    state_path = os.path.join(pipe, "fake-state.json")
+    state = json.load(open(state_path)) if os.path.exists(state_path) else {{}}
     if entry["stdin"].strip() == "quit" and MODE != "ignore_quit":
         os.kill(int(open(pidfile).read()), signal.SIGTERM)
+    elif words[:1] == ["set_default_active_thread_percentage"] and MODE != "ignore_limits":
+        state["threads"] = float(words[1])
+    elif words[:1] == ["get_default_active_thread_percentage"]:
+        print("%.1f" % state.get("threads", 100.0))
+    elif words[:1] == ["set_default_device_pinned_mem_limit"] and MODE != "ignore_limits":
+        state["mem" + words[1]] = words[2]
+    elif words[:1] == ["get_default_device_pinned_mem_limit"]:
+        print(state.get("mem" + words[1], "0M"))
+    json.dump(state, open(state_path, "w"))
 with open({record!r}, "a") as fh:
     fh.write(json.dumps(entry) + "\\n")
 sys.exit(rc)
@@ -276,3 +288,82 @@ def test_nvidia_stop_and_running_without_daemon(tmp_path: Any, dirs: Dict[str, s
     control.stop(dirs["pipe"], 1.0)
     assert control.servers(dirs["pipe"]) == []
     assert not (tmp_path / "calls.jsonl").exists()  # nothing to talk to, nothing was run
+
+
+# -- limits and an untrusted pipe directory ---------------------------------------------------
+
+
+def test_nvidia_set_limits_sends_the_defaults_and_reads_them_back(
+    tmp_path: Any, dirs: Dict[str, str]
+) -> None:
+    control = NvidiaMpsControl(binary=fake_binary(tmp_path), start_timeout=5.0)
+    control.start(UUID, dirs["pipe"], dirs["log"])
+    control.set_limits(dirs["pipe"], 60, 30720)
+    assert [c["stdin"].strip() for c in calls(tmp_path)[1:]] == [
+        "set_default_active_thread_percentage 60",
+        "get_default_active_thread_percentage",
+        "set_default_device_pinned_mem_limit 0 30720M",
+        "get_default_device_pinned_mem_limit 0",
+    ]
+    control.stop(dirs["pipe"], 5.0)
+
+
+def test_nvidia_daemon_that_does_not_take_its_limits_is_a_node_fault(
+    tmp_path: Any, dirs: Dict[str, str]
+) -> None:
+    control = NvidiaMpsControl(binary=fake_binary(tmp_path, "ignore_limits"), start_timeout=5.0)
+    control.start(UUID, dirs["pipe"], dirs["log"])
+    with pytest.raises(NodeFault, match=r"did not take its limits: active thread percentage "
+                       r"100.0 instead of 60; pinned memory limit 0.0 MiB instead of 30720"):
+        control.set_limits(dirs["pipe"], 60, 30720)
+    control.stop(dirs["pipe"], 5.0)
+
+
+def test_sim_set_limits_are_what_a_new_server_gets(dirs: Dict[str, str]) -> None:
+    control = SimMpsControl()
+    control.start(UUID, dirs["pipe"], dirs["log"])
+    control.set_limits(dirs["pipe"], 25, 2048)
+    assert mps_sim.send_command(dirs["pipe"], "get_default_active_thread_percentage") == "25.0\n"
+    assert mps_sim.send_command(dirs["pipe"], "get_default_device_pinned_mem_limit 0") == "2048M\n"
+    with pytest.raises(NodeFault, match="out of range"):
+        control.set_limits(dirs["pipe"], 0, 0)
+    control.stop(dirs["pipe"], 5.0)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink", "garbage"])
+def test_a_hostile_pid_file_reads_as_no_daemon(dirs: Dict[str, str], plant: str) -> None:
+    """The pipe dir is the user's: a FIFO must not hang the epilog, a symlink is not read."""
+    target = os.path.join(dirs["pipe"], mps_sim.PID_FILE)
+    if plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "symlink":
+        other = os.path.join(dirs["log"], "pid")
+        with open(other, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.symlink(other, target)
+    else:
+        with open(target, "w") as fh:
+            fh.write("9" * 100000)
+    t0 = time.monotonic()
+    assert SimMpsControl().running(dirs["pipe"]) is None
+    assert NvidiaMpsControl().running(dirs["pipe"]) is None
+    assert time.monotonic() - t0 < 2
+
+
+def test_stop_never_reaches_a_daemon_whose_pid_was_planted(tmp_path: Any) -> None:
+    """A user writes another user's daemon pid into their own pid file: it must survive."""
+    binary = fake_binary(tmp_path)
+    control = NvidiaMpsControl(binary=binary, start_timeout=5.0)
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for d in (mine, theirs):
+        (d / "pipe").mkdir(parents=True)
+        (d / "log").mkdir()
+    victim = control.start(UUID, str(theirs / "pipe"), str(theirs / "log"))
+    (mine / "pipe" / NVIDIA_PID_FILE).write_text(f"{victim}\n")
+    try:
+        assert control.running(str(mine / "pipe")) is None
+        control.stop(str(mine / "pipe"), 1.0)
+        assert not gone(victim) and control.running(str(theirs / "pipe")) == victim
+    finally:
+        control.stop(str(theirs / "pipe"), 5.0)
+    assert wait_gone(victim)

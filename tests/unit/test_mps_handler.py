@@ -13,13 +13,25 @@ import pytest
 
 from slurmiso.config.model import MpsShare
 from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
-from slurmiso.isolation.mps import HANDLER, MpsIsolation, client_key, gpu_paths
+from slurmiso.isolation.mps import (
+    HANDLER,
+    DaemonKey,
+    MpsIsolation,
+    client_key,
+    daemon_paths,
+    entry_key,
+    gpu_dir,
+)
 from slurmiso.isolation.mps_daemon import SimMpsControl
 from slurmiso.state import Journal
 from tests.hookctx import make_context
 
 H100_MB = 81559
 OTHER_UID = os.getuid() + 1
+TRAIN = (60, 30720)  # the train class of tests/hookctx.py: thread %, pinned MiB
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="handing a pipe dir to another uid needs root, as the prolog has"
+)
 
 
 def gone(pid: int) -> bool:
@@ -61,12 +73,21 @@ def mps_entry(ctx: Context) -> Dict[str, Any]:
     return entry
 
 
-def pipe_dir(tmp: Any, gpu: int = 0) -> str:
-    return gpu_paths(os.path.join(str(tmp), "state"), gpu)["pipe"]
+def key_of(gpu: int = 0, uid: Optional[int] = None, limits: tuple = TRAIN) -> DaemonKey:
+    return DaemonKey(gpu, os.getuid() if uid is None else uid, *limits)
 
 
-def daemon_pid(tmp: Any, gpu: int = 0) -> Optional[int]:
-    return SimMpsControl().running(pipe_dir(tmp, gpu))
+def paths(tmp: Any, gpu: int = 0, uid: Optional[int] = None, limits: tuple = TRAIN) -> Dict[str, str]:
+    return daemon_paths(os.path.join(str(tmp), "state"), key_of(gpu, uid, limits))
+
+
+def pipe_dir(tmp: Any, gpu: int = 0, uid: Optional[int] = None, limits: tuple = TRAIN) -> str:
+    return paths(tmp, gpu, uid, limits)["pipe"]
+
+
+def daemon_pid(tmp: Any, gpu: int = 0, uid: Optional[int] = None,
+               limits: tuple = TRAIN) -> Optional[int]:
+    return SimMpsControl().running(pipe_dir(tmp, gpu, uid, limits))
 
 
 def on_disk(ctx: Context, job_id: str) -> Dict[str, Any]:
@@ -107,16 +128,20 @@ def test_two_jobs_of_one_user_share_one_daemon(tmp_path: Any) -> None:
     assert mps_keys(a) == [client_key(0, "101"), client_key(0, "102")]
     assert "warnings" not in b.record  # same uid: no serialisation
     assert len(events(a, "mps-daemon-started")) == 1
-    assert oct(os.stat(pipe_dir(tmp_path)).st_mode & 0o7777) == "0o1777"
+    for name in ("pipe", "log"):  # the job's user and root only (was 1777: anyone could quit)
+        st = os.stat(paths(tmp_path)[name])
+        assert (oct(st.st_mode & 0o7777), st.st_uid) == ("0o700", os.getuid())
+    base = os.stat(paths(tmp_path)["base"])
+    assert (oct(base.st_mode & 0o7777), base.st_uid) == ("0o755", os.geteuid())
 
 
 def test_job_env_and_record(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101")
     HANDLER.setup(ctx)
-    paths = gpu_paths(ctx.state.state_dir, 0)
+    where = paths(tmp_path)
     assert ctx.record["env"] == {
-        "CUDA_MPS_PIPE_DIRECTORY": paths["pipe"],
-        "CUDA_MPS_LOG_DIRECTORY": paths["log"],
+        "CUDA_MPS_PIPE_DIRECTORY": where["pipe"],
+        "CUDA_MPS_LOG_DIRECTORY": where["log"],
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=30720M",
         "CUDA_VISIBLE_DEVICES": "0",
@@ -143,10 +168,13 @@ def test_setup_twice_changes_nothing(tmp_path: Any) -> None:
     assert len(events(ctx, "mps-daemon-started")) == 1
 
 
-def test_second_user_gets_conflict_warning_on_both_jobs(tmp_path: Any) -> None:
+@needs_root
+def test_second_user_gets_own_daemon_and_conflict_warning_on_both_jobs(tmp_path: Any) -> None:
     a, b = job(tmp_path, "101"), job(tmp_path, "102", uid=OTHER_UID)
     HANDLER.setup(a)
     HANDLER.setup(b)
+    assert mps_entry(a)["daemon_pid"] != mps_entry(b)["daemon_pid"]
+    assert os.stat(pipe_dir(tmp_path, uid=OTHER_UID)).st_uid == OTHER_UID
     assert any("time-sliced" in w and "101" in w for w in b.record["warnings"])
     a_disk = on_disk(a, "101")
     assert any("time-sliced" in w and "102" in w for w in a_disk["warnings"])
@@ -261,7 +289,8 @@ def test_last_job_out_stops_the_daemon(tmp_path: Any) -> None:
     assert wait_gone(pid) and daemon_pid(tmp_path) is None
     assert mps_keys(a) == []
     assert [e["pid"] for e in events(a, "mps-daemon-stopped")] == [pid]
-    assert not os.path.exists(pipe_dir(tmp_path))
+    assert not os.path.exists(paths(tmp_path)["base"])  # pipe and log dirs with it
+    assert os.listdir(os.path.join(a.state.state_dir, "mps")) == []
 
 
 def test_teardown_twice_is_harmless(tmp_path: Any) -> None:
@@ -339,13 +368,13 @@ def test_reconcile_stops_an_orphan_daemon(tmp_path: Any) -> None:
     dry = HANDLER.reconcile(reconcile_ctx(ctx, dry_run=True))
     assert [f.split(" (")[0] for f in dry] == [
         "drop MPS client registration of job 101 on GPU 0",
-        f"stop MPS control daemon pid {pid} of GPU 0",
-        f"remove stale MPS directory {gpu_paths(ctx.state.state_dir, 0)['base']}",
+        f"stop MPS control daemon pid {pid} of GPU 0 in {key_of().name}",
+        f"remove stale MPS directory {paths(tmp_path)['base']}",
     ]
     assert daemon_pid(tmp_path) == pid and mps_keys(ctx) == [client_key(0, "101")]
     assert HANDLER.reconcile(reconcile_ctx(ctx)) == dry
     assert wait_gone(pid) and mps_keys(ctx) == []
-    assert not os.path.exists(gpu_paths(ctx.state.state_dir, 0)["base"])
+    assert not os.path.exists(gpu_dir(ctx.state.state_dir, 0))
     assert len(events(ctx, "mps-reconcile")) == 3
     assert HANDLER.reconcile(reconcile_ctx(ctx)) == []
 
@@ -375,3 +404,54 @@ def test_reconcile_removes_dirs_of_a_dead_daemon(tmp_path: Any) -> None:
     fixes = HANDLER.reconcile(reconcile_ctx(ctx))
     assert not any(f.startswith("stop") for f in fixes)
     assert fixes[-1].startswith("remove stale MPS directory")
+
+
+@pytest.mark.parametrize("damage", [{"uid": None}, {"thread_percentage": "x"}, {"gpu": -1}])
+def test_a_corrupt_mps_resource_is_a_node_fault_naming_the_job(
+    tmp_path: Any, damage: Dict[str, Any]
+) -> None:
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    assert entry_key(mps_entry(ctx), "101") == key_of()
+    mps_entry(ctx).update(damage)
+    with pytest.raises(NodeFault, match="job 101's record has a"):
+        HANDLER.teardown(ctx)
+    mps_entry(ctx).update(gpu=0, uid=os.getuid(), thread_percentage=60)
+    HANDLER.teardown(ctx)
+    assert daemon_pid(tmp_path) is None
+
+
+class _IgnoresLimits(SimMpsControl):
+    """A daemon that accepts set_default_* and keeps allowing everything (an old driver)."""
+
+    def set_limits(self, pipe_dir: str, thread_percentage: int, memory_limit_mb: int) -> None:
+        from slurmiso.isolation import mps_sim
+        from slurmiso.isolation.mps_daemon import apply_limits
+
+        def send(command: str) -> str:
+            return "" if command.startswith("set_") else mps_sim.send_command(pipe_dir, command)
+
+        apply_limits(send, pipe_dir, thread_percentage, memory_limit_mb)
+
+
+def test_a_daemon_that_does_not_confirm_its_limits_is_stopped_and_drains(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    handler = MpsIsolation(control_factory=lambda backend: _IgnoresLimits())
+    with pytest.raises(NodeFault, match="did not take its limits: active thread percentage "
+                       "100.0 instead of 60"):
+        handler.setup(ctx)
+    assert daemon_pid(tmp_path) is None  # no job ever reaches an unlimited daemon
+    assert not os.path.exists(paths(tmp_path)["base"])
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in ctx.record.get("env", {})
+
+
+def test_reconcile_stops_a_daemon_of_the_old_shared_layout(tmp_path: Any) -> None:
+    ctx = job(tmp_path, "101")
+    legacy = os.path.join(gpu_dir(ctx.state.state_dir, 0))
+    for name in ("pipe", "log"):
+        os.makedirs(os.path.join(legacy, name))
+    os.chmod(os.path.join(legacy, "pipe"), 0o1777)
+    pid = SimMpsControl().start("GPU-x", os.path.join(legacy, "pipe"), os.path.join(legacy, "log"))
+    fixes = HANDLER.reconcile(reconcile_ctx(ctx))
+    assert fixes[0].startswith(f"stop MPS control daemon pid {pid} of GPU 0")
+    assert wait_gone(pid) and not os.path.exists(legacy)
