@@ -8,7 +8,7 @@
 # Usage: roots.sh SUITE...   (env MIRROR, ROOTS)
 set -eu
 ROOTS=${ROOTS:-/var/cache/slurmiso-dev/roots}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+MIRROR=${MIRROR:-}  # empty: debootstrap's own default mirror
 BASE_PKGS=python3,python3-yaml,python3-psutil,python3-prometheus-client,systemd,man-db
 mkdir -p "$ROOTS"
 for suite in "$@"; do
@@ -21,7 +21,7 @@ for suite in "$@"; do
     extra=""
     [ "$suite" = bookworm ] && extra=",libslurm38"
     echo "roots: $suite: debootstrap --variant=minbase into $root"
-    debootstrap --variant=minbase --include="$BASE_PKGS$extra" "$suite" "$root.tmp" "$MIRROR" \
+    debootstrap --variant=minbase --include="$BASE_PKGS$extra" "$suite" "$root.tmp" ${MIRROR:+"$MIRROR"} \
         > "$ROOTS/$suite.log" 2>&1 || { tail -20 "$ROOTS/$suite.log"; exit 1; }
     chroot "$root.tmp" apt-get clean
     touch "$root.tmp/.slurmiso-root-ok"
