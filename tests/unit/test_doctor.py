@@ -111,7 +111,7 @@ CASES: List[Any] = [
     ("mig-count-wrong", node_gres("n3", "gpu:3g.40gb:4"), {"gres-layout", "gres-mig-live"}),
     ("mig-instance-gone", lambda s: s["gpu_node"]["instances"].pop(), {"gres-mig-live"}),
     ("hook-missing", lambda s: s["hooks"]["Prolog"].update(exists=False, executable=False), {"hook-missing"}),
-    ("hook-not-exec", lambda s: s["hooks"]["TaskProlog"].update(executable=False), {"hook-not-executable"}),
+    ("hook-not-exec", lambda s: [f.update(executable=False) for f in [s["hooks"]["TaskProlog"], *s["hooks"]["TaskProlog"].get("files", [])]], {"hook-not-executable"}),
     ("migd-mig-off", _migd_gpu_off, {"mig-mode"}),
 ]
 
