@@ -40,7 +40,8 @@ NOT_FORWARDED = frozenset(
     )
     if hasattr(signal, name)
 )
-#: Job control: passed to the program, after which the wrapper stops itself too, as a shell
+#: Job control: passed to the program, which is then stopped (SIGSTOP: the kernel drops these
+#: in the program's orphaned group), after which the wrapper stops itself too, as a shell
 #: expects of a foreground job on Ctrl-Z (the SIGCONT that resumes it is forwarded as well).
 JOB_CONTROL = frozenset(
     int(getattr(signal, n)) for n in ("SIGTSTP", "SIGTTIN", "SIGTTOU") if hasattr(signal, n)

@@ -205,7 +205,12 @@ class Supervisor:
     def _forward(child: Child, handler: SignalHandler) -> None:
         for signum in handler.take_forward():
             child.signal_group(signum)
-            if signum in JOB_CONTROL:  # the program was stopped: stop too, as a shell expects
+            if signum in JOB_CONTROL:
+                # The program's group has no parent in its session (an orphaned group), so the
+                # kernel drops TSTP/TTIN/TTOU there: stop it outright, then stop too, as a
+                # shell expects of its foreground job. The SIGCONT that resumes the wrapper
+                # is forwarded like any other signal.
+                child.signal_group(signal.SIGSTOP)
                 os.kill(os.getpid(), signal.SIGSTOP)
 
     # -- checkpoints --------------------------------------------------------------------------
