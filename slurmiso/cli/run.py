@@ -158,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
         from slurmiso.state import Journal
 
         journal = Journal(events_path)
-    return Supervisor(argv, settings, job, env, isolation_env(record), Events(journal)).run()
+    supervisor = Supervisor(
+        argv, settings, job, env, isolation_env(record), Events(journal), exit_process=True
+    )
+    return supervisor.run()
 
 
 def _checkpoint_settings(cfg: Any, name: str, record: Any, env: dict) -> Optional[Any]:

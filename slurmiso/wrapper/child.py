@@ -101,15 +101,16 @@ class Child:
 
     # -- status ---------------------------------------------------------------------------
 
-    def reap(self) -> None:
-        """Collect every exited child of the wrapper: the program and adopted orphans."""
+    def reap(self) -> bool:
+        """Collect every exited child of the wrapper (the program, adopted orphans);
+        returns whether the wrapper still has children running."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             if pid == 0:
-                return
+                return True
             if pid == self.pid and self.proc.returncode is None:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
             elif pid != self.pid:
@@ -143,8 +144,19 @@ class Child:
         """Send ``signum`` to the program's process group; False when the group is gone."""
         return self._killpg(self.pgid, signum)
 
+    def anything_left(self) -> bool:
+        """Whether any process of the program is left, without reading ``/proc``.
+
+        Complete: whatever the program started is in its group, or was adopted by the
+        wrapper (a child of it), or descends from one of those, whose parent is then alive.
+        """
+        children = self.reap()
+        return children or self._killpg(self.pgid, 0)
+
     def leftovers(self) -> List[int]:
         """Live processes of the program: its group, and what the wrapper adopted."""
+        if not self.anything_left():
+            return []  # the common case, answered without scanning /proc
         me = os.getpid()
         found: List[int] = []
         try:
@@ -157,15 +169,14 @@ class Child:
             st = procctl.read_stat(int(name))
             if st is not None and st[0] != "Z" and (st[2] == self.pgid or st[1] == me):
                 found.append(int(name))
-        if not names and self._killpg(self.pgid, 0):  # no /proc: the group is all we know
+        if not names:  # no /proc: the group is all that can be known
             found.append(self.pgid)
         return found
 
     def terminate(self, term_wait_s: float, sleep: Sleeper = time.sleep) -> None:
         """End everything of the program: SIGTERM (+SIGCONT), then SIGKILL after
         ``term_wait_s`` (0: at once), then reap. Returns as soon as nothing is left."""
-        self.reap()
-        if not self.leftovers():
+        if not self.anything_left():
             return
         self._send_all(signal.SIGTERM)
         self._send_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
@@ -189,8 +200,7 @@ class Child:
         while True:
             if kill:  # again each time: a process may fork between the scan and the kill
                 self._send_all(signal.SIGKILL)
-            self.reap()
-            if not self.leftovers():
+            if not self.anything_left():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
