@@ -188,13 +188,6 @@ class Child:
         if left:
             log.warning("processes %s did not die after SIGKILL (stuck in the kernel?)", left)
 
-    def kill(self) -> int:
-        """SIGKILL everything of the program at once and return its status."""
-        self.terminate(0.0)
-        self.reap()
-        rc = self.proc.returncode
-        return exit_status(rc) if rc is not None else 128 + int(signal.SIGKILL)
-
     def _wait_gone(self, bound: float, sleep: Sleeper, kill: bool = False) -> bool:
         deadline = time.monotonic() + max(0.0, bound)
         while True:

@@ -123,6 +123,14 @@ class SignalHandler:
     ) -> None:
         self.job = job
         self.stop_signals = {int(k): v for k, v in stop_signals.items()}
+        for signum in self.stop_signals:
+            if signum in NOT_FORWARDED:
+                name = signal.Signals(signum).name
+                raise UsageError(
+                    f"{name} cannot be the signal that stops the job: the wrapper cannot or "
+                    "must not catch it",
+                    hint="use the signal sbatch --signal sends, e.g. USR1, USR2 or URG",
+                )
         self.forward = tuple(
             int(s) for s in forward if int(s) not in self.stop_signals and int(s) != CHLD
         )
