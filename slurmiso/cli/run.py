@@ -159,8 +159,12 @@ def run(args: argparse.Namespace) -> int:
         from slurmiso.state import Journal
 
         journal = Journal(events_path)
-    supervisor = Supervisor(argv, settings, job, env, isolation_env(record), Events(journal))
-    if job.in_slurm or args.ckpt_dir or env.get("SLURMISO_CKPT_DIR"):
+    keep_dirs = bool(job.in_slurm or args.ckpt_dir or env.get("SLURMISO_CKPT_DIR"))
+    # exit_process: after a stop, end the process at once (no interpreter teardown on the
+    # preemption path); outside Slurm the empty folders must still be cleaned up below.
+    supervisor = Supervisor(argv, settings, job, env, isolation_env(record), Events(journal),
+                            exit_process=keep_dirs)
+    if keep_dirs:
         return supervisor.run()
     # Outside Slurm with the default directory: leave nothing behind unless a checkpoint
     # was written (directories that stayed empty are removed; rmdir never removes content).

@@ -3,12 +3,13 @@
 One module per concern so each is tested alone:
 
     signals              flags set by signal handlers (nothing else happens in a handler)
-    child                the program in its own process group: start, signal, wait, kill
+    child                the program in its own process group: start, signal, wait, end all
+    procctl              Linux prctl: subreaper, parent-death signal; processes from /proc
     checkpoint_protocol  the marker file a program writes to report a finished checkpoint
     resume               the last good checkpoint (``.slurmiso/latest.json``) and resume env
     requeue              whether to requeue, always with a reason; ``scontrol requeue``
     record               the prolog's job record: isolation env, or refusal
-    supervisor           the main loop that ties them together
+    supervisor           the main loop that ties them together (the job step's init)
     localsim             a stand-in for Slurm's signal timing, for tests and laptops
 
 Nothing is imported here: ``slurmiso.checkpoint`` (the program-side helper) and the CLI

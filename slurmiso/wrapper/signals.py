@@ -24,10 +24,38 @@ from slurmiso.errors import UsageError
 log = logging.getLogger(__name__)
 
 PREEMPTED = "preempted"
+CHLD = int(signal.SIGCHLD)
 TIME_LIMIT = "time-limit"
-#: Signals passed straight to the program (it runs in its own session, so a terminal's
-#: Ctrl-C or a hang-up would not reach it otherwise).
-FORWARDED: Tuple[int, ...] = (int(signal.SIGINT), int(signal.SIGHUP), int(signal.SIGQUIT))
+#: Never caught, so never forwarded: SIGKILL and SIGSTOP cannot be; SIGCHLD is the wrapper's
+#: own wake-up; the fault signals (SEGV, BUS, FPE, ILL, TRAP, SYS) report the wrapper's own
+#: crash, and a handler that returns re-runs the faulting instruction; SIGPIPE and SIGXFSZ
+#: stay ignored as Python sets them, so the wrapper's own write to a closed pipe or past a
+#: file-size limit is an error it handles, never a signal it would pass on. A wrapper killed
+#: by one of these still takes its program with it (PR_SET_PDEATHSIG).
+NOT_FORWARDED = frozenset(
+    int(getattr(signal, name))
+    for name in (
+        "SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL",
+        "SIGTRAP", "SIGSYS", "SIGPIPE", "SIGXFSZ",
+    )
+    if hasattr(signal, name)
+)
+#: Job control: passed to the program, which is then stopped (SIGSTOP: the kernel drops these
+#: in the program's orphaned group), after which the wrapper stops itself too, as a shell
+#: expects of a foreground job on Ctrl-Z (the SIGCONT that resumes it is forwarded as well).
+JOB_CONTROL = frozenset(
+    int(getattr(signal, n)) for n in ("SIGTSTP", "SIGTTIN", "SIGTTOU") if hasattr(signal, n)
+)
+
+
+def forwardable() -> Tuple[int, ...]:
+    """Every signal the wrapper passes to the program's process group (all it can catch,
+    real-time signals included, less :data:`NOT_FORWARDED`): a signal that would end an
+    init-less wrapper (USR2, ALRM, ...) must never leave the program running unsupervised."""
+    return tuple(sorted(int(s) for s in signal.valid_signals() if int(s) not in NOT_FORWARDED))
+
+
+FORWARDED: Tuple[int, ...] = forwardable()
 
 
 def parse_signal(name: str) -> signal.Signals:
@@ -95,7 +123,17 @@ class SignalHandler:
     ) -> None:
         self.job = job
         self.stop_signals = {int(k): v for k, v in stop_signals.items()}
-        self.forward = tuple(int(s) for s in forward if int(s) not in self.stop_signals)
+        for signum in self.stop_signals:
+            if signum in NOT_FORWARDED:
+                name = signal.Signals(signum).name
+                raise UsageError(
+                    f"{name} cannot be the signal that stops the job: the wrapper cannot or "
+                    "must not catch it",
+                    hint="use the signal sbatch --signal sends, e.g. USR1, USR2 or URG",
+                )
+        self.forward = tuple(
+            int(s) for s in forward if int(s) not in self.stop_signals and int(s) != CHLD
+        )
         #: Set once, by the first stop signal.
         self.stop_cause: Optional[str] = None
         self.stop_signum: Optional[int] = None
@@ -130,7 +168,7 @@ class SignalHandler:
             os.set_blocking(fd, False)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         # SIGCHLD gets a no-op handler only so the wakeup fd reports a program's exit at once.
-        for signum in (*self.stop_signals, *self.forward, int(signal.SIGCHLD)):
+        for signum in (*self.stop_signals, *self.forward, CHLD):
             self._saved[signum] = signal.signal(signum, self.handle)
         return self
 

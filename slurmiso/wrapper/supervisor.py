@@ -1,37 +1,56 @@
 """The wrapper's main loop: run the program, and on a stop signal checkpoint, end, requeue.
 
-    start:   resume env (last good checkpoint) + isolation env -> program in its own group
-    running: forward INT/HUP/QUIT; record checkpoints the program reports on its own
+    start:   resume env (last good checkpoint) + isolation env -> program in its own group;
+             the wrapper adopts orphans (subreaper), the program dies with the wrapper
+    running: forward every other signal to the group; record checkpoints the program reports
+             on its own
     stop:    (SIGTERM = preempted | --signal = time limit near; the first one only)
-             journal preempt-signal -> checkpoint signal to the group -> wait for the marker
-             or the program's exit, up to grace minus a margin -> let it exit briefly, else
-             SIGKILL -> requeue decision (with its reason) -> scontrol requeue -> exit 143
+             journal preempt-signal -> checkpoint signal to the group -> (while it saves)
+             ask Slurm the job's state -> wait for the marker or the program's exit, up to
+             grace minus a margin -> requeue decision (with its reason) -> scontrol requeue
+             -> let the program exit briefly, else SIGKILL the group -> exit 143
+    exit:    on every path, nothing of the program outlives the wrapper: SIGTERM, then
+             SIGKILL after a bound, to the group and to every adopted orphan
 
 The margin leaves time, before Slurm's SIGKILL at the end of GraceTime, for the kill, the
 journal lines and ``scontrol requeue``. Exit statuses pass through unless the wrapper stopped
 the program; then it exits 143 (128+SIGTERM), so a stopped run never looks finished.
+
+Latency on preemption is what an inference job waits for, so from the report on nothing
+sleeps: the marker is polled every few milliseconds while a checkpoint is awaited, the
+program's exit wakes the loop through SIGCHLD, and the requeue is issued before the program
+has finished exiting (Slurm frees the GPUs only once every process of the job is gone, so
+both proceed together).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
-from slurmiso.wrapper import requeue
+from slurmiso.wrapper import procctl, requeue
 from slurmiso.wrapper.checkpoint_protocol import MarkerWatcher, Report, verify
 from slurmiso.wrapper.child import Child
 from slurmiso.wrapper.resume import CheckpointStore, resume_env
-from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT, JobEnvironment, SignalHandler
+from slurmiso.wrapper.signals import (
+    JOB_CONTROL,
+    PREEMPTED,
+    TIME_LIMIT,
+    JobEnvironment,
+    SignalHandler,
+)
 
 log = logging.getLogger(__name__)
 
 EXIT_STOPPED = 128 + int(signal.SIGTERM)
 #: How often the marker is looked at while the program runs / while a checkpoint is awaited.
 POLL_RUNNING_S = 0.5
-POLL_CHECKPOINT_S = 0.05
+POLL_CHECKPOINT_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,7 @@ class Settings:
     max_requeues: int = 20
     rank: int = 0  # the task (SLURM_PROCID) that checkpoints; others wait for its marker
     exit_window_s: float = 5.0  # after the report, how long the program may take to exit
+    term_wait_s: float = 2.0  # on exit, between SIGTERM and SIGKILL to what is left
 
     @property
     def margin_s(self) -> float:
@@ -83,8 +103,13 @@ class Supervisor:
         events: Optional[Events] = None,
         slurm: Optional[Callable[[], requeue.SlurmRunner]] = None,
         clock: Callable[[], float] = time.monotonic,
+        exit_process: bool = False,
     ) -> None:
+        """``exit_process``: this process is the wrapper and nothing else (the CLI), so after
+        a stop it may end at once (see :func:`exit_now`) instead of returning."""
         self.argv = list(argv)
+        self.exit_process = exit_process
+        self.stopped = False
         self.settings = settings
         self.job = job
         self.base_env = dict(base_env)
@@ -94,6 +119,8 @@ class Supervisor:
         self.clock = clock
         self.store = CheckpointStore(settings.ckpt_dir)
         self.designated = job.procid == settings.rank
+        self._handler: Optional[SignalHandler] = None
+        self._child: Optional[Child] = None
 
     # -- start and run ----------------------------------------------------------------------
 
@@ -126,17 +153,48 @@ class Supervisor:
             )
         watcher = MarkerWatcher(self.store.marker, latest.ident if latest else None)
         stop = {int(signal.SIGTERM): PREEMPTED, int(self.settings.warn_signal): TIME_LIMIT}
-        with SignalHandler(self.job, stop) as handler:
-            # The program sees Slurm's SIGTERM and --signal too (Slurm signals every process
-            # of a step): it starts with them ignored; only the checkpoint signal reaches it.
-            ignore = {int(signal.SIGTERM), int(self.settings.warn_signal)}
-            ignore.discard(int(self.settings.ckpt_signal))
-            child = Child.start(self.argv, env, ignore=sorted(ignore))
-            try:
-                return self._loop(child, handler, watcher)
-            finally:
-                if child.poll() is None:  # an exception in the loop: never leave it running
-                    child.kill()
+        was_subreaper = procctl.is_subreaper()
+        why = procctl.set_subreaper()
+        if why:
+            log.info("%s", why)
+        try:
+            with SignalHandler(self.job, stop) as handler:
+                status = self._supervise(env, handler, watcher)
+        finally:
+            if why is None and not was_subreaper:
+                procctl.set_subreaper(False)  # run in-process (tests): leave the host as it was
+        if self.stopped and self.exit_process:
+            exit_now(status)
+        return status
+
+    def _supervise(
+        self, env: Mapping[str, str], handler: SignalHandler, watcher: MarkerWatcher
+    ) -> int:
+        self._handler = handler
+        # The program sees Slurm's SIGTERM and --signal too (Slurm signals every process
+        # of a step): it starts with them ignored; only the checkpoint signal reaches it.
+        ignore = {int(signal.SIGTERM), int(self.settings.warn_signal)}
+        ignore.discard(int(self.settings.ckpt_signal))
+        child = Child.start(self.argv, env, ignore=sorted(ignore))
+        self._child = child
+        try:
+            status = self._loop(child, handler, watcher)
+            self.stopped = handler.stop_cause is not None
+            return status
+        finally:
+            # Every exit path, an exception included: nothing of the program outlives the
+            # wrapper. After a stop the group was already ended within the grace.
+            term_wait = 0.0 if self.stopped else self.settings.term_wait_s
+            child.terminate(term_wait, self._sleep)
+
+    def _sleep(self, timeout: float) -> None:
+        """Sleep up to ``timeout``, waking at once on any signal, and pass signals on."""
+        if self._handler is None:
+            time.sleep(max(0.0, timeout))
+            return
+        self._handler.wait(timeout)
+        if self._child is not None:
+            self._forward(self._child, self._handler)
 
     def _loop(self, child: Child, handler: SignalHandler, watcher: MarkerWatcher) -> int:
         while True:
@@ -156,6 +214,13 @@ class Supervisor:
     def _forward(child: Child, handler: SignalHandler) -> None:
         for signum in handler.take_forward():
             child.signal_group(signum)
+            if signum in JOB_CONTROL:
+                # The program's group has no parent in its session (an orphaned group), so the
+                # kernel drops TSTP/TTIN/TTOU there: stop it outright, then stop too, as a
+                # shell expects of its foreground job. The SIGCONT that resumes the wrapper
+                # is forwarded like any other signal.
+                child.signal_group(signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGSTOP)
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -188,7 +253,11 @@ class Supervisor:
     def _await(
         self, child: Child, handler: SignalHandler, watcher: MarkerWatcher, deadline: float
     ) -> Tuple[bool, Optional[Report], int, str]:
-        """Wait for the program's report (designated rank) or its exit, until ``deadline``."""
+        """Wait for the program's report (designated rank) or its exit, until ``deadline``.
+
+        A tight poll of the marker (a few microseconds each): the report is what the
+        preempting job waits for. The program's exit wakes the wait through SIGCHLD.
+        """
         while True:
             self._forward(child, handler)
             got = self._observe(watcher)
@@ -247,6 +316,9 @@ class Supervisor:
                 grace_s=s.grace_s,
             )
             child.signal_group(s.ckpt_signal)
+        # Learnt while the program saves, not after: a cancelled job is CANCELLED at once
+        # and a preempted one stays RUNNING through the grace, so the answer cannot change.
+        state = self._job_state(cause)
         ok, report, size, reason = self._await(child, handler, watcher, deadline)
         if self.designated:
             self.events.emit(
@@ -264,27 +336,37 @@ class Supervisor:
             log.warning("no checkpoint taken: %s", reason)
         if handler.stop_count > 1:
             log.info("%d stop signals received; one checkpoint taken", handler.stop_count)
+        # Requeue first: the program's own exit (often slow: CUDA, NCCL teardown) and the
+        # requeue call then overlap, and the job frees its GPUs when both are done.
+        wait_for_slurm = self._requeue(cause, checkpoint_ok=ok, slurm_state=state)
         self._end(child, deadline)
-        self._requeue(cause, checkpoint_ok=ok)
+        if wait_for_slurm:
+            self._wait_for_slurm()
         return EXIT_STOPPED
 
     def _end(self, child: Child, deadline: float) -> None:
-        """Let the program exit by itself for a moment, then SIGKILL its whole group."""
+        """Let the program exit by itself for a moment, then SIGKILL everything of it."""
         window = min(self.settings.exit_window_s, max(0.0, deadline - self.clock()))
-        if child.wait(window) is None:
+        if child.wait(window, self._sleep) is None:
             log.info("program still running after its checkpoint window; killing it")
-            child.kill()
-        else:
-            child.reap_leftovers()
+        child.terminate(0.0, self._sleep)
+
+    def _job_state(self, cause: str) -> str:
+        """The job's state in Slurm when it decides a requeue ("" when not asked)."""
+        if not (self.designated and cause == PREEMPTED and self.job.in_slurm):
+            return ""
+        return requeue.slurm_job_state(self.slurm(), self.job.job_id)
 
     def _requeue(
-        self, cause: str, checkpoint_ok: bool, program_status: Optional[int] = None
-    ) -> None:
+        self,
+        cause: str,
+        checkpoint_ok: bool,
+        program_status: Optional[int] = None,
+        slurm_state: str = "",
+    ) -> bool:
+        """Decide and requeue; True when the wrapper must then wait for Slurm to end the job."""
         if not self.designated:
-            return  # the designated rank's wrapper requeues and records, once per job
-        state = ""
-        if cause == PREEMPTED and self.job.in_slurm and program_status is None:
-            state = requeue.slurm_job_state(self.slurm(), self.job.job_id)
+            return False  # the designated rank's wrapper requeues and records, once per job
         decision = requeue.decide(
             cause,
             job_id=self.job.job_id,
@@ -292,7 +374,7 @@ class Supervisor:
             max_requeues=self.settings.max_requeues,
             checkpoint_ok=checkpoint_ok,
             program_status=program_status,
-            slurm_state=state,
+            slurm_state=slurm_state,
         )
         if decision.requeue:
             error = requeue.scontrol_requeue(self.slurm(), self.job.job_id)
@@ -305,7 +387,7 @@ class Supervisor:
                     by=decision.by,
                 )
                 log.info("requeued: %s", decision.reason)
-                return
+                return False
             decision = requeue.Decision(False, error)
             if cause == PREEMPTED:
                 decision = requeue.Decision(
@@ -315,11 +397,11 @@ class Supervisor:
                 )
                 self.events.emit("requeue-declined", job=self.job.job_id, reason=decision.reason)
                 log.warning("not requeued by slurmiso: %s", decision.reason)
-                self._wait_for_slurm()
-                return
+                return True
         self.events.emit("requeue-declined", job=self.job.job_id, reason=decision.reason)
         if cause == TIME_LIMIT or self.job.in_slurm:
             log.warning("not requeued: %s", decision.reason)
+        return False
 
     def _wait_for_slurm(self) -> None:
         """Stay alive (the program is gone) so Slurm, not an early exit, decides the job's
@@ -327,6 +409,23 @@ class Supervisor:
         until = self.clock() + self.settings.grace_s + 60.0
         while self.clock() < until:
             time.sleep(min(1.0, max(0.0, until - self.clock())))
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the wrapper's process after a stop, skipping the interpreter's teardown.
+
+    Slurm frees the job's GPUs only when its last process is gone, and the wrapper is that
+    process; Python's own teardown of its modules takes 10-25 ms that the preempting job
+    would wait for. Everything is done by then (program reaped, journal lines written with
+    plain ``write``, checkpoint record fsynced); logs and stdio are flushed here.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def _default_slurm() -> requeue.SlurmRunner:

@@ -352,3 +352,9 @@ def test_cli_passes_the_exit_status_through(tmp_path, monkeypatch) -> None:
     rc = main(["run", "--ckpt-dir", str(tmp_path / "c"), "--", "sh", "-c", "exit 4"])
     assert rc == 4
     assert main(["run"]) == 2  # no program: usage error
+
+
+@pytest.mark.parametrize("name", ["KILL", "CHLD", "SEGV"])
+def test_a_stop_signal_the_wrapper_cannot_catch_is_a_usage_error(name: str) -> None:
+    with pytest.raises(UsageError, match=f"SIG{name} cannot be the signal that stops the job"):
+        SignalHandler(JobEnvironment(), {TERM: PREEMPTED, int(parse_signal(name)): TIME_LIMIT})

@@ -224,3 +224,35 @@ def test_other_ranks_wait_for_the_designated_ranks_report(tmp_path) -> None:
     assert time.monotonic() - t0 < 7.0
     kinds = [json.loads(x)["event"] for x in Path(events).read_text().splitlines()]
     assert kinds == ["preempt-signal"]  # no checkpoint or requeue records from rank 1
+
+
+# A program that reports its checkpoint, then takes its time to exit (CUDA and NCCL teardown
+# do), and notes whether the job was already requeued while it was still exiting.
+SLOW_EXIT = r"""
+import os, signal, sys, time
+from slurmiso.wrapper.checkpoint_protocol import write_marker
+got = []
+signal.signal(signal.SIGUSR2, lambda n, f: got.append(n))
+open("ready", "w").close()
+while not got:
+    time.sleep(0.01)
+open("ckpt.bin", "w").write("x")
+write_marker(os.environ["SLURMISO_CKPT_MARKER"], os.path.abspath("ckpt.bin"), step=1)
+requests = os.environ["SLURMISO_SIM_REQUESTS"]
+deadline = time.monotonic() + 3.0
+while not os.path.exists(requests) and time.monotonic() < deadline:
+    time.sleep(0.01)
+open("exit-saw", "w").write("requeued" if os.path.exists(requests) else "not requeued")
+"""
+
+
+def test_requeue_does_not_wait_for_the_program_to_finish_exiting(tmp_path) -> None:
+    """The requeue and the program's own exit overlap: the preempting job waits for both."""
+    argv = [sys.executable, "-m", "slurmiso", "run", "--grace", "20",
+            "--ckpt-dir", str(tmp_path / "ckpt"), "--", sys.executable, "-c", SLOW_EXIT]
+    sim = LocalSlurm(argv, env=ENV, workdir=str(tmp_path))
+    started = lambda elapsed: (tmp_path / "ready").exists()  # noqa: E731
+    attempts = sim.run(preempt=[started], max_attempts=1)
+    assert attempts[0].exit_code == 143
+    assert (tmp_path / "exit-saw").read_text() == "requeued"
+    assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"]
