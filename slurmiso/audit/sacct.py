@@ -46,12 +46,20 @@ SACCT_FIELDS: Tuple[str, ...] = (
     "AllocTRES",
     "NodeList",
     "TRESUsageInAve",
+    "TRESUsageInTot",
+    "Restarts",
 )
+#: The audit's ``--format`` before ``TRESUsageInTot`` and ``Restarts`` were added: a file saved
+#: without a header in that order is still read.
+LEGACY_FIELDS: Tuple[str, ...] = SACCT_FIELDS[:16]
 #: Without these a record means nothing to the audit.
 REQUIRED_FIELDS = ("JobID", "State")
 #: Other fields sacct prints that we accept quietly (people pass ``--format`` of their own).
 _TOLERATED = {"JobIDRaw", "Elapsed", "Timelimit", "ExitCode", "Flags", "Reason", "NNodes",
-              "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir", "Restarts"}
+              "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir",
+              "ReqCPUS", "ReqMem", "NCPUS", "AveCPU", "MaxRSS", "MaxVMSize", "CPUTimeRaw",
+              "TotalCPU", "DerivedExitCode", "Priority", "Constraints", "ReqNodes",
+              "TRESUsageInMax", "Comment", "Reservation", "SubmitLine"}
 _MAX_BAD_SAMPLES = 5
 
 
@@ -84,6 +92,8 @@ class JobRecord(NamedTuple):
     gpu_util: Optional[float] = None  # max over steps of gres/gpuutil (%), when accounted
     steps: int = 0
     component: int = 0  # het job component offset (``123+1`` -> 1): part of the leader's run
+    restarts: int = 0  # sacct ``Restarts``: times this job was requeued before this record
+    gpu_mem: Optional[float] = None  # max over steps of gres/gpumem (bytes), when accounted
 
 
 @dataclass
@@ -101,6 +111,7 @@ class ParseStats:
     unknown_fields: List[str] = field(default_factory=list)
     truncated: bool = False
     slurm_version: str = ""
+    fields: List[str] = field(default_factory=list)  # the -P header, when there was one
 
     def bad_line(self, where: str, why: str) -> None:
         self.bad += 1
@@ -167,16 +178,61 @@ def parse_tres(text: str) -> Tuple[float, int, int]:
     return (gpu if gpu is not None else typed), mps, shards
 
 
-def _gpu_util(text: str) -> Optional[float]:
-    """``gres/gpuutil=NN`` from a ``TRESUsageInAve`` string (only with GPU accounting on)."""
-    at = text.find("gres/gpuutil=")
-    if at < 0:
-        return None
-    value = text[at + 13 :].split(",", 1)[0]
+def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
+    """(``gres/gpuutil`` %, ``gres/gpumem`` bytes) from a ``TRESUsageIn*`` string; None where
+    Slurm did not account it (``AccountingStorageTRES`` without ``gres/gpu``, or MIG)."""
+    if "gres/gpu" not in text:
+        return None, None
+    util = mem = None
+    for item in text.split(","):
+        if item.startswith("gres/gpuutil="):
+            util = _number(item[13:])
+        elif item.startswith("gres/gpumem="):
+            mem = _number(item[12:])
+    return util, mem
+
+
+def _number(text: str) -> Optional[float]:
+    """A TRES count; sacct may print memory with a unit suffix (``1.50G``)."""
     try:
-        return float(value)
+        return float(text)
+    except ValueError:
+        pass
+    scale = {"K": 1024.0, "M": 1024.0 ** 2, "G": 1024.0 ** 3, "T": 1024.0 ** 4}.get(text[-1:])
+    try:
+        return float(text[:-1]) * scale if scale else None
     except ValueError:
         return None
+
+
+#: Every value sacct prints for a time that has not happened (or is not known).
+NO_TIME = frozenset(("", "Unknown", "None", "N/A"))
+#: sacct times are whole seconds: allow this much disagreement between its own figures.
+SLACK_S = 2.0
+
+
+def problem(rec: JobRecord) -> Optional[str]:
+    """Why ``rec`` cannot be summed (negative or inconsistent durations), or None.
+
+    Shared by both parsers: a record that fails here is counted bad, sampled and left out of
+    every sum, never clamped to zero.
+    """
+    if rec.elapsed < 0:
+        return f"negative ElapsedRaw {rec.elapsed:g}"
+    if rec.gpus < 0 or rec.mps < 0 or rec.shards < 0:
+        return "negative GPU count in AllocTRES"
+    if rec.start is not None and rec.end is not None:
+        if rec.end < rec.start:
+            return "End before Start"
+        if rec.elapsed > rec.end - rec.start + SLACK_S:
+            return f"ElapsedRaw {rec.elapsed:g} longer than End-Start {rec.end - rec.start:g}"
+    since = rec.eligible if rec.eligible is not None else rec.submit
+    ran = rec.nodes != "None assigned"  # 22.05: a requeue cancelled while pending has Start=End
+    if ran and rec.start is not None and since is not None and rec.start < since - SLACK_S:
+        return "Start before Eligible/Submit (negative wait)"
+    if rec.restarts < 0:
+        return "negative Restarts"
+    return None
 
 
 def job_key(job_id: str) -> Tuple[str, str]:
@@ -219,19 +275,23 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
     stats.format = stats.format or "parsable"
     header: Optional[List[str]] = None
     pending: Optional[JobRecord] = None
-    pending_raw = ""
+    pending_key = ""
     idx: Dict[str, int] = {}
     ncol = 0
+    ave = tot = -1
     for number, line in enumerate(lines, 1):
         stats.lines = number
         complete = line.endswith("\n")
         line = line.rstrip("\r\n")
-        if not line.strip():
+        if number == 1 and line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
+            line = line[1:]
+        if not line or line.isspace():
             continue
         parts = line.split("|")
         if header is None:
             header, idx = _read_header(parts, stats)
             ncol = len(header)
+            ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
             if "JobID" in parts:
                 continue
             # else no header line (sacct -n): this line is already data
@@ -242,32 +302,40 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
                     stats.truncated = True
                     stats.bad_line(f"line {number}", "truncated (output ends mid-line)")
                 else:
-                    stats.bad_line(f"line {number}", f"{len(line.split('|'))} fields, want {ncol}")
+                    stats.bad_line(f"line {number}", f"{len(parts)} fields, want {ncol}")
                 continue
             parts = repaired
         if not complete:  # sacct ends every line; a last line without one was cut short
             stats.truncated = True
-        job_id = parts[idx["JobID"]]
-        key, step = job_key(job_id)
-        if step:
-            if pending is not None and job_key(pending_raw)[0] == key:
-                util = _gpu_util(parts[idx["TRESUsageInAve"]]) if "TRESUsageInAve" in idx else None
-                pending = _fold_step(pending, util)
+        job_id = parts[0] if idx["JobID"] == 0 else parts[idx["JobID"]]
+        dot = job_id.find(".")
+        if dot >= 0:  # a step: fold its GPU usage into its job
+            key = job_id[:dot].split("+", 1)[0]
+            if pending is not None and pending_key == key:
+                pending = _fold_step(pending, parts, ave, tot)
                 stats.steps += 1
             else:
                 stats.orphan_steps += 1
             continue
+        key = job_id.split("+", 1)[0] if "+" in job_id else job_id
         try:
             record = _record(parts, idx, key)
             if "+" in job_id:
                 record = record._replace(component=het_offset(job_id))
+            why = problem(record)
         except (ValueError, IndexError) as exc:
-            stats.bad_line(f"line {number}", str(exc))
+            why = str(exc)
+        if why is not None:
+            stats.bad_line(f"line {number} (job {job_id})", why)
+            if pending is not None:
+                stats.records += 1
+                yield pending
+            pending, pending_key = None, ""
             continue
         if pending is not None:
             stats.records += 1
             yield pending
-        pending, pending_raw = record, job_id
+        pending, pending_key = record, key
     if pending is not None:
         stats.records += 1
         yield pending
@@ -275,19 +343,37 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
 
-def _fold_step(job: JobRecord, util: Optional[float]) -> JobRecord:
-    if util is not None and (job.gpu_util is None or util > job.gpu_util):
-        return job._replace(gpu_util=util, steps=job.steps + 1)
-    return job._replace(steps=job.steps + 1)
+def _fold_step(job: JobRecord, parts: List[str], ave: int, tot: int) -> JobRecord:
+    """The job with one more step; its GPU usage is the max over steps (Ave, else Tot)."""
+    util = mem = None
+    if ave >= 0 and "gres/gpu" in parts[ave]:
+        util, mem = gpu_usage(parts[ave])
+    if tot >= 0 and (util is None or mem is None) and "gres/gpu" in parts[tot]:
+        tutil, tmem = gpu_usage(parts[tot])
+        util = util if util is not None else tutil
+        mem = mem if mem is not None else tmem
+    if util is None and mem is None:
+        return job._replace(steps=job.steps + 1)
+    return job._replace(
+        steps=job.steps + 1,
+        gpu_util=_max(job.gpu_util, util),
+        gpu_mem=_max(job.gpu_mem, mem),
+    )
+
+
+def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None:
+        return b
+    return a if b is None or a >= b else b
 
 
 def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
     if "JobID" not in parts:
-        if len(parts) == len(SACCT_FIELDS):
-            log.warning("%s: no header line; assuming the audit's own --format order",
-                        stats.source or "sacct output")
-            names = list(SACCT_FIELDS)
-            return names, {n: i for i, n in enumerate(names)}
+        for names in (SACCT_FIELDS, LEGACY_FIELDS):
+            if len(parts) == len(names):
+                log.warning("%s: no header line; assuming the audit's own --format order",
+                            stats.source or "sacct output")
+                return list(names), {n: i for i, n in enumerate(names)}
         raise AuditInputError(
             f"{stats.source or 'sacct output'}: no header line naming JobID",
             hint="save sacct output with its header (-P without -n), or use --json",
@@ -300,6 +386,7 @@ def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[s
     missing = [f for f in REQUIRED_FIELDS if f not in parts]
     if missing:
         raise AuditInputError(f"{stats.source}: sacct output lacks field(s) {', '.join(missing)}")
+    stats.fields = list(parts)
     return parts, {name: i for i, name in enumerate(parts) if name}
 
 
@@ -317,17 +404,36 @@ def _get(parts: List[str], idx: Dict[str, int], name: str) -> str:
     return parts[at] if at is not None else ""
 
 
+def _time(parts: List[str], idx: Dict[str, int], name: str) -> Optional[float]:
+    """A sacct time field; garbage (not a time, not ``Unknown``) makes the row bad."""
+    text = _get(parts, idx, name)
+    if text in NO_TIME:
+        return None
+    value = parse_time(text)
+    if value is None:
+        raise ValueError(f"bad {name} time {text[:32]!r}")
+    return value
+
+
 def _record(parts: List[str], idx: Dict[str, int], key: str) -> JobRecord:
-    start = parse_time(_get(parts, idx, "Start"))
-    end = parse_time(_get(parts, idx, "End"))
+    start = _time(parts, idx, "Start")
+    end = _time(parts, idx, "End")
     raw = _get(parts, idx, "ElapsedRaw")
     if raw:
-        elapsed = float(raw)
+        try:
+            elapsed = float(int(raw))
+        except ValueError:
+            raise ValueError(f"bad ElapsedRaw {raw[:32]!r}") from None
     else:
-        elapsed = max(0.0, end - start) if start is not None and end is not None else 0.0
+        elapsed = end - start if start is not None and end is not None else 0.0
     limit = _int(_get(parts, idx, "TimelimitRaw"))
     gpus, mps, shards = parse_tres(_get(parts, idx, "AllocTRES"))
-    usage = _get(parts, idx, "TRESUsageInAve")
+    util = mem = None
+    for name in ("TRESUsageInAve", "TRESUsageInTot"):
+        usage = _get(parts, idx, name)
+        if usage and util is None and mem is None:
+            util, mem = gpu_usage(usage)
+    restarts = _get(parts, idx, "Restarts")
     return JobRecord(
         key,
         _get(parts, idx, "JobName"),
@@ -336,8 +442,8 @@ def _record(parts: List[str], idx: Dict[str, int], key: str) -> JobRecord:
         _get(parts, idx, "Partition"),
         _get(parts, idx, "QOS"),
         state_word(parts[idx["State"]]),
-        parse_time(_get(parts, idx, "Submit")),
-        parse_time(_get(parts, idx, "Eligible")),
+        _time(parts, idx, "Submit"),
+        _time(parts, idx, "Eligible"),
         start,
         end,
         elapsed,
@@ -346,5 +452,9 @@ def _record(parts: List[str], idx: Dict[str, int], key: str) -> JobRecord:
         mps,
         shards,
         _get(parts, idx, "NodeList"),
-        _gpu_util(usage) if usage else None,
+        util,
+        0,
+        0,
+        int(restarts) if restarts.isdigit() else 0,
+        mem,
     )
