@@ -123,8 +123,8 @@ class Aggregator:
         self.preempted: Dict[str, Preempted] = {}
         self.users: Dict[str, Who] = {}
         self.accounts: Dict[str, Who] = {}
-        #: worst GPU efficiency, weighted by GPU-hours: (wasted GPU-h, job, user, util %, GPU-h)
-        self.inefficient: List[Tuple[float, str, str, float, float]] = []
+        #: worst GPU efficiency by wasted GPU-hours: (wasted, job, user, util %, GPU-h, class)
+        self.inefficient: List[Tuple[float, str, str, float, float, str]] = []
         self.restarted: Dict[str, int] = {}  # job -> sacct Restarts, when > 0
         self.outside_window = 0
         self.first_time: Optional[float] = None  # earliest start or end seen (data's span)
@@ -174,7 +174,7 @@ class Aggregator:
             stats = self.classes[cls] = ClassStats()
         if rec.component:  # another component of a het job: same job, same attempt
             gpus, gpu_hours = self._gpu_hours(rec, stats, 0, lo, hi, cls)
-            self._usage(rec, stats, gpus, gpu_hours)
+            self._usage(rec, stats, gpus, gpu_hours, cls)
             return
         stats.attempts += 1
         job = rec.job
@@ -206,7 +206,7 @@ class Aggregator:
                 if limit is not None and wait <= limit:
                     stats.wait_slo_met += 1
                 self._wait_point(start, cls, wait)
-        idle = self._usage(rec, stats, gpus, gpu_hours)
+        idle = self._usage(rec, stats, gpus, gpu_hours, cls)
         if idle:
             who_u.idle_gpu_hours += idle
             who_a.idle_gpu_hours += idle
@@ -279,7 +279,8 @@ class Aggregator:
         p[1] += gpu_hours
         return gpus, gpu_hours
 
-    def _usage(self, rec: JobRecord, stats: ClassStats, gpus: float, gpu_hours: float) -> float:
+    def _usage(self, rec: JobRecord, stats: ClassStats, gpus: float, gpu_hours: float,
+               cls: str) -> float:
         """Account GPU utilisation; returns the idle GPU-hours of this record (0 if busy)."""
         util = rec.gpu_util
         if util is None or not gpus:
@@ -288,7 +289,7 @@ class Aggregator:
         eff = efficiency(util, gpus)
         wasted = gpu_hours * (1.0 - eff)
         if wasted > 0:
-            item = (wasted, rec.job, rec.user, round(util, 1), gpu_hours)
+            item = (wasted, rec.job, rec.user, round(util, 1), gpu_hours, cls)
             if len(self.inefficient) < _TOP:
                 heapq.heappush(self.inefficient, item)
             elif item > self.inefficient[0]:

@@ -184,7 +184,7 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
                             f"submit batch work with --qos=train; lower qos.max_wall of {name}",
                             stats.long_job_ids))
         if stats.idle_gpu_hours > 0:
-            idle = [job for _, job, _, util, _ in agg.inefficient if util <= 0]
+            idle = [job for _, job, _, util, _, c in agg.inefficient if util <= 0 and c == name]
             out.append(make("info", "idle-allocated-gpus",
                             f"class {name}: {stats.idle_gpu_hours:.1f} GPU-hours allocated to "
                             "jobs whose GPUs stayed at 0% utilisation (sacct gres/gpuutil)",

@@ -57,6 +57,11 @@ def _nice_max(v: float) -> float:
     return 10 * mag
 
 
+#: Log-axis ticks at durations people read: 1 s, 10 s, 1 min, 10 min, 1 h, 10 h, 1 d, 1 w.
+_LOG_TICKS = (1.0, 10.0, 60.0, 600.0, 3600.0, 36000.0, 86400.0, 604800.0)
+_TICK_LABEL = dict(zip(_LOG_TICKS, ("1s", "10s", "1m", "10m", "1h", "10h", "1d", "1w")))
+
+
 def class_colours(report: Dict[str, Any]) -> Dict[str, str]:
     """One colour per class, fixed by the config's class order (the same in every report);
     classes outside the config (unclassified) get grey."""
@@ -79,9 +84,8 @@ def _time_ticks(t0: float, t1: float, most: int = 6) -> List[Tuple[float, str]]:
         if span / step <= most:
             break
     fmt = "%m-%d %H:%M" if step < 86400 else "%Y-%m-%d"
-    first = math.ceil(t0 / step) * step
-    ticks = []
-    t = first
+    ticks: List[Tuple[float, str]] = []
+    t = float(math.ceil(t0 / step) * step)
     while t <= t1:
         ticks.append((t, datetime.fromtimestamp(t, timezone.utc).strftime(fmt)))
         t += step
@@ -106,24 +110,28 @@ def time_chart(title: str, series: Dict[str, List[Tuple[float, Optional[float]]]
         def yv(v: float) -> float:
             e = math.log10(max(v, 10 ** lo_e))
             return _PAD_T + ph - (e - lo_e) / (hi_e - lo_e) * ph
-        grid = [(yv(10 ** e), 10 ** e) for e in range(lo_e, hi_e + 1)]
+        grid = [(yv(v), v) for v in _LOG_TICKS if 10 ** lo_e <= v <= 10 ** hi_e]
     else:
         ymax = top if top is not None else _nice_max(max(values))
 
         def yv(v: float) -> float:
             return _PAD_T + ph - (v / ymax) * ph
-        grid = [(yv(ymax * k / 4), ymax * k / 4) for k in range(5)]
+        grid = [(yv(ymax * k / 5), ymax * k / 5) for k in range(6)]
 
     def xv(t: float) -> float:
         return _PAD_L + (t - t0) / (t1 - t0) * pw
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H + 30}" '
              f'role="img" aria-label="{escape(title)}">']
-    for y, v in grid:
+    last_y: Optional[float] = None
+    for y, tick in grid:
+        if last_y is not None and abs(last_y - y) < 14:
+            continue  # too close to the last label to read
+        last_y = y
         parts.append(f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_PAD_L + pw}" y2="{y:.1f}" '
                      'stroke="#e5e5e5"/>')
         parts.append(f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" font-size="11" '
-                     f'text-anchor="end" fill="#555">{escape(fmt(v))}</text>')
+                     f'text-anchor="end" fill="#555">{escape(fmt(tick))}</text>')
     for t, label in _time_ticks(t0, t1):
         x = xv(t)
         anchor = "end" if x > _PAD_L + pw - 40 else "start" if x < _PAD_L + 40 else "middle"
@@ -213,7 +221,8 @@ def render_html(report: Dict[str, Any]) -> str:
                    _points(report, "use_share", "pool", "pools"), pools, bucket_s,
                    lambda v: f"{v:.0%}", top=1.0),
         time_chart(f"Mean queue wait by class, log scale (per {bucket})",
-                   _points(report, "wait_mean_s"), colours, bucket_s, duration, log=True),
+                   _points(report, "wait_mean_s"), colours, bucket_s,
+                   lambda v: _TICK_LABEL.get(v) or duration(v), log=True),
     ]
     for title, header, rows in _extra_tables(report):
         body += [f"<h2>{escape(title)}</h2>", _table(header, rows)]

@@ -96,9 +96,9 @@ def build_report(
             "accounts": _ranking(agg.accounts, "account", overall.util_gpu_hours > 0),
         },
         "gpu_efficiency": [
-            {"job": job, "user": user, "gpu_util": util, "gpu_hours": round(gh, 3),
-             "wasted_gpu_hours": round(wasted, 3)}
-            for wasted, job, user, util, gh in sorted(agg.inefficient, reverse=True)
+            {"job": job, "user": user, "class": cls, "gpu_util": util,
+             "gpu_hours": round(gh, 3), "wasted_gpu_hours": round(wasted, 3)}
+            for wasted, job, user, util, gh, cls in sorted(agg.inefficient, reverse=True)
         ],
         "series": _series(agg, capacity),
         "findings": [f.to_dict() for f in sort_findings(findings)],
@@ -170,7 +170,7 @@ def _ranking(table: Dict[str, Who], label: str, util_known: bool) -> List[Dict[s
                 "idle_gpu_hours": round(w.idle_gpu_hours, 3) if util_known else None,
                 "lost_gpu_hours": round(w.lost_gpu_hours, 3), "preemptions": w.preemptions}
 
-    keep = set()
+    keep: set = set()
     for key in ("gpu_hours", "idle_gpu_hours", "lost_gpu_hours", "preemptions"):
         top = sorted(table.items(), key=lambda kv: (-getattr(kv[1], key), kv[0]))
         keep.update(n for n, w in top[: _TOP if key == "gpu_hours" else 5]

@@ -131,3 +131,67 @@ def test_recorded_preemption_is_one_job_two_attempts(fixture, utc, capsys, monke
     train = json.loads(out)["classes"]["train"]
     assert (train["jobs"], train["attempts"], train["requeues"], train["preemptions"],
             train["started"]) == (1, 2, 1, 1, 1)
+
+
+DUMPS = ["22.05-recorded.txt", "24.11-parsable.txt", "synthetic-week.txt"]
+
+
+def recount(path: str) -> Dict[str, Any]:
+    """Attempts, jobs, preemptions and GPU-hours of a ``sacct -P`` dump, counted here with the
+    ``csv`` module and nothing of the audit's: the golden figures are checked against this.
+    GPU equivalents: untyped ``gres/gpu`` (else the typed ones summed), ``gres/mps`` / 100 and
+    ``gres/shard`` / 7 (the fixture config's mps_shares_per_gpu and shards_per_gpu)."""
+    import csv
+
+    attempts = preempted = 0
+    jobs = set()
+    gpu_hours = 0.0
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, delimiter="|", quoting=csv.QUOTE_NONE)
+        header = next(reader)
+        name = header.index("JobName")
+        for cells in reader:
+            extra = len(cells) - len(header)  # a '|' inside a job name: glue it back
+            if extra > 0:
+                cells = (cells[:name] + ["|".join(cells[name:name + extra + 1])]
+                         + cells[name + extra + 1:])
+            r = dict(zip(header, cells))
+            jid = r["JobID"]
+            if "." in jid:
+                continue
+            leader, _, component = jid.partition("+")
+            tres = dict(i.split("=", 1) for i in r["AllocTRES"].split(",") if "=" in i)
+            typed = sum(float(v) for k, v in tres.items() if k.startswith("gres/gpu:"))
+            gpus = float(tres.get("gres/gpu", typed))
+            gpus += float(tres.get("gres/mps", 0)) / 100 + float(tres.get("gres/shard", 0)) / 7
+            if r["Start"] not in ("Unknown", "None") and r["NodeList"] != "None assigned":
+                gpu_hours += gpus * int(r["ElapsedRaw"] or 0) / 3600
+            if component and component != "0":
+                continue
+            attempts += 1
+            jobs.add(leader)
+            preempted += r["State"] == "PREEMPTED"
+    return {"attempts": attempts, "jobs": len(jobs), "preemptions": preempted,
+            "gpu_hours": gpu_hours}
+
+
+@pytest.mark.parametrize("fixture", DUMPS)
+def test_recorded_figures_match_an_independent_recount(fixture, utc, capsys, monkeypatch):  # noqa: F811
+    path = os.path.join(SACCT, fixture)
+    rc, out, err = run_audit(["--sacct-file", path, "--journal", JOURNAL, "--format", "json"],
+                             capsys, monkeypatch)
+    overall = json.loads(out)["overall"]
+    want = recount(path)
+    assert {k: overall[k] for k in ("attempts", "jobs", "preemptions")} == {
+        k: want[k] for k in ("attempts", "jobs", "preemptions")}, err
+    assert overall["gpu_hours"] == pytest.approx(want["gpu_hours"], abs=2e-3)
+
+
+def test_synthetic_week_matches_golden(utc, capsys, monkeypatch):  # noqa: F811
+    rc, out, err = run_audit(["--sacct-file", os.path.join(SACCT, "synthetic-week.txt"),
+                              "--journal", JOURNAL, "--format", "json"], capsys, monkeypatch)
+    assert rc in (0, 1), err
+    report = json.loads(out)
+    report["inputs"]["sacct"]["source"] = "synthetic-week.txt"
+    report["inputs"]["journals"] = []
+    check_golden("synthetic-week.txt.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
