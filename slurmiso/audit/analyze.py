@@ -321,20 +321,25 @@ class Aggregator:
     def _spread(self, lo: float, hi: float, gpu_hours: float, cls: str, pool: str) -> None:
         """Share ``gpu_hours`` out over the buckets ``[lo, hi)`` covers, by time."""
         b = self.bucket_s
-        first, last = int(lo // b), int((hi - 1e-9) // b) if hi > lo else int(lo // b)
+        first = int(lo // b)
+        last = int((hi - 1e-9) // b) if hi > lo else first
         series = self.series
+        pool_key = "pool:" + pool
         if first == last:
-            parts = [(first, gpu_hours)]
+            parts: Iterable[Tuple[int, float]] = ((first, gpu_hours),)
         else:
             rate = gpu_hours / (hi - lo)
             parts = [(k, rate * (min(hi, (k + 1) * b) - max(lo, k * b)))
                      for k in range(first, last + 1)]
         for k, gh in parts:
-            for key in ((k, cls), (k, "pool:" + pool)):
-                point = series.get(key)
-                if point is None:
-                    point = series[key] = [0.0, 0.0, 0.0, 0.0]
-                point[0] += gh
+            point = series.get((k, cls))
+            if point is None:
+                point = series[(k, cls)] = [0.0, 0.0, 0.0, 0.0]
+            point[0] += gh
+            point = series.get((k, pool_key))
+            if point is None:
+                point = series[(k, pool_key)] = [0.0, 0.0, 0.0, 0.0]
+            point[0] += gh
 
     def _wait_point(self, start: float, cls: str, wait: float) -> None:
         key = (int(start // self.bucket_s), cls)
@@ -354,6 +359,9 @@ class Aggregator:
         return who
 
     def _pool(self, partition: str, nodes: str) -> Tuple[str, float, float]:
+        hit = self._pool_cache.get((partition, ""))  # a partition that names a pool
+        if hit is not None:
+            return hit
         key = (partition, nodes if not self._partition_pool(partition) else "")
         hit = self._pool_cache.get(key)
         if hit is None:

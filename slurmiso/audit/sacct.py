@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurmiso.errors import UsageError
 
@@ -279,6 +279,8 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
     idx: Dict[str, int] = {}
     ncol = 0
     ave = tot = -1
+    make: Optional[Callable[[List[str], str], JobRecord]] = None
+    steps = psteps = 0  # steps in all; steps of the pending job (set on it when yielded)
     for number, line in enumerate(lines, 1):
         stats.lines = number
         complete = line.endswith("\n")
@@ -292,6 +294,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
             header, idx = _read_header(parts, stats)
             ncol = len(header)
             ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
+            make = _record_maker(idx, ncol)
             if "JobID" in parts:
                 continue
             # else no header line (sacct -n): this line is already data
@@ -312,14 +315,19 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         if dot >= 0:  # a step: fold its GPU usage into its job
             key = job_id[:dot].split("+", 1)[0]
             if pending is not None and pending_key == key:
-                pending = _fold_step(pending, parts, ave, tot)
-                stats.steps += 1
+                if ((ave >= 0 and "gres/gpu" in parts[ave])
+                        or (tot >= 0 and "gres/gpu" in parts[tot])):
+                    pending = _fold_step(pending, parts, ave, tot)
+                steps += 1
+                psteps += 1
             else:
                 stats.orphan_steps += 1
             continue
         key = job_id.split("+", 1)[0] if "+" in job_id else job_id
+        parts.append("")  # what a field the header lacks reads (see _record_maker)
         try:
-            record = _record(parts, idx, key)
+            assert make is not None
+            record = make(parts, key)
             if "+" in job_id:
                 record = record._replace(component=het_offset(job_id))
             why = problem(record)
@@ -329,22 +337,23 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
             stats.bad_line(f"line {number} (job {job_id})", why)
             if pending is not None:
                 stats.records += 1
-                yield pending
-            pending, pending_key = None, ""
+                yield pending._replace(steps=psteps) if psteps else pending
+            pending, pending_key, psteps = None, "", 0
             continue
         if pending is not None:
             stats.records += 1
-            yield pending
-        pending, pending_key = record, key
+            yield pending._replace(steps=psteps) if psteps else pending
+        pending, pending_key, psteps = record, key, 0
     if pending is not None:
         stats.records += 1
-        yield pending
+        yield pending._replace(steps=psteps) if psteps else pending
+    stats.steps += steps
     if header is None:
         raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
 
 def _fold_step(job: JobRecord, parts: List[str], ave: int, tot: int) -> JobRecord:
-    """The job with one more step; its GPU usage is the max over steps (Ave, else Tot)."""
+    """The job with a step's GPU usage folded in: the max over steps (Ave, else Tot)."""
     util = mem = None
     if ave >= 0 and "gres/gpu" in parts[ave]:
         util, mem = gpu_usage(parts[ave])
@@ -353,9 +362,8 @@ def _fold_step(job: JobRecord, parts: List[str], ave: int, tot: int) -> JobRecor
         util = util if util is not None else tutil
         mem = mem if mem is not None else tmem
     if util is None and mem is None:
-        return job._replace(steps=job.steps + 1)
+        return job
     return job._replace(
-        steps=job.steps + 1,
         gpu_util=_max(job.gpu_util, util),
         gpu_mem=_max(job.gpu_mem, mem),
     )
@@ -399,62 +407,88 @@ def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[s
     return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
 
 
-def _get(parts: List[str], idx: Dict[str, int], name: str) -> str:
-    at = idx.get(name)
-    return parts[at] if at is not None else ""
+def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], JobRecord]:
+    """A function ``(parts, key) -> JobRecord`` for this header, with every column index bound
+    once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
+    one extra ``""`` at index ``ncol``, which a field the header lacks reads."""
 
+    def at(name: str) -> int:
+        return idx.get(name, ncol)
 
-def _time(parts: List[str], idx: Dict[str, int], name: str) -> Optional[float]:
-    """A sacct time field; garbage (not a time, not ``Unknown``) makes the row bad."""
-    text = _get(parts, idx, name)
-    if text in NO_TIME:
-        return None
-    value = parse_time(text)
-    if value is None:
-        raise ValueError(f"bad {name} time {text[:32]!r}")
-    return value
+    i_name, i_user, i_acct, i_part, i_qos, i_state = (
+        at("JobName"), at("User"), at("Account"), at("Partition"), at("QOS"), idx["State"])
+    i_submit, i_elig, i_start, i_end = at("Submit"), at("Eligible"), at("Start"), at("End")
+    i_elapsed, i_limit, i_tres, i_nodes = (
+        at("ElapsedRaw"), at("TimelimitRaw"), at("AllocTRES"), at("NodeList"))
+    i_ave, i_tot, i_restarts = at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts")
+    hours = _hour_cache
+    tres_cache: Dict[str, Tuple[float, int, int]] = {}
+    no_time = NO_TIME
+    new = tuple.__new__
 
+    def when(text: str, name: str) -> Optional[float]:
+        if text in no_time:
+            return None
+        base = hours.get(text[:13]) if len(text) == 19 and text[10] == "T" else None
+        if base is not None:
+            try:
+                return base + int(text[14:16]) * 60 + int(text[17:19])
+            except ValueError:
+                pass
+        value = parse_time(text)
+        if value is None:
+            raise ValueError(f"bad {name} time {text[:32]!r}")
+        return value
 
-def _record(parts: List[str], idx: Dict[str, int], key: str) -> JobRecord:
-    start = _time(parts, idx, "Start")
-    end = _time(parts, idx, "End")
-    raw = _get(parts, idx, "ElapsedRaw")
-    if raw:
-        try:
-            elapsed = float(int(raw))
-        except ValueError:
-            raise ValueError(f"bad ElapsedRaw {raw[:32]!r}") from None
-    else:
-        elapsed = end - start if start is not None and end is not None else 0.0
-    limit = _int(_get(parts, idx, "TimelimitRaw"))
-    gpus, mps, shards = parse_tres(_get(parts, idx, "AllocTRES"))
-    util = mem = None
-    for name in ("TRESUsageInAve", "TRESUsageInTot"):
-        usage = _get(parts, idx, name)
-        if usage and util is None and mem is None:
+    def make(parts: List[str], key: str) -> JobRecord:
+        text = parts[i_start]  # the common case inline: a cached hour and two ints
+        base = hours.get(text[:13])
+        if base is not None and len(text) == 19 and text[16] == ":":
+            start: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
+        else:
+            start = when(text, "Start")
+        text = parts[i_end]
+        base = hours.get(text[:13])
+        if base is not None and len(text) == 19 and text[16] == ":":
+            end: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
+        else:
+            end = when(text, "End")
+        raw = parts[i_elapsed]
+        if raw:
+            try:
+                elapsed = float(int(raw))
+            except ValueError:
+                raise ValueError(f"bad ElapsedRaw {raw[:32]!r}") from None
+        else:
+            elapsed = end - start if start is not None and end is not None else 0.0
+        limit = parts[i_limit]
+        text = parts[i_tres]
+        tres = tres_cache.get(text)
+        if tres is None:
+            tres = parse_tres(text)
+            if len(tres_cache) < 10_000:
+                tres_cache[text] = tres
+        util = mem = None
+        usage = parts[i_ave] or parts[i_tot]
+        if usage and "gres/gpu" in usage:
             util, mem = gpu_usage(usage)
-    restarts = _get(parts, idx, "Restarts")
-    return JobRecord(
-        key,
-        _get(parts, idx, "JobName"),
-        _get(parts, idx, "User"),
-        _get(parts, idx, "Account"),
-        _get(parts, idx, "Partition"),
-        _get(parts, idx, "QOS"),
-        state_word(parts[idx["State"]]),
-        _time(parts, idx, "Submit"),
-        _time(parts, idx, "Eligible"),
-        start,
-        end,
-        elapsed,
-        limit * 60 if limit is not None else None,
-        gpus,
-        mps,
-        shards,
-        _get(parts, idx, "NodeList"),
-        util,
-        0,
-        0,
-        int(restarts) if restarts.isdigit() else 0,
-        mem,
-    )
+            if util is None and mem is None and parts[i_tot]:
+                util, mem = gpu_usage(parts[i_tot])
+        elif not parts[i_ave] and parts[i_tot] and "gres/gpu" in parts[i_tot]:
+            util, mem = gpu_usage(parts[i_tot])
+        restarts = parts[i_restarts]
+        state = parts[i_state]
+        submit = parts[i_submit]
+        eligible = parts[i_elig]
+        submitted = when(submit, "Submit")
+        return new(JobRecord, (
+            key, parts[i_name], parts[i_user], parts[i_acct], parts[i_part], parts[i_qos],
+            state.split(" ", 1)[0].upper() if state else "UNKNOWN",
+            submitted,
+            when(eligible, "Eligible") if eligible != submit else submitted,
+            start, end, elapsed,
+            int(limit) * 60 if limit.isdigit() else None,
+            tres[0], tres[1], tres[2], parts[i_nodes], util, 0, 0,
+            int(restarts) if restarts.isdigit() else 0, mem))
+
+    return make
