@@ -23,6 +23,7 @@ sandbox-down:
 	$(PYTHON) -m slurmiso sandbox down
 
 unit: install
+	sh tests/tools/install-chromium.sh
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: sandbox
@@ -31,6 +32,7 @@ integration: sandbox
 # One pytest run over everything, so CI's closing line counts all tests. The nvml tests skip
 # (with their reason) where no NVIDIA driver is present.
 test: sandbox
+	sh tests/tools/install-chromium.sh
 	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
 
 demo: sandbox

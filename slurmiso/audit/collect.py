@@ -145,14 +145,6 @@ def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
     return out
 
 
-def in_window(rec: JobRecord, since: Optional[float], until: Optional[float]) -> bool:
-    """sacct's own rule for a saved file: the attempt overlaps ``[since, until)``."""
-    if since is not None and rec.end is not None and rec.end < since:
-        return False
-    first = rec.start or rec.eligible or rec.submit
-    return not (until is not None and first is not None and first >= until)
-
-
 def _closing(fh: IO[str], records: Iterator[JobRecord]) -> Iterator[JobRecord]:
     try:
         yield from records
