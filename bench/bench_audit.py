@@ -32,10 +32,12 @@ RUNS = int(os.environ.get("SLURMISO_BENCH_AUDIT_RUNS", "3"))
 TARGET_RATIO = 2.0
 TARGET_MB = 300.0
 
-FIELDS = ("JobID|JobName|User|Account|Partition|QOS|State|Submit|Eligible|Start|End|ElapsedRaw|"
-          "TimelimitRaw|AllocTRES|NodeList|TRESUsageInAve|TRESUsageInTot|Restarts|JobIDRaw|"
-          "Elapsed|Timelimit|ExitCode|Flags|Reason|NNodes|AllocCPUS|ReqTRES|Cluster|UID|Group|"
-          "WorkDir|ReqMem").split("|")
+FIELDS = [
+    "JobID", "JobName", "User", "Account", "Partition", "QOS", "State", "Submit", "Eligible",
+    "Start", "End", "ElapsedRaw", "TimelimitRaw", "AllocTRES", "NodeList", "TRESUsageInAve",
+    "TRESUsageInTot", "Restarts", "JobIDRaw", "Elapsed", "Timelimit", "ExitCode", "Flags",
+    "Reason", "NNodes", "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir", "ReqMem",
+]
 assert len(FIELDS) == 32
 _KINDS = [  # partition, qos, node prefix, tres, weight
     ("infer", "infer", "gpu0", "billing=4,cpu=4,gres/mps=50,mem=16G,node=1", 30),

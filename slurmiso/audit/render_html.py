@@ -104,7 +104,7 @@ def time_chart(title: str, series: Dict[str, List[Tuple[float, Optional[float]]]
     t0, t1 = min(times), max(times) + bucket_s
     pw, ph = _W - _PAD_L - 16, _H - _PAD_B - _PAD_T
     if log:
-        lo_e = math.floor(math.log10(max(min(values), 0.1)))
+        lo_e = math.floor(math.log10(max(min(values) / 2, 0.1)))  # never on the bottom line
         hi_e = max(lo_e + 1, math.ceil(math.log10(max(values))))
 
         def yv(v: float) -> float:
