@@ -281,20 +281,22 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
     ave = tot = -1
     make: Optional[Callable[[List[str], str], JobRecord]] = None
     steps = psteps = 0  # steps in all; steps of the pending job (set on it when yielded)
+    i_job = 0
+    number = 0
     for number, line in enumerate(lines, 1):
-        stats.lines = number
-        complete = line.endswith("\n")
+        complete = line[-1:] == "\n"
         line = line.rstrip("\r\n")
-        if number == 1 and line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
-            line = line[1:]
         if not line or line.isspace():
             continue
         parts = line.split("|")
         if header is None:
+            if line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
+                parts[0] = parts[0][1:]
             header, idx = _read_header(parts, stats)
             ncol = len(header)
             ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
             make = _record_maker(idx, ncol)
+            i_job = idx["JobID"]
             if "JobID" in parts:
                 continue
             # else no header line (sacct -n): this line is already data
@@ -310,7 +312,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
             parts = repaired
         if not complete:  # sacct ends every line; a last line without one was cut short
             stats.truncated = True
-        job_id = parts[0] if idx["JobID"] == 0 else parts[idx["JobID"]]
+        job_id = parts[i_job]
         dot = job_id.find(".")
         if dot >= 0:  # a step: fold its GPU usage into its job
             key = job_id[:dot].split("+", 1)[0]
@@ -348,6 +350,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         stats.records += 1
         yield pending._replace(steps=psteps) if psteps else pending
     stats.steps += steps
+    stats.lines = number
     if header is None:
         raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
