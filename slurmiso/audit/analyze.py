@@ -323,6 +323,9 @@ class Aggregator:
         pool_key = "pool:" + pool
         if first == last:
             parts: Iterable[Tuple[int, float]] = ((first, gpu_hours),)
+        elif last == first + 1:  # the common case: a run across one bucket boundary
+            cut = gpu_hours * ((first + 1) * b - lo) / (hi - lo)
+            parts = ((first, cut), (last, gpu_hours - cut))
         else:
             rate = gpu_hours / (hi - lo)
             parts = [(k, rate * (min(hi, (k + 1) * b) - max(lo, k * b)))

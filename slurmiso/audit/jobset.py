@@ -40,6 +40,17 @@ class JobSet:
         self.count = 0
 
     def add(self, job: str) -> bool:
+        if job.isdigit():  # the common case inline: a plain job id within the bitmap
+            n = int(job)
+            bits = self._bits
+            byte = n >> 3
+            if n < MAX_BIT_ID and byte < len(bits):
+                mask = 1 << (n & 7)
+                if bits[byte] & mask:
+                    return False
+                bits[byte] |= mask
+                self.count += 1
+                return True
         new = self._add(job)
         self.count += new
         return new

@@ -194,10 +194,11 @@ def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
 
 def _number(text: str) -> Optional[float]:
     """A TRES count; sacct may print memory with a unit suffix (``1.50G``)."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
+    if text[-1:].isdigit():
+        try:
+            return float(text)
+        except ValueError:
+            return None
     scale = {"K": 1024.0, "M": 1024.0 ** 2, "G": 1024.0 ** 3, "T": 1024.0 ** 4}.get(text[-1:])
     try:
         return float(text[:-1]) * scale if scale else None
