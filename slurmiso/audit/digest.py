@@ -93,12 +93,19 @@ class JournalDigest:
     rejected_samples: List[str] = field(default_factory=list)
     user_reported: int = 0  # lines accepted as the job's own report (source: job)
     _pending_grace: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    #: Lines before this time (Unix seconds) only tell a job's class (a job that started
+    #: before the window): the audit reads the journals from a week earlier for that.
+    since: Optional[float] = None
 
     def add(self, rec: Dict[str, Any]) -> None:
-        self.records += 1
         event = rec.get("event")
         job = str(rec.get("job", ""))
         source = rec.get("source")
+        if self.since is not None and _ts(rec) < self.since:
+            if event in ("prolog", "job-end") and source is None and rec.get("class"):
+                self.job_class[job] = str(rec["class"])
+            return
+        self.records += 1
         if event not in WRITER or WRITER[event] != source:
             self._reject(rec, str(event), job, source)
             return

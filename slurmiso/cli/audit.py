@@ -14,6 +14,8 @@ from slurmiso.audit.sacct import SACCT_FIELDS
 log = logging.getLogger(__name__)
 
 FORMATS = ("text", "md", "html", "json", "csv")
+#: How far before the window the journals are read for job classes only (prolog lines).
+CLASS_LOOKBACK_S = 7 * 86400
 
 
 def add_parser(sub: Any) -> None:
@@ -125,15 +127,17 @@ def run(args: argparse.Namespace) -> int:
         if j["missing"]:
             print(f"slurmiso: warning: journal {j['path']} not found; reporting without it",
                   file=sys.stderr)
-    digest = JournalDigest()
     window_from = since if since is not None or args.sacct_file else now - 86400
+    # a job that started before the window has its prolog line (its class) before it too
+    digest = JournalDigest(since=window_from)
+    class_from = None if window_from is None else window_from - CLASS_LOOKBACK_S
     from datetime import datetime, timezone
 
     def dt(ts: Optional[float]) -> Optional[datetime]:
         return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
 
     for rec in read_journals([j["path"] for j in journals if not j["missing"]],
-                             since=dt(window_from), until=dt(until), events=EVENTS):
+                             since=dt(class_from), until=dt(until), events=EVENTS):
         digest.add(rec)
 
     stats = ParseStats()

@@ -360,3 +360,18 @@ def test_shipped_journal_path_reads_every_node_on_a_sacct_host(tmp_path, monkeyp
     found = journal_paths(dataclasses.replace(cfg, paths=local), [])
     assert sorted(os.path.basename(j["path"]) for j in found) == ["gpu001.jsonl", "gpu033.jsonl"]
     assert not any(j["missing"] for j in found)
+
+
+def test_a_job_that_started_before_the_window_keeps_its_journal_class(tmp_path, utc, capsys,  # noqa: F811
+                                                                      monkeypatch):
+    events = [{"ts": "2024-04-30T20:00:00.000Z", "event": "prolog", "job": "5", "class": "debug"},
+              {"ts": "2024-04-30T21:00:00.000Z", "event": "checkpoint-end", "job": "5",
+               "ok": False, "source": "job"},  # before the window: not counted
+              {"ts": f"{DAY}T01:00:00.000Z", "event": "checkpoint-end", "job": "5", "ok": False,
+               "source": "job"}]
+    rows = [row("5", day="2024-04-30", submit="20:00:00", start="20:00:00", end="02:00:00",
+                end_day=DAY, elapsed=6 * 3600)]
+    _, r, _ = audit(tmp_path, capsys, monkeypatch, rows, events,
+                    extra=["--since", f"{DAY}T00:00:00Z", "--until", "2024-05-02T00:00:00Z"])
+    assert r["classes"]["debug"]["jobs"] == 1 and r["checkpoints"]["debug"]["failed"] == 1
+    assert r["inputs"]["journal_records"] == 1
