@@ -28,6 +28,7 @@ sandbox-down:
 	$(PYTHON) -m slurmiso sandbox down
 
 unit: install
+	sh tests/tools/install-chromium.sh
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: sandbox
@@ -36,6 +37,7 @@ integration: sandbox
 # One pytest run over everything, so CI's closing line counts all tests. The nvml tests skip
 # (with their reason) where no NVIDIA driver is present.
 test: sandbox
+	sh tests/tools/install-chromium.sh
 	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
 
 demo: sandbox

@@ -1,11 +1,17 @@
-"""slurmiso audit over 1,000,000 sacct records: time and peak memory, vs parsing alone.
+"""slurmiso audit: 1,000,000 rows of a 32-field sacct -P dump vs a plain csv pass; memory at
+5,000,000 distinct jobs.
 
-Writes a synthetic ``sacct -P`` file (1,000,000 job allocations plus their ``.batch`` steps
-for a third of them, with arrays, het jobs, typed GPU TRES, MPS/shard jobs, preempted and
-requeued attempts) to a temp dir, then runs in fresh processes: the full audit (``slurmiso
-audit --sacct-file F --format json``), and the baseline that only reads and parses the same
-file into records. Peak memory is each child's ``ru_maxrss``, read by a tiny wrapper process
-so one measurement never includes another's. Targets: <= 60 s and <= 500 MB for the audit.
+(a) Speed. A synthetic ``sacct -a -D -P`` dump with 32 fields (the audit's 18 and 14 others
+people add to ``--format``), 1,000,000 rows in all: job allocations and their ``.batch``
+steps, arrays, het jobs, typed GPU TRES, MPS/shard jobs, preempted and requeued attempts,
+``gres/gpuutil`` in ``TRESUsageInTot``. The baseline, run in the same sitting on the same file,
+is a plain ``csv`` reader that only counts rows per QOS: the least any tool reading the file
+must do. Both run in fresh processes (interpreter start-up and imports included), interleaved,
+best of N. Target: audit <= 2x the baseline.
+
+(b) Memory. 5,000,000 distinct job ids streamed to ``slurmiso audit --sacct-file -`` from a
+generator process (no 1 GB file on disk); peak RSS (``ru_maxrss``) of the audit process alone.
+Target: <= 300 MB. The baseline printed beside it is the same count for the csv pass.
 """
 
 from __future__ import annotations
@@ -16,31 +22,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 from common import ROOT, python_env, report
 
-RECORDS = int(os.environ.get("SLURMISO_BENCH_AUDIT_RECORDS", "1000000"))
-TARGET_S = 60.0
-TARGET_MB = 500.0
+ROWS = int(os.environ.get("SLURMISO_BENCH_AUDIT_ROWS", "1000000"))
+JOBS_FOR_MEMORY = int(os.environ.get("SLURMISO_BENCH_AUDIT_JOBS", "5000000"))
+RUNS = int(os.environ.get("SLURMISO_BENCH_AUDIT_RUNS", "3"))
+TARGET_RATIO = 2.0
+TARGET_MB = 300.0
 
-_WRAPPER = (
-    "import resource, subprocess, sys, time\n"
-    "t0 = time.perf_counter()\n"
-    "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
-    "dt = time.perf_counter() - t0\n"
-    "print(rc, dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-)
-_PARSE_ONLY = (
-    "import sys\n"
-    "from slurmiso.audit.collect import read_sacct_file\n"
-    "from slurmiso.audit.sacct import ParseStats\n"
-    "stats = ParseStats()\n"
-    "n = sum(1 for _ in read_sacct_file(sys.argv[1], stats))\n"
-    "assert n == stats.records and n > 0, n\n"
-)
-HEADER = ("JobID|JobName|User|Account|Partition|QOS|State|Submit|Eligible|Start|End|ElapsedRaw|"
-          "TimelimitRaw|AllocTRES|NodeList|TRESUsageInAve\n")
+FIELDS = [
+    "JobID", "JobName", "User", "Account", "Partition", "QOS", "State", "Submit", "Eligible",
+    "Start", "End", "ElapsedRaw", "TimelimitRaw", "AllocTRES", "NodeList", "TRESUsageInAve",
+    "TRESUsageInTot", "Restarts", "JobIDRaw", "Elapsed", "Timelimit", "ExitCode", "Flags",
+    "Reason", "NNodes", "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir", "ReqMem",
+]
+assert len(FIELDS) == 32
 _KINDS = [  # partition, qos, node prefix, tres, weight
     ("infer", "infer", "gpu0", "billing=4,cpu=4,gres/mps=50,mem=16G,node=1", 30),
     ("mixed", "infer", "gpu02", "billing=4,cpu=4,gres/gpu:3g.40gb=1,gres/gpu=1,mem=16G,node=1",
@@ -50,88 +48,139 @@ _KINDS = [  # partition, qos, node prefix, tres, weight
     ("elastic", "train", "gpu05", "billing=8,cpu=8,gres/shard=3,mem=64G,node=1", 15),
     ("train", "debug", "gpu06", "billing=8,cpu=8,gres/gpu=1,mem=64G,node=1", 10),
 ]
+_COUNT_PER_QOS = (
+    "import collections, csv, sys\n"
+    "counts = collections.Counter()\n"
+    "with open(sys.argv[1], newline='') as fh:\n"
+    "    rows = csv.reader(fh, delimiter='|', quoting=csv.QUOTE_NONE)\n"
+    "    qos = next(rows).index('QOS')\n"
+    "    for row in rows:\n"
+    "        counts[row[qos]] += 1\n"
+    "assert sum(counts.values()) > 0\n"
+)
+_WRAPPER = (
+    "import resource, subprocess, sys, time\n"
+    "feed = sys.argv[1]\n"
+    "argv = sys.argv[2:]\n"
+    "t0 = time.perf_counter()\n"
+    "if feed == '-':\n"
+    "    rc = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode\n"
+    "else:\n"
+    "    gen = subprocess.Popen([sys.executable, feed], stdout=subprocess.PIPE)\n"
+    "    rc = subprocess.run(argv, stdin=gen.stdout, stdout=subprocess.DEVNULL).returncode\n"
+    "    gen.stdout.close()\n"
+    "    gen.wait()\n"
+    "dt = time.perf_counter() - t0\n"
+    "print(rc, dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+)
 
 
 def _stamp(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
 
 
-def write_sacct(path: str, records: int, seed: int = 7) -> int:
-    """The synthetic file; returns the number of lines written."""
+def _clock(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def iter_rows(count: int, seed: int, steps: bool) -> Iterator[str]:
+    """Lines of the synthetic dump (header first); ``count`` lines after the header."""
     rnd = random.Random(seed)
     kinds = [k for k in _KINDS for _ in range(k[4])]
     t0 = time.time() - 30 * 86400
-    lines = 0
-    job = 1000
+    yield "|".join(FIELDS) + "\n"
+    job, i, written = 1000, 0, 0
+    while written < count:
+        part, qos, pfx, tres, _ = kinds[rnd.randrange(len(kinds))]
+        job += 1
+        i += 1
+        jid = str(job)
+        r = rnd.random()
+        if steps and r < 0.05:
+            jid = f"{job - rnd.randrange(1, 50)}_{rnd.randrange(100)}"
+        elif steps and r < 0.06:
+            jid = f"{job}+{rnd.randrange(2)}"
+        submit = t0 + i * 2.5 * (1_000_000 / max(count, 1))
+        start = submit + int(rnd.expovariate(1 / 300))
+        run = int(rnd.expovariate(1 / 3600)) + 1
+        s = rnd.random()
+        state = ("COMPLETED" if s < 0.8 else "FAILED" if s < 0.88 else "PREEMPTED"
+                 if s < 0.95 and qos == "train" else "CANCELLED by 1001" if s < 0.97
+                 else "TIMEOUT" if s < 0.99 else "OUT_OF_MEMORY")
+        node = f"{pfx}{rnd.randrange(10, 99)}"
+        util = rnd.randrange(0, 100)
+        st, en = _stamp(start), _stamp(start + run)
+        yield (f"{jid}|run-{i % 977}|user{i % 313}|acct{i % 17}|{part}|{qos}|{state}|"
+               f"{_stamp(submit)}|{_stamp(submit)}|{st}|{en}|{run}|1440|{tres}|{node}|||"
+               f"{1 if state == 'PREEMPTED' else 0}|{job}|{_clock(run)}|1-00:00:00|0:0|"
+               f"SchedMain|None|1|4|{tres}|cl|{1000 + i % 313}|g|/home/u{i % 313}|16G\n")
+        written += 1
+        if steps and i % 3 == 0 and written < count:
+            yield (f"{jid}.batch|batch||acct{i % 17}|||{state.split()[0]}|{st}|{st}|{st}|{en}|"
+                   f"{run}||cpu=4,mem=16G,node=1|{node}|cpu=00:00:05,mem=1G|"
+                   f"cpu=00:00:05,gres/gpumem=1024M,gres/gpuutil={util},mem=1G|0|{job}|"
+                   f"{_clock(run)}||0:0||None|1|4||cl|||/home/u{i % 313}|\n")
+            written += 1
+
+
+def write_dump(path: str, count: int) -> None:
     with open(path, "w") as fh:
-        fh.write(HEADER)
-        out: List[str] = []
-        for i in range(records):
-            part, qos, pfx, tres, _ = kinds[rnd.randrange(len(kinds))]
-            job += 1
-            jid = str(job)
-            r = rnd.random()
-            if r < 0.05:
-                jid = f"{job - rnd.randrange(1, 50)}_{rnd.randrange(100)}"
-            elif r < 0.06:
-                jid = f"{job}+{rnd.randrange(2)}"
-            submit = t0 + i * 2.5
-            start = submit + int(rnd.expovariate(1 / 300))
-            run = int(rnd.expovariate(1 / 3600)) + 1
-            s = rnd.random()
-            state = ("COMPLETED" if s < 0.8 else "FAILED" if s < 0.88 else "PREEMPTED"
-                     if s < 0.95 and qos == "train" else "CANCELLED by 1001" if s < 0.97
-                     else "TIMEOUT" if s < 0.99 else "OUT_OF_MEMORY")
-            node = f"{pfx}{rnd.randrange(10, 99)}"
-            out.append(f"{jid}|run-{i % 977}|user{i % 313}|acct{i % 17}|{part}|{qos}|{state}|"
-                       f"{_stamp(submit)}|{_stamp(submit)}|{_stamp(start)}|"
-                       f"{_stamp(start + run)}|{run}|1440|{tres}|{node}|\n")
-            if i % 3 == 0:
-                out.append(f"{jid}.batch|batch||acct{i % 17}|||{state.split()[0]}|"
-                           f"{_stamp(start)}|{_stamp(start)}|{_stamp(start)}|"
-                           f"{_stamp(start + run)}|{run}||cpu=4,mem=16G,node=1|{node}|"
-                           f"cpu=00:00:05,energy=0,fs/disk=1234,mem=1G\n")
-            if len(out) >= 20000:
-                lines += len(out)
-                fh.writelines(out)
-                out.clear()
-        lines += len(out)
-        fh.writelines(out)
-    return lines
+        buf: List[str] = []
+        for line in iter_rows(count, 7, True):
+            buf.append(line)
+            if len(buf) >= 20000:
+                fh.writelines(buf)
+                buf.clear()
+        fh.writelines(buf)
 
 
-def measure(argv: List[str], env: dict) -> Tuple[int, float, float]:
-    """(exit code, wall seconds, peak RSS in MB) of ``argv`` run in a fresh process."""
-    out = subprocess.run([sys.executable, "-c", _WRAPPER, *argv], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+def measure(argv: List[str], env: Dict[str, str], feed: str = "-") -> Tuple[int, float, float]:
+    """(exit code, wall seconds, peak RSS MB of the command) in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", _WRAPPER, feed, *argv], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
     return int(out[0]), float(out[1]), int(out[2]) / 1024.0
 
 
 def main() -> bool:
-    env = python_env()
+    env = python_env({"TZ": "UTC"})
     config = os.path.join(ROOT, "etc", "slurmiso.yaml")
     with tempfile.TemporaryDirectory(prefix="slurmiso-bench-audit-") as tmp:
         path = os.path.join(tmp, "sacct.txt")
         journal = os.path.join(tmp, "journal.jsonl")
         open(journal, "w").close()
         t = time.perf_counter()
-        lines = write_sacct(path, RECORDS)
-        size = os.path.getsize(path) / 1e6
-        print(f"  wrote {RECORDS:,} records ({lines:,} lines, {size:.0f} MB) in "
+        write_dump(path, ROWS)
+        print(f"  wrote {ROWS:,} rows x 32 fields ({os.path.getsize(path) / 1e6:.0f} MB) in "
               f"{time.perf_counter() - t:.1f}s")
-        parse = [sys.executable, "-c", _PARSE_ONLY, path]
+        baseline = [sys.executable, "-c", _COUNT_PER_QOS, path]
         audit = [sys.executable, "-m", "slurmiso", "-c", config, "audit", "--sacct-file", path,
                  "--journal", journal, "--format", "json", "-o", os.path.join(tmp, "r.json")]
-        prc, parse_s, parse_mb = measure(parse, env)
-        arc, audit_s, audit_mb = measure(audit, env)
-        if prc != 0 or arc not in (0, 1):
-            raise SystemExit(f"benchmark command failed: parse rc={prc}, audit rc={arc}")
-    ok_t = report(f"audit {RECORDS:,} records (wall)", f"{audit_s:.1f} s", audit_s / parse_s,
-                  f"of parse-only {parse_s:.1f} s")
-    ok_m = report("audit peak memory (ru_maxrss)", f"{audit_mb:.0f} MB", audit_mb / parse_mb,
-                  f"of parse-only {parse_mb:.0f} MB")
-    met_t = audit_s <= TARGET_S * RECORDS / 1_000_000
-    met_m = audit_mb <= TARGET_MB
-    print(f"  targets: <= {TARGET_S:g} s: {'met' if met_t else 'MISSED'}; "
-          f"<= {TARGET_MB:g} MB: {'met' if met_m else 'MISSED'}")
-    return ok_t and ok_m and met_t and met_m
+        base_s: List[float] = []
+        audit_s: List[float] = []
+        for _ in range(RUNS):  # interleaved: machine noise hits both alike
+            rc, dt, base_mb = measure(baseline, env)
+            assert rc == 0
+            base_s.append(dt)
+            rc, dt, _ = measure(audit, env)
+            if rc not in (0, 1):
+                raise SystemExit(f"audit failed with exit status {rc}")
+            audit_s.append(dt)
+        a, b = min(audit_s), min(base_s)
+        ok_t = report(f"audit {ROWS:,} rows x 32 fields (wall)", f"{a:.2f} s", a / b,
+                      f"of a csv count per QOS {b:.2f} s", TARGET_RATIO)
+
+        gen = os.path.join(tmp, "gen.py")
+        with open(gen, "w") as fh:
+            fh.write(f"import sys\nsys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+                     "from bench_audit import iter_rows\nout = sys.stdout\n"
+                     f"for line in iter_rows({JOBS_FOR_MEMORY}, 11, False):\n"
+                     "    out.write(line)\n")
+        big = [sys.executable, "-m", "slurmiso", "-c", config, "audit", "--sacct-file", "-",
+               "--journal", journal, "--format", "json", "-o", os.path.join(tmp, "big.json")]
+        rc, dt, mb = measure(big, env, feed=gen)
+        if rc not in (0, 1):
+            raise SystemExit(f"audit of {JOBS_FOR_MEMORY:,} jobs failed with exit status {rc}")
+    ok_m = report(f"audit peak RSS, {JOBS_FOR_MEMORY:,} distinct jobs", f"{mb:.0f} MB",
+                  mb / base_mb, f"of the csv pass's {base_mb:.0f} MB (target <= "
+                  f"{TARGET_MB:g} MB: {'met' if mb <= TARGET_MB else 'MISSED'}; {dt:.0f} s)")
+    return ok_t and ok_m and mb <= TARGET_MB

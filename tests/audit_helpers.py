@@ -44,3 +44,59 @@ def run_audit(args: List[str], capsys: pytest.CaptureFixture, monkeypatch: pytes
         rc = main(["-c", config, "audit", *args])
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def write_week(path: str, seed: int = 16) -> None:
+    """A deterministic ``sacct -a -D -P`` dump of ten days with a three-day gap (no jobs from
+    day 4 to day 7): serving jobs waiting seconds, training jobs waiting hours, preemptions
+    with requeued attempts, idle GPUs in ``TRESUsageInTot``. Times are UTC (tests pin TZ)."""
+    import calendar
+    import random
+
+    from slurmiso.audit.sacct import SACCT_FIELDS
+
+    rnd = random.Random(seed)
+    t0 = calendar.timegm((2024, 4, 22, 0, 0, 0))
+    users = [("alice", "vision"), ("bob", "nlp"), ("carol", "nlp"), ("dave", "speech")]
+
+    def stamp(ts: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
+
+    rows = ["|".join(SACCT_FIELDS)]
+    job = 5000
+    for day in [0, 1, 2, 3, 7, 8, 9]:
+        for k in range(24):
+            job += 1
+            user, account = users[rnd.randrange(len(users))]
+            serve = k % 3 == 0
+            submit = t0 + day * 86400 + k * 3600 + rnd.randrange(600)
+            wait = rnd.randrange(2, 40) if serve else rnd.randrange(60, 4 * 3600)
+            run = rnd.randrange(600, 3 * 3600)
+            start, end = submit + wait, submit + wait + run
+            util = 0 if (job % 11 == 0) else rnd.randrange(20, 100)
+            if serve:
+                fields = dict(Partition="infer", QOS="infer", AllocTRES="gres/mps=50",
+                              NodeList="gpu003")
+            else:
+                gpus = rnd.choice([1, 2, 4, 8])
+                fields = dict(Partition="train", QOS="train",
+                              AllocTRES=f"gres/gpu:a100={gpus},gres/gpu={gpus}",
+                              NodeList=f"gpu0{40 + k % 20}")
+            base = dict(JobName=f"run{job}", User=user, Account=account, TimelimitRaw="1440",
+                        TRESUsageInAve="", Submit=stamp(submit), Eligible=stamp(submit))
+            preempted = not serve and job % 5 == 0
+            attempts = [(start, start + run // 3, "PREEMPTED"), (start + run // 3 + 120,
+                         end + 120, "COMPLETED")] if preempted else [(start, end, "COMPLETED")]
+            for n, (s, e, state) in enumerate(attempts):
+                rec = dict(base, **fields, JobID=str(job), State=state, Start=stamp(s),
+                           End=stamp(e), ElapsedRaw=str(int(e - s)), Restarts=str(n),
+                           TRESUsageInTot="")
+                if n:
+                    rec["Eligible"] = stamp(s - 120)
+                rows.append("|".join(rec.get(f, "") for f in SACCT_FIELDS))
+                step = dict(rec, JobID=f"{job}.batch", JobName="batch", User="", QOS="",
+                            Partition="", TRESUsageInTot=f"cpu=00:10:00,gres/gpumem=1024M,"
+                            f"gres/gpuutil={util},mem=2G")
+                rows.append("|".join(step.get(f, "") for f in SACCT_FIELDS))
+    with open(path, "w") as fh:
+        fh.write("\n".join(rows) + "\n")

@@ -1,36 +1,43 @@
-"""Online aggregation of job records into the audit's numbers. Pure: no I/O, no clock.
+"""Online aggregation of job records into the audit's figures. Pure: no I/O, no clock.
 
 :class:`Aggregator` takes one :class:`~slurmiso.audit.sacct.JobRecord` at a time and keeps only
-counters, histograms and small per-job facts for jobs that were preempted, so memory grows
-with the number of *distinct job ids* (a compact set) rather than with the records.
+counters, histograms, bounded top-N lists and a bitmap of job ids, so memory does not grow
+with the number of records (see :mod:`slurmiso.audit.jobset`).
 
-Definitions the report relies on:
+Every figure is defined in ``docs/audit.md``; the keys used there are in
+:mod:`slurmiso.audit.definitions`. In short:
 
 - *attempt*: one allocation record (``sacct -D`` lists each requeued attempt);
   *jobs*: distinct job ids; *requeues* = attempts - jobs.
-- *preemption*: an attempt whose state is ``PREEMPTED``, or ``REQUEUED`` while the wrapper's
-  journal shows a preemption signal in it (``slurmiso run`` requeues a preempted job itself:
-  on 22.05 one that ends inside the grace time is not requeued by Slurm).
-- *wait*: ``start - eligible`` (``submit`` when eligible is unknown) per started attempt, so a
-  requeued attempt's wait counts from its requeue.
-- *GPU-hours*: elapsed x GPU equivalents (whole GPUs + ``mps`` units / the pool's
-  ``mps_shares_per_gpu`` + ``shard`` units / ``shards_per_gpu``).
-- *lost GPU-hours*: for a preempted attempt, the time since its last successful
-  ``checkpoint-end`` in the journal, else the whole attempt (an estimate, reported apart).
+- *GPU-hours* (sreport's rule): GPU equivalents x the part of the attempt's run that lies
+  inside ``[since, until)``; an attempt that started before the window counts only its hours
+  inside it.
+- *preemption*: an attempt in state ``PREEMPTED`` (a fact from accounting). A ``REQUEUED``
+  attempt for which the wrapper reported a preemption signal is counted apart as
+  *user-reported*: the wrapper runs as the job's user.
+- *wait*: ``start - eligible`` (``submit`` when eligible is unknown) of attempts that started
+  inside the window.
+- *lost GPU-hours*: for a preempted attempt, GPU equivalents x the time from its last
+  successful checkpoint inside the attempt (journal, user-reported) to its end; where the job
+  never reported a checkpoint, the whole attempt, counted apart as an *estimate*. Both are
+  clipped to the window, so lost <= GPU-hours of the same attempts.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from slurmiso.audit.digest import JournalDigest
+from slurmiso.audit.jobset import JobSet
 from slurmiso.audit.quantiles import LogHistogram
 from slurmiso.audit.sacct import JobRecord
 
 _MAX_IDS = 50
-_UNKNOWN_POOL = "(none)"
-JobId = Union[int, str]
+_TOP = 20
+UNKNOWN_POOL = "(none)"
+UNCLASSIFIED = "(unclassified)"
 
 
 @dataclass
@@ -39,9 +46,10 @@ class ClassStats:
     attempts: int = 0
     started: int = 0
     preemptions: int = 0
+    preemptions_user_reported: int = 0
     wait: LogHistogram = field(default_factory=LogHistogram)
     gpu_hours: float = 0.0
-    lost_gpu_hours: float = 0.0  # with checkpoint data from the journal
+    lost_gpu_hours: float = 0.0  # from checkpoints the journal has
     lost_gpu_hours_estimated: float = 0.0  # whole attempt counted: no checkpoint data
     util_gpu_hours: float = 0.0  # GPU-hours of attempts whose GPU utilisation was accounted
     idle_gpu_hours: float = 0.0  # ... of which the GPUs stayed at 0% utilisation
@@ -56,6 +64,7 @@ class ClassStats:
             "attempts": self.attempts,
             "requeues": self.attempts - self.jobs,
             "preemptions": self.preemptions,
+            "preemptions_user_reported": self.preemptions_user_reported,
             "started": self.started,
             "wait_p50_s": _round(w.quantile(0.50)),
             "wait_p95_s": _round(w.quantile(0.95)),
@@ -69,33 +78,58 @@ class ClassStats:
         }
 
 
-@dataclass
 class Preempted:
-    """What findings need about one preempted job."""
+    """What findings need about one preempted job (slots: there may be many)."""
 
-    cls: str
-    user: str
-    preemptions: int = 0
-    lost_hours: float = 0.0
+    __slots__ = ("cls", "user", "preemptions", "lost_hours")
+
+    def __init__(self, cls: str, user: str) -> None:
+        self.cls = cls
+        self.user = user
+        self.preemptions = 0
+        self.lost_hours = 0.0
+
+
+class Who:
+    """Per user or account: GPU-hours, idle allocated GPU-hours, lost GPU-hours, preemptions."""
+
+    __slots__ = ("gpu_hours", "idle_gpu_hours", "lost_gpu_hours", "preemptions", "jobs")
+
+    def __init__(self) -> None:
+        self.gpu_hours = 0.0
+        self.idle_gpu_hours = 0.0
+        self.lost_gpu_hours = 0.0
+        self.preemptions = 0
+        self.jobs = 0
 
 
 class Aggregator:
-    """Fold records into per-class, per-pool and over-time statistics."""
+    """Fold records into per-class, per-pool, per-user and over-time statistics."""
 
-    def __init__(self, cfg: Any, digest: Optional[JournalDigest] = None,
-                 bucket_s: int = 3600) -> None:
+    def __init__(self, cfg: Any, digest: Optional[JournalDigest] = None, bucket_s: int = 3600,
+                 since: Optional[float] = None, until: Optional[float] = None) -> None:
         self.cfg = cfg
         self.digest = digest or JournalDigest()
         self.bucket_s = bucket_s
-        self.classes: Dict[str, ClassStats] = {}
+        self.since = since
+        self.until = until
+        self.classes: Dict[str, ClassStats] = {
+            c.name: ClassStats() for c in cfg.classes}  # config order, even when empty
         self.pools: Dict[str, List[float]] = {}  # pool -> [attempts, gpu_hours]
-        self.series: Dict[Tuple[int, str], List[float]] = {}  # (bucket, class) -> see _series
-        self.seen: Set[JobId] = set()
-        self.multi: Dict[JobId, int] = {}  # attempts of ids seen more than once
+        #: (bucket, class) and (bucket, "pool:" + name) -> [gpu_h, wait sum, waits, wait max]
+        self.series: Dict[Tuple[int, str], List[float]] = {}
+        self.seen = JobSet()
+        self.multi: Dict[str, int] = {}  # attempts of ids seen more than once
         self.preempted: Dict[str, Preempted] = {}
-        self.first_time: Optional[float] = None
+        self.users: Dict[str, Who] = {}
+        self.accounts: Dict[str, Who] = {}
+        #: worst GPU efficiency by wasted GPU-hours: (wasted, job, user, util %, GPU-h, class)
+        self.inefficient: List[Tuple[float, str, str, float, float, str]] = []
+        self.restarted: Dict[str, int] = {}  # job -> sacct Restarts, when > 0
+        self.outside_window = 0
+        self.first_time: Optional[float] = None  # earliest start or end seen (data's span)
         self.last_time: Optional[float] = None
-        self._class_of = _class_resolver(cfg)
+        self._class_cache: Dict[Tuple[str, str, str], str] = {}
         self._pool_cache: Dict[Tuple[str, str], Tuple[str, float, float]] = {}
         self._slo_wait = {s.class_name: s.max_queue_wait_s for s in cfg.monitor.slo
                           if s.max_queue_wait_s is not None}
@@ -103,121 +137,237 @@ class Aggregator:
                               if c.name == "infer" or (c.qos.preempt and not c.preemptible)}
         self._long_s = cfg.audit.long_infer_job_s
 
+    # -- classification ------------------------------------------------------------------
+
+    def class_of(self, rec: JobRecord) -> str:
+        """The prolog's classifier on what sacct recorded; the journal's class wins where the
+        prolog saw more (a SPANK ``--iso-class``, a QoS 22.05 does not show the prolog)."""
+        journal = self.digest.job_class.get(rec.job)
+        if journal is not None:
+            return journal
+        if rec.qos in ("", "Unknown") and rec.job in self.preempted:
+            return self.preempted[rec.job].cls  # 22.05 records a cancelled requeue without QoS
+        key = (rec.qos, rec.partition, rec.account)
+        hit = self._class_cache.get(key)
+        if hit is None:
+            hit = classify_fields(self.cfg, rec.qos, rec.partition, rec.account)
+            if len(self._class_cache) < 10_000:
+                self._class_cache[key] = hit
+        return hit
+
+    # -- records -------------------------------------------------------------------------
+
     def add_all(self, records: Iterable[JobRecord]) -> None:
         add = self.add
         for rec in records:
             add(rec)
 
     def add(self, rec: JobRecord) -> None:
-        if rec.qos in ("", "Unknown") and rec.job in self.preempted:
-            cls = self.preempted[rec.job].cls  # 22.05 records a cancelled requeue without QoS
+        """Fold one record in. The hot path of a million rows: fields unpacked once, the
+        common cases (a classified QoS, a named pool, one or two time buckets) inline."""
+        (job, _name, user, account, partition, qos, state, submit, eligible, start, end,
+         elapsed, _limit, gpus, mps, shards, nodes, util, _steps, component, restarts,
+         _mem) = rec
+        ran = start is not None and nodes != "None assigned"
+        if ran:
+            lo: Optional[float] = start
+            hi: Optional[float] = end if end is not None else start + elapsed  # type: ignore
         else:
-            cls = self._class_of(rec.qos, rec.partition)
+            lo = hi = None
+        since, until = self.since, self.until
+        if since is not None and end is not None and end < since:
+            self.outside_window += 1
+            return
+        first = lo if lo is not None else (eligible or submit)
+        if until is not None and first is not None and first >= until:
+            self.outside_window += 1
+            return
+        if lo is not None:
+            if self.first_time is None or lo < self.first_time:
+                self.first_time = lo
+            if self.last_time is None or hi > self.last_time:  # type: ignore[operator]
+                self.last_time = hi
+        cls = self.digest.job_class.get(job) if self.digest.job_class else None
+        if cls is None:
+            cls = self._class_cache.get((qos, partition, account))
+            if cls is None or (qos in ("", "Unknown") and job in self.preempted):
+                cls = self.class_of(rec)
         stats = self.classes.get(cls)
         if stats is None:
             stats = self.classes[cls] = ClassStats()
-        if rec.component:  # another component of a het job: same job, same attempt
-            self._component(rec, stats)
-            return
-        stats.attempts += 1
-        key: JobId = int(rec.job) if rec.job.isdigit() else rec.job
-        if key in self.seen:
-            self.multi[key] = self.multi.get(key, 1) + 1
-        else:
-            self.seen.add(key)
-            stats.jobs += 1
-        gpus, gpu_hours = self._gpu_hours(rec, stats, 1)
-        # a requeued attempt cancelled while pending gets Start=End but ran nowhere
-        start = rec.start if rec.nodes != "None assigned" else None
-        wait = None
-        if start is not None:
-            stats.started += 1
-            since = rec.eligible or rec.submit
-            if since is not None:
-                wait = max(0.0, start - since)
-                stats.wait.add(wait)
-                limit = self._slo_wait.get(cls)
-                if limit is not None and wait <= limit:
-                    stats.wait_slo_met += 1
-            self._series(start, cls, gpu_hours, wait)
-        if rec.gpu_util is not None and gpus:
-            stats.util_gpu_hours += gpu_hours
-            if rec.gpu_util <= 0:
-                stats.idle_gpu_hours += gpu_hours
-        if cls in self._long_classes and rec.elapsed > self._long_s:
-            stats.long_jobs += 1
-            if len(stats.long_job_ids) < _MAX_IDS:
-                stats.long_job_ids.append(rec.job)
-        if rec.state == "PREEMPTED" or (
-            rec.state == "REQUEUED" and rec.start is not None and rec.end is not None
-            and self.digest.preempted_within(rec.job, rec.start, rec.end)
-        ):
-            self._preemption(rec, cls, stats, gpus)
-
-    def _gpu_hours(self, rec: JobRecord, stats: ClassStats, attempt: int) -> Tuple[float, float]:
-        """(GPU equivalents, GPU-hours) of the record, added to its class and pool."""
-        pool, mps_per_gpu, shards_per_gpu = self._pool(rec.partition, rec.nodes)
-        gpus = rec.gpus
-        if rec.mps:
-            gpus += rec.mps / mps_per_gpu
-        if rec.shards:
-            gpus += rec.shards / shards_per_gpu
-        gpu_hours = gpus * rec.elapsed / 3600.0
+        # GPU equivalents and the hours of the run inside the window (sreport's clipping)
+        pool, mps_per_gpu, shards_per_gpu = self._pool(partition, nodes)
+        if mps:
+            gpus += mps / mps_per_gpu
+        if shards:
+            gpus += shards / shards_per_gpu
+        gpu_hours = 0.0
+        if lo is not None and gpus:
+            clo = since if since is not None and lo < since else lo
+            chi = until if until is not None and hi > until else hi  # type: ignore[operator]
+            seconds = elapsed if (clo == lo and chi == hi) else min(elapsed, chi - clo)  # type: ignore[operator]
+            if seconds > 0:
+                gpu_hours = gpus * seconds / 3600.0
+                self._spread(clo, chi, gpu_hours, cls, pool)  # type: ignore[arg-type]
         stats.gpu_hours += gpu_hours
         p = self.pools.get(pool)
         if p is None:
             p = self.pools[pool] = [0, 0.0]
-        p[0] += attempt
         p[1] += gpu_hours
-        return gpus, gpu_hours
+        if component:  # another component of a het job: same job, same attempt
+            if util is not None and gpus:
+                self._usage(rec, stats, gpus, gpu_hours, cls)
+            return
+        p[0] += 1
+        stats.attempts += 1
+        if self.seen.add(job):
+            stats.jobs += 1
+            new_job = True
+        else:
+            self.multi[job] = self.multi.get(job, 1) + 1
+            new_job = False
+        if restarts > 0:
+            self.restarted[job] = max(restarts, self.restarted.get(job, 0))
+        users, accounts = self.users, self.accounts
+        who_u = users.get(user)
+        if who_u is None:
+            who_u = users[user] = Who()
+        who_a = accounts.get(account)
+        if who_a is None:
+            who_a = accounts[account] = Who()
+        if new_job:
+            who_u.jobs += 1
+            who_a.jobs += 1
+        who_u.gpu_hours += gpu_hours
+        who_a.gpu_hours += gpu_hours
+        if ran and (since is None or start >= since):  # type: ignore[operator]
+            stats.started += 1
+            waited_from = eligible if eligible is not None else submit
+            if waited_from is not None:
+                wait = start - waited_from if start > waited_from else 0.0  # type: ignore
+                stats.wait.add(wait)
+                limit = self._slo_wait.get(cls)
+                if limit is not None and wait <= limit:
+                    stats.wait_slo_met += 1
+                self._wait_point(start, cls, wait)  # type: ignore[arg-type]
+        if util is not None and gpus:
+            idle = self._usage(rec, stats, gpus, gpu_hours, cls)
+            if idle:
+                who_u.idle_gpu_hours += idle
+                who_a.idle_gpu_hours += idle
+        if elapsed > self._long_s and cls in self._long_classes:
+            stats.long_jobs += 1
+            if len(stats.long_job_ids) < _MAX_IDS:
+                stats.long_job_ids.append(job)
+        if state == "PREEMPTED":
+            lost = self._preemption(rec, cls, stats, gpus, lo, hi)
+            for who in (who_u, who_a):
+                who.preemptions += 1
+                who.lost_gpu_hours += lost
+        elif (state == "REQUEUED" and start is not None and end is not None
+              and self.digest.preempted_within(job, start, end)):
+            stats.preemptions_user_reported += 1
 
-    def _component(self, rec: JobRecord, stats: ClassStats) -> None:
-        gpus, gpu_hours = self._gpu_hours(rec, stats, 0)
-        if rec.gpu_util is not None and gpus:
-            stats.util_gpu_hours += gpu_hours
-            if rec.gpu_util <= 0:
-                stats.idle_gpu_hours += gpu_hours
+    def _clip(self, lo: float, hi: float) -> Tuple[float, float]:
+        if self.since is not None and lo < self.since:
+            lo = self.since
+        if self.until is not None and hi > self.until:
+            hi = self.until
+        return lo, hi
 
-    def _preemption(self, rec: JobRecord, cls: str, stats: ClassStats, gpus: float) -> None:
+    def _usage(self, rec: JobRecord, stats: ClassStats, gpus: float, gpu_hours: float,
+               cls: str) -> float:
+        """Account GPU utilisation; returns the idle GPU-hours of this record (0 if busy)."""
+        util = rec.gpu_util
+        if util is None or not gpus:
+            return 0.0
+        stats.util_gpu_hours += gpu_hours
+        eff = efficiency(util, gpus)
+        wasted = gpu_hours * (1.0 - eff)
+        if wasted > 0:
+            item = (wasted, rec.job, rec.user, round(util, 1), gpu_hours, cls)
+            if len(self.inefficient) < _TOP:
+                heapq.heappush(self.inefficient, item)
+            elif item > self.inefficient[0]:
+                heapq.heapreplace(self.inefficient, item)
+        if util <= 0:
+            stats.idle_gpu_hours += gpu_hours
+            return gpu_hours
+        return 0.0
+
+    def _preemption(self, rec: JobRecord, cls: str, stats: ClassStats, gpus: float,
+                    lo: Optional[float], hi: Optional[float]) -> float:
         stats.preemptions += 1
         entry = self.preempted.get(rec.job)
         if entry is None:
             entry = self.preempted[rec.job] = Preempted(cls, rec.user)
         entry.preemptions += 1
-        if rec.start is None or rec.end is None:
-            return
-        ckpt = self.digest.last_checkpoint(rec.job, rec.start, rec.end)
-        lost = gpus * (rec.end - (ckpt if ckpt is not None else rec.start)) / 3600.0
+        if lo is None or hi is None:
+            return 0.0
+        ckpt = self.digest.last_checkpoint(rec.job, lo, hi)
+        lost_lo, lost_hi = self._clip(ckpt if ckpt is not None else lo, hi)
+        lost = gpus * max(0.0, lost_hi - lost_lo) / 3600.0
         entry.lost_hours += lost
         if ckpt is not None or rec.job in self.digest.checkpointing_jobs:
             stats.lost_gpu_hours += lost
         else:
             stats.lost_gpu_hours_estimated += lost
+        return lost
 
-    def _series(self, start: float, cls: str, gpu_hours: float, wait: Optional[float]) -> None:
-        if self.first_time is None or start < self.first_time:
-            self.first_time = start
-        if self.last_time is None or start > self.last_time:
-            self.last_time = start
+    def _spread(self, lo: float, hi: float, gpu_hours: float, cls: str, pool: str) -> None:
+        """Share ``gpu_hours`` out over the buckets ``[lo, hi)`` covers, by time."""
+        b = self.bucket_s
+        first = int(lo // b)
+        last = int((hi - 1e-9) // b) if hi > lo else first
+        series = self.series
+        pool_key = "pool:" + pool
+        if first == last:
+            parts: Iterable[Tuple[int, float]] = ((first, gpu_hours),)
+        elif last == first + 1:  # the common case: a run across one bucket boundary
+            cut = gpu_hours * ((first + 1) * b - lo) / (hi - lo)
+            parts = ((first, cut), (last, gpu_hours - cut))
+        else:
+            rate = gpu_hours / (hi - lo)
+            parts = [(k, rate * (min(hi, (k + 1) * b) - max(lo, k * b)))
+                     for k in range(first, last + 1)]
+        for k, gh in parts:
+            point = series.get((k, cls))
+            if point is None:
+                point = series[(k, cls)] = [0.0, 0.0, 0.0, 0.0]
+            point[0] += gh
+            point = series.get((k, pool_key))
+            if point is None:
+                point = series[(k, pool_key)] = [0.0, 0.0, 0.0, 0.0]
+            point[0] += gh
+
+    def _wait_point(self, start: float, cls: str, wait: float) -> None:
         key = (int(start // self.bucket_s), cls)
         point = self.series.get(key)
         if point is None:
-            point = self.series[key] = [0.0, 0.0, 0.0, 0.0]  # gpu_h, wait sum, n, max
-        point[0] += gpu_hours
-        if wait is not None:
-            point[1] += wait
-            point[2] += 1
-            if wait > point[3]:
-                point[3] = wait
+            point = self.series[key] = [0.0, 0.0, 0.0, 0.0]
+        point[1] += wait
+        point[2] += 1
+        if wait > point[3]:
+            point[3] = wait
+
+    @staticmethod
+    def _who(table: Dict[str, Who], name: str) -> Who:
+        who = table.get(name)
+        if who is None:
+            who = table[name] = Who()
+        return who
 
     def _pool(self, partition: str, nodes: str) -> Tuple[str, float, float]:
+        hit = self._pool_cache.get((partition, ""))  # a partition that names a pool
+        if hit is not None:
+            return hit
         key = (partition, nodes if not self._partition_pool(partition) else "")
         hit = self._pool_cache.get(key)
         if hit is None:
             pool = self._partition_pool(partition) or self._node_pool(nodes)
             hit = (
                 (pool.name, float(pool.mps_shares_per_gpu or 100), float(pool.shards_per_gpu or 7))
-                if pool else (_UNKNOWN_POOL, 100.0, 7.0)
+                if pool else (UNKNOWN_POOL, 100.0, 7.0)
             )
             if len(self._pool_cache) > 10_000:
                 self._pool_cache.clear()
@@ -243,31 +393,31 @@ class Aggregator:
         return self.cfg.pool_for_node(first)
 
     def multi_attempts(self, job: str) -> int:
-        key: JobId = int(job) if job.isdigit() else job
-        return self.multi.get(key, 1)
+        return self.multi.get(job, 1)
+
+    def missing_attempts(self) -> List[str]:
+        """Jobs whose ``Restarts`` says they ran before, with no earlier attempt in the input.
+
+        Only meaningful when *no* restarted job shows its earlier attempts (a window can cut
+        off the attempts of a few): then the input was saved without ``sacct -D``.
+        """
+        missing = [j for j in self.restarted if self.multi.get(j, 1) <= 1]
+        return missing if missing and len(missing) == len(self.restarted) else []
 
 
-def _class_resolver(cfg: Any) -> Any:
-    """QoS -> class via ``match.qos``, else partition via ``match.partitions``, else default."""
-    by_qos: Dict[str, str] = {}
-    by_part: Dict[str, str] = {}
-    for c in cfg.classes:
-        for q in c.match.qos:
-            by_qos.setdefault(q, c.name)
-        for p in c.match.partitions:
-            by_part.setdefault(p, c.name)
-    default = cfg.default_class or "(unclassified)"
-    cache: Dict[Tuple[str, str], str] = {}
+def classify_fields(cfg: Any, qos: str, partition: str, account: str) -> str:
+    """Class name of a job from its accounting fields, by the prolog's own classifier."""
+    from slurmiso.isolation.classify import classify
 
-    def class_of(qos: str, partition: str) -> str:
-        hit = cache.get((qos, partition))
-        if hit is None:
-            hit = by_qos.get(qos) or by_part.get(partition.split(",")[0]) or default
-            if len(cache) < 10_000:
-                cache[(qos, partition)] = hit
-        return hit
+    part = partition.split(",", 1)[0]  # a pending job lists its candidate partitions
+    cls, _ = classify(cfg, qos if qos != "Unknown" else "", part, account)
+    return cls.name if cls is not None else UNCLASSIFIED
 
-    return class_of
+
+def efficiency(util: float, gpus: float) -> float:
+    """0..1 from Slurm's ``gres/gpuutil``; a value above 100 is a sum over the job's GPUs."""
+    per_gpu = util / gpus if util > 100 and gpus > 1 else util
+    return max(0.0, min(1.0, per_gpu / 100.0))
 
 
 def _round(value: Optional[float]) -> Optional[float]:

@@ -26,7 +26,7 @@ from slurmiso.audit.sacct import (
     detect_format,
     parse_parsable,
 )
-from slurmiso.errors import SlurmError, SlurmUnavailable, UsageError
+from slurmiso.errors import UsageError
 from slurmiso.units import parse_duration
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,8 @@ def sacct_argv(since: float, until: Optional[float], as_json: bool = False) -> L
 def records_from(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
     """Records from a sacct output stream of either format (detected from its first byte)."""
     head = fh.read(64)
+    if head.startswith("\ufeff"):  # a UTF-8 byte order mark (Windows editors, some tools)
+        head = head[1:]
     rest: Any = _Prefixed(head, fh)
     if detect_format(head) == "json":
         from slurmiso.audit.sacct_json import parse_json
@@ -99,7 +101,7 @@ def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, errors="replace")
     except OSError as exc:
-        raise SlurmError(f"cannot run {argv[0]}: {exc.strerror}") from None
+        raise AuditInputError(f"cannot run {argv[0]}: {exc.strerror}") from None
     assert proc.stdout is not None and proc.stderr is not None
     try:
         yield from records_from(proc.stdout, stats)
@@ -119,9 +121,12 @@ def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
 
 
 def _raise_for(err: List[str], code: int, unreachable: Sequence[str]) -> None:
+    """sacct failed: the audit's input is unusable (exit 2, as its help says)."""
     msg = err[-1] if err else f"exit status {code}"
-    cls = SlurmUnavailable if any(s in msg for s in unreachable) else SlurmError
-    raise cls(f"sacct failed: {msg}", hint="is slurmdbd running? (sacctmgr show cluster)")
+    down = any(s in msg for s in unreachable)
+    raise AuditInputError(f"sacct failed: {msg}",
+                          hint="is slurmdbd running? (sacctmgr show cluster)" if down
+                          else "run the same sacct by hand to see why")
 
 
 def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
@@ -138,14 +143,6 @@ def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
         else:
             out.append({"path": pattern, "missing": not os.path.exists(pattern)})
     return out
-
-
-def in_window(rec: JobRecord, since: Optional[float], until: Optional[float]) -> bool:
-    """sacct's own rule for a saved file: the attempt overlaps ``[since, until)``."""
-    if since is not None and rec.end is not None and rec.end < since:
-        return False
-    first = rec.start or rec.eligible or rec.submit
-    return not (until is not None and first is not None and first >= until)
 
 
 def _closing(fh: IO[str], records: Iterator[JobRecord]) -> Iterator[JobRecord]:

@@ -4,8 +4,18 @@ Pure: feed it journal records (dicts, in time order as ``read_journals`` merges 
 read the summary. Journals are far smaller than accounting, so per-job facts are kept here
 (successful checkpoint times, resume steps, classes) for the sacct pass to look up.
 
-Records tagged ``source: job`` were written by the job's own user: they are the job's report
-of its checkpoints, good for cost estimates, never evidence for anything privileged.
+Trust boundary. A line counts only when its writer is one the event can come from:
+
+- ``prolog``, ``job-end``, ``reconcile``, ``mps-user-conflict``: the hooks, as root, which
+  write no ``source`` field;
+- ``monitor-action``: the monitor, as root, ``source: "monitor"``;
+- the wrapper's events (``preempt-signal``, ``checkpoint-*``, ``requeue*``, ``resume``): the
+  job's own user, folded in by the epilog with ``source: "job"``. They are the job's *report*
+  (time to checkpoint, lost work since its last checkpoint), shown as user-reported, never
+  evidence for anything privileged.
+
+Anything else (a job's events file claiming ``job-end`` or ``monitor-action``, an unknown
+``source``) is counted as rejected, with the jobs named, and read no further.
 """
 
 from __future__ import annotations
@@ -25,6 +35,13 @@ EVENTS = {
     "monitor-action",
 }
 _MAX_IDS = 50
+#: event -> the only ``source`` it may carry (None: the hooks, which write no source).
+WRITER: Dict[str, Optional[str]] = {
+    "prolog": None, "job-end": None, "reconcile": None, "mps-user-conflict": None,
+    "monitor-action": "monitor",
+    "preempt-signal": "job", "checkpoint-start": "job", "checkpoint-end": "job",
+    "requeue": "job", "requeue-declined": "job", "resume": "job",
+}
 
 
 @dataclass
@@ -37,6 +54,9 @@ class CheckpointStats:
     over_grace: int = 0
     grace_s: Optional[float] = None
     durations: LogHistogram = field(default_factory=LogHistogram)
+    periodic: int = 0  # checkpoint-end with requested: false (not counted above)
+    over_grace_jobs: List[str] = field(default_factory=list)
+    failed_jobs: List[str] = field(default_factory=list)
 
 
 #: sacct times are whole seconds; journal times are not.
@@ -68,12 +88,29 @@ class JournalDigest:
     reconcile_fixes: Counter = field(default_factory=Counter)  # node -> fixes made
     mps_conflicts: List[Tuple[str, str]] = field(default_factory=list)  # (node, job)
     refused: Counter = field(default_factory=Counter)  # prolog refusal reasons
+    rejected: int = 0  # lines whose writer cannot have written that event (see WRITER)
+    rejected_jobs: List[str] = field(default_factory=list)
+    rejected_samples: List[str] = field(default_factory=list)
+    user_reported: int = 0  # lines accepted as the job's own report (source: job)
     _pending_grace: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    #: Lines before this time (Unix seconds) only tell a job's class (a job that started
+    #: before the window): the audit reads the journals from a week earlier for that.
+    since: Optional[float] = None
 
     def add(self, rec: Dict[str, Any]) -> None:
-        self.records += 1
         event = rec.get("event")
         job = str(rec.get("job", ""))
+        source = rec.get("source")
+        if self.since is not None and _ts(rec) < self.since:
+            if event in ("prolog", "job-end") and source is None and rec.get("class"):
+                self.job_class[job] = str(rec["class"])
+            return
+        self.records += 1
+        if event not in WRITER or WRITER[event] != source:
+            self._reject(rec, str(event), job, source)
+            return
+        if source == "job":
+            self.user_reported += 1
         if event in ("prolog", "job-end"):
             if rec.get("class"):
                 self.job_class[job] = str(rec["class"])
@@ -106,25 +143,49 @@ class JournalDigest:
         elif event == "mps-user-conflict" and len(self.mps_conflicts) < _MAX_IDS:
             self.mps_conflicts.append((str(rec.get("node", "?")), job))
 
+    def _reject(self, rec: Dict[str, Any], event: str, job: str, source: Any) -> None:
+        self.rejected += 1
+        if job and len(self.rejected_jobs) < _MAX_IDS and job not in self.rejected_jobs:
+            self.rejected_jobs.append(job)
+        if len(self.rejected_samples) < 3:
+            want = WRITER.get(event, "?")
+            self.rejected_samples.append(
+                f"{event[:40]} from source {str(source)[:20] if source else '(hooks)'}"
+                f" (only {want or '(hooks)'} writes it)" if event in WRITER
+                else f"unknown event {event[:40]}")
+
     def _checkpoint_end(self, job: str, rec: Dict[str, Any]) -> None:
+        """Time to checkpoint counts checkpoints the preemption *asked* for (after a
+        ``checkpoint-start``, ``requested`` not false); periodic ones only mark progress."""
         self.checkpointing_jobs.add(job)
         stats = self.checkpoints.setdefault(self.job_class.get(job, "unknown"), CheckpointStats())
+        ok = rec.get("ok") is True
+        if ok:
+            bisect.insort(self.checkpoints_ok.setdefault(job, []), _ts(rec))
+        if rec.get("requested") is False:
+            stats.periodic += 1
+            return
         stats.started += 1
         started, grace = self._pending_grace.pop(job, (0.0, -1.0))
         if grace >= 0:
             stats.grace_s = grace
         duration = _float(rec.get("duration_s"))
         if duration is None and started:
-            duration = max(0.0, _ts(rec) - started)
-        if not rec.get("ok"):
+            duration = _ts(rec) - started
+        if duration is not None and duration < 0:
+            duration = None  # a clock step or a forged line: no figure rather than a wrong one
+        if not ok:
             stats.failed += 1
+            if len(stats.failed_jobs) < _MAX_IDS:
+                stats.failed_jobs.append(job)
             return
         stats.ok += 1
-        bisect.insort(self.checkpoints_ok.setdefault(job, []), _ts(rec))
         if duration is not None:
             stats.durations.add(duration)
             if grace >= 0 and duration > grace:
                 stats.over_grace += 1
+                if len(stats.over_grace_jobs) < _MAX_IDS:
+                    stats.over_grace_jobs.append(job)
 
     def _monitor(self, rec: Dict[str, Any]) -> None:
         action = str(rec.get("action", "?"))

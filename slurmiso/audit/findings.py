@@ -7,8 +7,9 @@ config. Live node checks add theirs in :mod:`slurmiso.audit.live`. The exit code
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.audit.analyze import Aggregator
 from slurmiso.audit.digest import JournalDigest
@@ -47,8 +48,11 @@ def sort_findings(findings: Sequence[Finding]) -> List[Finding]:
     return sorted(findings, key=lambda f: (-SEVERITY_RANK.get(f.severity, 0), f.code, f.message))
 
 
-def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]]) -> List[Finding]:
-    """Problems with what the audit read: the report is partial when these appear."""
+def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]],
+                   agg: Optional[Aggregator] = None,
+                   digest: Optional[JournalDigest] = None) -> List[Finding]:
+    """What the input cannot show. Each says what to change; the report marks the figures
+    that depend on it unknown (see :func:`slurmiso.audit.report.unknowns`)."""
     out: List[Finding] = []
     src = stats.source or "sacct"
     if stats.truncated:
@@ -57,19 +61,75 @@ def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]]) -> Lis
                         "re-run sacct (was it killed, or the disk full?)"))
     if stats.bad:
         out.append(make("warning", "sacct-bad-records",
-                        f"{src}: skipped {stats.bad} unreadable record(s): "
-                        + "; ".join(stats.bad_samples[:3]),
-                        "check the file is unmodified sacct -P or --json output"))
+                        f"{src}: left {stats.bad} record(s) out of every figure (unreadable, "
+                        "or negative/inconsistent times): " + "; ".join(stats.bad_samples[:3]),
+                        "check the file is unmodified sacct -P or --json output; for live "
+                        "sacct, check slurmdbd's clock and the job records named"))
     if stats.unknown_fields:
         out.append(make("info", "sacct-unknown-fields",
                         f"{src}: ignored unknown field(s) {', '.join(stats.unknown_fields)}"))
+    if not stats.records and not stats.bad:
+        out.append(make("warning", "sacct-no-records",
+                        f"{src}: no job records at all (a header and nothing else); every "
+                        "figure is unknown, not zero",
+                        "check the window (--since/--until) and that sacct ran with -a as "
+                        "root or an operator"))
     missing = [j["path"] for j in journals if j.get("missing")]
     if missing:
         out.append(make("warning", "journal-missing",
                         f"journal(s) not found: {', '.join(missing)}; checkpoint, requeue and "
                         "monitor figures leave those nodes out",
-                        "check paths.journal in the config or pass --journal", missing))
+                        "point paths.journal at the shared journal directory with %n "
+                        "(e.g. /var/log/slurmiso/%n.jsonl) or pass --journal", missing))
+    elif not journals or (digest is not None and not digest.records):
+        out.append(make("warning" if not journals else "info", "journal-empty",
+                        "no journal records: time to checkpoint, measured lost work, wrapper "
+                        "requeues and monitor actions are unknown",
+                        "share the nodes' journals (paths.journal with %n on a shared "
+                        "directory) with the host that runs the audit, or pass --journal"))
+    if agg is not None:
+        out.extend(_coverage_findings(stats, agg))
+    if digest is not None and digest.rejected:
+        out.append(make("warning", "journal-untrusted-lines",
+                        f"{digest.rejected} journal line(s) ignored: their writer cannot have "
+                        f"written them ({'; '.join(digest.rejected_samples)})",
+                        "a job's events file may only report wrapper events; look at these "
+                        "jobs' users", digest.rejected_jobs))
     return out
+
+
+def _coverage_findings(stats: ParseStats, agg: Aggregator) -> List[Finding]:
+    out: List[Finding] = []
+    missing = agg.missing_attempts()
+    if missing:
+        out.append(make("warning", "sacct-without-duplicates",
+                        f"{len(missing)} job(s) have Restarts > 0 but none of their earlier "
+                        "attempts is in the input: it was saved without sacct -D, so "
+                        "preemptions, requeues and GPU-hours of earlier attempts are unknown",
+                        "run sacct with -D (--duplicates), as 'slurmiso audit' does", missing))
+    gpu_rows = sum(p[0] for p in agg.pools.values())
+    if gpu_rows and not any(c.gpu_hours for c in agg.classes.values()) and stats.records:
+        out.append(make("warning", "gpu-tres-missing",
+                        "no record carries gres/gpu, gres/mps or gres/shard in AllocTRES: GPU "
+                        "accounting is off, so GPU-hours are unknown",
+                        "add AccountingStorageTRES=gres/gpu,gres/mps,gres/shard to slurm.conf"))
+    if agg.since is not None and agg.first_time is not None and agg.until is not None:
+        slack = max(3600.0, 0.05 * (agg.until - agg.since))
+        gap_lo = agg.first_time - agg.since
+        gap_hi = agg.until - (agg.last_time or agg.until)
+        if gap_lo > slack or gap_hi > slack:
+            out.append(make("info", "window-not-covered",
+                            "the data covers less than the window: first record at "
+                            f"{_iso(agg.first_time)}, last at {_iso(agg.last_time)}; figures "
+                            "for the rest of the window are unknown, not zero",
+                            "save sacct for the whole window (-S/-E), or narrow --since/--until"))
+    return out
+
+
+def _iso(ts: Optional[float]) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def config_findings(cfg: Any) -> List[Finding]:
@@ -93,7 +153,7 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
             not_requeued.append(job)
         if digest.records and p.cls in preemptible and job not in digest.checkpointing_jobs:
             no_ckpt.append(job)
-        if p.preemptions >= threshold and not digest.made_progress(job):
+        if digest.records and p.preemptions >= threshold and not digest.made_progress(job):
             repeated.append(job)
     if not_requeued:
         out.append(make("warning", "training-not-requeued",
@@ -124,10 +184,11 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
                             f"submit batch work with --qos=train; lower qos.max_wall of {name}",
                             stats.long_job_ids))
         if stats.idle_gpu_hours > 0:
+            idle = [job for _, job, _, util, _, c in agg.inefficient if util <= 0 and c == name]
             out.append(make("info", "idle-allocated-gpus",
                             f"class {name}: {stats.idle_gpu_hours:.1f} GPU-hours allocated to "
                             "jobs whose GPUs stayed at 0% utilisation (sacct gres/gpuutil)",
-                            "ask the owners; consider MPS or MIG shares for such jobs"))
+                            "ask the owners; consider MPS or MIG shares for such jobs", idle))
     out.extend(_slo_findings(cfg, agg, digest))
     out.extend(_journal_findings(digest))
     return out
@@ -160,13 +221,14 @@ def _journal_findings(digest: JournalDigest) -> List[Finding]:
     for cls, ck in sorted(digest.checkpoints.items()):
         if ck.over_grace:
             out.append(make("warning", "checkpoint-over-grace",
-                            f"class {cls}: {ck.over_grace} checkpoint(s) took longer than the "
-                            f"{ck.grace_s or 0:g}s grace time", "raise the class's checkpoint "
-                            "grace (QoS GraceTime) or checkpoint less state"))
+                            f"class {cls}: {ck.over_grace} requested checkpoint(s) took longer "
+                            f"than the {ck.grace_s or 0:g}s grace time (as the jobs reported)",
+                            "raise the class's checkpoint grace (QoS GraceTime) or checkpoint "
+                            "less state", ck.over_grace_jobs))
         if ck.failed:
             out.append(make("warning", "checkpoint-failed",
-                            f"class {cls}: {ck.failed} checkpoint(s) reported failure",
-                            "see the checkpoint-end reasons in the journal"))
+                            f"class {cls}: {ck.failed} requested checkpoint(s) reported failure",
+                            "see the checkpoint-end reasons in the journal", ck.failed_jobs))
     if digest.requeue_declined:
         out.append(make("info", "requeue-declined",
                         f"{len(digest.requeue_declined)} requeue(s) declined by the wrapper: "

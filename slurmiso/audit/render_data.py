@@ -30,6 +30,14 @@ def render_csv(report: Dict[str, Any]) -> str:
     for name, ck in report["checkpoints"].items():
         for key, value in ck.items():
             w.writerow(["checkpoint", name, key, _cell(value)])
+    for section, label in (("users", "user"), ("accounts", "account")):
+        for r in report.get("who", {}).get(section, []):
+            for key, value in r.items():
+                if key != label:
+                    w.writerow([label, r[label], key, _cell(value)])
+    for e in report.get("gpu_efficiency", []):
+        for key in ("user", "gpu_util", "gpu_hours", "wasted_gpu_hours"):
+            w.writerow(["gpu_efficiency", e["job"], key, _cell(e[key])])
     for action, n in report["monitor_actions"].items():
         w.writerow(["monitor_action", action, "count", n])
     for p in report["series"]["points"]:

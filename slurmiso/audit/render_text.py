@@ -4,35 +4,42 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from slurmiso.cli.output import table
-
 CLASS_COLUMNS = ["CLASS", "JOBS", "ATTEMPTS", "REQUEUES", "PREEMPTED", "WAIT P50", "P95", "P99",
                  "GPU-H", "LOST GPU-H", "LOST (EST.)"]
 
 
 def duration(seconds: Optional[float]) -> str:
-    """Short human duration: ``45s``, ``12m``, ``3.4h``, ``2.1d``; ``-`` when unknown."""
+    """Human duration that never rounds across a limit an admin compares it with:
+    ``45s``, ``2m05s``, ``1h02m``, ``2d03h``; ``-`` when unknown."""
     if seconds is None:
         return "-"
-    if seconds < 100:
-        return f"{seconds:.0f}s"
-    if seconds < 6000:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    s = int(round(seconds))
+    if s < 100:
+        return f"{seconds:.0f}s" if seconds >= 1 or seconds == 0 else f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 48 * 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def hours(value: float) -> str:
+def hours(value: Optional[float]) -> str:
+    if value is None:
+        return "unknown"
     return f"{value:,.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+def count(value: Optional[int]) -> str:
+    return "unknown" if value is None else str(value)
 
 
 def class_rows(report: Dict[str, Any]) -> List[List[str]]:
     rows = []
     items = list(report["classes"].items()) + [("overall", report["overall"])]
     for name, c in items:
-        rows.append([name, str(c["jobs"]), str(c["attempts"]), str(c["requeues"]),
-                     str(c["preemptions"]), duration(c["wait_p50_s"]), duration(c["wait_p95_s"]),
+        rows.append([name, count(c["jobs"]), count(c["attempts"]), count(c["requeues"]),
+                     count(c["preemptions"]), duration(c["wait_p50_s"]),
+                     duration(c["wait_p95_s"]),
                      duration(c["wait_p99_s"]), hours(c["gpu_hours"]),
                      hours(c["lost_gpu_hours"]), hours(c["lost_gpu_hours_estimated"])])
     return rows
@@ -67,14 +74,26 @@ def _findings_lines(report: Dict[str, Any]) -> List[str]:
 def _extra_tables(report: Dict[str, Any]) -> List[tuple]:
     """(title, header, rows) of the smaller sections, shared by text and Markdown."""
     out: List[tuple] = []
-    pools = [[n, str(p["attempts"]), hours(p["gpu_hours"])] for n, p in report["pools"].items()]
-    out.append(("GPU-hours by pool", ["POOL", "ATTEMPTS", "GPU-H"], pools))
+    pools = [[n, str(p["attempts"]), hours(p["gpu_hours"]), count(p.get("capacity_gpus")),
+              _share(p)] for n, p in report["pools"].items()]
+    out.append(("GPU-hours by pool", ["POOL", "ATTEMPTS", "GPU-H", "GPUS", "USE"], pools))
+    for key, label in (("users", "USER"), ("accounts", "ACCOUNT")):
+        rows = [[r[label.lower()], str(r["jobs"]), hours(r["gpu_hours"]),
+                 hours(r["idle_gpu_hours"]), hours(r["lost_gpu_hours"]), str(r["preemptions"])]
+                for r in report.get("who", {}).get(key, [])]
+        out.append((f"Who used what: by {label.lower()}",
+                    [label, "JOBS", "GPU-H", "IDLE GPU-H", "LOST GPU-H", "PREEMPTED"], rows))
+    eff = [[e["job"], e["user"], f"{e['gpu_util']:g}%", hours(e["gpu_hours"]),
+            hours(e["wasted_gpu_hours"])] for e in report.get("gpu_efficiency", [])]
+    out.append(("Least efficient GPU jobs (sacct gres/gpuutil)",
+                ["JOB", "USER", "GPU UTIL", "GPU-H", "WASTED GPU-H"], eff))
     ck = [[c, str(v["checkpoints"]), str(v["ok"]), str(v["failed"]), duration(v["p50_s"]),
            duration(v["p95_s"]), duration(v["max_s"]), duration(v["grace_s"]),
-           str(v["over_grace"])] for c, v in report["checkpoints"].items()]
-    out.append(("Time to checkpoint vs grace (journal)",
-                ["CLASS", "CHECKPOINTS", "OK", "FAILED", "P50", "P95", "MAX", "GRACE",
-                 "OVER GRACE"], ck))
+           str(v["over_grace"]), str(v.get("periodic", 0))]
+          for c, v in report["checkpoints"].items()]
+    out.append(("Time to requested checkpoint vs grace (user-reported, journal)",
+                ["CLASS", "REQUESTED", "OK", "FAILED", "P50", "P95", "MAX", "GRACE",
+                 "OVER GRACE", "PERIODIC"], ck))
     slo = []
     for name, c in report["classes"].items():
         w = c.get("wait_slo")
@@ -88,7 +107,8 @@ def _extra_tables(report: Dict[str, Any]) -> List[tuple]:
     out.append(("SLO attainment", ["CLASS", "OBJECTIVE", "MET", "BASIS"], slo))
     idle = report["idle"]
     out.append(("Idle allocated GPUs", ["MEASURE", "VALUE"], [
-        ["GPU-hours at 0% utilisation (sacct gres/gpuutil)", hours(idle["measured_gpu_hours"])],
+        ["GPU-hours at 0% utilisation (sacct gres/gpuutil)",
+         hours(idle["measured_gpu_hours"])],
         ["GPU-hours with utilisation accounted", hours(idle["accounted_gpu_hours"])],
         ["jobs flagged idle by the monitor", str(idle["monitor_flagged_jobs"])],
     ]))
@@ -98,12 +118,34 @@ def _extra_tables(report: Dict[str, Any]) -> List[tuple]:
     return out
 
 
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """Plain aligned table for mail (the audit is a library: it does not import the CLI)."""
+    cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def _share(pool: Dict[str, Any]) -> str:
+    share = pool.get("use_share")
+    return "-" if share is None else f"{share:.1%}"
+
+
+def over_threshold(report: Dict[str, Any]) -> int:
+    """Findings at or above the report's severity threshold (what the exit code counts)."""
+    return sum(1 for f in report["findings"] if f["severity"] in _at_or_above(report))
+
+
+def span_line(report: Dict[str, Any]) -> str:
+    win, span = report["window"], report.get("data_span", {})
+    return (f"window: {win['since'] or 'all'} .. {win['until'] or 'now'}; data spans "
+            f"{span.get('first') or '-'} .. {span.get('last') or '-'}")
+
+
 def render_text(report: Dict[str, Any]) -> str:
-    win = report["window"]
-    n_over = sum(1 for f in report["findings"] if f["severity"] in _at_or_above(report))
+    n_over = over_threshold(report)
     lines = [
         f"slurmiso audit, generated {report['generated']}",
-        f"window: {win['since'] or 'all'} .. {win['until'] or 'now'}",
+        span_line(report),
         _inputs(report),
         "",
         f"FINDINGS ({len(report['findings'])}; {n_over} at or above "
@@ -128,12 +170,10 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def render_markdown(report: Dict[str, Any]) -> str:
-    win = report["window"]
     out = [
         "# slurmiso audit",
         "",
-        f"Generated {report['generated']}; window {win['since'] or 'all'} .. "
-        f"{win['until'] or 'now'}.",
+        f"Generated {report['generated']}; {span_line(report)}.",
         "",
         "```",
         _inputs(report),

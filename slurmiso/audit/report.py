@@ -9,11 +9,24 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence
 
-from slurmiso.audit.analyze import Aggregator, ClassStats
+from slurmiso.audit.analyze import Aggregator, ClassStats, Who
+from slurmiso.audit.definitions import DEFINITIONS, DOC
 from slurmiso.audit.digest import JournalDigest
 from slurmiso.audit.findings import Finding, sort_findings
 from slurmiso.audit.quantiles import EXACT, RELATIVE_ERROR
 from slurmiso.audit.sacct import ParseStats
+
+#: Figures made unknown (None) by a finding about the input: code -> figure keys.
+UNKNOWN_WHEN = {
+    "sacct-without-duplicates": ("requeues", "preemptions"),
+    "gpu-tres-missing": ("gpu_hours", "lost_gpu_hours", "lost_gpu_hours_estimated",
+                         "idle_gpu_hours"),
+    "journal-empty": ("lost_gpu_hours",),
+    "sacct-no-records": tuple(k for k in ("jobs", "attempts", "requeues", "preemptions",
+                                          "started", "gpu_hours", "lost_gpu_hours",
+                                          "lost_gpu_hours_estimated", "idle_gpu_hours")),
+}
+_TOP = 20
 
 #: At most this many points per class in the time series (charts stay readable).
 MAX_POINTS = 60
@@ -36,25 +49,36 @@ def build_report(
     until: Optional[float],
     generated: float,
     severity: str,
+    capacity: Optional[Dict[str, Optional[int]]] = None,
 ) -> Dict[str, Any]:
     overall = ClassStats()
     for s in agg.classes.values():
         _merge(overall, s)
-    classes = {name: s.to_dict() for name, s in sorted(agg.classes.items())}
+    unknown = unknowns(findings, overall)
+    classes = {name: _blank(s.to_dict(), unknown) for name, s in agg.classes.items()}
     for name, data in classes.items():
         slo = _wait_slo(agg, name)
         if slo:
             data["wait_slo"] = slo
+    capacity = capacity if capacity is not None else capacity_from_config(agg.cfg)
+    lo = since if since is not None else agg.first_time
+    hi = until if until is not None else agg.last_time
+    span_h = (hi - lo) / 3600.0 if lo is not None and hi is not None and hi > lo else None
     return {
-        "version": 1,
+        "version": 2,
         "generated": iso(generated),
         "window": {"since": iso(since), "until": iso(until)},
+        "data_span": {"first": iso(agg.first_time), "last": iso(agg.last_time)},
         "severity_threshold": severity,
         "inputs": {"sacct": stats.to_dict(), "journals": list(journals),
-                   "journal_records": digest.records},
-        "overall": overall.to_dict(),
+                   "journal_records": digest.records,
+                   "journal_user_reported": digest.user_reported,
+                   "journal_rejected": digest.rejected,
+                   "records_outside_window": agg.outside_window},
+        "overall": _blank(overall.to_dict(), unknown),
         "classes": classes,
-        "pools": {name: {"attempts": int(v[0]), "gpu_hours": round(v[1], 3)}
+        "class_order": [c.name for c in agg.cfg.classes],
+        "pools": {name: _pool(name, v, capacity.get(name), span_h, "gpu_hours" in unknown)
                   for name, v in sorted(agg.pools.items())},
         "checkpoints": _checkpoints(digest),
         "requeues_by_reason": dict(sorted(digest.requeues.items())),
@@ -62,14 +86,97 @@ def build_report(
         "monitor_dry_run_actions": digest.monitor_dry_run,
         "latency_slo": _latency(agg, digest),
         "idle": {
-            "measured_gpu_hours": round(overall.idle_gpu_hours, 3),
+            "measured_gpu_hours": (round(overall.idle_gpu_hours, 3)
+                                   if overall.util_gpu_hours else None),
             "accounted_gpu_hours": round(overall.util_gpu_hours, 3),
             "monitor_flagged_jobs": len(digest.idle_jobs),
         },
-        "series": _series(agg),
+        "who": {
+            "users": _ranking(agg.users, "user", overall.util_gpu_hours > 0),
+            "accounts": _ranking(agg.accounts, "account", overall.util_gpu_hours > 0),
+        },
+        "gpu_efficiency": [
+            {"job": job, "user": user, "class": cls, "gpu_util": util,
+             "gpu_hours": round(gh, 3), "wasted_gpu_hours": round(wasted, 3)}
+            for wasted, job, user, util, gh, cls in sorted(agg.inefficient, reverse=True)
+        ],
+        "series": _series(agg, capacity),
         "findings": [f.to_dict() for f in sort_findings(findings)],
         "notes": _notes(agg, digest, overall),
+        "definitions": {k: {"text": v, "doc": f"{DOC}#{k.replace('_', '-')}"}
+                        for k, v in sorted(DEFINITIONS.items())},
     }
+
+
+def _pool(name: str, v: List[float], cap: Optional[int], span_h: Optional[float],
+          unknown: bool) -> Dict[str, Any]:
+    gh = None if unknown else round(v[1], 3)
+    share = round(v[1] / (cap * span_h), 4) if cap and span_h and gh is not None else None
+    return {"attempts": int(v[0]), "gpu_hours": gh, "capacity_gpus": cap, "use_share": share}
+
+
+def unknowns(findings: Sequence[Finding], overall: ClassStats) -> set:
+    """Figure keys the input cannot show (they are reported as None, never 0)."""
+    out: set = set()
+    for f in findings:
+        out.update(UNKNOWN_WHEN.get(f.code, ()))
+    if not overall.util_gpu_hours:
+        out.add("idle_gpu_hours")
+    return out
+
+
+def _blank(figures: Dict[str, Any], unknown: set) -> Dict[str, Any]:
+    for key in unknown:
+        if key in figures:
+            figures[key] = None
+    return figures
+
+
+def capacity_from_config(cfg: Any) -> Dict[str, Optional[int]]:
+    """GPUs per pool from the config: named nodes x gpus_per_node; None for feature pools."""
+    from slurmiso.slurm.hostlist import expand
+
+    out: Dict[str, Optional[int]] = {}
+    for p in cfg.pools:
+        try:
+            nodes = len(expand(p.nodes)) if p.nodes else 0
+        except ValueError:
+            nodes = 0
+        out[p.name] = nodes * p.gpus_per_node if nodes and p.gpus_per_node else None
+    return out
+
+
+def capacity_from_scontrol(cfg: Any, text: str) -> Dict[str, Optional[int]]:
+    """GPUs per pool from a saved ``scontrol show nodes`` (``Gres=gpu:...``, features)."""
+    from slurmiso.doctor.nodes import parse_gres
+
+    out: Dict[str, Optional[int]] = {p.name: None for p in cfg.pools}
+    for block in text.split("NodeName=")[1:]:
+        fields = dict(w.split("=", 1) for w in ("NodeName=" + block).split() if "=" in w)
+        features = tuple(fields.get("AvailableFeatures", "").split(","))
+        pool = cfg.pool_for_node(fields.get("NodeName", ""), features)
+        if pool is None:
+            continue
+        gres = fields.get("Gres", "").split("(", 1)[0]
+        gpus = sum(n for name, _, n in parse_gres(gres) if name == "gpu") if gres else 0
+        out[pool.name] = (out[pool.name] or 0) + gpus
+    return out
+
+
+def _ranking(table: Dict[str, Who], label: str, util_known: bool) -> List[Dict[str, Any]]:
+    """The top users/accounts by GPU-hours, plus any in the top 5 of the other columns."""
+    def row(name: str, w: Who) -> Dict[str, Any]:
+        return {label: name or "(none)", "jobs": w.jobs, "gpu_hours": round(w.gpu_hours, 3),
+                "idle_gpu_hours": round(w.idle_gpu_hours, 3) if util_known else None,
+                "lost_gpu_hours": round(w.lost_gpu_hours, 3), "preemptions": w.preemptions}
+
+    keep: set = set()
+    for key in ("gpu_hours", "idle_gpu_hours", "lost_gpu_hours", "preemptions"):
+        top = sorted(table.items(), key=lambda kv: (-getattr(kv[1], key), kv[0]))
+        keep.update(n for n, w in top[: _TOP if key == "gpu_hours" else 5]
+                    if getattr(w, key) or key == "gpu_hours")
+    rows = sorted((row(n, table[n]) for n in keep), key=lambda r: (-r["gpu_hours"], r[label]))
+    return rows
 
 
 def _merge(into: ClassStats, s: ClassStats) -> None:
@@ -94,7 +201,7 @@ def _checkpoints(digest: JournalDigest) -> Dict[str, Any]:
     for cls, ck in sorted(digest.checkpoints.items()):
         out[cls] = {
             "checkpoints": ck.started, "ok": ck.ok, "failed": ck.failed,
-            "over_grace": ck.over_grace, "grace_s": ck.grace_s,
+            "over_grace": ck.over_grace, "grace_s": ck.grace_s, "periodic": ck.periodic,
             "p50_s": _r(ck.durations.quantile(0.5)), "p95_s": _r(ck.durations.quantile(0.95)),
             "max_s": _r(ck.durations.max if ck.durations.n else None),
         }
@@ -115,10 +222,11 @@ def _latency(agg: Aggregator, digest: JournalDigest) -> List[Dict[str, Any]]:
     return out
 
 
-def _series(agg: Aggregator) -> Dict[str, Any]:
-    """Points per class, merged into wider buckets so there are at most MAX_POINTS."""
+def _series(agg: Aggregator, capacity: Dict[str, Optional[int]]) -> Dict[str, Any]:
+    """Points per class and per pool, merged into wider buckets so there are at most
+    MAX_POINTS; buckets with nothing in them are absent (charts show them as gaps)."""
     if not agg.series:
-        return {"bucket_s": agg.bucket_s, "points": []}
+        return {"bucket_s": agg.bucket_s, "points": [], "pools": []}
     lo = min(b for b, _ in agg.series)
     hi = max(b for b, _ in agg.series)
     factor = max(1, -(-(hi - lo + 1) // MAX_POINTS))
@@ -131,13 +239,20 @@ def _series(agg: Aggregator) -> Dict[str, Any]:
         m[2] += wn
         m[3] = max(m[3], wmax)
     bucket_s = agg.bucket_s * factor
-    points = [
-        {"t": iso(b * agg.bucket_s), "class": cls, "gpu_hours": round(m[0], 3),
-         "wait_mean_s": round(m[1] / m[2], 1) if m[2] else None, "wait_max_s": round(m[3], 1),
-         "starts": int(m[2])}
-        for (b, cls), m in sorted(merged.items())
-    ]
-    return {"bucket_s": bucket_s, "points": points}
+    points, pools = [], []
+    for (b, name), m in sorted(merged.items()):
+        t = iso(b * agg.bucket_s)
+        if name.startswith("pool:"):
+            pool = name[5:]
+            cap = capacity.get(pool)
+            pools.append({"t": t, "pool": pool, "gpu_hours": round(m[0], 3),
+                          "use_share": round(m[0] / (cap * bucket_s / 3600.0), 4)
+                          if cap else None})
+        else:
+            points.append({"t": t, "class": name, "gpu_hours": round(m[0], 3),
+                           "wait_mean_s": round(m[1] / m[2], 1) if m[2] else None,
+                           "wait_max_s": round(m[3], 1) if m[2] else None, "starts": int(m[2])})
+    return {"bucket_s": bucket_s, "points": points, "pools": pools}
 
 
 def _notes(agg: Aggregator, digest: JournalDigest, overall: ClassStats) -> List[str]:
@@ -146,15 +261,19 @@ def _notes(agg: Aggregator, digest: JournalDigest, overall: ClassStats) -> List[
         f"{RELATIVE_ERROR:.1%} above (nearest-rank).",
         "Wait = start - eligible per started attempt; requeues = attempts - distinct jobs "
         "(sacct -D); preemptions = attempts in state PREEMPTED.",
-        "GPU-hours count MPS and shard allocations as fractions of a GPU "
-        "(pool mps_shares_per_gpu / shards_per_gpu).",
+        "GPU-hours count the part of each run inside the window (as sreport does), with MPS "
+        "and shard allocations as fractions of a GPU (pool mps_shares_per_gpu / "
+        "shards_per_gpu).",
+        "Checkpoint times and lost work since the last checkpoint are user-reported (the "
+        "job's wrapper writes them, source: job); every figure is defined in docs/audit.md.",
     ]
     if overall.lost_gpu_hours_estimated:
         notes.append("Lost GPU-hours marked 'estimated' had no checkpoint data in the journals: "
                      "the whole preempted run counts as lost.")
     if not overall.util_gpu_hours:
-        notes.append("Idle allocated GPUs: sacct had no gres/gpuutil (GPU accounting off); "
-                     "only monitor-flagged jobs are shown.")
+        notes.append("Idle allocated GPUs: no record carried gres/gpuutil in TRESUsageInAve "
+                     "or TRESUsageInTot, so idle GPU-hours are unknown; only monitor-flagged "
+                     "jobs are shown.")
     if not digest.records:
         notes.append("No journal records: checkpoint, requeue-reason and monitor figures are "
                      "unavailable.")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurmiso.errors import UsageError
 
@@ -46,12 +46,20 @@ SACCT_FIELDS: Tuple[str, ...] = (
     "AllocTRES",
     "NodeList",
     "TRESUsageInAve",
+    "TRESUsageInTot",
+    "Restarts",
 )
+#: The audit's ``--format`` before ``TRESUsageInTot`` and ``Restarts`` were added: a file saved
+#: without a header in that order is still read.
+LEGACY_FIELDS: Tuple[str, ...] = SACCT_FIELDS[:16]
 #: Without these a record means nothing to the audit.
 REQUIRED_FIELDS = ("JobID", "State")
 #: Other fields sacct prints that we accept quietly (people pass ``--format`` of their own).
 _TOLERATED = {"JobIDRaw", "Elapsed", "Timelimit", "ExitCode", "Flags", "Reason", "NNodes",
-              "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir", "Restarts"}
+              "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir",
+              "ReqCPUS", "ReqMem", "NCPUS", "AveCPU", "MaxRSS", "MaxVMSize", "CPUTimeRaw",
+              "TotalCPU", "DerivedExitCode", "Priority", "Constraints", "ReqNodes",
+              "TRESUsageInMax", "Comment", "Reservation", "SubmitLine"}
 _MAX_BAD_SAMPLES = 5
 
 
@@ -84,6 +92,8 @@ class JobRecord(NamedTuple):
     gpu_util: Optional[float] = None  # max over steps of gres/gpuutil (%), when accounted
     steps: int = 0
     component: int = 0  # het job component offset (``123+1`` -> 1): part of the leader's run
+    restarts: int = 0  # sacct ``Restarts``: times this job was requeued before this record
+    gpu_mem: Optional[float] = None  # max over steps of gres/gpumem (bytes), when accounted
 
 
 @dataclass
@@ -101,6 +111,7 @@ class ParseStats:
     unknown_fields: List[str] = field(default_factory=list)
     truncated: bool = False
     slurm_version: str = ""
+    fields: List[str] = field(default_factory=list)  # the -P header, when there was one
 
     def bad_line(self, where: str, why: str) -> None:
         self.bad += 1
@@ -167,16 +178,62 @@ def parse_tres(text: str) -> Tuple[float, int, int]:
     return (gpu if gpu is not None else typed), mps, shards
 
 
-def _gpu_util(text: str) -> Optional[float]:
-    """``gres/gpuutil=NN`` from a ``TRESUsageInAve`` string (only with GPU accounting on)."""
-    at = text.find("gres/gpuutil=")
-    if at < 0:
-        return None
-    value = text[at + 13 :].split(",", 1)[0]
+def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
+    """(``gres/gpuutil`` %, ``gres/gpumem`` bytes) from a ``TRESUsageIn*`` string; None where
+    Slurm did not account it (``AccountingStorageTRES`` without ``gres/gpu``, or MIG)."""
+    if "gres/gpu" not in text:
+        return None, None
+    util = mem = None
+    for item in text.split(","):
+        if item.startswith("gres/gpuutil="):
+            util = _number(item[13:])
+        elif item.startswith("gres/gpumem="):
+            mem = _number(item[12:])
+    return util, mem
+
+
+def _number(text: str) -> Optional[float]:
+    """A TRES count; sacct may print memory with a unit suffix (``1.50G``)."""
+    if text[-1:].isdigit():
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    scale = {"K": 1024.0, "M": 1024.0 ** 2, "G": 1024.0 ** 3, "T": 1024.0 ** 4}.get(text[-1:])
     try:
-        return float(value)
+        return float(text[:-1]) * scale if scale else None
     except ValueError:
         return None
+
+
+#: Every value sacct prints for a time that has not happened (or is not known).
+NO_TIME = frozenset(("", "Unknown", "None", "N/A"))
+#: sacct times are whole seconds: allow this much disagreement between its own figures.
+SLACK_S = 2.0
+
+
+def problem(rec: JobRecord) -> Optional[str]:
+    """Why ``rec`` cannot be summed (negative or inconsistent durations), or None.
+
+    Shared by both parsers: a record that fails here is counted bad, sampled and left out of
+    every sum, never clamped to zero.
+    """
+    if rec.elapsed < 0:
+        return f"negative ElapsedRaw {rec.elapsed:g}"
+    if rec.gpus < 0 or rec.mps < 0 or rec.shards < 0:
+        return "negative GPU count in AllocTRES"
+    if rec.start is not None and rec.end is not None:
+        if rec.end < rec.start:
+            return "End before Start"
+        if rec.elapsed > rec.end - rec.start + SLACK_S:
+            return f"ElapsedRaw {rec.elapsed:g} longer than End-Start {rec.end - rec.start:g}"
+    since = rec.eligible if rec.eligible is not None else rec.submit
+    ran = rec.nodes != "None assigned"  # 22.05: a requeue cancelled while pending has Start=End
+    if ran and rec.start is not None and since is not None and rec.start < since - SLACK_S:
+        return "Start before Eligible/Submit (negative wait)"
+    if rec.restarts < 0:
+        return "negative Restarts"
+    return None
 
 
 def job_key(job_id: str) -> Tuple[str, str]:
@@ -219,19 +276,28 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
     stats.format = stats.format or "parsable"
     header: Optional[List[str]] = None
     pending: Optional[JobRecord] = None
-    pending_raw = ""
+    pending_key = ""
     idx: Dict[str, int] = {}
     ncol = 0
+    ave = tot = -1
+    make: Optional[Callable[[List[str], str], JobRecord]] = None
+    steps = psteps = 0  # steps in all; steps of the pending job (set on it when yielded)
+    i_job = 0
+    number = 0
     for number, line in enumerate(lines, 1):
-        stats.lines = number
-        complete = line.endswith("\n")
+        complete = line[-1:] == "\n"
         line = line.rstrip("\r\n")
-        if not line.strip():
+        if not line or line.isspace():
             continue
         parts = line.split("|")
         if header is None:
+            if line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
+                parts[0] = parts[0][1:]
             header, idx = _read_header(parts, stats)
             ncol = len(header)
+            ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
+            make = _record_maker(idx, ncol)
+            i_job = idx["JobID"]
             if "JobID" in parts:
                 continue
             # else no header line (sacct -n): this line is already data
@@ -242,52 +308,84 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
                     stats.truncated = True
                     stats.bad_line(f"line {number}", "truncated (output ends mid-line)")
                 else:
-                    stats.bad_line(f"line {number}", f"{len(line.split('|'))} fields, want {ncol}")
+                    stats.bad_line(f"line {number}", f"{len(parts)} fields, want {ncol}")
                 continue
             parts = repaired
         if not complete:  # sacct ends every line; a last line without one was cut short
             stats.truncated = True
-        job_id = parts[idx["JobID"]]
-        key, step = job_key(job_id)
-        if step:
-            if pending is not None and job_key(pending_raw)[0] == key:
-                util = _gpu_util(parts[idx["TRESUsageInAve"]]) if "TRESUsageInAve" in idx else None
-                pending = _fold_step(pending, util)
-                stats.steps += 1
+        job_id = parts[i_job]
+        dot = job_id.find(".")
+        if dot >= 0:  # a step: fold its GPU usage into its job
+            key = job_id[:dot].split("+", 1)[0]
+            if pending is not None and pending_key == key:
+                if ((ave >= 0 and "gres/gpu" in parts[ave])
+                        or (tot >= 0 and "gres/gpu" in parts[tot])):
+                    pending = _fold_step(pending, parts, ave, tot)
+                steps += 1
+                psteps += 1
             else:
                 stats.orphan_steps += 1
             continue
+        key = job_id.split("+", 1)[0] if "+" in job_id else job_id
+        parts.append("")  # what a field the header lacks reads (see _record_maker)
         try:
-            record = _record(parts, idx, key)
+            assert make is not None
+            record = make(parts, key)
             if "+" in job_id:
                 record = record._replace(component=het_offset(job_id))
+            why = problem(record)
         except (ValueError, IndexError) as exc:
-            stats.bad_line(f"line {number}", str(exc))
+            why = str(exc)
+        if why is not None:
+            stats.bad_line(f"line {number} (job {job_id})", why)
+            if pending is not None:
+                stats.records += 1
+                yield pending._replace(steps=psteps) if psteps else pending
+            pending, pending_key, psteps = None, "", 0
             continue
         if pending is not None:
             stats.records += 1
-            yield pending
-        pending, pending_raw = record, job_id
+            yield pending._replace(steps=psteps) if psteps else pending
+        pending, pending_key, psteps = record, key, 0
     if pending is not None:
         stats.records += 1
-        yield pending
+        yield pending._replace(steps=psteps) if psteps else pending
+    stats.steps += steps
+    stats.lines = number
     if header is None:
         raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
 
-def _fold_step(job: JobRecord, util: Optional[float]) -> JobRecord:
-    if util is not None and (job.gpu_util is None or util > job.gpu_util):
-        return job._replace(gpu_util=util, steps=job.steps + 1)
-    return job._replace(steps=job.steps + 1)
+def _fold_step(job: JobRecord, parts: List[str], ave: int, tot: int) -> JobRecord:
+    """The job with a step's GPU usage folded in: the max over steps (Ave, else Tot)."""
+    util = mem = None
+    if ave >= 0 and "gres/gpu" in parts[ave]:
+        util, mem = gpu_usage(parts[ave])
+    if tot >= 0 and (util is None or mem is None) and "gres/gpu" in parts[tot]:
+        tutil, tmem = gpu_usage(parts[tot])
+        util = util if util is not None else tutil
+        mem = mem if mem is not None else tmem
+    if util is None and mem is None:
+        return job
+    return job._replace(
+        gpu_util=_max(job.gpu_util, util),
+        gpu_mem=_max(job.gpu_mem, mem),
+    )
+
+
+def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None:
+        return b
+    return a if b is None or a >= b else b
 
 
 def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
     if "JobID" not in parts:
-        if len(parts) == len(SACCT_FIELDS):
-            log.warning("%s: no header line; assuming the audit's own --format order",
-                        stats.source or "sacct output")
-            names = list(SACCT_FIELDS)
-            return names, {n: i for i, n in enumerate(names)}
+        for names in (SACCT_FIELDS, LEGACY_FIELDS):
+            if len(parts) == len(names):
+                log.warning("%s: no header line; assuming the audit's own --format order",
+                            stats.source or "sacct output")
+                return list(names), {n: i for i, n in enumerate(names)}
         raise AuditInputError(
             f"{stats.source or 'sacct output'}: no header line naming JobID",
             hint="save sacct output with its header (-P without -n), or use --json",
@@ -300,6 +398,7 @@ def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[s
     missing = [f for f in REQUIRED_FIELDS if f not in parts]
     if missing:
         raise AuditInputError(f"{stats.source}: sacct output lacks field(s) {', '.join(missing)}")
+    stats.fields = list(parts)
     return parts, {name: i for i, name in enumerate(parts) if name}
 
 
@@ -312,39 +411,88 @@ def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[s
     return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
 
 
-def _get(parts: List[str], idx: Dict[str, int], name: str) -> str:
-    at = idx.get(name)
-    return parts[at] if at is not None else ""
+def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], JobRecord]:
+    """A function ``(parts, key) -> JobRecord`` for this header, with every column index bound
+    once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
+    one extra ``""`` at index ``ncol``, which a field the header lacks reads."""
 
+    def at(name: str) -> int:
+        return idx.get(name, ncol)
 
-def _record(parts: List[str], idx: Dict[str, int], key: str) -> JobRecord:
-    start = parse_time(_get(parts, idx, "Start"))
-    end = parse_time(_get(parts, idx, "End"))
-    raw = _get(parts, idx, "ElapsedRaw")
-    if raw:
-        elapsed = float(raw)
-    else:
-        elapsed = max(0.0, end - start) if start is not None and end is not None else 0.0
-    limit = _int(_get(parts, idx, "TimelimitRaw"))
-    gpus, mps, shards = parse_tres(_get(parts, idx, "AllocTRES"))
-    usage = _get(parts, idx, "TRESUsageInAve")
-    return JobRecord(
-        key,
-        _get(parts, idx, "JobName"),
-        _get(parts, idx, "User"),
-        _get(parts, idx, "Account"),
-        _get(parts, idx, "Partition"),
-        _get(parts, idx, "QOS"),
-        state_word(parts[idx["State"]]),
-        parse_time(_get(parts, idx, "Submit")),
-        parse_time(_get(parts, idx, "Eligible")),
-        start,
-        end,
-        elapsed,
-        limit * 60 if limit is not None else None,
-        gpus,
-        mps,
-        shards,
-        _get(parts, idx, "NodeList"),
-        _gpu_util(usage) if usage else None,
-    )
+    i_name, i_user, i_acct, i_part, i_qos, i_state = (
+        at("JobName"), at("User"), at("Account"), at("Partition"), at("QOS"), idx["State"])
+    i_submit, i_elig, i_start, i_end = at("Submit"), at("Eligible"), at("Start"), at("End")
+    i_elapsed, i_limit, i_tres, i_nodes = (
+        at("ElapsedRaw"), at("TimelimitRaw"), at("AllocTRES"), at("NodeList"))
+    i_ave, i_tot, i_restarts = at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts")
+    hours = _hour_cache
+    tres_cache: Dict[str, Tuple[float, int, int]] = {}
+    no_time = NO_TIME
+    new = tuple.__new__
+
+    def when(text: str, name: str) -> Optional[float]:
+        if text in no_time:
+            return None
+        base = hours.get(text[:13]) if len(text) == 19 and text[10] == "T" else None
+        if base is not None:
+            try:
+                return base + int(text[14:16]) * 60 + int(text[17:19])
+            except ValueError:
+                pass
+        value = parse_time(text)
+        if value is None:
+            raise ValueError(f"bad {name} time {text[:32]!r}")
+        return value
+
+    def make(parts: List[str], key: str) -> JobRecord:
+        text = parts[i_start]  # the common case inline: a cached hour and two ints
+        base = hours.get(text[:13])
+        if base is not None and len(text) == 19 and text[16] == ":":
+            start: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
+        else:
+            start = when(text, "Start")
+        text = parts[i_end]
+        base = hours.get(text[:13])
+        if base is not None and len(text) == 19 and text[16] == ":":
+            end: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
+        else:
+            end = when(text, "End")
+        raw = parts[i_elapsed]
+        if raw:
+            try:
+                elapsed = float(int(raw))
+            except ValueError:
+                raise ValueError(f"bad ElapsedRaw {raw[:32]!r}") from None
+        else:
+            elapsed = end - start if start is not None and end is not None else 0.0
+        limit = parts[i_limit]
+        text = parts[i_tres]
+        tres = tres_cache.get(text)
+        if tres is None:
+            tres = parse_tres(text)
+            if len(tres_cache) < 10_000:
+                tres_cache[text] = tres
+        util = mem = None
+        usage = parts[i_ave] or parts[i_tot]
+        if usage and "gres/gpu" in usage:
+            util, mem = gpu_usage(usage)
+            if util is None and mem is None and parts[i_tot]:
+                util, mem = gpu_usage(parts[i_tot])
+        elif not parts[i_ave] and parts[i_tot] and "gres/gpu" in parts[i_tot]:
+            util, mem = gpu_usage(parts[i_tot])
+        restarts = parts[i_restarts]
+        state = parts[i_state]
+        submit = parts[i_submit]
+        eligible = parts[i_elig]
+        submitted = when(submit, "Submit")
+        return new(JobRecord, (
+            key, parts[i_name], parts[i_user], parts[i_acct], parts[i_part], parts[i_qos],
+            state.split(" ", 1)[0].upper() if state else "UNKNOWN",
+            submitted,
+            when(eligible, "Eligible") if eligible != submit else submitted,
+            start, end, elapsed,
+            int(limit) * 60 if limit.isdigit() else None,
+            tres[0], tres[1], tres[2], parts[i_nodes], util, 0, 0,
+            int(restarts) if restarts.isdigit() else 0, mem))
+
+    return make

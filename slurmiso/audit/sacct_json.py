@@ -13,7 +13,14 @@ import logging
 from typing import IO, Any, Dict, Iterator, Optional, Tuple
 
 from slurmiso.audit.jsonstream import TruncatedJson, iter_array, split_meta
-from slurmiso.audit.sacct import AuditInputError, JobRecord, ParseStats, parse_tres, state_word
+from slurmiso.audit.sacct import (
+    AuditInputError,
+    JobRecord,
+    ParseStats,
+    parse_tres,
+    problem,
+    state_word,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +58,28 @@ def _json_tres(items: Any) -> Tuple[float, int, int]:
     return parse_tres(",".join(parts))
 
 
-def _json_util(steps: Any) -> Tuple[Optional[float], int]:
-    best: Optional[float] = None
+def _json_util(steps: Any) -> Tuple[Optional[float], Optional[float], int]:
+    """(max gpuutil, max gpumem, steps) over the steps: ``average``, else ``total``."""
+    best: Dict[str, Optional[float]] = {"gpuutil": None, "gpumem": None}
     count = 0
     for step in steps or ():
         count += 1
-        avg = ((step.get("tres") or {}).get("requested") or {}).get("average") or ()
-        for t in avg:
-            if isinstance(t, dict) and t.get("name") == "gpuutil":
-                v = _num(t.get("count"))
-                if v is not None and (best is None or v > best):
-                    best = v
-    return best, count
+        requested = (step.get("tres") or {}).get("requested") or {}
+        for name in best:
+            value = _tres_value(requested.get("average"), name)
+            if value is None:
+                value = _tres_value(requested.get("total"), name)
+            old = best[name]
+            if value is not None and (old is None or value > old):
+                best[name] = value
+    return best["gpuutil"], best["gpumem"], count
+
+
+def _tres_value(items: Any, name: str) -> Optional[float]:
+    for t in items or ():
+        if isinstance(t, dict) and t.get("name") == name:
+            return _num(t.get("count"))
+    return None
 
 
 def json_record(job: Dict[str, Any]) -> JobRecord:
@@ -86,10 +103,11 @@ def json_record(job: Dict[str, Any]) -> JobRecord:
     start, end = _when(t.get("start")), _when(t.get("end"))
     elapsed = _num(t.get("elapsed"))
     if elapsed is None:
-        elapsed = max(0.0, end - start) if start and end else 0.0
+        elapsed = end - start if start and end else 0.0
     limit = _num(t.get("limit"))
     gpus, mps, shards = _json_tres((job.get("tres") or {}).get("allocated"))
-    util, nsteps = _json_util(job.get("steps"))
+    util, mem, nsteps = _json_util(job.get("steps"))
+    restarts = _num(job.get("restart_cnt"))
     nodes = job.get("nodes")
     return JobRecord(
         key,
@@ -112,6 +130,8 @@ def json_record(job: Dict[str, Any]) -> JobRecord:
         util,
         nsteps,
         offset,
+        int(restarts) if restarts is not None else 0,
+        mem,
     )
 
 
@@ -129,6 +149,10 @@ def parse_json(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
                 record = json_record(job)
             except (TypeError, ValueError, AttributeError) as exc:
                 stats.bad_line(f"jobs[{number - 1}]", f"unexpected shape: {exc}")
+                continue
+            why = problem(record)
+            if why is not None:
+                stats.bad_line(f"jobs[{number - 1}] (job {record.job})", why)
                 continue
             stats.steps += record.steps
             stats.records += 1

@@ -7,13 +7,15 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.audit.sacct import SACCT_FIELDS
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("text", "md", "html", "json", "csv")
+#: How far before the window the journals are read for job classes only (prolog lines).
+CLASS_LOOKBACK_S = 7 * 86400
 
 
 def add_parser(sub: Any) -> None:
@@ -25,8 +27,10 @@ def add_parser(sub: Any) -> None:
             "reports per class and overall: jobs, wait P50/P95/P99, preemptions and requeues, "
             "time to checkpoint vs grace, GPU-hours lost to preemption, GPU-hours by class and "
             "pool, idle allocated GPUs, SLO attainment, monitor actions; then findings with "
-            "the jobs/nodes concerned and a fix. Exit 0 clean, 1 findings at or above "
-            "audit.severity, 2 unusable input."
+            "the jobs/nodes concerned and a fix. Every figure is defined in docs/audit.md. "
+            "Exit status: 0 no finding at or above audit.severity, 1 findings at or above it, "
+            "2 unusable input (sacct or slurmdbd down, bad file, bad option) or a report that "
+            "could not be written."
         ),
         epilog=(
             "sacct fields read (save a file for --sacct-file with exactly this):\n"
@@ -35,6 +39,8 @@ def add_parser(sub: Any) -> None:
             "examples:\n"
             "  slurmiso audit --since 1d\n"
             "  slurmiso audit --since 7d --format html -o /var/www/html/slurmiso/audit.html\n"
+            "  slurmiso audit --since 1d --also html=/var/www/html/slurmiso/audit.html   (one "
+            "sacct query, two reports)\n"
             "  slurmiso audit --sacct-file jobs.txt --journal '/var/log/slurmiso/*.jsonl'\n"
             "  slurmiso audit --live --format json"
         ),
@@ -46,6 +52,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--until", default="", metavar="DATE", help="end of the window (default now)")
     p.add_argument("--format", choices=FORMATS, default="text", help="report format")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report here (atomically)")
+    p.add_argument("--also", action="append", default=[], metavar="FORMAT=FILE",
+                   help="also write the same report in FORMAT to FILE (repeatable; one sacct "
+                        "query serves every format)")
+    p.add_argument("--nodes-file", metavar="FILE",
+                   help="saved 'scontrol show nodes' output: pool capacity (GPUs) from it "
+                        "instead of the config")
     p.add_argument("--sacct-file", metavar="FILE",
                    help="saved 'sacct -P' (with header) or 'sacct --json' output; '-' = stdin")
     p.add_argument("--sacct-json", action="store_true",
@@ -58,10 +70,23 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _outputs(args: argparse.Namespace) -> List[Tuple[str, Optional[str]]]:
+    """(format, path) of every report this run writes; the first is --format/-o."""
+    from slurmiso.errors import UsageError
+
+    out: List[Tuple[str, Optional[str]]] = [(args.format, args.output)]
+    for item in args.also:
+        fmt, sep, path = item.partition("=")
+        if not sep or fmt not in FORMATS or not path:
+            raise UsageError(f"--also {item!r}: want FORMAT=FILE with FORMAT one of "
+                             f"{', '.join(FORMATS)}")
+        out.append((fmt, path))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from slurmiso.audit.analyze import Aggregator
     from slurmiso.audit.collect import (
-        in_window,
         journal_paths,
         parse_when,
         read_sacct_file,
@@ -75,34 +100,44 @@ def run(args: argparse.Namespace) -> int:
         input_findings,
         job_findings,
     )
-    from slurmiso.audit.report import build_report
+    from slurmiso.audit.report import build_report, capacity_from_scontrol
     from slurmiso.audit.sacct import AuditInputError, ParseStats
     from slurmiso.config import load_config
+    from slurmiso.errors import SlurmError, UsageError
     from slurmiso.state.journal import read_journals
 
     cfg = load_config(args.config)
+    outputs = _outputs(args)
     now = time.time()
     since: Optional[float] = parse_when(args.since, now) if args.since else None
     until: Optional[float] = parse_when(args.until, now) if args.until else None
     if since is not None and until is not None and since >= until:
-        from slurmiso.errors import UsageError
-
         raise UsageError("--since must be before --until")
+    capacity = None
+    if args.nodes_file:
+        try:
+            with open(args.nodes_file, encoding="utf-8", errors="replace") as fh:
+                capacity = capacity_from_scontrol(cfg, fh.read())
+        except OSError as exc:
+            raise AuditInputError(f"cannot read nodes file {args.nodes_file}: "
+                                  f"{exc.strerror}") from None
 
     journals = journal_paths(cfg, args.journal)
     for j in journals:
         if j["missing"]:
             print(f"slurmiso: warning: journal {j['path']} not found; reporting without it",
                   file=sys.stderr)
-    digest = JournalDigest()
     window_from = since if since is not None or args.sacct_file else now - 86400
+    # a job that started before the window has its prolog line (its class) before it too
+    digest = JournalDigest(since=window_from)
+    class_from = None if window_from is None else window_from - CLASS_LOOKBACK_S
     from datetime import datetime, timezone
 
     def dt(ts: Optional[float]) -> Optional[datetime]:
         return None if ts is None else datetime.fromtimestamp(ts, timezone.utc)
 
     for rec in read_journals([j["path"] for j in journals if not j["missing"]],
-                             since=dt(window_from), until=dt(until), events=EVENTS):
+                             since=dt(class_from), until=dt(until), events=EVENTS):
         digest.add(rec)
 
     stats = ParseStats()
@@ -114,12 +149,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         assert window_from is not None
         records = stream_sacct(window_from, until, stats, as_json=args.sacct_json)
-    if args.sacct_file and (since is not None or until is not None):
-        records = (r for r in records if in_window(r, since, until))
-
-    agg = Aggregator(cfg, digest, bucket_s=3600)
+    # live sacct -S/-E returns every attempt that overlaps the window: clip those too
+    agg = Aggregator(cfg, digest, bucket_s=3600, since=window_from, until=until or (
+        None if args.sacct_file else now))
     try:
         agg.add_all(records)
+    except SlurmError as err:  # sacct or slurmdbd down: unusable input, exit 2 as documented
+        raise AuditInputError(err.message, hint=err.hint) from None
     except AuditInputError as err:
         if not stats.records:
             raise
@@ -130,12 +166,12 @@ def run(args: argparse.Namespace) -> int:
               f"({'; '.join(stats.bad_samples[:3]) or 'truncated'})", file=sys.stderr)
         return 2
     for sample in stats.bad_samples[:3]:
-        print(f"slurmiso: warning: skipped sacct record ({sample})", file=sys.stderr)
+        print(f"slurmiso: warning: left out sacct record ({sample})", file=sys.stderr)
     if stats.truncated:
         print(f"slurmiso: warning: {stats.source}: sacct output truncated; partial report",
               file=sys.stderr)
 
-    findings = input_findings(stats, journals) + config_findings(cfg)
+    findings = input_findings(stats, journals, agg, digest) + config_findings(cfg)
     findings += job_findings(cfg, agg, digest)
     if args.live:
         from slurmiso.audit.live import live_findings
@@ -143,8 +179,17 @@ def run(args: argparse.Namespace) -> int:
 
         findings += live_findings(cfg, args.node, SlurmCli())
     report = build_report(agg, digest, stats, journals, findings, since=window_from,
-                          until=until, generated=now, severity=cfg.audit.severity)
-    write(render(report, args.format), args.output)
+                          until=until, generated=now, severity=cfg.audit.severity,
+                          capacity=capacity)
+    failed = 0
+    for fmt, path in outputs:  # every format from the one pass; each failure is reported
+        try:
+            write(render(report, fmt), path)
+        except UsageError as err:
+            print(f"slurmiso: error: {fmt} report: {err}", file=sys.stderr)
+            failed += 1
+    if failed:
+        return 2
     return 1 if at_or_above(findings, cfg.audit.severity) else 0
 
 

@@ -66,6 +66,24 @@ def test_audit_counts_the_preemption_and_requeue(sandbox, submit, wait_for, tmp_
             1, 1, 1), (ext, report["classes"])
         assert train_stats["lost_gpu_hours_estimated"] > 0  # no checkpoint: whole run lost
         assert report["classes"]["infer"]["jobs"] == 1 and report["classes"]["debug"]["jobs"] == 1
+        _check_scenario_golden(saved[ext], report)
     if os.environ.get("SLURMISO_RECORD_FIXTURES"):
         shutil.copy(saved["txt"], os.path.join(FIXTURES, "22.05-recorded.txt"))
         shutil.copy(saved["json"], os.path.join(FIXTURES, "22.05-recorded.json"))
+
+
+def _check_scenario_golden(path: str, report: dict) -> None:
+    """The preemption scenario's golden (tests/golden/audit/sandbox-preemption.json): per class
+    (jobs, attempts, requeues, preemptions), which do not vary between runs, and the figures
+    checked against the independent csv recount of the saved ``-P`` file."""
+    from tests.unit.test_audit_golden import check_golden, recount
+
+    figures = {name: [c[k] for k in ("jobs", "attempts", "requeues", "preemptions")]
+               for name, c in report["classes"].items() if c["attempts"]}
+    check_golden("sandbox-preemption.json", json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    if path.endswith(".txt"):
+        want = recount(path)
+        overall = report["overall"]
+        assert [overall[k] for k in ("attempts", "jobs", "preemptions")] == [
+            want[k] for k in ("attempts", "jobs", "preemptions")]
+        assert abs(overall["gpu_hours"] - want["gpu_hours"]) < 2e-3

@@ -73,7 +73,7 @@ def test_histogram_merge_and_count_le():
 def test_class_from_qos_then_partition_then_default(qos, part, want):
     agg = Aggregator(CFG)
     agg.add(rec("1", qos=qos, part=part))
-    assert list(agg.classes) == [want]
+    assert [c for c, s in agg.classes.items() if s.attempts] == [want]
 
 
 def _agg(records: List[JobRecord], digest: JournalDigest = None) -> Aggregator:  # type: ignore[assignment]
@@ -97,9 +97,13 @@ def test_jobs_attempts_requeues_preemptions(records, jobs, attempts, preemptions
 
 
 def _digest(events: List[Dict[str, Any]]) -> JournalDigest:
+    """A digest of ``events``, each tagged with the source its real writer gives it."""
+    from slurmiso.audit.digest import WRITER
+
     d = JournalDigest()
     for e in events:
-        d.add(e)
+        writer = WRITER.get(e["event"])
+        d.add({**e, "source": writer} if writer else e)
     return d
 
 
@@ -142,7 +146,9 @@ def test_wait_and_slo_attainment():
     ([rec("1", "PREEMPTED"), rec("1")], [], set()),
     ([rec("1", "PREEMPTED"), rec("1")], [{"ts": _ts(0), "event": "prolog", "job": "2"}],
      {"training-without-checkpoint"}),
-    ([rec("1", "PREEMPTED")] * 3 + [rec("1")], [], {"repeated-preemption"}),
+    ([rec("1", "PREEMPTED")] * 3 + [rec("1")], [], set()),  # no journal: progress unknown
+    ([rec("1", "PREEMPTED")] * 3 + [rec("1")], [{"ts": _ts(0), "event": "prolog", "job": "1"}],
+     {"repeated-preemption", "training-without-checkpoint"}),
     ([rec("1", "PREEMPTED")] * 3 + [rec("1")],
      [{"ts": _ts(200), "event": "checkpoint-end", "job": "1", "ok": True}], set()),
     ([rec("1", qos="infer", part="infer", start=5, run=5 * 3600)], [], {"long-infer-jobs"}),
@@ -183,9 +189,9 @@ def test_wrapper_requeued_attempt_with_a_preemption_signal_counts_as_preempted()
     from slurmiso.audit.digest import JournalDigest
 
     d = JournalDigest()
-    d.add({"event": "preempt-signal", "job": "7", "cause": "preempted",
+    d.add({"event": "preempt-signal", "job": "7", "cause": "preempted", "source": "job",
            "ts": "2026-01-01T00:00:10.400Z"})
-    d.add({"event": "preempt-signal", "job": "7", "cause": "time-limit",
+    d.add({"event": "preempt-signal", "job": "7", "cause": "time-limit", "source": "job",
            "ts": "2026-01-01T00:05:00.000Z"})
     from slurmiso.state.journal import parse_ts
 

@@ -1,0 +1,89 @@
+"""A set of sacct job ids in bounded memory: bits, not Python strings.
+
+The audit must know whether it has seen a job id before (attempts vs jobs). A Python set of
+five million ids costs about 100 bytes each; a bitmap costs one bit per id up to the largest
+id (Slurm's ``MaxJobId`` defaults to 67,043,328: at most 8 MiB). Array tasks (``123_4``) get a
+bitmap per array job. Anything else (pending ranges ``123_[5-9]``, ids beyond the bitmap's
+cap) goes into a plain set; sacct prints few of those.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Set
+
+#: Largest id kept as a bit; above it (a hostile or odd file) ids go to the plain set.
+MAX_BIT_ID = 1 << 27
+MAX_TASK_ID = 1 << 22
+
+
+def _set_bit(bits: bytearray, n: int) -> bool:
+    """Set bit ``n``; True if it was clear. Grows ``bits`` (by at least half) as needed."""
+    byte = n >> 3
+    if byte >= len(bits):
+        bits.extend(bytes(max(byte + 1 - len(bits), len(bits) // 2)))
+    mask = 1 << (n & 7)
+    if bits[byte] & mask:
+        return False
+    bits[byte] |= mask
+    return True
+
+
+class JobSet:
+    """``add(job_id) -> True`` the first time an id is added, False after."""
+
+    __slots__ = ("_bits", "_tasks", "_other", "count")
+
+    def __init__(self) -> None:
+        self._bits = bytearray()
+        self._tasks: Dict[int, bytearray] = {}
+        self._other: Set[str] = set()
+        self.count = 0
+
+    def add(self, job: str) -> bool:
+        if job.isdigit():  # the common case inline: a plain job id within the bitmap
+            n = int(job)
+            bits = self._bits
+            byte = n >> 3
+            if n < MAX_BIT_ID and byte < len(bits):
+                mask = 1 << (n & 7)
+                if bits[byte] & mask:
+                    return False
+                bits[byte] |= mask
+                self.count += 1
+                return True
+        new = self._add(job)
+        self.count += new
+        return new
+
+    def _add(self, job: str) -> bool:
+        if job.isdigit():
+            n = int(job)
+            if n < MAX_BIT_ID:
+                return _set_bit(self._bits, n)
+        else:
+            parent, sep, task = job.partition("_")
+            if sep and parent.isdigit() and task.isdigit():
+                t = int(task)
+                if t < MAX_TASK_ID:
+                    bits = self._tasks.get(int(parent))
+                    if bits is None:
+                        bits = self._tasks[int(parent)] = bytearray()
+                    return _set_bit(bits, t)
+        if job in self._other:
+            return False
+        self._other.add(job)
+        return True
+
+    def __contains__(self, job: str) -> bool:
+        if job.isdigit() and int(job) < MAX_BIT_ID:
+            n = int(job)
+            return (n >> 3) < len(self._bits) and bool(self._bits[n >> 3] & (1 << (n & 7)))
+        parent, sep, task = job.partition("_")
+        if sep and parent.isdigit() and task.isdigit() and int(task) < MAX_TASK_ID:
+            bits = self._tasks.get(int(parent))
+            t = int(task)
+            return bits is not None and (t >> 3) < len(bits) and bool(bits[t >> 3] & (1 << (t & 7)))
+        return job in self._other
+
+    def __len__(self) -> int:
+        return self.count
