@@ -271,7 +271,7 @@ def slurmiso_prolog_8() -> str:
         "only for a node fault (NVML unreachable, GPU lost, MIG state not as recorded, a broken "
         "config), with a one-line reason in 'sinfo -R'. A job problem refuses that job alone.")]
     lines += [".SH FILES", "/etc/slurmiso/slurmiso.yaml, /run/slurmiso (records), "
-              "/var/log/slurmiso/journal.jsonl (journal)",
+              "/var/log/slurmiso/NODE.jsonl (journal, one per node)",
               ".SH SEE ALSO", "\\fBslurmiso\\fR(1), \\fBslurmiso.yaml\\fR(5), "
               "\\fBslurm.conf\\fR(5)"]
     return "\n".join(lines) + "\n"

@@ -138,7 +138,7 @@ class MigLayout:
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
 class Paths:
     state_dir: str = "/run/slurmiso"
-    journal: str = "/var/log/slurmiso/journal.jsonl"
+    journal: str = "/var/log/slurmiso/%n.jsonl"  # one per node: a shared dir serves the audit
     dcgm_job_mapping_dir: str = ""
     #: Where the node's NVIDIA device files are (the sandbox's stand-ins live elsewhere);
     #: the device fence reads their numbers from here.
