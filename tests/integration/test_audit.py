@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 
-from slurmiso.audit.sacct import SACCT_FIELDS
+from slurmiso.audit.collect import known_fields
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "fixtures", "sacct")
@@ -54,7 +54,8 @@ def test_audit_counts_the_preemption_and_requeue(sandbox, submit, wait_for, tmp_
     # exact: the same through a saved file holding only this test's jobs
     ids = ",".join([debug, train, infer])
     saved = {}
-    for ext, fmt in (("txt", ["-P", "--format=" + ",".join(SACCT_FIELDS)]), ("json", ["--json"])):
+    fields = ",".join(known_fields(sandbox.cmd("sacct", "--helpformat")))
+    for ext, fmt in (("txt", ["-P", "--format=" + fields]), ("json", ["--json"])):
         path = tmp_path / f"sacct.{ext}"
         path.write_text(sandbox.cmd("sacct", "-a", "-D", "-S", "now-1hour", "-j", ids, *fmt))
         saved[ext] = str(path)

@@ -169,3 +169,17 @@ def test_qos_and_hooks_clean():
     conf = "\n".join(f"{h} = /usr/local/bin/slurmiso-{h.lower()}"
                      for h in ("Prolog", "Epilog", "TaskProlog"))
     assert hook_findings(conf) == []
+
+
+def test_sacct_query_asks_only_for_fields_this_sacct_knows() -> None:
+    """22.05's sacct refuses the whole query for one unknown field (Restarts, measured)."""
+    from slurmiso.audit.collect import known_fields, sacct_argv
+    from slurmiso.audit.sacct import SACCT_FIELDS
+
+    help_2205 = " ".join(f for f in SACCT_FIELDS if f != "Restarts") + " Reason ExitCode"
+    fields = known_fields(help_2205)
+    assert "Restarts" not in fields and fields == [f for f in SACCT_FIELDS if f != "Restarts"]
+    assert known_fields(help_2205 + " Restarts") == list(SACCT_FIELDS)
+    assert known_fields("") == list(SACCT_FIELDS)  # no answer: ask for all, sacct says why
+    argv = sacct_argv(0, None, fields=fields)
+    assert argv[-1] == "--format=" + ",".join(fields) and "-D" in argv
