@@ -21,6 +21,7 @@ from typing import List, Optional
 PACKAGE_BINDIR = "/usr/bin"
 #: Where the slurmiso-spank package puts the SPANK plugin.
 PACKAGE_SPANK_PLUGIN = "/usr/lib/slurmiso/slurmiso.so"
+PACKAGE_FENCE_PLUGIN = "/usr/lib/slurmiso/slurmiso_fence.so"
 #: The scripts a generated config names; all of them sit in one directory.
 SCRIPTS = ("slurmiso", "slurmiso-prolog", "slurmiso-epilog", "slurmiso-task-prolog")
 

@@ -8,7 +8,7 @@
 #   /usr/bin/slurmiso{,-prolog,-epilog,-task-prolog}   launchers: /usr/bin/python3 -I
 #   /etc/slurmiso/slurmiso.yaml, /etc/cron.d/slurmiso-audit, /etc/logrotate.d/slurmiso (conffiles)
 #   /usr/lib/systemd/system/slurmiso-{monitor,agent}.service, man pages, bash completion
-#   /usr/lib/slurmiso/slurmiso.so (slurmiso-spank)
+#   /usr/lib/slurmiso/slurmiso.so, slurmiso_fence.so (slurmiso-spank)
 # Building fetches nvidia-ml-py once (or set NVML_WHEEL=path/to/nvidia_ml_py-*.whl);
 # installing the result needs no network.
 set -eu
@@ -61,6 +61,7 @@ ARCH=$(dpkg --print-architecture)
 S=$WORK/slurmiso-spank
 make -s -C spank clean all
 install -D -m 0644 spank/slurmiso.so "$S/usr/lib/slurmiso/slurmiso.so"
+install -D -m 0644 spank/slurmiso_fence.so "$S/usr/lib/slurmiso/slurmiso_fence.so"
 make -s -C spank clean
 install -d "$S/usr/share/doc/slurmiso-spank"
 $PY packaging/deb/copyright.py > "$S/usr/share/doc/slurmiso-spank/copyright"

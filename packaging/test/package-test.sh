@@ -133,6 +133,7 @@ for suite in $SUITES; do
     check "prometheus_client importable (agent)" python3 -I -c 'import prometheus_client'
     if [[ $pkgs == *spank* ]]; then
         check "spank plugin installed" test -f /usr/lib/slurmiso/slurmiso.so
+        check "fence plugin installed" test -f /usr/lib/slurmiso/slurmiso_fence.so
     fi
     check "dpkg --purge" sh -c "dpkg --purge $(echo $pkgs | tr ' ' '\n' | tac | tr '\n' ' ')"
     rm -rf "$ROOT/tmp/debs"

@@ -173,19 +173,25 @@ def _gen_job_submit(args: argparse.Namespace) -> int:
 def _add_plugstack(sub: Any) -> None:
     import os
 
-    from slurmiso.install import PACKAGE_SPANK_PLUGIN
-    from slurmiso.submit.plugstack import DEFAULT_PLUGIN
+    from slurmiso.install import PACKAGE_FENCE_PLUGIN, PACKAGE_SPANK_PLUGIN
+    from slurmiso.submit.plugstack import DEFAULT_FENCE_PLUGIN, DEFAULT_PLUGIN
 
     if os.path.exists(PACKAGE_SPANK_PLUGIN):  # the slurmiso-spank package is installed
         DEFAULT_PLUGIN = PACKAGE_SPANK_PLUGIN
+        DEFAULT_FENCE_PLUGIN = PACKAGE_FENCE_PLUGIN
     p = sub.add_parser(
         "plugstack", help="plugstack.conf line for the slurmiso SPANK plugin",
-        description="The plugstack.conf line loading spank/slurmiso.so with the config's job "
+        description="The plugstack.conf lines loading spank/slurmiso.so with the config's job "
         "classes and MIG profiles as allow-lists, so sbatch refuses other --iso-class and "
-        "--iso-mig-profile values.",
+        "--iso-mig-profile values, and slurmiso_fence.so, which closes in each task's device "
+        "cgroup what the prolog fenced (docs/security.md).",
     )
     p.add_argument("--plugin", default=DEFAULT_PLUGIN, metavar="PATH",
                    help=f"where the plugin is installed (default {DEFAULT_PLUGIN})")
+    p.add_argument("--fence-plugin", default=DEFAULT_FENCE_PLUGIN, metavar="PATH",
+                   help="where the device-fence plugin is installed (default "
+                   f"{DEFAULT_FENCE_PLUGIN}); '' leaves it out (refused jobs then keep their "
+                   "GPU: doctor reports it)")
     _output(p)
     p.set_defaults(func=_gen_plugstack)
 
@@ -194,7 +200,29 @@ def _gen_plugstack(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
     from slurmiso.submit.plugstack import render_plugstack
 
-    _write(render_plugstack(load_config(args.config), args.plugin), args.output)
+    _write(render_plugstack(load_config(args.config), args.plugin, args.fence_plugin),
+           args.output)
+    return 0
+
+
+# -------------------------------------------------------------------- cgroup.conf
+def _add_cgroup_conf(sub: Any) -> None:
+    p = sub.add_parser(
+        "cgroup-conf", help="cgroup.conf for GPU nodes (the device constraint)",
+        description="cgroup.conf with ConstrainDevices=yes (and cores, memory): without it a "
+        "job can open every GPU of its node. Use v1 on a hybrid hierarchy (the device fence "
+        "for mig-dynamic pools and refused jobs needs it), v2 on a pure unified one.",
+    )
+    p.add_argument("--cgroup", choices=("v1", "v2"), default="v1",
+                   help="CgroupPlugin to name (default v1)")
+    _output(p)
+    p.set_defaults(func=_gen_cgroup_conf)
+
+
+def _gen_cgroup_conf(args: argparse.Namespace) -> int:
+    from slurmiso.slurm.slurmconf import render_cgroup_conf
+
+    _write(render_cgroup_conf(args.cgroup), args.output)
     return 0
 
 
@@ -335,6 +363,7 @@ TARGETS: Dict[str, Callable[[Any], None]] = {
     "slurm-conf": _add_slurm_conf,
     "job-submit": _add_job_submit,
     "plugstack": _add_plugstack,
+    "cgroup-conf": _add_cgroup_conf,
     "config": _add_config,
     "systemd": _add_systemd,
     "cron": _add_cron,

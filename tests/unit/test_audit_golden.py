@@ -16,29 +16,19 @@ from __future__ import annotations
 import copy
 import json
 import os
-import warnings
 from typing import Any, Dict
 
 import pytest
 
 from tests.audit_helpers import HAND_MADE, JOURNAL, ROOT, SACCT, run_audit, utc  # noqa: F401
+from tests.goldens import check_golden as _check
 
 GOLDEN = os.path.join(ROOT, "tests", "golden", "audit")
 RECORDED = ["22.05-recorded.txt", "22.05-recorded.json"]
 
 
 def check_golden(name: str, text: str) -> None:
-    """Compare with the golden file; write it only when ``UPDATE_GOLDEN=1``."""
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(text)
-        warnings.warn(f"golden file {path} rewritten (UPDATE_GOLDEN=1); review it", stacklevel=2)
-        return
-    assert os.path.exists(path), f"golden file {path} is missing (UPDATE_GOLDEN=1 writes it)"
-    with open(path) as fh:
-        assert text == fh.read(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 rewrites)"
+    _check(os.path.join(GOLDEN, name), text)
 
 
 def _report(fixture: str, fmt: str, capsys: Any, monkeypatch: Any) -> str:

@@ -111,6 +111,11 @@ CASES: List[Any] = [
     ("mig-count-wrong", node_gres("n3", "gpu:3g.40gb:4"), {"gres-layout", "gres-mig-live"}),
     ("mig-instance-gone", lambda s: s["gpu_node"]["instances"].pop(), {"gres-mig-live"}),
     ("hook-missing", lambda s: s["hooks"]["Prolog"].update(exists=False, executable=False), {"hook-missing"}),
+    ("no-proctrack-cgroup", conf("ProctrackType", "proctrack/linuxproc"), {"proctrack"}),
+    ("no-task-cgroup", conf("TaskPlugin", "task/affinity"), {"task-cgroup"}),
+    ("no-constrain-devices", conf("ConstrainDevices", "no"), {"constrain-devices"}),
+    ("no-fence-plugin", lambda s: s["plugstack"].update(text="required /x/slurmiso.so classes=infer\n"), {"fence-plugin"}),
+    ("cgroup-v2-fence", conf("CgroupPlugin", "cgroup/v2"), {"fence-cgroup-v2"}),
     ("hook-not-exec", lambda s: [f.update(executable=False) for f in [s["hooks"]["TaskProlog"], *s["hooks"]["TaskProlog"].get("files", [])]], {"hook-not-executable"}),
     ("migd-mig-off", _migd_gpu_off, {"mig-mode"}),
 ]
@@ -190,7 +195,8 @@ def test_submit_layers_are_info_only() -> None:
     found = run_checks(snap, sandbox_config())
     infos = {f.code for f in found if f.severity == "info"}
     assert {"job-submit", "plugstack"} <= infos
-    assert problems(snap, sandbox_config()) == KNOWN
+    # ... but without plugstack.conf the device fence is gone too, and that is an error
+    assert problems(snap, sandbox_config()) == KNOWN | {"fence-plugin"}
 
 
 def test_generated_settings_are_what_the_sandbox_runs() -> None:

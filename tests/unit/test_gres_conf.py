@@ -13,6 +13,7 @@ from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.mig import gres
 from slurmiso.mig.apply import apply_plan, read_node
 from slurmiso.mig.plan import plan_layout
+from tests.goldens import check_golden as _check
 from tests.hookctx import sim_config
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "gres")
@@ -21,13 +22,7 @@ H100 = MODELS["H100-80GB"]
 
 
 def golden(name: str, text: str) -> None:
-    """Compare with tests/golden/gres/NAME; a missing file is written (regeneration)."""
-    path = os.path.join(GOLDEN, name)
-    if not os.path.exists(path):
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    with open(path, encoding="utf-8") as fh:
-        assert text == fh.read(), f"{name} differs; delete it to regenerate if the change is intended"
+    _check(os.path.join(GOLDEN, name), text)
 
 
 @pytest.mark.parametrize("mode,extra", [

@@ -13,7 +13,6 @@ import copy
 import os
 import shutil
 import subprocess
-import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -23,6 +22,7 @@ from slurmiso.config import parse_config
 from slurmiso.config.model import Config
 from slurmiso.submit.job_submit import lua_literal, render_job_submit, submit_data
 from slurmiso.submit.plugstack import render_plugstack
+from tests.goldens import check_golden as _check
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LUA = shutil.which("lua5.1") or shutil.which("lua")
@@ -46,16 +46,8 @@ CFG = example_config(_restricted)
 
 
 def check_golden(rel: str, text: str) -> None:
-    """The shipped example is the golden file: delete it and run the tests to regenerate."""
-    path = os.path.join(REPO, rel)
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(text)
-        warnings.warn(f"golden file {path} regenerated; review it", stacklevel=2)
-    with open(path) as fh:
-        assert text == fh.read(), f"{rel} differs from what the example config generates " \
-            "(delete it to regenerate)"
+    """The shipped example is the golden file (UPDATE_GOLDEN=1 rewrites it)."""
+    _check(os.path.join(REPO, rel), text)
 
 
 def test_job_submit_of_the_example_config_matches_golden() -> None:

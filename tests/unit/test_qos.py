@@ -16,6 +16,7 @@ from slurmiso.config.model import Config
 from slurmiso.doctor.cluster import check_qos
 from slurmiso.slurm import qos as Q
 from slurmiso.slurm import slurmconf
+from tests.goldens import check_golden as _check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -211,13 +212,7 @@ def test_doctor_qos_grant_and_account_findings() -> None:
 
 # ------------------------------------------------------------------- gen slurm-conf
 def golden(name: str, text: str) -> None:
-    path = os.path.join(GOLDEN, name)
-    if not os.path.exists(path):
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    with open(path, encoding="utf-8") as fh:
-        assert text == fh.read(), f"{name} differs; delete it to regenerate if intended"
+    _check(os.path.join(GOLDEN, name), text)
 
 
 def test_gen_slurm_conf_golden() -> None:

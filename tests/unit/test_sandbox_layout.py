@@ -1,13 +1,12 @@
 """The sandbox's generated files, checked without Slurm.
 
-Golden files live in tests/golden/sandbox/; delete one and run the tests to regenerate it
-(the test then passes and says so), then review the diff.
+Golden files live in tests/golden/sandbox/; UPDATE_GOLDEN=1 rewrites them
+(then review the diff).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections import Counter
 from dataclasses import replace
 
@@ -16,6 +15,7 @@ import yaml
 
 from slurmiso.gpu.profiles import free_placements, lookup_model
 from slurmiso.sandbox import layout as L
+from tests.goldens import check_golden as _check
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "sandbox")
 
@@ -28,15 +28,7 @@ HOOKED = L.Site(root="/srv/sbx/", host="sbxhost", python="/opt/venv/bin/python",
 
 
 def check_golden(name: str, text: str) -> None:
-    path = os.path.join(GOLDEN, name)
-    if not os.path.exists(path):
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(text)
-        warnings.warn(f"golden file {path} regenerated; review it", stacklevel=2)
-        return
-    with open(path) as fh:
-        assert text == fh.read(), f"{name} differs from its golden file (delete it to regenerate)"
+    _check(os.path.join(GOLDEN, name), text)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,85 @@
+"""Device-fence checks: is a job kept off the GPUs it was not given? (pure, on a snapshot)
+
+slurmiso's isolation holds against the job's own user only with Slurm's device constraint
+(proctrack/cgroup, task/cgroup, ``ConstrainDevices=yes``) and, where slurmiso must close what
+Slurm cannot know (mig-dynamic instances, refused jobs), ``slurmiso_fence.so`` loaded from
+plugstack.conf on a cgroup v1 node. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from slurmiso.config.model import Config
+from slurmiso.doctor import Check, Finding, Snapshot
+from slurmiso.doctor.cluster import _items, conf
+
+FENCE_PLUGIN = "slurmiso_fence.so"
+
+
+def check_device_constraint(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """Without Slurm's device cgroup every job can open every GPU of its node."""
+    if not cfg.pools:
+        return []
+    out: List[Finding] = []
+    if conf(snap, "ProctrackType") != "proctrack/cgroup":
+        out.append(Finding("error", "proctrack",
+                           f"ProctrackType={conf(snap, 'ProctrackType') or '(unset)'}: a job's "
+                           "processes are not tracked by cgroup, so none can be fenced",
+                           "set ProctrackType=proctrack/cgroup in slurm.conf "
+                           "('slurmiso gen slurm-conf')"))
+    if "task/cgroup" not in _items(conf(snap, "TaskPlugin")):
+        out.append(Finding("error", "task-cgroup",
+                           f"TaskPlugin={conf(snap, 'TaskPlugin') or '(unset)'} lacks task/cgroup:"
+                           " jobs can open every GPU of their node whatever CUDA_VISIBLE_DEVICES "
+                           "says", "set TaskPlugin=task/cgroup,task/affinity in slurm.conf"))
+    if conf(snap, "ConstrainDevices").lower() != "yes":
+        out.append(Finding("error", "constrain-devices",
+                           "ConstrainDevices is not yes in cgroup.conf: jobs can open every GPU "
+                           "and MIG instance of their node",
+                           "slurmiso gen cgroup-conf -o /etc/slurm/cgroup.conf; restart slurmd"))
+    return out
+
+
+def _fence_needed(cfg: Config) -> bool:
+    return bool(cfg.pools)  # every pool may refuse a job; mig-dynamic needs it for its caps
+
+
+def check_fence_plugin(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """slurmiso_fence.so closes a refused job's GPUs and other jobs' MIG instances."""
+    if not _fence_needed(cfg):
+        return []
+    plug = snap.get("plugstack") or {}
+    text = str(plug.get("text", ""))
+    if FENCE_PLUGIN in text:
+        return []
+    dynamic = any(p.mode == "mig-dynamic" for p in cfg.pools)
+    includes = any(ln.split()[:1] == ["include"] for ln in text.splitlines())
+    what = (f"{plug.get('path') or 'plugstack.conf'} does not load {FENCE_PLUGIN}: a job "
+            "slurmiso refuses keeps its GPU"
+            + (", and mig-dynamic jobs can open each other's MIG instances" if dynamic else ""))
+    fix = "slurmiso gen plugstack (make -C spank install builds the plugin)"
+    if includes:  # the line may be in an included file this snapshot did not read
+        return [Finding("warning", "fence-plugin", what + " (or an included file does)", fix)]
+    return [Finding("error", "fence-plugin", what, fix)]
+
+
+def check_fence_cgroup_version(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """The fence writes cgroup v1 device rules; on v2 the jobs it must fence do not start."""
+    plugin = conf(snap, "CgroupPlugin").lower()
+    if plugin != "cgroup/v2":
+        return []
+    dynamic = [p.name for p in cfg.pools if p.mode == "mig-dynamic"]
+    text = ("CgroupPlugin=cgroup/v2: slurmiso_fence.so cannot add device rules there yet, so "
+            "jobs slurmiso refuses do not start")
+    if dynamic:
+        return [Finding("error", "fence-cgroup-v2",
+                        text + f", and no job of mig-dynamic pool(s) {', '.join(dynamic)} starts",
+                        "run mig-dynamic pools on cgroup v1 nodes (CgroupPlugin=cgroup/v1 on a "
+                        "hybrid hierarchy); see docs/security.md")]
+    return [Finding("warning", "fence-cgroup-v2", text,
+                    "use CgroupPlugin=cgroup/v1 where the node has a hybrid hierarchy; "
+                    "see docs/security.md")]
+
+
+CHECKS: List[Check] = [check_device_constraint, check_fence_plugin, check_fence_cgroup_version]
