@@ -1,0 +1,439 @@
+"""Training admission, the part of :func:`~slurmiso.monitor.decide.decide` that keeps new
+training off GPUs that inference needs (pure: no I/O, no clock).
+
+Signals first: each shared node is HOT, CALM, BETWEEN or UNKNOWN. A missing value is unknown,
+never 0 %: SM activity falls back to graphics-engine activity (busier or equal, so the stand-in
+errs towards inference) and, with neither, the node is unknown; an agent that answered without
+GPU series, or data older than ``max_data_age_s``, is unknown too. Unknown admits no *new*
+training (``unknown_admits`` turns that off) and never opens or closes a gate.
+
+Each node has a gate (closes at once when hot, opens after ``min_dwell_s`` of calm and at most
+``gate_opens_per_hour``); the SLO has one. How a closed gate keeps training away:
+
+* ``nodes``: pending training jobs get the closed nodes of their partitions in ExcNodeList
+  (their own exclusions kept) and a comment saying why; inference and running jobs untouched;
+* ``hold``: a partition whose nodes are hot holds its pending training jobs;
+* ``qos-limit``: see :mod:`slurmiso.monitor.caps`.
+
+In every mode new arrivals and releases share one start budget per ``stagger_interval_s``
+(``stagger_max_starts``, more when free GPUs or the backlog call for it: a backlog drains in
+about ``backlog_drain_s``), spent in Slurm's priority order; the excess is held, "staggered".
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+
+from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
+from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
+from slurmiso.slurm.hostlist import compress, expand
+
+SLO_SCOPE = "slo"
+STAGGER = "stagger"
+HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
+Verdict = Tuple[str, str, Dict[str, Any]]
+
+
+@lru_cache(maxsize=4096)
+def _nodeset(expr: str) -> FrozenSet[str]:
+    expr = expr.strip()
+    if not expr or expr in ("(null)", "N/A"):
+        return frozenset()
+    try:
+        return frozenset(expand(expr))
+    except Exception:  # noqa: BLE001 - a list we cannot read is one we must not rewrite
+        return frozenset({expr})
+
+
+def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
+    """The verdict on one node's shared GPUs; None for nodes admission ignores (exclusive
+    pools, nodes Slurm does not schedule on)."""
+    if node.mode not in SHARED_MODES or not node.usable:
+        return None
+    name = node.name
+    if node.telemetry_age_s is None:
+        return UNKNOWN, f"no telemetry from {name}", {"node": name, "unknown": "telemetry"}
+    if node.telemetry_age_s > policy.max_data_age_s:
+        return UNKNOWN, (f"telemetry from {name} is {node.telemetry_age_s:.0f}s old "
+                         f"(limit {policy.max_data_age_s:g}s)"), {"node": name,
+                                                                  "unknown": "stale"}
+    if not node.gpus:
+        return UNKNOWN, f"{name} reported no GPUs", {"node": name, "unknown": "gpus"}
+    worst: Optional[Tuple[float, str, Dict[str, Any]]] = None
+    calm = True
+    unknown = ""
+    for gpu in node.gpus:
+        mem = gpu.memory_pct
+        act, what = gpu.sm_active_pct, "SM"
+        if act is None:
+            act, what = gpu.gr_active_pct, "graphics-engine activity"
+        if mem is None or act is None:
+            unknown = unknown or (f"{name} GPU {gpu.index} "
+                                  f"{'memory' if mem is None else 'SM activity'} unknown")
+        over_m = -1e9 if mem is None else mem - policy.memory_used_pct
+        over_a = -1e9 if act is None else act - policy.sm_active_pct
+        if (mem is not None and mem >= policy.release_memory_pct) or (
+                act is not None and act >= policy.release_sm_pct):
+            calm = False
+        over = max(over_m, over_a)
+        if worst is None or over > worst[0]:
+            text = (f"memory {mem:.0f}% (limit {policy.memory_used_pct:g}%)"
+                    if over_m >= over_a and mem is not None
+                    else f"{what} {act:.0f}% (limit {policy.sm_active_pct:g}%)"
+                    if act is not None else "no figures")
+            worst = (over, f"{name} GPU {gpu.index} {text}", {
+                "node": name, "gpu": gpu.index,
+                "memory_pct": None if mem is None else round(mem, 1),
+                "sm_active_pct": None if gpu.sm_active_pct is None
+                else round(gpu.sm_active_pct, 1),
+                "gr_active_pct": None if gpu.gr_active_pct is None
+                else round(gpu.gr_active_pct, 1)})
+    assert worst is not None
+    if worst[0] >= 0:
+        return HOT, worst[1], worst[2]
+    if unknown:
+        return UNKNOWN, unknown, {"node": name, "unknown": "signal"}
+    return (CALM if calm else BETWEEN), worst[1], worst[2]
+
+
+def combine(verdicts: Sequence[Verdict]) -> Verdict:
+    """A partition's verdict from its nodes': hot if one is, else unknown if one is."""
+    for kind in (HOT, UNKNOWN, BETWEEN):
+        hit = [v for v in verdicts if v[0] == kind]
+        if hit:
+            if kind == HOT:
+                return max(hit, key=lambda v: _over(v[2]))
+            return hit[0]
+    return CALM, "no hot shared GPUs", {}
+
+
+def _over(facts: Dict[str, Any]) -> float:
+    return max(facts.get("memory_pct") or 0.0, facts.get("sm_active_pct") or 0.0,
+               facts.get("gr_active_pct") or 0.0)
+
+
+def slo_load(snap: Snapshot, policy: Policy) -> Verdict:
+    """HOT when an inference class's eligible jobs wait, or it answers, beyond its SLO;
+    UNKNOWN when a configured latency figure is missing or old; CALM when below by the
+    hysteresis margin. Jobs waiting for a BeginTime, a dependency or a hold do not count."""
+    margin = 1.0 - policy.hysteresis_pct / 100.0
+    oldest: Dict[str, float] = {}
+    for job in snap.jobs:
+        if job.eligible and job.submit_ts > 0:
+            oldest[job.job_class] = min(oldest.get(job.job_class, job.submit_ts), job.submit_ts)
+    calm = True
+    for slo in policy.slo:
+        cls = slo.class_name
+        wait = snap.ts - oldest[cls] if cls in oldest else 0.0
+        if slo.max_queue_wait_s is not None:
+            if wait > slo.max_queue_wait_s:
+                return HOT, (f"{cls} jobs wait {wait:.0f}s for GPUs "
+                             f"(SLO {slo.max_queue_wait_s:g}s)"), {
+                    "class": cls, "queue_wait_s": round(wait, 1)}
+            calm = calm and wait <= slo.max_queue_wait_s * margin
+        if slo.p99_latency_ms is None:
+            continue
+        p99 = snap.latency_p99_ms.get(cls)
+        age = snap.latency_age_s
+        if p99 is None:
+            return UNKNOWN, f"no P99 latency for {cls}", {"class": cls, "unknown": "latency"}
+        if age is None or age > policy.max_data_age_s:
+            return UNKNOWN, (f"{cls} latency sample is "
+                             f"{'of unknown age' if age is None else f'{age:.0f}s old'}"), {
+                "class": cls, "unknown": "latency-age"}
+        if p99 > slo.p99_latency_ms:
+            return HOT, (f"{cls} P99 latency {p99:.0f} ms (SLO {slo.p99_latency_ms:g} ms)"), {
+                "class": cls, "p99_latency_ms": round(p99, 1)}
+        calm = calm and p99 <= slo.p99_latency_ms * margin
+    return (CALM if calm else BETWEEN), "inference within its SLO", {}
+
+
+def gate(mem: Memory, scope: str, verdict: str, why: str, now: float,
+         policy: Policy) -> Optional[bool]:
+    """Whether ``scope`` is closed to training after this snapshot (None: unknown).
+
+    Closes at once when hot (inference first); opens only after it has been calm, below the
+    threshold by the hysteresis margin, for ``min_dwell_s``, ``min_dwell_s`` after closing,
+    and while fewer than ``gate_opens_per_hour`` openings happened in the last hour."""
+    old = mem.gates.get(scope)
+    if verdict == UNKNOWN:
+        return None
+    if old is None:
+        if verdict != HOT:
+            return False  # open and never closed: nothing to remember (3,000 nodes)
+        old = {"closed": False, "since": 0.0, "calm_since": None, "why": ""}
+    new = dict(old)
+    if not old["closed"]:
+        if verdict == HOT:
+            new.update(closed=True, since=now, calm_since=None, why=why)
+    elif verdict == CALM:
+        calm_since = old["calm_since"] if old["calm_since"] is not None else now
+        new["calm_since"] = calm_since
+        if (now - calm_since >= policy.min_dwell_s and now - old["since"] >= policy.min_dwell_s
+                and mem.count(f"open:{scope}", now) < policy.gate_opens_per_hour):
+            mem.note(f"open:{scope}", now)
+            new.update(closed=False, since=now, calm_since=None, why=why)
+    else:
+        new["calm_since"] = None
+    if new != old:
+        mem.gates[scope] = new
+    return bool(new["closed"])
+
+
+def _members(snap: Snapshot, parts: Tuple[str, ...],
+             cache: Dict[Tuple[str, ...], FrozenSet[str]]) -> FrozenSet[str]:
+    if parts not in cache:
+        cache[parts] = frozenset(n for p in parts for n in snap.partitions.get(p, ()))
+    return cache[parts]
+
+
+def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
+    """Gates, then holds / exclusions / releases / begin-time releases for training."""
+    from slurmiso.monitor.caps import qos_caps, unhold_all
+
+    train = set(policy.train_classes)
+    pending = {j.id: j for j in snap.jobs if j.pending}
+    overridden = set(mem.overridden) & set(pending)
+    waiting = [j for j in pending.values() if j.job_class in train]
+    verdicts: Dict[str, Verdict] = {}
+    closed: Dict[str, str] = {}  # node -> why training is kept off it
+    unknown: Dict[str, str] = {}
+    for node in snap.nodes:
+        v = node_load(node, policy)
+        if v is None:
+            continue
+        verdicts[node.name] = v
+        g = gate(mem, f"node:{node.name}", v[0], v[1], snap.ts, policy)
+        if g:
+            closed[node.name] = mem.gates[f"node:{node.name}"]["why"] if v[0] != HOT else v[1]
+        elif g is None:
+            unknown[node.name] = v[1]
+    for scope in [s for s in mem.gates if s.startswith("node:") and s[5:] not in verdicts]:
+        del mem.gates[scope]  # node gone or no longer shared: forget its gate
+    gates: Dict[str, Optional[bool]] = {}
+    why: Dict[str, Verdict] = {}
+    if policy.slo:
+        v = slo_load(snap, policy)
+        gates[SLO_SCOPE] = gate(mem, SLO_SCOPE, v[0], v[1], snap.ts, policy)
+        why[SLO_SCOPE] = v
+        if gates[SLO_SCOPE] is not False:
+            for name in _slo_nodes(snap, policy):
+                target = closed if gates[SLO_SCOPE] else unknown
+                target.setdefault(name, mem.gates.get(SLO_SCOPE, {}).get("why") or v[1])
+    if policy.admission != "nodes":
+        for part in sorted({p for j in waiting for p in j.partitions}):
+            v = combine([verdicts[n] for n in snap.partitions.get(part, ()) if n in verdicts])
+            gates[part] = gate(mem, part, v[0], v[1], snap.ts, policy)
+            why[part] = v
+    if policy.unknown_admits:
+        unknown = {}
+    mem.stale = sorted(set(unknown) | {s for s, g in gates.items() if g is None})
+    if policy.admission == "qos-limit":
+        hold_gates = {s: (g if g is not None or not policy.unknown_admits else False)
+                      for s, g in gates.items()}
+        return qos_caps(snap, policy, mem, hold_gates, why, waiting) + unhold_all(pending, mem)
+
+    actions: List[Action] = []
+    cache: Dict[Tuple[str, ...], FrozenSet[str]] = {}
+    blocked = dict(unknown, **closed)
+
+    def open_for(job: JobInfo) -> bool:
+        """Could this job start somewhere training is admitted now?"""
+        if policy.admission == "nodes":
+            members = _members(snap, job.partitions, cache)
+            return not members or any(n not in blocked for n in members)
+        scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
+        return not any(gates.get(s) or (gates.get(s, False) is None
+                                        and not policy.unknown_admits) for s in scopes)
+
+    # -- holds for closed partitions (hold mode) and the start budget (every mode) ---------
+    arrivals = [j for j in waiting if mem.last_ts is not None and j.submit_ts > mem.last_ts
+                and not j.held and j.id not in mem.holds and j.id not in overridden]
+    arrivals.sort(key=_order)
+    arrival_ids = {j.id for j in arrivals}
+    window = snap.ts - policy.stagger_interval_s
+    mem.release_times = [t for t in mem.release_times if t > window]
+    backlog = sum(1 for jid in mem.holds if jid in pending)
+    free = _free_gpus(snap, blocked)
+    budget = max(policy.stagger_max_starts, free,
+                 math.ceil((backlog + len(arrivals)) * policy.stagger_interval_s
+                           / max(policy.backlog_drain_s, policy.stagger_interval_s)))
+    allowance = max(0, budget - len(mem.release_times))
+    held_now: Set[str] = set()
+    if policy.admission == "hold":
+        for job in sorted(waiting, key=_order):
+            if job.id in mem.holds or job.held or job.id in overridden:
+                continue
+            scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
+            closing = [s for s in scopes if gates.get(s)]
+            if not closing and job.id in arrival_ids and not open_for(job):
+                closing = [s for s in scopes if gates.get(s) is None]
+            if closing:
+                text, facts = why[closing[0]][1], why[closing[0]][2]
+                actions.append(_hold(job, snap.ts, closing, f"training held: {text}", facts,
+                                     mem))
+                held_now.add(job.id)
+    for job in arrivals:
+        if job.id in held_now or not open_for(job):
+            continue  # held for its gate above, or its exclusions keep it off every node
+        if allowance > 0:
+            allowance -= 1
+            mem.release_times.append(snap.ts)
+            continue
+        actions.append(_hold(job, snap.ts, [STAGGER], (
+            f"training staggered: {budget} start(s) per {policy.stagger_interval_s:g}s "
+            f"(stagger {policy.stagger_max_starts}, backlog drains in "
+            f"{policy.backlog_drain_s:g}s)"), {"budget": budget}, mem))
+        held_now.add(job.id)
+    if policy.admission == "nodes":
+        actions += _exclusions(snap, mem, waiting, overridden, blocked, cache)
+
+    # -- releases: our holds whose job can start now, highest priority first ----------------
+    candidates: List[JobInfo] = []
+    for jid in list(mem.holds):
+        job = pending.get(jid)
+        if jid in held_now:
+            continue
+        if job is None:  # started, ended or cancelled: not ours to track any more
+            del mem.holds[jid]
+        elif not job.held:  # someone released it: respect that and never hold it again
+            del mem.holds[jid]
+            overridden.add(jid)
+        elif open_for(job):
+            candidates.append(job)
+    candidates.sort(key=_order)
+    for job in candidates[:allowance]:
+        hold = mem.holds.pop(job.id)
+        mem.release_times.append(snap.ts)
+        allowance -= 1
+        actions.append(Action(
+            "release", job.id,
+            "calm: released in priority order" if hold.get("scopes") != [STAGGER]
+            else "its turn in the start budget, in priority order",
+            {"hold": hold, "held_s": round(snap.ts - float(hold.get("ts", snap.ts)), 1),
+             "partition": ",".join(job.partitions), "priority": job.priority,
+             "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": backlog}))
+    actions += _begin_now(snap, policy, mem, pending, allowance, open_for)
+    mem.overridden = sorted(overridden)
+    return actions
+
+
+def _order(job: JobInfo) -> Tuple[float, float, str]:
+    """Slurm's order: highest priority first, then oldest submission."""
+    return (-job.priority, job.submit_ts, job.id)
+
+
+def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[str, Any],
+          mem: Memory) -> Action:
+    mem.holds[job.id] = {"ts": now, "scopes": scopes, "reason": reason}
+    return Action("hold", job.id, reason, dict(facts, scopes=scopes, job_class=job.job_class,
+                                               partition=",".join(job.partitions)))
+
+
+def _free_gpus(snap: Snapshot, blocked: Dict[str, str]) -> int:
+    """GPUs with no job on usable nodes training may use: what can start right away."""
+    return sum(1 for n in snap.nodes if n.usable and n.name not in blocked
+               for g in n.gpus if not g.jobs and not g.processes)
+
+
+def _slo_nodes(snap: Snapshot, policy: Policy) -> Set[str]:
+    """Nodes the SLO classes need: their waiting jobs' partitions, else where they run."""
+    classes = {s.class_name for s in policy.slo}
+    parts = {p for j in snap.jobs if j.eligible and j.job_class in classes
+             for p in j.partitions}
+    out = {n for p in parts for n in snap.partitions.get(p, ())}
+    if not out:
+        out = {n for j in snap.jobs if j.state == "RUNNING" and j.job_class in classes
+               for n in j.nodes}
+    return out
+
+
+def _exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden: Set[str],
+                blocked: Dict[str, str], cache: Dict[Tuple[str, ...], FrozenSet[str]],
+                ) -> List[Action]:
+    """nodes admission: each pending training job's ExcNodeList = its own + the blocked
+    nodes of its partitions, with a comment a user can read; restored when they calm."""
+    actions = []
+    per_parts: Dict[Tuple[str, ...], Tuple[FrozenSet[str], str]] = {}
+    for job in waiting:
+        if job.id in overridden:
+            continue
+        rec = mem.excluded.get(job.id)
+        current = _nodeset(job.exc_nodes)
+        if rec is not None and current != _nodeset(rec["set"]):
+            del mem.excluded[job.id]  # someone else changed it: theirs from now on
+            overridden.add(job.id)
+            continue
+        if job.partitions not in per_parts:
+            bad = frozenset(n for n in _members(snap, job.partitions, cache) if n in blocked)
+            text = ""
+            if bad:
+                first = sorted(bad)[0]
+                text = (f"slurmiso: waits for calm GPUs; kept off {compress(sorted(bad))} "
+                        f"while inference needs them ({blocked[first]})")[:250]
+            per_parts[job.partitions] = (bad, text)
+        bad, text = per_parts[job.partitions]
+        user = rec["user"] if rec else job.exc_nodes
+        want = bad | _nodeset(user) if bad else _nodeset(user)
+        if want == current:
+            if not bad and rec is not None:
+                del mem.excluded[job.id]
+            continue
+        if not bad and rec is None:
+            continue
+        want_str = compress(sorted(want)) if bad else user
+        own_comment = rec["comment"] if rec else job.comment
+        comment: Optional[str] = None
+        if not own_comment or own_comment.startswith("slurmiso:"):
+            comment = text if bad else ""
+        if bad:
+            mem.excluded[job.id] = {"set": want_str, "user": user, "comment": own_comment}
+            reason = text or "kept off hot nodes"
+        else:
+            mem.excluded.pop(job.id, None)
+            reason = "its nodes are calm again: own exclusions restored"
+        actions.append(Action("exclude", job.id, reason,
+                              {"nodes": want_str, "comment": comment,
+                               "partition": ",".join(job.partitions)}))
+    return actions
+
+
+def _begin_now(snap: Snapshot, policy: Policy, mem: Memory, pending: Dict[str, JobInfo],
+               allowance: int, open_for: Any) -> List[Action]:
+    """A requeued training job waits out a BeginTime (about 120 s on 22.05) even once its
+    GPUs are free: start it now once the job that preempted it runs (no eligible inference
+    waits in its partitions), within the start budget."""
+    train = set(policy.train_classes)
+    was_running = set(mem.running_train)
+    for job in pending.values():
+        if job.id in was_running and job.job_class in train and job.reason == "BeginTime":
+            mem.requeued.setdefault(job.id, snap.ts)
+    mem.running_train = sorted(j.id for j in snap.jobs
+                               if j.state == "RUNNING" and j.job_class in train)
+    for jid in list(mem.requeued):
+        job = pending.get(jid)
+        if job is None or job.reason != "BeginTime" or job.held:
+            del mem.requeued[jid]
+    if not policy.release_requeue_delay or not mem.requeued:
+        return []
+    waiting_parts = {p for j in pending.values() if j.eligible and j.job_class not in train
+                     for p in j.partitions}
+    actions = []
+    for jid in sorted(mem.requeued, key=lambda i: _order(pending[i])):
+        job = pending[jid]
+        if allowance <= 0:
+            break
+        if waiting_parts.intersection(job.partitions) or not open_for(job):
+            continue
+        since = mem.requeued.pop(jid)
+        allowance -= 1
+        mem.release_times.append(snap.ts)
+        actions.append(Action(
+            "begin-now", jid,
+            "requeued after preemption: the preempting job runs, start it without waiting "
+            "out its BeginTime",
+            {"begin_ts": job.begin_ts, "waited_s": round(snap.ts - since, 1),
+             "partition": ",".join(job.partitions)}))
+    return actions
