@@ -218,8 +218,8 @@ class MonitorSettings:
     telemetry: TelemetrySource = field(default_factory=TelemetrySource)
     slo: Tuple[Slo, ...] = ()
     #: ``nodes`` (default): keep pending training off hot or unknown nodes with the job's
-    #: ExcNodeList; ``hold`` pending training jobs, or ``qos-limit``: cap the training QoS's GrpTRES at
-    #: what training uses now (pending jobs wait with reason QOSGrpGRES; nothing is held).
+    #: ExcNodeList; ``hold`` pending training jobs, or ``qos-limit``: cap the training QoS's
+    #: GrpTRES at what training uses now (jobs wait with reason QOSGrpGRES; none is held).
     admission: str = "nodes"
     relayout: Relayout = field(default_factory=Relayout)
     #: Unknown or stale telemetry admits training as if calm (default: it admits none).

@@ -293,16 +293,16 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     # -- releases: our holds whose job can start now, highest priority first ----------------
     candidates: List[JobInfo] = []
     for jid in list(mem.holds):
-        job = pending.get(jid)
+        mine = pending.get(jid)
         if jid in held_now:
             continue
-        if job is None:  # started, ended or cancelled: not ours to track any more
+        if mine is None:  # started, ended or cancelled: not ours to track any more
             del mem.holds[jid]
-        elif not job.held:  # someone released it: respect that and never hold it again
+        elif not mine.held:  # someone released it: respect that and never hold it again
             del mem.holds[jid]
             overridden.add(jid)
-        elif open_for(job):
-            candidates.append(job)
+        elif open_for(mine):
+            candidates.append(mine)
     candidates.sort(key=_order)
     for job in candidates[:allowance]:
         hold = mem.holds.pop(job.id)
@@ -413,8 +413,8 @@ def _begin_now(snap: Snapshot, policy: Policy, mem: Memory, pending: Dict[str, J
     mem.running_train = sorted(j.id for j in snap.jobs
                                if j.state == "RUNNING" and j.job_class in train)
     for jid in list(mem.requeued):
-        job = pending.get(jid)
-        if job is None or job.reason != "BeginTime" or job.held:
+        back = pending.get(jid)
+        if back is None or back.reason != "BeginTime" or back.held:
             del mem.requeued[jid]
     if not policy.release_requeue_delay or not mem.requeued:
         return []
