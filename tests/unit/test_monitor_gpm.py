@@ -18,7 +18,8 @@ from slurmiso.gpu.gpm import gpm_sm
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "monitor",
                        "gpm-samples.json")
-CASES = json.load(open(FIXTURE, encoding="utf-8"))["cases"]
+with open(FIXTURE, encoding="utf-8") as _fh:
+    CASES = json.load(_fh)["cases"]
 
 
 class _Metric:
