@@ -255,11 +255,14 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     arrival_ids = {j.id for j in arrivals}
     window = snap.ts - policy.stagger_interval_s
     mem.release_times = [t for t in mem.release_times if t > window]
-    backlog = sum(1 for jid in mem.holds if jid in pending)
+    backlog = [float(h.get("ts", snap.ts)) for jid, h in mem.holds.items() if jid in pending]
     free = _free_gpus(snap, blocked)
+    # The backlog (held jobs and this cycle's arrivals) must be gone backlog_drain_s after
+    # its oldest hold: spread what is left over the intervals left.
+    left = policy.backlog_drain_s - (snap.ts - min(backlog, default=snap.ts))
     budget = max(policy.stagger_max_starts, free,
-                 math.ceil((backlog + len(arrivals)) * policy.stagger_interval_s
-                           / max(policy.backlog_drain_s, policy.stagger_interval_s)))
+                 math.ceil((len(backlog) + len(arrivals)) * policy.stagger_interval_s
+                           / max(left, policy.stagger_interval_s)))
     allowance = max(0, budget - len(mem.release_times))
     held_now: Set[str] = set()
     if policy.admission == "hold":
@@ -314,7 +317,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
             else "its turn in the start budget, in priority order",
             {"hold": hold, "held_s": round(snap.ts - float(hold.get("ts", snap.ts)), 1),
              "partition": ",".join(job.partitions), "priority": job.priority,
-             "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": backlog}))
+             "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": len(backlog)}))
     actions += _begin_now(snap, policy, mem, pending, allowance, open_for)
     mem.overridden = sorted(overridden)
     return actions
