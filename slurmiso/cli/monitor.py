@@ -133,6 +133,7 @@ def _source(args: argparse.Namespace, cfg: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     import os
     import signal
+    import time
 
     from slurmiso.cli.output import print_json
     from slurmiso.config import load_config
@@ -170,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
     if args.what == "status":
         return _status(policy, state_path, args.json, print_json)
     dry_run = args.dry_run or (cfg.monitor.dry_run and not args.apply)
+    replay = False
     if args.snapshot:
-        snapshot_fn = file_snapshots(args.snapshot)
+        snapshot_fn, replay = file_snapshots(args.snapshot)
     else:
         source = _source(args, cfg)
 
@@ -182,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
                       args.gres_out, args.after_relayout)
     mon = Monitor(policy, snapshot_fn, applier, state_path,
                   args.lock or os.path.join(base, "leader.lock"),
-                  args.interval or cfg.monitor.interval_s, dry_run)
+                  args.interval or cfg.monitor.interval_s, dry_run,
+                  sleep=(lambda s: None) if replay else time.sleep)
     signal.signal(signal.SIGTERM, lambda *_: mon.request_stop())
     if args.metrics_port:
         _serve_metrics(mon, args.metrics_port, args.metrics_addr)
@@ -198,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             timeline.add(mon, outcomes)
             if args.once:
                 _report(mon, outcomes, dry_run, args.json, print_json, _exit(mon, failures))
-            elif args.snapshot and not args.json and mon.last_snapshot is not None:
+            elif replay and not args.json and mon.last_snapshot is not None:
                 for line in timeline.cycle_lines(outcomes, mon.last_snapshot.ts, dry_run):
                     print(line)
     finally:
@@ -210,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"idle: {reason}")
         return EXIT_NOT_LEADER
-    if args.snapshot and not args.once:
+    if replay and not args.once:
         timeline.finish(mon)
         if args.json:
             print_json(timeline.to_dict())

@@ -205,12 +205,17 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
         if v is None:
             continue
         verdicts[node.name] = v
+        if policy.admission != "nodes":  # partition gates below; unknown nodes listed
+            if v[0] == UNKNOWN:
+                unknown[node.name] = v[1]
+            continue
         g = gate(mem, f"node:{node.name}", v[0], v[1], snap.ts, policy)
         if g:
             closed[node.name] = mem.gates[f"node:{node.name}"]["why"] if v[0] != HOT else v[1]
         elif g is None:
             unknown[node.name] = v[1]
-    for scope in [s for s in mem.gates if s.startswith("node:") and s[5:] not in verdicts]:
+    for scope in [s for s in mem.gates if s.startswith("node:") and (
+            s[5:] not in verdicts or policy.admission != "nodes")]:
         del mem.gates[scope]  # node gone or no longer shared: forget its gate
     gates: Dict[str, Optional[bool]] = {}
     why: Dict[str, Verdict] = {}

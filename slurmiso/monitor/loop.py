@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.errors import StateError
 from slurmiso.monitor import snapshot as snapmod
@@ -305,13 +305,14 @@ def hold_kind(hold: Dict[str, Any]) -> str:
     return first if first in ("stagger", "reconciled", "slo") else "gate"
 
 
-def file_snapshots(path: str) -> Callable[[], Snapshot]:
-    """Replay recorded snapshots, each with its own timestamp: a folder or JSON-lines file is
-    a sequence (the monitor stops after its last); a single snapshot file is re-read each
-    cycle, so it can be replaced meanwhile."""
+def file_snapshots(path: str) -> Tuple[Callable[[], Snapshot], bool]:
+    """Replay recorded snapshots, each with its own timestamp, and whether they are a
+    sequence: a folder or JSON-lines file is one (replayed without waiting between cycles;
+    the monitor stops after its last); a single snapshot file is re-read each cycle, so it
+    can be replaced meanwhile."""
     seq = snapmod.load_sequence(path)
     if len(seq) == 1 and not os.path.isdir(path):
-        return lambda: snapmod.load_sequence(path)[0]
+        return (lambda: snapmod.load_sequence(path)[0]), False
     it = iter(seq)
 
     def nxt() -> Snapshot:
@@ -319,7 +320,7 @@ def file_snapshots(path: str) -> Callable[[], Snapshot]:
             return next(it)
         except StopIteration:
             raise EndOfSnapshots() from None
-    return nxt
+    return nxt, True
 
 
 class MonitorCollector:

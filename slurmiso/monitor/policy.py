@@ -127,8 +127,10 @@ def policy_from_config(
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
         train_classes=tuple(c.name for c in train),
-        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms)
-                  for s in mon.slo),
+        # A latency limit without a query to measure it would be unknown forever (and so
+        # admit no training): only limits that can be measured are policy.
+        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s,
+                           s.p99_latency_ms if s.latency_query else None) for s in mon.slo),
         lend=tuple(lend),
         lend_reserve=lend_reserve,
         mig_layouts=mig_candidates(cfg),

@@ -101,12 +101,13 @@ class FakeCluster:
 
 def run(cluster: FakeCluster, policy: Policy, steps: int, dt: float = 30.0,
         before: Optional[Callable[[int, float], None]] = None,
-        memory: Optional[Memory] = None) -> Tuple[List[List[Action]], Memory]:
+        memory: Optional[Memory] = None, start: float = T0,
+        ) -> Tuple[List[List[Action]], Memory]:
     applier = Applier(None, cluster)
     mem = memory or Memory()
     out = []
     for i in range(steps):
-        ts = T0 + i * dt
+        ts = start + i * dt
         if before is not None:
             before(i, ts)
         actions, mem = decide(cluster.snapshot(ts), policy, mem)
