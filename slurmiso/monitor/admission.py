@@ -61,7 +61,7 @@ def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
                                                                   "unknown": "stale"}
     if not node.gpus:
         return UNKNOWN, f"{name} reported no GPUs", {"node": name, "unknown": "gpus"}
-    worst: Optional[Tuple[float, str, Dict[str, Any]]] = None
+    best: Optional[Tuple[float, Any, Optional[float], Optional[float], str, bool]] = None
     calm = True
     unknown = ""
     for gpu in node.gpus:
@@ -78,24 +78,21 @@ def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
                 act is not None and act >= policy.release_sm_pct):
             calm = False
         over = max(over_m, over_a)
-        if worst is None or over > worst[0]:
-            text = (f"memory {mem:.0f}% (limit {policy.memory_used_pct:g}%)"
-                    if over_m >= over_a and mem is not None
-                    else f"{what} {act:.0f}% (limit {policy.sm_active_pct:g}%)"
-                    if act is not None else "no figures")
-            worst = (over, f"{name} GPU {gpu.index} {text}", {
-                "node": name, "gpu": gpu.index,
-                "memory_pct": None if mem is None else round(mem, 1),
-                "sm_active_pct": None if gpu.sm_active_pct is None
-                else round(gpu.sm_active_pct, 1),
-                "gr_active_pct": None if gpu.gr_active_pct is None
-                else round(gpu.gr_active_pct, 1)})
-    assert worst is not None
-    if worst[0] >= 0:
-        return HOT, worst[1], worst[2]
-    if unknown:
+        if best is None or over > best[0]:
+            best = (over, gpu, mem, act, what, over_m >= over_a)
+    assert best is not None
+    over, g, mem, act, what, by_mem = best
+    if over < 0 and unknown:
         return UNKNOWN, unknown, {"node": name, "unknown": "signal"}
-    return (CALM if calm else BETWEEN), worst[1], worst[2]
+    text = (f"memory {mem:.0f}% (limit {policy.memory_used_pct:g}%)" if by_mem and mem is not None
+            else f"{what} {act:.0f}% (limit {policy.sm_active_pct:g}%)" if act is not None
+            else "no figures")
+    facts = {"node": name, "gpu": g.index,
+             "memory_pct": None if mem is None else round(mem, 1),
+             "sm_active_pct": None if g.sm_active_pct is None else round(g.sm_active_pct, 1),
+             "gr_active_pct": None if g.gr_active_pct is None else round(g.gr_active_pct, 1)}
+    verdict = HOT if over >= 0 else CALM if calm else BETWEEN
+    return verdict, f"{name} GPU {g.index} {text}", facts
 
 
 def combine(verdicts: Sequence[Verdict]) -> Verdict:
@@ -120,9 +117,12 @@ def slo_load(snap: Snapshot, policy: Policy) -> Verdict:
     hysteresis margin. Jobs waiting for a BeginTime, a dependency or a hold do not count."""
     margin = 1.0 - policy.hysteresis_pct / 100.0
     oldest: Dict[str, float] = {}
+    classes = {s.class_name for s in policy.slo}
     for job in snap.jobs:
-        if job.eligible and job.submit_ts > 0:
-            oldest[job.job_class] = min(oldest.get(job.job_class, job.submit_ts), job.submit_ts)
+        if job.eligible and job.submit_ts > 0 and job.job_class in classes:
+            seen = oldest.get(job.job_class)
+            if seen is None or job.submit_ts < seen:
+                oldest[job.job_class] = job.submit_ts
     calm = True
     for slo in policy.slo:
         cls = slo.class_name
@@ -364,34 +364,39 @@ def _exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden:
     """nodes admission: each pending training job's ExcNodeList = its own + the blocked
     nodes of its partitions, with a comment a user can read; restored when they calm."""
     actions = []
-    per_parts: Dict[Tuple[str, ...], Tuple[FrozenSet[str], str]] = {}
+    per_parts: Dict[Tuple[str, ...], Tuple[FrozenSet[str], str, str]] = {}
     for job in waiting:
         if job.id in overridden:
             continue
         rec = mem.excluded.get(job.id)
-        current = _nodeset(job.exc_nodes)
-        if rec is not None and current != _nodeset(rec["set"]):
+        if rec is not None and job.exc_nodes != rec["set"] and \
+                _nodeset(job.exc_nodes) != _nodeset(rec["set"]):
             del mem.excluded[job.id]  # someone else changed it: theirs from now on
             overridden.add(job.id)
             continue
         if job.partitions not in per_parts:
             bad = frozenset(n for n in _members(snap, job.partitions, cache) if n in blocked)
-            text = ""
+            text = bad_str = ""
             if bad:
+                bad_str = compress(sorted(bad))
                 first = sorted(bad)[0]
-                text = (f"slurmiso: waits for calm GPUs; kept off {compress(sorted(bad))} "
+                text = (f"slurmiso: waits for calm GPUs; kept off {bad_str} "
                         f"while inference needs them ({blocked[first]})")[:250]
-            per_parts[job.partitions] = (bad, text)
-        bad, text = per_parts[job.partitions]
+            per_parts[job.partitions] = (bad, text, bad_str)
+        bad, text, bad_str = per_parts[job.partitions]
         user = rec["user"] if rec else job.exc_nodes
-        want = bad | _nodeset(user) if bad else _nodeset(user)
-        if want == current:
+        if not user and job.exc_nodes == bad_str:
+            if not bad:
+                mem.excluded.pop(job.id, None)
+            continue  # already as wanted (the common case: one string compare)
+        want = bad | _nodeset(user) if user else bad
+        if want == _nodeset(job.exc_nodes):
             if not bad and rec is not None:
                 del mem.excluded[job.id]
             continue
         if not bad and rec is None:
             continue
-        want_str = compress(sorted(want)) if bad else user
+        want_str = (bad_str if not user else compress(sorted(want))) if bad else user
         own_comment = rec["comment"] if rec else job.comment
         comment: Optional[str] = None
         if not own_comment or own_comment.startswith("slurmiso:"):

@@ -31,10 +31,13 @@ def relayout(
         if not pool_nodes or not candidates:
             continue
         parts = {p for n in pool_nodes for p in n.partitions}
+        asks: Counter[str] = Counter(  # GRES strings, counted once each (60,000 jobs)
+            j.gres for j in snap.jobs
+            if j.pending and not j.held and j.gres and not parts.isdisjoint(j.partitions))
         pending: Counter[str] = Counter()
-        for j in snap.jobs:
-            if j.pending and not j.held and j.gres and not parts.isdisjoint(j.partitions):
-                pending.update(gres_of.setdefault(j.gres, parse_gres_types(j.gres)))
+        for gres, n_jobs in asks.items():
+            for typ, c in gres_of.setdefault(gres, parse_gres_types(gres)).items():
+                pending[typ] += c * n_jobs
         need = Counter(pending)
         supply: Counter[str] = Counter()
         for n in pool_nodes:

@@ -25,12 +25,14 @@ class Timeline:
     held: Set[str] = field(default_factory=set)
     held_s: float = 0.0
     flips: int = 0
+    decide_ms: List[float] = field(default_factory=list)
     _closed: Dict[str, bool] = field(default_factory=dict)
 
     def add(self, mon: Any, outcomes: List[Any]) -> None:
         snap = mon.last_snapshot
         ts = snap.ts if snap is not None else 0.0
         self.cycles += 1
+        self.decide_ms.append(round(1000.0 * mon.stats.last_decide_s, 2))
         self.first_ts = ts if self.first_ts is None else self.first_ts
         self.last_ts = ts
         for out in outcomes:
@@ -75,7 +77,7 @@ class Timeline:
                 "totals": {"jobs_held": len(self.held), "time_held_s": round(self.held_s, 1),
                            "gate_flips": self.flips, "actions": dict(sorted(
                                self.counts.items()))},
-                "timeline": self.events}
+                "decide_ms": self.decide_ms, "timeline": self.events}
 
     def total_lines(self) -> List[str]:
         span = (self.last_ts or 0.0) - (self.first_ts or 0.0)
