@@ -244,14 +244,21 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     cache: Dict[Tuple[str, ...], FrozenSet[str]] = {}
     blocked = dict(unknown, **closed)
 
+    open_cache: Dict[Tuple[str, ...], bool] = {}
+
     def open_for(job: JobInfo) -> bool:
-        """Could this job start somewhere training is admitted now?"""
-        if policy.admission == "nodes":
-            members = _members(snap, job.partitions, cache)
-            return not members or any(n not in blocked for n in members)
-        scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
-        return not any(gates.get(s) or (gates.get(s, False) is None
-                                        and not policy.unknown_admits) for s in scopes)
+        """Could this job start somewhere training is admitted now? (per partition set)"""
+        key = job.partitions
+        if key not in open_cache:
+            if policy.admission == "nodes":
+                members = _members(snap, key, cache)
+                open_cache[key] = not members or any(n not in blocked for n in members)
+            else:
+                scopes = list(key) + ([SLO_SCOPE] if policy.slo else [])
+                open_cache[key] = not any(
+                    gates.get(s) or (gates.get(s, False) is None and not policy.unknown_admits)
+                    for s in scopes)
+        return open_cache[key]
 
     # -- holds for closed partitions (hold mode) and the start budget (every mode) ---------
     arrivals = [j for j in waiting if mem.last_ts is not None and j.submit_ts > mem.last_ts
@@ -271,13 +278,18 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     allowance = max(0, budget - len(mem.release_times))
     held_now: Set[str] = set()
     if policy.admission == "hold":
+        closing_of: Dict[Tuple[Tuple[str, ...], bool], List[str]] = {}
         for job in sorted(waiting, key=_order):
             if job.id in mem.holds or job.held or job.id in overridden:
                 continue
-            scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
-            closing = [s for s in scopes if gates.get(s)]
-            if not closing and job.id in arrival_ids and not open_for(job):
-                closing = [s for s in scopes if gates.get(s) is None]
+            key = (job.partitions, job.id in arrival_ids)
+            if key not in closing_of:
+                scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
+                closing = [s for s in scopes if gates.get(s)]
+                if not closing and key[1] and not open_for(job):
+                    closing = [s for s in scopes if gates.get(s) is None]
+                closing_of[key] = closing
+            closing = closing_of[key]
             if closing:
                 text, facts = why[closing[0]][1], why[closing[0]][2]
                 actions.append(_hold(job, snap.ts, closing, f"training held: {text}", facts,
@@ -417,7 +429,7 @@ def _begin_now(snap: Snapshot, policy: Policy, mem: Memory, pending: Dict[str, J
                allowance: int, open_for: Any) -> List[Action]:
     """A requeued training job waits out a BeginTime (about 120 s on 22.05) even once its
     GPUs are free: start it now once the job that preempted it runs (no eligible inference
-    waits in its partitions), within the start budget."""
+    waits on any node this job could use), within the start budget."""
     train = set(policy.train_classes)
     was_running = set(mem.running_train)
     for job in pending.values():
@@ -433,13 +445,15 @@ def _begin_now(snap: Snapshot, policy: Policy, mem: Memory, pending: Dict[str, J
         return []
     waiting_parts = {p for j in pending.values() if j.eligible and j.job_class not in train
                      for p in j.partitions}
+    waiting_nodes = {n for p in waiting_parts for n in snap.partitions.get(p, ())}
     actions = []
     for jid in sorted(mem.requeued, key=lambda i: _order(pending[i])):
         job = pending[jid]
         if allowance <= 0:
             break
-        if waiting_parts.intersection(job.partitions) or not open_for(job):
-            continue
+        if waiting_parts.intersection(job.partitions) or not open_for(job) or any(
+                n in waiting_nodes for p in job.partitions for n in snap.partitions.get(p, ())):
+            continue  # inference still waits where this job could run: its preemptor
         since = mem.requeued.pop(jid)
         allowance -= 1
         mem.release_times.append(snap.ts)
