@@ -236,8 +236,10 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
         unknown = {}
     mem.stale = sorted(set(unknown) | {s for s, g in gates.items() if g is None})
     if policy.admission == "qos-limit":
-        hold_gates = {s: (g if g is not None or not policy.unknown_admits else False)
-                      for s, g in gates.items()}
+        # Unknown caps training at what runs (as a closed gate would), never lets it grow.
+        hold_gates: Dict[str, Optional[bool]] = {
+            s: (bool(g) if g is not None else not policy.unknown_admits)
+            for s, g in gates.items()}
         return qos_caps(snap, policy, mem, hold_gates, why, waiting) + unhold_all(pending, mem)
 
     actions: List[Action] = []
