@@ -415,15 +415,16 @@ def _exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden:
         comment: Optional[str] = None
         if not own_comment or own_comment.startswith("slurmiso:"):
             comment = text if bad else ""
-        if bad:
-            mem.excluded[job.id] = {"set": want_str, "user": user, "comment": own_comment}
-            reason = text or "kept off hot nodes"
-        else:
-            mem.excluded.pop(job.id, None)
-            reason = "its nodes are calm again: own exclusions restored"
+        # The record stays until Slurm shows the job's own list back (a restore that fails
+        # or is cut short by a crash is retried, never taken for someone else's change).
+        mem.excluded[job.id] = {"set": want_str, "user": user, "comment": own_comment}
+        reason = (text or "kept off hot nodes") if bad else \
+            "its nodes are calm again: own exclusions restored"
         actions.append(Action("exclude", job.id, reason,
                               {"nodes": want_str, "comment": comment,
-                               "partition": ",".join(job.partitions)}))
+                               "partition": ",".join(job.partitions),
+                               "previous": rec["set"] if rec else None, "user": user,
+                               "own_comment": own_comment}))
     return actions
 
 

@@ -87,7 +87,11 @@ def failed(memory: Memory, action: Action, error: str) -> Memory:
         if mem.release_times:
             mem.release_times.pop()
     elif action.kind == "exclude":
-        mem.excluded.pop(action.target, None)
+        if d.get("previous") is None:  # nothing of ours was on the job before
+            mem.excluded.pop(action.target, None)
+        else:
+            mem.excluded[action.target] = {"set": d["previous"], "user": d.get("user", ""),
+                                           "comment": d.get("own_comment", "")}
     elif action.kind == "begin-now":
         mem.requeued[action.target] = 0.0
         if mem.release_times:

@@ -509,3 +509,32 @@ def test_once_when_another_monitor_leads(tmp_path: os.PathLike[str]) -> None:
     finally:
         lock.release()
     assert proc.returncode == 9 and "another monitor leads" in proc.stdout
+
+
+def test_a_failed_restore_is_retried_not_orphaned() -> None:
+    from slurmiso.errors import SlurmError
+    from slurmiso.monitor.decide import failed
+
+    c = FakeCluster(["n1", "n2"], {"shared": ["n1", "n2"]})
+    c.load["n1"] = (90.0, 10.0, 5.0)
+    c.submit("1")
+    _, mem = run(c, BASE, 1)
+    assert c.jobs["1"].exc_nodes == "n1"
+    c.load["n1"] = (10.0, 10.0, 5.0)
+    restore = None
+    for i in range(1, 40):
+        actions, mem = decide(c.snapshot(T0 + 30 * i), BASE, mem)
+        if actions:
+            restore = actions[0]
+            break
+    assert restore is not None and restore.kind == "exclude" and restore.details["nodes"] == ""
+
+    class Down(FakeCluster):
+        def update_jobs(self, ids: Sequence[str], fields: Dict[str, str]) -> None:
+            raise SlurmError("scontrol update failed: Socket timed out")
+
+    out = Applier(None, Down(["n1"], {})).apply([restore])
+    assert not out[0].ok
+    mem = failed(mem, restore, out[0].error)
+    actions, mem = decide(c.snapshot(T0 + 30 * 41), BASE, mem)
+    assert [(a.kind, a.details["nodes"]) for a in actions] == [("exclude", "")], "retried"
