@@ -28,7 +28,7 @@ SCALES = ((1000, 20_000, 3_000, 100.0), (3000, 60_000, 9_000, 400.0))
 AGENTS, BAD_SHARE, DEADLINE_S, PER_AGENT_S = 1000, 0.10, 10.0, 3.0
 
 _CHILD = r"""
-import json, resource, statistics, sys, time
+import gc, json, resource, statistics, sys, time
 from slurmiso.monitor.snapshot import loads
 mode, path = sys.argv[1], sys.argv[2]
 text = open(path).read()
@@ -42,6 +42,7 @@ if mode == "cycle":
     from slurmiso.monitor.decide import decide
     from slurmiso.monitor.policy import Memory, Policy, SloLimit
     snap = loads(text)
+    gc.disable()  # as the monitor runs decide() (slurmiso.monitor.loop)
     for adm in ("nodes", "hold", "qos-limit"):
         pol = Policy(min_dwell_s=0, slo=(SloLimit("infer", 600, 250),), admission=adm,
                      lend=(("infer", "train"),), reconcile_nodes=("n0001", "n0002"),
@@ -53,6 +54,7 @@ if mode == "cycle":
         result[adm + "_first_ms"] = timed(lambda: decide(snap, pol, Memory()), 3)
         result[adm + "_steady_ms"] = timed(lambda: decide(snap, pol, mem), 3)
         result[adm + "_actions"] = len(actions)
+    gc.enable()
 result["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 print(json.dumps(result))
 """
