@@ -388,6 +388,7 @@ def _exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden:
     nodes of its partitions, with a comment a user can read; restored when they calm."""
     actions = []
     per_parts: Dict[Tuple[str, ...], Tuple[FrozenSet[str], str, str]] = {}
+    shared: Dict[Tuple[Any, ...], Tuple[str, Dict[str, Any], Dict[str, Any]]] = {}
     for job in waiting:
         if job.id in overridden:
             continue
@@ -426,14 +427,18 @@ def _exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden:
             comment = text if bad else ""
         # The record stays until Slurm shows the job's own list back (a restore that fails
         # or is cut short by a crash is retried, never taken for someone else's change).
-        mem.excluded[job.id] = {"set": want_str, "user": user, "comment": own_comment}
-        reason = (text or "kept off hot nodes") if bad else \
-            "its nodes are calm again: own exclusions restored"
-        actions.append(Action("exclude", job.id, reason,
-                              {"nodes": want_str, "comment": comment,
-                               "partition": ",".join(job.partitions),
-                               "previous": rec["set"] if rec else None, "user": user,
-                               "own_comment": own_comment}))
+        # Records and details are read-only once made: jobs alike share one of each.
+        key = (job.partitions, want_str, rec["set"] if rec else None, user, own_comment)
+        if key not in shared:
+            reason = (text or "kept off hot nodes") if bad else \
+                "its nodes are calm again: own exclusions restored"
+            shared[key] = (reason, {"set": want_str, "user": user, "comment": own_comment},
+                           {"nodes": want_str, "comment": comment,
+                            "partition": ",".join(job.partitions), "previous": key[2],
+                            "user": user, "own_comment": own_comment})
+        reason, record, details = shared[key]
+        mem.excluded[job.id] = record
+        actions.append(Action("exclude", job.id, reason, details))
     return actions
 
 
