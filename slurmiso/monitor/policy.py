@@ -163,7 +163,8 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or key not in knobs:
-            raise UsageError(f"--set {item!r}: expected KNOB=VALUE",
+            what = "expected KNOB=VALUE" if not sep else f"no policy knob {key!r}"
+            raise UsageError(f"--set {item!r}: {what}",
                              hint="knobs: " + ", ".join(sorted(knobs)))
         current = getattr(policy, key)
         try:
