@@ -235,6 +235,9 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     if policy.unknown_admits:
         unknown = {}
     mem.stale = sorted(set(unknown) | {s for s, g in gates.items() if g is None})
+    since = {s: mem.unknown_since.get(s, snap.ts) for s in mem.stale}
+    if since != mem.unknown_since:
+        mem.unknown_since = since
     if policy.admission == "qos-limit":
         # Unknown caps training at what runs (as a closed gate would), never lets it grow.
         hold_gates: Dict[str, Optional[bool]] = {

@@ -214,11 +214,25 @@ class Monitor:
                             "admitted there", ", ".join(memory.stale[:20]))
             else:
                 log.info("monitor: telemetry fresh again")
+            self._journal_unknown(snap, memory)
         self.memory = memory
         if not self.dry_run:
             self.save_memory()
         self._count(snap, outcomes, time.monotonic() - started)
         return outcomes
+
+    def _journal_unknown(self, snap: Snapshot, memory: Memory) -> None:
+        """One journal line whenever the set of unknown scopes changes: which, since when,
+        and the reasons counted per source this cycle."""
+        journal = getattr(self.applier, "journal", None)
+        if journal is None:
+            return
+        try:
+            journal.append("monitor-unknown", source="monitor", dry_run=self.dry_run,
+                           unknown=dict(memory.unknown_since), reasons=dict(snap.unknown),
+                           errors=list(snap.errors[:20]))
+        except OSError as exc:
+            log.warning("monitor: cannot write the journal: %s", exc)
 
     def _count(self, snap: Snapshot, outcomes: List[Outcome], took: float) -> None:
         st = self.stats

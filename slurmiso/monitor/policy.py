@@ -262,6 +262,8 @@ class Memory:
     intent: List[List[str]] = field(default_factory=list)
     #: Requeued training jobs waiting out their BeginTime: job id -> when first seen.
     requeued: Dict[str, float] = field(default_factory=dict)
+    #: Scope (node, partition, "slo") -> since when its data has been unknown.
+    unknown_since: Dict[str, float] = field(default_factory=dict)
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
@@ -279,7 +281,8 @@ class Memory:
                       dict(self.relayout) if self.relayout else None, dict(self.reconciled),
                       dict(self.caps), dict(self.excluded),
                       {k: list(v) for k, v in self.events.items()}, self.last_ts,
-                      list(self.running_train), list(self.intent), dict(self.requeued))
+                      list(self.running_train), list(self.intent), dict(self.requeued),
+                      dict(self.unknown_since))
 
     def count(self, key: str, now: float) -> int:
         """Events of ``key`` within the hour before ``now`` (older ones are dropped)."""

@@ -110,6 +110,7 @@ def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
         "excluded_jobs": len(mem.excluded),
         "closed": sorted(s for s, g in mem.gates.items() if g.get("closed")),
         "unknown": list(mem.stale),
+        "unknown_since": dict(mem.unknown_since),
         "lent": sorted(mem.lent),
         "relayout": mem.relayout,
         "starts_this_interval": [len(window), policy.stagger_max_starts],
@@ -117,18 +118,22 @@ def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
         "gate_opens_this_hour": {k: [n, policy.gate_opens_per_hour] for k, n in opens.items()
                                  if n},
         "dwell_s": policy.min_dwell_s,
+        "now": now,
         "backlog_drain_s": policy.backlog_drain_s,
     }
 
 
 def status_lines(st: Dict[str, Any]) -> List[str]:
+    now_s = float(st.get("now", 0.0))
     lines = [f"admission: {st['admission']}"
              f"{' (unknown data admits training)' if st['unknown_admits'] else ''}",
              f"held: {st['holds']}" + (f", oldest {st['oldest_hold_s']:.0f}s"
                                        if st["oldest_hold_s"] is not None else ""),
              f"kept off hot nodes: {st['excluded_jobs']} job(s)",
              f"closed to training: {', '.join(st['closed'][:20]) or 'nothing'}",
-             f"unknown data: {', '.join(st['unknown'][:20]) or 'none'}",
+             "unknown data: " + (", ".join(
+                 f"{k} (for {now_s - v:.0f}s)" for k, v in sorted(st["unknown_since"].items())[:20])
+                 or "none"),
              f"lent: {', '.join(st['lent'][:20]) or 'none'}",
              f"starts this interval: {st['starts_this_interval'][0]} "
              f"(at least {st['starts_this_interval'][1]} allowed; a backlog drains in "

@@ -538,3 +538,66 @@ def test_a_failed_restore_is_retried_not_orphaned() -> None:
     mem = failed(mem, restore, out[0].error)
     actions, mem = decide(c.snapshot(T0 + 30 * 41), BASE, mem)
     assert [(a.kind, a.details["nodes"]) for a in actions] == [("exclude", "")], "retried"
+
+
+def test_unknown_scopes_are_journaled_with_since_when(tmp_path: os.PathLike[str]) -> None:
+    from slurmiso.state import Journal
+
+    tmp = str(tmp_path)
+    journal = Journal(os.path.join(tmp, "journal.jsonl"))
+    c = FakeCluster(["n1", "n2"], {"shared": ["n1", "n2"]})
+    c.load["n2"] = (10.0, 10.0, 900.0)
+    clock = {"ts": T0}
+
+    def snap() -> Snapshot:
+        clock["ts"] += 30
+        s = c.snapshot(clock["ts"])
+        return dataclasses.replace(s, unknown={"agents/timeout": 1},
+                                   errors=("agent http://n2:9810/metrics: timeout",))
+
+    mon = Monitor(BASE, snap, Applier(None, c, journal), os.path.join(tmp, "s.json"),
+                  os.path.join(tmp, "l"), 30, sleep=lambda s: None)
+    list(mon.run(cycles=3))
+    mon.close()
+    lines = [r for r in journal.read() if r["event"] == "monitor-unknown"]
+    assert len(lines) == 1, "once when it changes, not every cycle"
+    assert lines[0]["unknown"] == {"n2": T0 + 30} and lines[0]["reasons"] == {
+        "agents/timeout": 1}
+    assert mon.stats.unknown == {"agents/timeout": 1}
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from slurmiso.monitor.loop import MonitorCollector
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MonitorCollector(mon.stats))
+    text = generate_latest(reg).decode()
+    assert 'slurmiso_monitor_unknown_signals{reason="timeout",source="agents"} 1.0' in text
+    assert "slurmiso_monitor_oldest_hold_seconds" not in text, "nothing held: no sample"
+
+
+def test_metrics_oldest_hold_and_holds_by_reason(tmp_path: os.PathLike[str]) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from slurmiso.monitor.loop import MonitorCollector
+
+    tmp = str(tmp_path)
+    c = FakeCluster(["n1"], {"shared": ["n1"]})
+    c.load["n1"] = (95.0, 10.0, 5.0)
+    for i in range(3):
+        c.submit(str(i))
+    clock = {"ts": T0}
+
+    def snap() -> Snapshot:
+        clock["ts"] += 30
+        return c.snapshot(clock["ts"])
+
+    mon = Monitor(HOLD, snap, Applier(None, c), os.path.join(tmp, "s.json"),
+                  os.path.join(tmp, "l"), 30, sleep=lambda s: None)
+    list(mon.run(cycles=3))
+    mon.close()
+    assert mon.stats.oldest_hold_s == 60.0 and mon.stats.held_by_reason == {"gate": 3}
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MonitorCollector(mon.stats))
+    text = generate_latest(reg).decode()
+    assert "slurmiso_monitor_oldest_hold_seconds 60.0" in text
+    assert 'slurmiso_monitor_held_jobs_by_reason{reason="gate"} 3.0' in text
