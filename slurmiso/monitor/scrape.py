@@ -113,7 +113,9 @@ def fetch_all(
             now = clock()
             if now >= end:
                 break
-            while queue and len(conns) < max_open:
+            while queue and len(conns) < max_open and clock() < end:
+                # (name resolution blocks: a slow resolver costs this loop, so it checks the
+                # deadline per URL; node addresses from Slurm are usually IPs already)
                 key, url = queue.pop()
                 try:
                     host, port, req = _target(url)
