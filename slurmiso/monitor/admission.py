@@ -322,7 +322,27 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
             f"{policy.backlog_drain_s:g}s)"), {"budget": budget}, mem))
         held_now.add(job.id)
     if policy.admission == "nodes":
-        actions += _exclusions(snap, mem, waiting, overridden, blocked, cache)
+        # A job every node of which is blocked is held, not excluded from all of them: Slurm
+        # may hold a job whose request no node can meet (BadConstraints) for good.
+        all_blocked: Dict[Tuple[str, ...], Tuple[str, Dict[str, Any]]] = {}
+        for job in waiting:
+            if (job.id in mem.holds or job.held or job.id in overridden
+                    or job.id in held_now or open_for(job)):
+                continue
+            if job.partitions not in all_blocked:
+                members = sorted(_members(snap, job.partitions, cache))
+                first = blocked.get(members[0], "") if members else ""
+                all_blocked[job.partitions] = ((
+                    f"training held: every node it may use ({compress(members)}) is hot or "
+                    f"unknown ({first})")[:250], {"nodes": compress(members)})
+            reason, facts = all_blocked[job.partitions]
+            actions.append(_hold(job, snap.ts, ["nodes"], reason, facts, mem))
+            held_now.add(job.id)
+        # Jobs held here because no node is open get their exclusions when one opens (in
+        # that cycle, before the release: the applier runs "exclude" before "release").
+        skip = {j.id for j in waiting if j.id in mem.holds and not open_for(j)}
+        actions += _exclusions(snap, mem, [j for j in waiting if j.id not in skip] if skip
+                               else waiting, overridden, blocked, cache)
 
     # -- releases: our holds whose job can start now, highest priority first ----------------
     candidates: List[JobInfo] = []

@@ -307,7 +307,7 @@ def test_only_eligible_inference_counts_for_the_slo(reason: str, breach: bool) -
     c.jobs["50"] = dataclasses.replace(c.jobs["50"], held=reason == "JobHeldUser")
     c.submit("1")
     run(c, dataclasses.replace(BASE, slo=(SloLimit("infer", 60, None),)), 1)
-    assert (c.jobs["1"].exc_nodes == "n1") is breach
+    assert (c.jobs["1"].held or c.jobs["1"].exc_nodes == "n1") is breach
 
 
 # --- 9. arrivals and releases staggered, backlog drained in bound, priority order --------
@@ -601,3 +601,16 @@ def test_metrics_oldest_hold_and_holds_by_reason(tmp_path: os.PathLike[str]) -> 
     text = generate_latest(reg).decode()
     assert "slurmiso_monitor_oldest_hold_seconds 60.0" in text
     assert 'slurmiso_monitor_held_jobs_by_reason{reason="gate"} 3.0' in text
+
+
+def test_a_job_with_no_admissible_node_is_held_not_excluded_everywhere() -> None:
+    """Excluding every node of its partitions could make Slurm hold the job for good
+    (BadConstraints): it is held by the monitor instead, and released when a node calms."""
+    c = FakeCluster(["n1"], {"shared": ["n1"]})
+    c.load["n1"] = (90.0, 10.0, 5.0)
+    c.submit("1")
+    _, mem = run(c, BASE, 1)
+    assert c.jobs["1"].held and "every node it may use (n1)" in mem.holds["1"]["reason"]
+    c.load["n1"] = (10.0, 10.0, 5.0)
+    run(c, BASE, 30, memory=mem, start=T0 + 30)
+    assert not c.jobs["1"].held and c.jobs["1"].exc_nodes == ""
