@@ -309,6 +309,10 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
                 mem.holds[job.id] = hit[1]
                 actions.append(Action("hold", job.id, hit[0], hit[2]))
                 held_now.add(job.id)
+    stagger_text = (f"training staggered: {budget} start(s) per "
+                    f"{policy.stagger_interval_s:g}s (stagger {policy.stagger_max_starts}, "
+                    f"backlog drains in {policy.backlog_drain_s:g}s)")
+    stagger_share: _HoldShare = {}
     for job in arrivals:
         if job.id in held_now or not open_for(job):
             continue  # held for its gate above, or its exclusions keep it off every node
@@ -316,15 +320,14 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
             allowance -= 1
             mem.release_times.append(snap.ts)
             continue
-        actions.append(_hold(job, snap.ts, [STAGGER], (
-            f"training staggered: {budget} start(s) per {policy.stagger_interval_s:g}s "
-            f"(stagger {policy.stagger_max_starts}, backlog drains in "
-            f"{policy.backlog_drain_s:g}s)"), {"budget": budget}, mem))
+        actions.append(_hold(job, snap.ts, [STAGGER], stagger_text, {"budget": budget}, mem,
+                             stagger_share))
         held_now.add(job.id)
     if policy.admission == "nodes":
         # A job every node of which is blocked is held, not excluded from all of them: Slurm
         # may hold a job whose request no node can meet (BadConstraints) for good.
         all_blocked: Dict[Tuple[str, ...], Tuple[str, Dict[str, Any]]] = {}
+        hold_share: _HoldShare = {}
         for job in waiting:
             if (job.id in mem.holds or job.held or job.id in overridden
                     or job.id in held_now or open_for(job)):
@@ -336,7 +339,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
                     f"training held: every node it may use ({compress(members)}) is hot or "
                     f"unknown ({first})")[:250], {"nodes": compress(members)})
             reason, facts = all_blocked[job.partitions]
-            actions.append(_hold(job, snap.ts, ["nodes"], reason, facts, mem))
+            actions.append(_hold(job, snap.ts, ["nodes"], reason, facts, mem, hold_share))
             held_now.add(job.id)
         # Jobs held here because no node is open get their exclusions when one opens (in
         # that cycle, before the release: the applier runs "exclude" before "release").
@@ -379,11 +382,23 @@ def _order(job: JobInfo) -> Tuple[float, float, str]:
     return (-job.priority, job.submit_ts, job.id)
 
 
+_HoldShare = Dict[Tuple[Any, ...], Tuple[Dict[str, Any], Dict[str, Any]]]
+
+
 def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[str, Any],
-          mem: Memory) -> Action:
-    mem.holds[job.id] = {"ts": now, "scopes": scopes, "reason": reason}
-    return Action("hold", job.id, reason, dict(facts, scopes=scopes, job_class=job.job_class,
-                                               partition=",".join(job.partitions)))
+          mem: Memory, share: Optional[_HoldShare] = None) -> Action:
+    """Hold ``job``; with ``share``, jobs alike get one (read-only) record and details."""
+    key = (job.partitions, job.job_class, reason, tuple(scopes))
+    if share is None or key not in share:
+        made = ({"ts": now, "scopes": scopes, "reason": reason},
+                dict(facts, scopes=scopes, job_class=job.job_class,
+                     partition=",".join(job.partitions)))
+        if share is None:
+            share = {}
+        share[key] = made
+    record, details = share[key]
+    mem.holds[job.id] = record
+    return Action("hold", job.id, reason, details)
 
 
 def _free_gpus(snap: Snapshot, blocked: Dict[str, str]) -> int:
