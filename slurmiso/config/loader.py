@@ -380,7 +380,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         stagger=stagger,
         telemetry=telemetry,
         slo=tuple(slos),
-        admission=s.text("admission", "nodes", ("nodes", "hold", "qos-limit")),
+        admission=s.text("admission", "hold", ("nodes", "hold", "qos-limit")),
         relayout=relayout,
         unknown_admits=s.flag("unknown_admits", False),
         limits=limits,

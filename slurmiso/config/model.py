@@ -217,10 +217,11 @@ class MonitorSettings:
     stagger: Stagger = field(default_factory=Stagger)
     telemetry: TelemetrySource = field(default_factory=TelemetrySource)
     slo: Tuple[Slo, ...] = ()
-    #: ``nodes`` (default): keep pending training off hot or unknown nodes with the job's
-    #: ExcNodeList; ``hold`` pending training jobs, or ``qos-limit``: cap the training QoS's
-    #: GrpTRES at what training uses now (jobs wait with reason QOSGrpGRES; none is held).
-    admission: str = "nodes"
+    #: ``nodes`` (recommended): keep pending training off hot or unknown nodes with the job's
+    #: ExcNodeList; ``hold`` (default, as before) pending training jobs, or ``qos-limit``: cap
+    #: the training QoS's GrpTRES at what training uses now (jobs wait with reason
+    #: QOSGrpGRES; none is held).
+    admission: str = "hold"
     relayout: Relayout = field(default_factory=Relayout)
     #: Unknown or stale telemetry admits training as if calm (default: it admits none).
     unknown_admits: bool = False
