@@ -23,28 +23,16 @@ about ``backlog_drain_s``), spent in Slurm's priority order; the excess is held,
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
-from slurmiso.slurm.hostlist import compress, expand
+from slurmiso.slurm.hostlist import compress
 
 SLO_SCOPE = "slo"
 STAGGER = "stagger"
 HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
 Verdict = Tuple[str, str, Dict[str, Any]]
-
-
-@lru_cache(maxsize=4096)
-def _nodeset(expr: str) -> FrozenSet[str]:
-    expr = expr.strip()
-    if not expr or expr in ("(null)", "N/A"):
-        return frozenset()
-    try:
-        return frozenset(expand(expr))
-    except Exception:  # noqa: BLE001 - a list we cannot read is one we must not rewrite
-        return frozenset({expr})
 
 
 def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
@@ -182,16 +170,11 @@ def gate(mem: Memory, scope: str, verdict: str, why: str, now: float,
     return bool(new["closed"])
 
 
-def _members(snap: Snapshot, parts: Tuple[str, ...],
-             cache: Dict[Tuple[str, ...], FrozenSet[str]]) -> FrozenSet[str]:
-    if parts not in cache:
-        cache[parts] = frozenset(n for p in parts for n in snap.partitions.get(p, ()))
-    return cache[parts]
-
-
 def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     """Gates, then holds / exclusions / releases / begin-time releases for training."""
     from slurmiso.monitor.caps import qos_caps, unhold_all
+    from slurmiso.monitor.exclusions import exclusions, members
+    from slurmiso.monitor.requeue import begin_now
 
     train = set(policy.train_classes)
     pending = {j.id: j for j in snap.jobs if j.pending}
@@ -256,8 +239,8 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
         key = job.partitions
         if key not in open_cache:
             if policy.admission == "nodes":
-                members = _members(snap, key, cache)
-                open_cache[key] = not members or any(n not in blocked for n in members)
+                nodes = members(snap, key, cache)
+                open_cache[key] = not nodes or any(n not in blocked for n in nodes)
             else:
                 scopes = list(key) + ([SLO_SCOPE] if policy.slo else [])
                 open_cache[key] = not any(
@@ -333,18 +316,18 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
                     or job.id in held_now or open_for(job)):
                 continue
             if job.partitions not in all_blocked:
-                members = sorted(_members(snap, job.partitions, cache))
-                first = blocked.get(members[0], "") if members else ""
+                names = sorted(members(snap, job.partitions, cache))
+                first = blocked.get(names[0], "") if names else ""
                 all_blocked[job.partitions] = ((
-                    f"training held: every node it may use ({compress(members)}) is hot or "
-                    f"unknown ({first})")[:250], {"nodes": compress(members)})
+                    f"training held: every node it may use ({compress(names)}) is hot or "
+                    f"unknown ({first})")[:250], {"nodes": compress(names)})
             reason, facts = all_blocked[job.partitions]
             actions.append(_hold(job, snap.ts, ["nodes"], reason, facts, mem, hold_share))
             held_now.add(job.id)
         # Jobs held here because no node is open get their exclusions when one opens (in
         # that cycle, before the release: the applier runs "exclude" before "release").
         skip = {j.id for j in waiting if j.id in mem.holds and not open_for(j)}
-        actions += _exclusions(snap, mem, [j for j in waiting if j.id not in skip] if skip
+        actions += exclusions(snap, mem, [j for j in waiting if j.id not in skip] if skip
                                else waiting, overridden, blocked, cache)
 
     # -- releases: our holds whose job can start now, highest priority first ----------------
@@ -372,7 +355,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
             {"hold": hold, "held_s": round(snap.ts - float(hold.get("ts", snap.ts)), 1),
              "partition": ",".join(job.partitions), "priority": job.priority,
              "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": len(backlog)}))
-    actions += _begin_now(snap, policy, mem, pending, allowance, open_for)
+    actions += begin_now(snap, policy, mem, pending, allowance, open_for, _order)
     mem.overridden = sorted(overridden)
     return actions
 
@@ -417,105 +400,3 @@ def _slo_nodes(snap: Snapshot, policy: Policy) -> Set[str]:
         out = {n for j in snap.jobs if j.state == "RUNNING" and j.job_class in classes
                for n in j.nodes}
     return out
-
-
-def _exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden: Set[str],
-                blocked: Dict[str, str], cache: Dict[Tuple[str, ...], FrozenSet[str]],
-                ) -> List[Action]:
-    """nodes admission: each pending training job's ExcNodeList = its own + the blocked
-    nodes of its partitions, with a comment a user can read; restored when they calm."""
-    actions = []
-    per_parts: Dict[Tuple[str, ...], Tuple[FrozenSet[str], str, str]] = {}
-    shared: Dict[Tuple[Any, ...], Tuple[str, Dict[str, Any], Dict[str, Any]]] = {}
-    for job in waiting:
-        if job.id in overridden:
-            continue
-        rec = mem.excluded.get(job.id)
-        if rec is not None and job.exc_nodes != rec["set"] and \
-                _nodeset(job.exc_nodes) != _nodeset(rec["set"]):
-            del mem.excluded[job.id]  # someone else changed it: theirs from now on
-            overridden.add(job.id)
-            continue
-        if job.partitions not in per_parts:
-            bad = frozenset(n for n in _members(snap, job.partitions, cache) if n in blocked)
-            text = bad_str = ""
-            if bad:
-                bad_str = compress(sorted(bad))
-                first = sorted(bad)[0]
-                text = (f"slurmiso: waits for calm GPUs; kept off {bad_str} "
-                        f"while inference needs them ({blocked[first]})")[:250]
-            per_parts[job.partitions] = (bad, text, bad_str)
-        bad, text, bad_str = per_parts[job.partitions]
-        user = rec["user"] if rec else job.exc_nodes
-        if not user and job.exc_nodes == bad_str:
-            if not bad:
-                mem.excluded.pop(job.id, None)
-            continue  # already as wanted (the common case: one string compare)
-        want = bad | _nodeset(user) if user else bad
-        if want == _nodeset(job.exc_nodes):
-            if not bad and rec is not None:
-                del mem.excluded[job.id]
-            continue
-        if not bad and rec is None:
-            continue
-        want_str = (bad_str if not user else compress(sorted(want))) if bad else user
-        own_comment = rec["comment"] if rec else job.comment
-        comment: Optional[str] = None
-        if not own_comment or own_comment.startswith("slurmiso:"):
-            comment = text if bad else ""
-        # The record stays until Slurm shows the job's own list back (a restore that fails
-        # or is cut short by a crash is retried, never taken for someone else's change).
-        # Records and details are read-only once made: jobs alike share one of each.
-        key = (job.partitions, want_str, rec["set"] if rec else None, user, own_comment)
-        if key not in shared:
-            reason = (text or "kept off hot nodes") if bad else \
-                "its nodes are calm again: own exclusions restored"
-            shared[key] = (reason, {"set": want_str, "user": user, "comment": own_comment},
-                           {"nodes": want_str, "comment": comment,
-                            "partition": ",".join(job.partitions), "previous": key[2],
-                            "user": user, "own_comment": own_comment})
-        reason, record, details = shared[key]
-        mem.excluded[job.id] = record
-        actions.append(Action("exclude", job.id, reason, details))
-    return actions
-
-
-def _begin_now(snap: Snapshot, policy: Policy, mem: Memory, pending: Dict[str, JobInfo],
-               allowance: int, open_for: Any) -> List[Action]:
-    """A requeued training job waits out a BeginTime (about 120 s on 22.05) even once its
-    GPUs are free: start it now once the job that preempted it runs (no eligible inference
-    waits on any node this job could use), within the start budget."""
-    train = set(policy.train_classes)
-    was_running = set(mem.running_train)
-    for job in pending.values():
-        if job.id in was_running and job.job_class in train and job.reason == "BeginTime":
-            mem.requeued.setdefault(job.id, snap.ts)
-    mem.running_train = sorted(j.id for j in snap.jobs
-                               if j.state == "RUNNING" and j.job_class in train)
-    for jid in list(mem.requeued):
-        back = pending.get(jid)
-        if back is None or back.reason != "BeginTime" or back.held:
-            del mem.requeued[jid]
-    if not policy.release_requeue_delay or not mem.requeued:
-        return []
-    waiting_parts = {p for j in pending.values() if j.eligible and j.job_class not in train
-                     for p in j.partitions}
-    waiting_nodes = {n for p in waiting_parts for n in snap.partitions.get(p, ())}
-    actions = []
-    for jid in sorted(mem.requeued, key=lambda i: _order(pending[i])):
-        job = pending[jid]
-        if allowance <= 0:
-            break
-        if waiting_parts.intersection(job.partitions) or not open_for(job) or any(
-                n in waiting_nodes for p in job.partitions for n in snap.partitions.get(p, ())):
-            continue  # inference still waits where this job could run: its preemptor
-        since = mem.requeued.pop(jid)
-        allowance -= 1
-        mem.release_times.append(snap.ts)
-        actions.append(Action(
-            "begin-now", jid,
-            "requeued after preemption: the preempting job runs, start it without waiting "
-            "out its BeginTime",
-            {"begin_ts": job.begin_ts, "waited_s": round(snap.ts - since, 1),
-             "partition": ",".join(job.partitions)}))
-    return actions
