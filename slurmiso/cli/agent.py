@@ -13,7 +13,8 @@ def add_parser(sub: Any) -> None:
         description=(
             "Every scrape reads the GPU backend and this node's slurmiso records afresh: per "
             "GPU and per MIG instance, memory used/total, SM and engine activity, processes, "
-            "with the owning job and class as labels. The monitor (telemetry source 'agents') "
+            "with the class as a label (job ids only with monitor.telemetry.job_labels), under "
+            "slurmiso's names and the DCGM exporter's. The monitor (telemetry source 'agents') "
             "or a Prometheus server scrapes it."
         ),
         epilog="examples:\n  slurmiso agent                 # port from monitor.telemetry."
@@ -21,7 +22,9 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--port", type=int, default=0, help="port (default: the config's agent_port)")
-    p.add_argument("--addr", default="", help="address to listen on (default: all)")
+    p.add_argument("--addr", default="",
+                   help="address to listen on (default: monitor.telemetry.agent_addr, "
+                   "127.0.0.1)")
     p.add_argument("--node", default="", help="node name (default: $SLURMD_NODENAME or host)")
     p.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
     p.set_defaults(func=run)

@@ -22,6 +22,7 @@ from slurmiso.config.model import (
     Config,
     GpuSettings,
     JobClass,
+    Limits,
     Match,
     MigGroup,
     MigLayout,
@@ -331,13 +332,24 @@ def _read_monitor(s: _Section) -> MonitorSettings:
     stagger = Stagger(
         max_starts=st.integer("max_starts", 4, 1, 100_000),
         interval_s=st.converted("interval", 60, _duration, "duration"),
+        backlog_drain_s=st.converted("backlog_drain", 3600, _duration, "duration"),
     )
     st.done()
+    li = s.section("limits")
+    limits = Limits(
+        partition_updates_per_hour=li.integer("partition_updates_per_hour", 6, 0, 3600),
+        relayouts_per_hour=li.integer("relayouts_per_hour", 2, 0, 3600),
+        gate_opens_per_hour=li.integer("gate_opens_per_hour", 2, 1, 3600),
+    )
+    li.done()
     te = s.section("telemetry")
     telemetry = TelemetrySource(
         source=te.text("source", "agents", ("agents", "prometheus")),
         agent_port=te.integer("agent_port", 9810, 1, 65535),
         prometheus_url=te.text("prometheus_url", ""),
+        agent_addr=te.text("agent_addr", "127.0.0.1"),
+        job_labels=te.flag("job_labels", False),
+        deadline_s=te.converted("deadline", 0, _duration, "duration"),
     )
     te.done()
     if telemetry.source == "prometheus" and not telemetry.prometheus_url:
@@ -368,8 +380,10 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         stagger=stagger,
         telemetry=telemetry,
         slo=tuple(slos),
-        admission=s.text("admission", "hold", ("hold", "qos-limit")),
+        admission=s.text("admission", "hold", ("nodes", "hold", "qos-limit")),
         relayout=relayout,
+        unknown_admits=s.flag("unknown_admits", False),
+        limits=limits,
     )
     s.done()
     return mon

@@ -171,6 +171,17 @@ class Thresholds:
 class Stagger:
     max_starts: int = 4
     interval_s: int = 60
+    #: A backlog of held training jobs is released within about this long.
+    backlog_drain_s: int = 3600
+
+
+@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
+class Limits:
+    """Per-hour limits of the monitor's actions (so a bursty queue never makes it flap)."""
+
+    partition_updates_per_hour: int = 6
+    relayouts_per_hour: int = 2
+    gate_opens_per_hour: int = 2
 
 
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
@@ -178,6 +189,12 @@ class TelemetrySource:
     source: str = "agents"
     agent_port: int = 9810
     prometheus_url: str = ""
+    #: Where ``slurmiso agent`` listens (loopback unless a site opens it on purpose).
+    agent_addr: str = "127.0.0.1"
+    #: Label per-GPU series with the job ids holding them (cardinality: off by default).
+    job_labels: bool = False
+    #: One deadline for all telemetry of a cycle (0: a third of the interval).
+    deadline_s: int = 0
 
 
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
@@ -206,10 +223,15 @@ class MonitorSettings:
     stagger: Stagger = field(default_factory=Stagger)
     telemetry: TelemetrySource = field(default_factory=TelemetrySource)
     slo: Tuple[Slo, ...] = ()
-    #: ``hold`` pending training jobs, or ``qos-limit``: cap the training QoS's GrpTRES at
-    #: what training uses now (pending jobs wait with reason QOSGrpGRES; nothing is held).
+    #: ``nodes`` (recommended): keep pending training off hot or unknown nodes with the job's
+    #: ExcNodeList; ``hold`` (default, as before) pending training jobs, or ``qos-limit``: cap
+    #: the training QoS's GrpTRES at what training uses now (jobs wait with reason
+    #: QOSGrpGRES; none is held).
     admission: str = "hold"
     relayout: Relayout = field(default_factory=Relayout)
+    #: Unknown or stale telemetry admits training as if calm (default: it admits none).
+    unknown_admits: bool = False
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up

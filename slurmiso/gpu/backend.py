@@ -73,14 +73,18 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class Telemetry:
-    """Per-GPU activity numbers the agent exports (0.0..1.0 ratios, as DCGM's PROF fields)."""
+    """Per-GPU activity numbers the agent exports (0.0..1.0 ratios, as DCGM's PROF fields).
+    ``sm_active`` None = not measured (no GPM/DCGM): unknown, never 0; ``sm_source`` says
+    where it came from ("gpm", "dcgm"); ``gr_engine_active`` is graphics-engine busy time."""
 
     gpu_index: int
-    sm_active: float = 0.0
-    gr_engine_active: float = 0.0
+    sm_active: Optional[float] = None
+    gr_engine_active: Optional[float] = None
     memory_used_mb: int = 0
     memory_total_mb: int = 0
     extra: Dict[str, float] = field(default_factory=dict)
+    sm_source: str = ""
+    sm_occupancy: Optional[float] = None
 
 
 @runtime_checkable

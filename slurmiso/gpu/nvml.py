@@ -258,17 +258,25 @@ class NvmlBackend:
         return int(rates.gpu), int(rates.memory)
 
     def telemetry(self, index: int) -> Telemetry:
-        """Coarse figures only: SM activity needs DCGM's profiling fields, which NVML lacks."""
+        """Memory, graphics-engine activity and, through GPM (Hopper+), SM activity; SM is
+        None (unknown) where GPM is missing."""
+        from slurmiso.gpu.gpm import gpm_sm
+
         handle = self._handle(index)
         with _translate(f"GPU {index}: read memory"):
             mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
         gpu_pct, mem_pct = self._utilization(index, handle)
+        mig, _ = self._mig_mode(index, handle)  # no utilization in MIG mode: unknown, not 0
+        sm = gpm_sm(self.nvml, handle)
         return Telemetry(
             gpu_index=index,
-            gr_engine_active=gpu_pct / 100.0,
+            sm_active=sm["sm_active"],
+            gr_engine_active=None if mig else gpu_pct / 100.0,
             memory_used_mb=int(mem.used) // _MIB,
             memory_total_mb=int(mem.total) // _MIB,
             extra={"memory_bandwidth_util": mem_pct / 100.0},
+            sm_source="gpm" if sm["sm_active"] is not None else "",
+            sm_occupancy=sm["sm_occupancy"],
         )
 
     # -------------------------------------------------------------------- profiles

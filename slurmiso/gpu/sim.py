@@ -303,10 +303,14 @@ class SimBackend:
         gpu = _gpu(state, index)
         load = gpu["load"]
         gr = load["gr"] if load["gr"] is not None else load["util"]
+        # Which path the simulated node reports SM through: "gpm" (NVML, Hopper+), "dcgm",
+        # or "none" (an A100 without DCGM: SM unknown, graphics-engine activity only).
+        source = load.get("sm_source", "gpm")
         return Telemetry(
             gpu_index=index,
-            sm_active=load["sm"] / 100.0,
+            sm_active=None if source == "none" or load["sm"] is None else load["sm"] / 100.0,
             gr_engine_active=gr / 100.0,
+            sm_source="" if source == "none" else source,
             memory_used_mb=_memory_used(state, gpu),
             memory_total_mb=_model(state).memory_mb,
         )
@@ -441,6 +445,7 @@ class SimBackend:
         sm_active: Optional[float] = None,
         memory_used_mb: Optional[int] = None,
         gr_active: Optional[float] = None,
+        sm_source: Optional[str] = None,
     ) -> None:
         """Inject activity: ``util``, ``sm_active`` and ``gr_active`` in percent (0-100),
         ``memory_used_mb`` as memory used outside any registered process.
@@ -452,8 +457,12 @@ class SimBackend:
                 raise UsageError(f"{label} must be a percentage 0-100, not {pct}")
         if memory_used_mb is not None and memory_used_mb < 0:
             raise UsageError(f"memory_used_mb must not be negative, not {memory_used_mb}")
+        if sm_source not in (None, "gpm", "dcgm", "none"):
+            raise UsageError(f"sm_source must be gpm, dcgm or none, not {sm_source!r}")
         with self._store.transaction() as state:
             load = _gpu(state, index, allow_lost=True)["load"]
+            if sm_source is not None:
+                load["sm_source"] = sm_source
             for key, value in (
                 ("util", util),
                 ("sm", sm_active),

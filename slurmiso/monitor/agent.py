@@ -6,6 +6,13 @@ into a :class:`NodeReport`; :class:`NodeCollector` renders a fresh report on eve
 (a client_python custom collector: no state kept between scrapes, so a metric is never older
 than the scrape). The collector takes its backend and records through injected callables and
 is registered on a registry the caller builds, so tests need no global state.
+
+Two families of names: slurmiso's own (read back by the monitor) and, so existing Grafana
+dashboards work, the DCGM exporter's (``DCGM_FI_DEV_FB_USED``/``FREE`` in MiB,
+``DCGM_FI_PROF_SM_ACTIVE`` as a ratio where SM activity is measured, ``DCGM_FI_DEV_GPU_UTIL``
+in percent, with ``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``, ``GPU_I_ID``,
+``GPU_I_PROFILE`` labels). Job ids are labels only with ``job_labels`` (``hpc_job`` on the
+DCGM names): one series per job and GPU is a cardinality cost a site opts into.
 """
 
 from __future__ import annotations
@@ -33,11 +40,12 @@ class DeviceRow:
     model: str = ""
     memory_used_mb: int = 0
     memory_total_mb: int = 0
-    sm_active: Optional[float] = None  # ratio 0..1, as DCGM's PROF fields
+    sm_active: Optional[float] = None  # ratio 0..1, as DCGM's PROF fields; None: unknown
     gr_active: Optional[float] = None
     processes: int = 0
     jobs: Tuple[str, ...] = ()
     classes: Tuple[str, ...] = ()
+    sm_source: str = ""  # "gpm", "dcgm" or "" (SM not measured)
 
 
 @dataclass
@@ -92,7 +100,8 @@ def gather_node(
                 dev.index, "", "", dev.uuid, dev.model, dev.memory_used_mb, dev.memory_total_mb,
                 tel.sm_active, tel.gr_engine_active,
                 sum(1 for p in procs if p.gpu_index == dev.index),
-                tuple(sorted(j for j, _ in jobs)), tuple(sorted({c for _, c in jobs if c}))))
+                tuple(sorted(j for j, _ in jobs)), tuple(sorted({c for _, c in jobs if c})),
+                tel.sm_source))
             for inst in (i for i in instances if i.gpu_index == dev.index):
                 held = owners.get(("uuid", inst.uuid), set()) if inst.uuid else set()
                 held |= owners.get(("gi", f"{inst.gpu_index}/{inst.gi_id}"), set())
@@ -125,9 +134,12 @@ def _owners(records: Dict[str, Any]) -> Dict[Tuple[str, str], set]:
 class NodeCollector:
     """client_python custom collector: every scrape reads the node afresh."""
 
-    def __init__(self, read: Callable[[], NodeReport], node: str = "") -> None:
+    def __init__(self, read: Callable[[], NodeReport], node: str = "",
+                 job_labels: bool = False, dcgm_names: bool = True) -> None:
         self.read = read
         self.node = node
+        self.job_labels = job_labels
+        self.dcgm_names = dcgm_names
 
     def describe(self) -> List[Any]:
         return []  # do not read the GPUs when the collector is registered
@@ -140,8 +152,7 @@ class NodeCollector:
         except SlurmisoError as exc:
             log.warning("agent: cannot read node %s: %s", self.node, exc)
             report = None
-        up = GaugeMetricFamily("slurmiso_agent_up", "1 if the GPUs could be read",
-                               labels=["node"])
+        up = GaugeMetricFamily(t.M_UP, "1 if the GPUs could be read", labels=["node"])
         up.add_metric([self.node], 0.0 if report is None else 1.0)
         yield up
         if report is None:
@@ -150,18 +161,21 @@ class NodeCollector:
                                   labels=["node"])
         stamp.add_metric([report.node], report.collected)
         yield stamp
-        labels = ["node", "gpu", "gi", "profile", "uuid", "job", "class"]
+        labels = ["node", "gpu", "gi", "profile", "uuid", "class"] + (
+            ["job"] if self.job_labels else [])
         fams = {
             t.M_MEM_USED: GaugeMetricFamily(t.M_MEM_USED, "GPU memory in use", labels=labels),
             t.M_MEM_TOTAL: GaugeMetricFamily(t.M_MEM_TOTAL, "GPU memory", labels=labels),
-            t.M_SM: GaugeMetricFamily(t.M_SM, "Fraction of time SMs were busy", labels=labels),
+            t.M_SM: GaugeMetricFamily(t.M_SM, "Fraction of SMs busy (GPM or DCGM; absent when "
+                                      "not measured)", labels=labels),
             t.M_GR: GaugeMetricFamily(t.M_GR, "Fraction of time the graphics engine was busy",
                                       labels=labels),
             t.M_PROCS: GaugeMetricFamily(t.M_PROCS, "Compute processes", labels=labels),
         }
         for r in report.rows:
-            values = [report.node, str(r.gpu), r.gi, r.profile, r.uuid, ",".join(r.jobs),
-                      ",".join(r.classes)]
+            values = [report.node, str(r.gpu), r.gi, r.profile, r.uuid, ",".join(r.classes)]
+            if self.job_labels:
+                values.append(",".join(r.jobs))
             fams[t.M_MEM_USED].add_metric(values, float(r.memory_used_mb * t.MIB))
             fams[t.M_MEM_TOTAL].add_metric(values, float(r.memory_total_mb * t.MIB))
             fams[t.M_PROCS].add_metric(values, float(r.processes))
@@ -170,6 +184,34 @@ class NodeCollector:
             if r.gr_active is not None:
                 fams[t.M_GR].add_metric(values, r.gr_active)
         yield from fams.values()
+        if self.dcgm_names:
+            yield from self._dcgm(report)
+
+    def _dcgm(self, report: NodeReport) -> Iterator[Any]:
+        """The DCGM exporter's names and labels for the same readings."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_ID",
+                  "GPU_I_PROFILE"] + (["hpc_job"] if self.job_labels else [])
+        used = GaugeMetricFamily(t.DCGM_USED, "Framebuffer memory used (in MiB).", labels=labels)
+        free = GaugeMetricFamily(t.DCGM_FREE, "Framebuffer memory free (in MiB).", labels=labels)
+        sm = GaugeMetricFamily(t.DCGM_SM, "Ratio of cycles an SM has at least 1 warp assigned.",
+                               labels=labels)
+        util = GaugeMetricFamily(t.DCGM_UTIL, "GPU utilization (in %): graphics-engine busy "
+                                 "time, not SM activity.", labels=labels)
+        mig_gpus = {r.gpu for r in report.rows if r.gi}
+        for r in report.rows:
+            if not r.gi and r.gpu in mig_gpus:
+                continue  # DCGM reports a MIG GPU per instance
+            values = [str(r.gpu), r.uuid, f"nvidia{r.gpu}", r.model, report.node, r.gi,
+                      r.profile] + ([",".join(r.jobs)] if self.job_labels else [])
+            used.add_metric(values, float(r.memory_used_mb))
+            free.add_metric(values, float(max(0, r.memory_total_mb - r.memory_used_mb)))
+            if r.sm_active is not None:
+                sm.add_metric(values, r.sm_active)
+            if r.gr_active is not None and not r.gi:
+                util.add_metric(values, 100.0 * r.gr_active)
+        yield from (used, free, sm, util)
 
 
 def registry_for(cfg: Any, node: str) -> Any:
@@ -178,7 +220,8 @@ def registry_for(cfg: Any, node: str) -> Any:
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(lambda: gather_node(cfg, node), node))
+    registry.register(NodeCollector(lambda: gather_node(cfg, node), node,
+                                    job_labels=cfg.monitor.telemetry.job_labels))
     return registry
 
 
@@ -189,16 +232,18 @@ def render(registry: Any) -> str:
 
 
 def serve(cfg: Any, node: str, port: int, addr: str = "") -> None:
-    """Serve ``/metrics`` until killed (systemd stops it with SIGTERM)."""
+    """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
+    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice)."""
     from prometheus_client import start_http_server
 
     from slurmiso.errors import UsageError
 
+    where = addr or cfg.monitor.telemetry.agent_addr
     try:
-        start_http_server(port, addr=addr or "0.0.0.0", registry=registry_for(cfg, node))
+        start_http_server(port, addr=where, registry=registry_for(cfg, node))
     except OSError as exc:
-        raise UsageError(f"cannot listen on {addr or '0.0.0.0'}:{port}: {exc.strerror}",
-                         hint="pick another --port or stop what holds it") from None
-    log.info("agent for node %s serving on port %d", node, port)
+        raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
+                         hint="pick another --port or --addr, or stop what holds it") from None
+    log.info("agent for node %s serving on %s:%d", node, where, port)
     while True:
         time.sleep(3600)

@@ -19,13 +19,26 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from slurmiso.errors import SlurmisoError
-from slurmiso.monitor.policy import Action
+from slurmiso.errors import SlurmisoError, SlurmUnavailable
+from slurmiso.monitor.policy import JOB_KINDS, Action
 from slurmiso.slurm.hostlist import compress
 
 log = logging.getLogger(__name__)
 
-HOLD_BATCH = 500  # job ids per scontrol hold/release call
+HOLD_BATCH = 500  # job ids per scontrol hold/release/update call
+DOWN = "Slurm stopped answering"
+
+
+def _fields_key(act: Action) -> Any:
+    """Job actions that can share one Slurm call: same kind, same fields."""
+    if act.kind == "exclude":
+        return (act.details.get("nodes"), act.details.get("comment"))
+    return act.kind
+
+
+def _quote(text: str) -> str:
+    """A comment as one scontrol argument: no newlines, no quotes to unbalance."""
+    return " ".join(text.replace('"', "'").split())
 
 
 @dataclass
@@ -56,20 +69,53 @@ class Applier:
         self.after_relayout = after_relayout
         self._run = run or subprocess.run
 
-    def apply(self, actions: Sequence[Action], dry_run: bool = False) -> List[Outcome]:
-        """Apply (or, dry-run, only journal) ``actions`` in order."""
+    def apply(self, actions: Sequence[Action], dry_run: bool = False,
+              stop: Optional[Callable[[], bool]] = None) -> List[Outcome]:
+        """Apply (or, dry-run, only journal) ``actions`` in order. Job actions go in batches
+        of :data:`HOLD_BATCH`; ``stop()`` is asked between batches (SIGTERM finishes the batch
+        under way, the rest is reported not done); once Slurm stops answering the rest of
+        the cycle is not tried (one timeout, not one per job)."""
         outcomes: List[Outcome] = []
         i = 0
+        halt = ""
         while i < len(actions):
             act = actions[i]
-            if act.kind in ("hold", "release") and not dry_run:
+            if not halt and stop is not None and stop():
+                halt = "stopped (SIGTERM) before this action: nothing was changed"
+            if halt:
+                outcomes += [Outcome(a, False, halt) for a in actions[i:]]
+                break
+            if dry_run:
+                outcomes.append(Outcome(act, True))
+                i += 1
+                continue
+            if act.kind in JOB_KINDS:
                 j = i
-                while j < len(actions) and actions[j].kind == act.kind and j - i < HOLD_BATCH:
+                while j < len(actions) and actions[j].kind == act.kind:
                     j += 1
-                outcomes += self._batch(actions[i:j])
+                groups: Dict[Any, List[Action]] = {}
+                for a in actions[i:j]:
+                    groups.setdefault(_fields_key(a), []).append(a)
+                for group in groups.values():
+                    for k in range(0, len(group), HOLD_BATCH):
+                        if halt or (stop is not None and stop() and k > 0):
+                            halt = halt or "stopped (SIGTERM) before this batch"
+                            outcomes += [Outcome(a, False, halt) for a in group[k:]]
+                            break
+                        done = self._batch(group[k:k + HOLD_BATCH])
+                        outcomes += done
+                        halt = next((o.error for o in done if o.error.startswith(DOWN)), "")
+                    if halt:
+                        seen = {id(o.action) for o in outcomes}
+                        outcomes += [Outcome(a, False, halt) for g in groups.values()
+                                     for a in g if id(a) not in seen]
+                        break
                 i = j
                 continue
-            outcomes.append(Outcome(act, True) if dry_run else self._one(act))
+            out = self._one(act)
+            outcomes.append(out)
+            if out.error.startswith(DOWN):
+                halt = out.error
             i += 1
         for out in outcomes:
             self._journal(out, dry_run)
@@ -77,16 +123,36 @@ class Applier:
 
     # ------------------------------------------------------------------------- internals
     def _batch(self, acts: Sequence[Action]) -> List[Outcome]:
-        call = self.slurm.hold if acts[0].kind == "hold" else self.slurm.release
+        kind = acts[0].kind
+        ids = [a.target for a in acts]
         try:
-            call([a.target for a in acts])
+            if kind == "hold":
+                self.slurm.hold(ids)
+            elif kind == "release":
+                self.slurm.release(ids)
+            elif kind == "begin-now":
+                self.slurm.update_jobs(ids, {"StartTime": "now"})
+            else:  # exclude
+                d = acts[0].details
+                fields = {"ExcNodeList": str(d.get("nodes") or "")}
+                if d.get("comment") is not None:
+                    fields["Comment"] = _quote(str(d["comment"]))
+                self.slurm.update_jobs(ids, fields)
             return [Outcome(a, True) for a in acts]
+        except SlurmUnavailable as exc:
+            return [Outcome(a, False, f"{DOWN}: {exc}") for a in acts]
         except SlurmisoError as exc:
             if len(acts) == 1:
                 return [Outcome(acts[0], False, str(exc))]
-            log.info("monitor: %s of %d jobs failed (%s); one at a time", acts[0].kind,
-                     len(acts), exc)
-        return [o for a in acts for o in self._batch([a])]
+            log.info("monitor: %s of %d jobs failed (%s); one at a time", kind, len(acts), exc)
+        out: List[Outcome] = []
+        for a in acts:
+            res = self._batch([a])
+            out += res
+            if res[0].error.startswith(DOWN):
+                out += [Outcome(b, False, res[0].error) for b in acts[len(out):]]
+                break
+        return out
 
     def _one(self, act: Action) -> Outcome:
         try:
@@ -111,6 +177,8 @@ class Applier:
                 act.details["fixes"] = fixes
             else:
                 raise SlurmisoError(f"unknown monitor action {act.kind!r}")
+        except SlurmUnavailable as exc:
+            return Outcome(act, False, f"{DOWN}: {exc}")
         except SlurmisoError as exc:
             return Outcome(act, False, str(exc))
         return Outcome(act, True)

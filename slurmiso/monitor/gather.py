@@ -45,8 +45,10 @@ def live_snapshot(
     if source is not None:
         try:
             reading = source.read(addrs, now)
-        except SlurmisoError as exc:  # a source bug must not stop the monitor
-            reading.errors.append(f"telemetry: {exc}")
+        except (SlurmisoError, OSError, ValueError, KeyError, TypeError) as exc:
+            # a source that breaks is stale data for this cycle, never the monitor's end
+            reading = Reading()
+            reading.miss("telemetry", "source-error", f"telemetry: {exc!r}")
     for err in reading.errors[:20]:
         log.info("monitor: telemetry: %s", err)
     nodes = []
@@ -59,7 +61,7 @@ def live_snapshot(
             addrs[name], gpus, reading.ages.get(name)))
     jobs = parse_queue(cfg, raw_jobs)
     return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
-                    reading.latency_age_s, True, tuple(reading.errors))
+                    reading.latency_age_s, True, tuple(reading.errors), dict(reading.unknown))
 
 
 def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
@@ -79,11 +81,15 @@ def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
                 classes[key] = ""
         reason = r.get("reason", "")
         state = r.get("state", "")
+        comment = r.get("comment", "")
         out.append(JobInfo(
             r["id"], state, classes[key], parts, r.get("qos", ""), _epoch(r.get("submit", "")),
             state == "PENDING" and reason in _HELD, reason if reason != "None" else "",
             tuple(_expand(r.get("nodes", ""))) if state == "RUNNING" else (),
-            _gres(r.get("gres", ""))))
+            _gres(r.get("gres", "")), _number(r.get("priority", "")),
+            _gres(r.get("exc_nodes", "")), max(1, int(_number(r.get("num_nodes", "1")) or 1)),
+            _epoch(r.get("start", "")) if state == "PENDING" else 0.0,
+            "" if comment in ("(null)", "N/A") else comment))
     return out
 
 
@@ -101,6 +107,13 @@ def _gres(text: str) -> str:
 def _features(fields: Dict[str, str]) -> List[str]:
     text = fields.get("ActiveFeatures", "") or fields.get("AvailableFeatures", "")
     return [] if text in ("", "(null)") else text.split(",")
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
 
 
 def _epoch(text: str) -> float:

@@ -2,26 +2,31 @@
 
 * one leader: an ``flock`` on a lock file; a second monitor stays idle and retries each
   interval, taking over when the leader dies (the kernel drops a dead holder's lock);
-* memory survives restarts: written atomically to a state file after each applied cycle
-  (a dry run never writes it: nothing it decided happened);
+* memory survives restarts and crashes: the intent (every action about to be applied) is
+  written atomically to the state file *before* acting and cleared after, so a monitor
+  killed mid-batch is reconciled by the next one (:func:`~slurmiso.monitor.decide.
+  reconcile_intent`); SIGTERM finishes the batch under way, then the cycle, then exits;
+* a dry run never writes the state file, but remembers exactly what a real run would: the
+  effect of its unapplied actions is laid over each next snapshot (:class:`DryRunOverlay`);
 * Slurm down: the cycle changes nothing and the next one waits longer (capped back-off);
 * every action is journaled (``monitor-action``) and counted in the exported metrics.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.errors import StateError
 from slurmiso.monitor import snapshot as snapmod
 from slurmiso.monitor.apply import Applier, Outcome
-from slurmiso.monitor.decide import decide, failed
+from slurmiso.monitor.decide import decide, failed, intent_of
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import Snapshot
 from slurmiso.state.lock import FileLock, LockTimeout
@@ -42,11 +47,74 @@ class Stats:
     actions: Dict[str, int] = field(default_factory=dict)  # "kind/ok|failed" -> count
     last_cycle_ts: float = 0.0
     last_cycle_s: float = 0.0
+    #: decide() alone in the last cycle (the pure core, without I/O).
+    last_decide_s: float = 0.0
     held_jobs: int = 0
     lent_nodes: int = 0
     closed_gates: List[str] = field(default_factory=list)
     stale_scopes: List[str] = field(default_factory=list)
     telemetry_errors: int = 0
+    #: Age of the oldest hold this monitor keeps (None: it keeps none).
+    oldest_hold_s: Optional[float] = None
+    held_by_reason: Dict[str, int] = field(default_factory=dict)
+    #: "source/reason" -> signals unknown last cycle.
+    unknown: Dict[str, int] = field(default_factory=dict)
+    excluded_jobs: int = 0
+    slurm_ok: bool = True
+
+
+class EndOfSnapshots(Exception):
+    """A replayed snapshot sequence is over: the monitor stops."""
+
+
+class DryRunOverlay:
+    """What a dry run's actions would have changed in Slurm, laid over each next snapshot,
+    so its memory (and so its next decisions) are the real run's."""
+
+    def __init__(self) -> None:
+        self.held: set = set()
+        self.released: set = set()
+        self.exc: Dict[str, str] = {}
+        self.begun: set = set()
+        self.parts: Dict[str, List[str]] = {}
+
+    def record(self, outcomes: List[Outcome]) -> None:
+        for out in outcomes:
+            a = out.action
+            if not out.ok:
+                continue
+            if a.kind == "hold":
+                self.held.add(a.target)
+                self.released.discard(a.target)
+            elif a.kind == "release":
+                self.released.add(a.target)
+                self.held.discard(a.target)
+            elif a.kind == "exclude":
+                self.exc[a.target] = str(a.details.get("nodes") or "")
+            elif a.kind == "begin-now":
+                self.begun.add(a.target)
+            elif a.kind == "partition-update":
+                self.parts[a.target] = list(a.details.get("nodes", ()))
+
+    def apply(self, snap: Snapshot) -> Snapshot:
+        import dataclasses
+
+        jobs = []
+        for j in snap.jobs:
+            if j.pending and (j.id in self.held or j.id in self.released or j.id in self.exc
+                              or j.id in self.begun):
+                held = j.id in self.held or (j.held and j.id not in self.released)
+                reason = "JobHeldAdmin" if held else (
+                    "Priority" if j.reason in ("JobHeldAdmin", "JobHeldUser")
+                    or (j.id in self.begun and j.reason == "BeginTime") else j.reason)
+                j = dataclasses.replace(j, held=held, reason=reason,
+                                        exc_nodes=self.exc.get(j.id, j.exc_nodes))
+            jobs.append(j)
+        parts = dict(snap.partitions)
+        for name, nodes in self.parts.items():
+            if name in parts:
+                parts[name] = tuple(nodes)
+        return dataclasses.replace(snap, jobs=tuple(jobs), partitions=parts)
 
 
 class Monitor:
@@ -73,6 +141,13 @@ class Monitor:
         self.sleep = sleep
         self.stats = Stats()
         self.memory = self.load_memory()
+        self.stop_requested = False
+        self.overlay = DryRunOverlay() if dry_run else None
+        self.last_snapshot: Optional[Snapshot] = None
+
+    def request_stop(self) -> None:
+        """From a signal handler: finish the batch under way and the cycle, then stop."""
+        self.stop_requested = True
 
     # ------------------------------------------------------------------------ state file
     def load_memory(self) -> Memory:
@@ -110,22 +185,54 @@ class Monitor:
         """One snapshot -> decide -> apply; returns what was (or, dry-run, would be) done."""
         started = time.monotonic()
         snap = self.snapshot_fn()
-        actions, memory = decide(snap, self.policy, self.memory)
-        outcomes = self.applier.apply(actions, self.dry_run)
+        if self.overlay is not None:
+            snap = self.overlay.apply(snap)
+        self.last_snapshot = snap
+        t0 = time.perf_counter()
+        collect = gc.isenabled()
+        gc.disable()  # decide() makes no cycles; a full collection over 60,000 jobs costs more
+        try:
+            actions, memory = decide(snap, self.policy, self.memory)
+        finally:
+            if collect:
+                gc.enable()
+        self.stats.last_decide_s = time.perf_counter() - t0
+        if actions and not self.dry_run:
+            memory.intent = intent_of(actions)
+            self.memory = memory
+            self.save_memory()  # intent first: a crash from here on is reconciled
+        outcomes = self.applier.apply(actions, self.dry_run, stop=lambda: self.stop_requested)
         for out in outcomes:
             if not out.ok:
                 memory = failed(memory, out.action, out.error)
+        memory.intent = []
+        if self.overlay is not None:
+            self.overlay.record(outcomes)
         if set(memory.stale) != set(self.memory.stale):
             if memory.stale:
-                log.warning("monitor: stale telemetry for %s: admission unchanged there",
-                            ", ".join(memory.stale))
+                log.warning("monitor: unknown or stale telemetry for %s: no new training "
+                            "admitted there", ", ".join(memory.stale[:20]))
             else:
                 log.info("monitor: telemetry fresh again")
+            self._journal_unknown(snap, memory)
         self.memory = memory
         if not self.dry_run:
             self.save_memory()
         self._count(snap, outcomes, time.monotonic() - started)
         return outcomes
+
+    def _journal_unknown(self, snap: Snapshot, memory: Memory) -> None:
+        """One journal line whenever the set of unknown scopes changes: which, since when,
+        and the reasons counted per source this cycle."""
+        journal = getattr(self.applier, "journal", None)
+        if journal is None:
+            return
+        try:
+            journal.append("monitor-unknown", source="monitor", dry_run=self.dry_run,
+                           unknown=dict(memory.unknown_since), reasons=dict(snap.unknown),
+                           errors=list(snap.errors[:20]))
+        except OSError as exc:
+            log.warning("monitor: cannot write the journal: %s", exc)
 
     def _count(self, snap: Snapshot, outcomes: List[Outcome], took: float) -> None:
         st = self.stats
@@ -141,6 +248,16 @@ class Monitor:
         st.closed_gates = sorted(k for k, g in self.memory.gates.items() if g.get("closed"))
         st.stale_scopes = list(self.memory.stale)
         st.telemetry_errors = len(snap.errors)
+        st.slurm_ok = snap.slurm_ok
+        st.unknown = dict(snap.unknown)
+        st.excluded_jobs = len(self.memory.excluded)
+        stamps = [float(h.get("ts", snap.ts)) for h in self.memory.holds.values()]
+        st.oldest_hold_s = max(0.0, snap.ts - min(stamps)) if stamps else None
+        by: Dict[str, int] = {}
+        for h in self.memory.holds.values():
+            key = hold_kind(h)
+            by[key] = by.get(key, 0) + 1
+        st.held_by_reason = by
 
     def next_wait(self) -> float:
         """The interval, doubled per consecutive cycle Slurm did not answer (capped)."""
@@ -164,34 +281,71 @@ class Monitor:
         """Cycles as the leader (each yields its outcomes); idle while another leads."""
         done = 0
         idle_logged = False
-        while cycles is None or done < cycles:
+        while (cycles is None or done < cycles) and not self.stop_requested:
             if not self.try_lead():
                 if not idle_logged:
                     log.warning("monitor: another monitor holds %s: idle", self.lock.lock_file)
                     idle_logged = True
                 if once:
                     return
-                self.sleep(self.interval_s)
+                self._wait(self.interval_s)
                 continue
             idle_logged = False
-            yield self.cycle()
+            try:
+                outcomes = self.cycle()
+            except EndOfSnapshots:
+                return
+            yield outcomes
             done += 1
-            if once:
+            if once or self.stop_requested:
                 return
             wait = self.next_wait()
             if wait > self.interval_s:
                 log.warning("monitor: Slurm unreachable %d time(s); next cycle in %.0fs",
                             self.stats.slurm_failures, wait)
-            self.sleep(wait)
+            self._wait(wait)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep in short slices so SIGTERM ends the wait promptly."""
+        if self.sleep is not time.sleep:
+            self.sleep(seconds)  # an injected sleep (tests) sees the whole wait once
+            return
+        end = time.monotonic() + seconds
+        while not self.stop_requested:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 1.0))
 
     def close(self) -> None:
         self.lock.release()
         self.stats.leader = False
 
 
-def file_snapshots(path: str) -> Callable[[], Snapshot]:
-    """Replay a recorded snapshot (re-read each cycle, so it can be replaced meanwhile)."""
-    return lambda: snapmod.load(path)
+def hold_kind(hold: Dict[str, Any]) -> str:
+    """A hold's reason as a metric label: ``stagger``, ``reconciled``, ``slo`` or
+    ``gate`` (a partition's GPUs were hot)."""
+    scopes = hold.get("scopes") or []
+    first = str(scopes[0]) if scopes else "gate"
+    return first if first in ("stagger", "reconciled", "slo") else "gate"
+
+
+def file_snapshots(path: str) -> Tuple[Callable[[], Snapshot], bool]:
+    """Replay recorded snapshots, each with its own timestamp, and whether they are a
+    sequence: a folder or JSON-lines file is one (replayed without waiting between cycles;
+    the monitor stops after its last); a single snapshot file is re-read each cycle, so it
+    can be replaced meanwhile."""
+    seq = snapmod.load_sequence(path)
+    if len(seq) == 1 and not os.path.isdir(path):
+        return (lambda: snapmod.load_sequence(path)[0]), False
+    it = iter(seq)
+
+    def nxt() -> Snapshot:
+        try:
+            return next(it)
+        except StopIteration:
+            raise EndOfSnapshots() from None
+    return nxt, True
 
 
 class MonitorCollector:
@@ -226,8 +380,26 @@ class MonitorCollector:
              st.slurm_failures),
             ("slurmiso_monitor_telemetry_errors", "Telemetry sources that failed last cycle",
              st.telemetry_errors),
+            ("slurmiso_monitor_excluded_jobs", "Pending training jobs kept off hot nodes",
+             st.excluded_jobs),
         ):
             yield GaugeMetricFamily(name, text, value=float(value))
+        if st.oldest_hold_s is not None:  # no hold: no sample (never a misleading 0)
+            yield GaugeMetricFamily("slurmiso_monitor_oldest_hold_seconds",
+                                    "Age of the oldest hold this monitor keeps",
+                                    value=st.oldest_hold_s)
+        held = GaugeMetricFamily("slurmiso_monitor_held_jobs_by_reason",
+                                 "Training jobs held, by why", labels=["reason"])
+        for reason, n in sorted(st.held_by_reason.items()):
+            held.add_metric([reason], float(n))
+        yield held
+        unknown = GaugeMetricFamily("slurmiso_monitor_unknown_signals",
+                                    "Signals unknown last cycle, by source and reason",
+                                    labels=["source", "reason"])
+        for key, n in sorted(st.unknown.items()):
+            src, _, why = key.partition("/")
+            unknown.add_metric([src, why], float(n))
+        yield unknown
         gates = GaugeMetricFamily("slurmiso_monitor_gate_closed",
                                   "1 while training admission is closed for a scope",
                                   labels=["scope"])

@@ -13,9 +13,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
 SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
+#: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
+ADMISSIONS = ("nodes", "hold", "qos-limit")
 #: Action kinds, in the order they are applied within one cycle.
 KINDS = ("resume", "drain", "requeue", "mig-apply", "partition-update", "qos-limit", "hold",
-         "release", "reconcile")
+         "exclude", "release", "begin-now", "reconcile")
+#: Kinds that change one job each; the applier sends many of them in one Slurm call.
+JOB_KINDS = ("hold", "release", "exclude", "begin-now")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,19 @@ class Policy:
     #: A re-layout requeues the training jobs on its node once it has drained this long
     #: (None: it waits for every job).
     preempt_training_after_s: Optional[float] = None
+    #: Unknown or stale telemetry admits no new training there (False, the default), or
+    #: admits as if calm (True: an explicit choice of utilisation over safety).
+    unknown_admits: bool = False
+    #: A backlog of held training jobs is released within about this long (the release rate
+    #: grows with the backlog and with free GPUs; never below stagger_max_starts).
+    backlog_drain_s: float = 3600
+    #: Per-hour limits: partition updates (lending; a reclaim is never refused), MIG
+    #: re-layouts per pool, and gate openings per scope (a closing is never refused).
+    partition_updates_per_hour: int = 6
+    relayouts_per_hour: int = 2
+    gate_opens_per_hour: int = 2
+    #: Release the BeginTime of requeued training jobs once the preempting job runs.
+    release_requeue_delay: bool = True
 
     @property
     def release_memory_pct(self) -> float:
@@ -110,8 +127,10 @@ def policy_from_config(
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
         train_classes=tuple(c.name for c in train),
-        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms)
-                  for s in mon.slo),
+        # A latency limit without a query to measure it would be unknown forever (and so
+        # admit no training): only limits that can be measured are policy.
+        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s,
+                           s.p99_latency_ms if s.latency_query else None) for s in mon.slo),
         lend=tuple(lend),
         lend_reserve=lend_reserve,
         mig_layouts=mig_candidates(cfg),
@@ -123,7 +142,53 @@ def policy_from_config(
         cap_tres=tuple(gres_types(cfg.pools)) or ("gpu",),
         preempt_training_after_s=(float(mon.relayout.preempt_after_s)
                                   if mon.relayout.drain == "preempt-training" else None),
+        unknown_admits=mon.unknown_admits,
+        backlog_drain_s=float(mon.stagger.backlog_drain_s),
+        partition_updates_per_hour=mon.limits.partition_updates_per_hour,
+        relayouts_per_hour=mon.limits.relayouts_per_hour,
+        gate_opens_per_hour=mon.limits.gate_opens_per_hour,
     )
+
+
+def override(policy: Policy, assignments: Sequence[str]) -> Policy:
+    """``--set KEY=VALUE`` on any policy knob, typed from its current value; UsageError
+    naming the key and the knobs there are."""
+    import dataclasses
+
+    from slurmiso.errors import UsageError
+
+    changes: Dict[str, Any] = {}
+    knobs = {f.name: f for f in dataclasses.fields(policy)}
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in knobs:
+            what = "expected KNOB=VALUE" if not sep else f"no policy knob {key!r}"
+            raise UsageError(f"--set {item!r}: {what}",
+                             hint="knobs: " + ", ".join(sorted(knobs)))
+        current = getattr(policy, key)
+        try:
+            if isinstance(current, bool):
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(text)
+                value: Any = text.lower() in ("true", "1", "yes")
+            elif isinstance(current, int):
+                value = int(text)
+            elif isinstance(current, float) or (current is None and key.endswith("_s")):
+                value = None if text.lower() == "none" else float(text)
+            elif isinstance(current, str):
+                value = text
+            elif isinstance(current, tuple) and all(isinstance(x, str) for x in current):
+                value = tuple(x for x in text.split(",") if x)
+            else:
+                raise UsageError(f"--set {key}: this knob is not settable from the command line")
+        except ValueError:
+            raise UsageError(f"--set {key}={text!r}: not a {type(current).__name__}") from None
+        changes[key] = value
+    if changes.get("admission", policy.admission) not in ADMISSIONS:
+        raise UsageError(f"--set admission={changes['admission']!r}: one of "
+                         + ", ".join(ADMISSIONS))
+    return dataclasses.replace(policy, **changes)
 
 
 def mig_candidates(
@@ -164,7 +229,8 @@ class Memory:
 
     #: job id -> {"ts", "scopes", "reason"}: holds this monitor placed.
     holds: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    #: Jobs someone else released after we held them: never held again by us.
+    #: Jobs someone else released (or re-excluded) after we acted: never touched again by
+    #: us. Pruned to the jobs still pending, so it is bounded by the queue, not a count.
     overridden: List[str] = field(default_factory=list)
     #: scope (partition name or "slo") -> {"closed", "since", "calm_since", "why"}.
     gates: Dict[str, Dict[str, Any]] = field(default_factory=dict)
@@ -181,7 +247,23 @@ class Memory:
     reconciled: Dict[str, float] = field(default_factory=dict)
     #: qos-limit admission: QoS -> {"tres": {gpu: N, ...}, "ts"} caps this monitor set.
     caps: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-
+    #: nodes admission: job id -> {"nodes": what we set, "user": the job's own ExcNodeList,
+    #: "comment": the job's own comment}.
+    excluded: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: Rate-limited events: key ("partition-update", "relayout:<pool>", "open:<scope>") ->
+    #: timestamps within the last hour.
+    events: Dict[str, List[float]] = field(default_factory=dict)
+    #: When the last cycle ran (arrivals are jobs submitted after it); None before the first.
+    last_ts: Optional[float] = None
+    #: Training jobs running at the last cycle (a pending one among them was requeued).
+    running_train: List[str] = field(default_factory=list)
+    #: Actions being applied: written before acting, cleared after, so a restart after a
+    #: crash or SIGTERM reconciles them with what Slurm shows.
+    intent: List[List[str]] = field(default_factory=list)
+    #: Requeued training jobs waiting out their BeginTime: job id -> when first seen.
+    requeued: Dict[str, float] = field(default_factory=dict)
+    #: Scope (node, partition, "slo") -> since when its data has been unknown.
+    unknown_since: Dict[str, float] = field(default_factory=dict)
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
@@ -197,4 +279,19 @@ class Memory:
                       list(self.stale), list(self.release_times), dict(self.idle_since),
                       dict(self.lent), dict(self.mig_mismatch_since), dict(self.mig_last),
                       dict(self.relayout) if self.relayout else None, dict(self.reconciled),
-                      dict(self.caps))
+                      dict(self.caps), dict(self.excluded),
+                      {k: list(v) for k, v in self.events.items()}, self.last_ts,
+                      list(self.running_train), list(self.intent), dict(self.requeued),
+                      dict(self.unknown_since))
+
+    def count(self, key: str, now: float) -> int:
+        """Events of ``key`` within the hour before ``now`` (older ones are dropped)."""
+        recent = [t for t in self.events.get(key, ()) if t > now - 3600]
+        if recent:
+            self.events[key] = recent
+        else:
+            self.events.pop(key, None)
+        return len(recent)
+
+    def note(self, key: str, now: float) -> None:
+        self.events[key] = self.events.get(key, []) + [now]

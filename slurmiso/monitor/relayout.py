@@ -2,7 +2,8 @@
 
 When pending demand for MIG types persistently exceeds what a mig-static pool's layout
 offers, and another configured layout would place more of it, one node at a time goes
-through: drain (its jobs finish; nothing is killed) -> ``mig-apply`` once drained and empty
+through (at most ``relayouts_per_hour`` per pool, and ``min_dwell_s`` apart): drain (its jobs
+finish; nothing is killed) -> ``mig-apply`` once drained and empty
 -> ``resume``. With ``preempt_training_after_s`` set, the training jobs still on the node after
 that long are requeued (they checkpoint on the signal; inference is always waited for). A
 failed apply or a node that never empties is resumed with its old layout.
@@ -30,10 +31,13 @@ def relayout(
         if not pool_nodes or not candidates:
             continue
         parts = {p for n in pool_nodes for p in n.partitions}
+        asks: Counter[str] = Counter(  # GRES strings, counted once each (60,000 jobs)
+            j.gres for j in snap.jobs
+            if j.pending and not j.held and j.gres and not parts.isdisjoint(j.partitions))
         pending: Counter[str] = Counter()
-        for j in snap.jobs:
-            if j.pending and not j.held and j.gres and not parts.isdisjoint(j.partitions):
-                pending.update(gres_of.setdefault(j.gres, parse_gres_types(j.gres)))
+        for gres, n_jobs in asks.items():
+            for typ, c in gres_of.setdefault(gres, parse_gres_types(gres)).items():
+                pending[typ] += c * n_jobs
         need = Counter(pending)
         supply: Counter[str] = Counter()
         for n in pool_nodes:
@@ -49,9 +53,11 @@ def relayout(
         node, layout, after = choice
         since = mem.mig_mismatch_since.setdefault(pool, snap.ts)
         if (snap.ts - since < policy.min_dwell_s
-                or snap.ts - mem.mig_last.get(pool, -1e18) < policy.min_dwell_s):
+                or snap.ts - mem.mig_last.get(pool, -1e18) < policy.min_dwell_s
+                or mem.count(f"relayout:{pool}", snap.ts) >= policy.relayouts_per_hour):
             continue
         del mem.mig_mismatch_since[pool]
+        mem.note(f"relayout:{pool}", snap.ts)
         want = ", ".join(f"{t} x{c}" for t, c in sorted(pending.items()))
         reason = (f"MIG re-layout to {layout}: pending {want} cannot all be placed "
                   f"(unmet {unmet} -> {after})")

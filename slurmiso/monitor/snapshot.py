@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 SNAPSHOT_VERSION = 1
+#: squeue reasons of a pending job that waits for GPUs and nothing else.
+ELIGIBLE_REASONS = frozenset(("", "None", "Resources", "Priority", "ReqNodeNotAvail"))
 
 
 @dataclass
@@ -30,8 +32,9 @@ class GpuSample:
     mig_profiles: Tuple[str, ...] = ()
 
     @property
-    def memory_pct(self) -> float:
-        return 100.0 * self.memory_used_mb / self.memory_total_mb if self.memory_total_mb else 0.0
+    def memory_pct(self) -> Optional[float]:
+        """Percent of memory in use; None when the total is unknown (never read as 0 %)."""
+        return 100.0 * self.memory_used_mb / self.memory_total_mb if self.memory_total_mb else None
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"index": self.index, "mem": self.memory_used_mb,
@@ -116,10 +119,24 @@ class JobInfo:
     reason: str = ""
     nodes: Tuple[str, ...] = ()
     gres: str = ""  # what the job asks per node, e.g. "gpu:3g.40gb:1"
+    #: Slurm's priority (squeue %Q): releases go highest first, as Slurm would start them.
+    priority: float = 0.0
+    #: The job's ExcNodeList as Slurm shows it now (a hostlist expression, "" = none).
+    exc_nodes: str = ""
+    num_nodes: int = 1
+    #: Pending: the earliest start Slurm allows (BeginTime), Unix seconds; 0 = none.
+    begin_ts: float = 0.0
+    comment: str = ""
 
-    @property
-    def pending(self) -> bool:
-        return self.state == "PENDING"
+    #: Derived once (decide() asks 60,000 jobs several times per cycle): pending, and
+    #: eligible = pending and waiting only on resources or priority (not held, not a
+    #: BeginTime, dependency or limit): the only pending jobs that say a class is short of GPUs.
+    pending: bool = field(init=False, repr=False, compare=False)
+    eligible: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.pending = self.state == "PENDING"
+        self.eligible = self.pending and not self.held and self.reason in ELIGIBLE_REASONS
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"id": self.id, "state": self.state, "class": self.job_class,
@@ -133,14 +150,21 @@ class JobInfo:
             out["nodes"] = list(self.nodes)
         if self.gres:
             out["gres"] = self.gres
+        for key, value, empty in (("priority", self.priority, 0.0), ("exc", self.exc_nodes, ""),
+                                  ("num_nodes", self.num_nodes, 1),
+                                  ("begin", self.begin_ts, 0.0), ("comment", self.comment, "")):
+            if value != empty:
+                out[key] = value
         return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> JobInfo:
         g = d.get
         return cls(str(d["id"]), d["state"], g("class", ""), tuple(g("partitions", ())),
-                   g("qos", ""), g("submit", 0.0), g("held", False), g("reason", ""),
-                   tuple(g("nodes", ())), g("gres", ""))
+                   g("qos", ""), float(g("submit", 0.0)), bool(g("held", False)),
+                   g("reason", ""), tuple(g("nodes", ())), g("gres", ""),
+                   float(g("priority", 0.0)), g("exc", ""), int(g("num_nodes", 1)),
+                   float(g("begin", 0.0)), g("comment", ""))
 
 
 @dataclass
@@ -153,10 +177,13 @@ class Snapshot:
     jobs: Tuple[JobInfo, ...] = ()
     #: P99 inference latency per class (ms), where a latency query is configured and answered.
     latency_p99_ms: Dict[str, float] = field(default_factory=dict)
+    #: Age of the oldest latency sample, from the samples' own timestamps (None: unknown).
     latency_age_s: Optional[float] = None
     slurm_ok: bool = True
     #: Why data is missing (Prometheus down, an agent unreachable): one line each.
     errors: Tuple[str, ...] = ()
+    #: "source/reason" -> count of signals that came back unknown this cycle.
+    unknown: Dict[str, int] = field(default_factory=dict)
 
     def node(self, name: str) -> Optional[NodeInfo]:
         for n in self.nodes:
@@ -171,7 +198,7 @@ class Snapshot:
                 "jobs": [j.to_dict() for j in self.jobs],
                 "latency_p99_ms": dict(self.latency_p99_ms),
                 "latency_age_s": self.latency_age_s, "slurm_ok": self.slurm_ok,
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "unknown": dict(self.unknown)}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
@@ -189,6 +216,7 @@ class Snapshot:
             g("latency_age_s"),
             bool(g("slurm_ok", True)),
             tuple(g("errors", ())),
+            {str(k): int(v) for k, v in (g("unknown") or {}).items()},
         )
 
 
@@ -217,6 +245,46 @@ def load(path: str) -> Snapshot:
             return loads(fh.read())
     except OSError as exc:
         raise UsageError(f"cannot read snapshot {path}: {exc.strerror}") from None
+
+
+def load_sequence(path: str) -> List[Snapshot]:
+    """Snapshots to replay in order, each with its own ``ts``: a folder of ``*.json`` files
+    (sorted by name), a JSON-lines file (one snapshot a line), or a single snapshot file.
+    Raises :class:`~slurmiso.errors.UsageError` naming the file and line that is bad."""
+    import os
+
+    from slurmiso.errors import UsageError
+
+    if os.path.isdir(path):
+        names = sorted(n for n in os.listdir(path) if n.endswith((".json", ".jsonl")))
+        if not names:
+            raise UsageError(f"no *.json snapshots in {path}")
+        out: List[Snapshot] = []
+        for name in names:
+            out += load_sequence(os.path.join(path, name))
+        return out
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read snapshot {path}: {exc.strerror}") from None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return [loads(text)]
+    seq = []
+    for n, line in enumerate(lines, 1):
+        try:
+            seq.append(loads(line))
+        except UsageError as exc:
+            if n == 1:  # one pretty-printed snapshot over several lines
+                return [loads(text)]
+            raise UsageError(f"{path} line {n}: {exc}") from None
+    prev = None
+    for n, snap in enumerate(seq, 1):
+        if prev is not None and snap.ts < prev:
+            raise UsageError(f"{path} line {n}: ts {snap.ts} goes back in time")
+        prev = snap.ts
+    return seq
 
 
 def save(snap: Snapshot, path: str) -> None:

@@ -6,9 +6,11 @@
 * :class:`FileSource` — recorded agent output (``<node>.prom`` files), for tests and replays;
 * :class:`BackendSource` — the GPU backend read in-process (one host, e.g. the sandbox).
 
-A source never raises for missing data: what it could not get is an error line in the
-:class:`Reading` and a node without an age, which the policy treats as stale. HTTP is urllib
-with a timeout on every request. Stdlib only: the monitor host needs no prometheus_client.
+A source never raises for missing or malformed data: what it could not get is an error line
+in the :class:`Reading`, a counted reason (``unknown``) and a node without an age, which the
+policy treats as unknown. An agent that says ``slurmiso_agent_up 0``, or answers without GPU
+series, is unknown too, never calm. HTTP goes through :mod:`slurmiso.monitor.scrape`: one
+deadline for every source of a cycle, a bounded number of connections open at once.
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
+from slurmiso.monitor import scrape
 from slurmiso.monitor.snapshot import GpuSample
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,11 @@ M_SM = "slurmiso_gpu_sm_active_ratio"
 M_GR = "slurmiso_gpu_gr_engine_active_ratio"
 M_PROCS = "slurmiso_gpu_processes"
 M_COLLECTED = "slurmiso_agent_collected_timestamp_seconds"
+M_UP = "slurmiso_agent_up"
 DCGM_USED, DCGM_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
 DCGM_SM, DCGM_GR = "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+#: Graphics-engine busy time in percent (not SM activity; not reported on MIG).
+DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 MIB = 1024 * 1024
 
 
@@ -55,6 +59,23 @@ class Reading:
     latency_p99_ms: Dict[str, float] = field(default_factory=dict)
     latency_age_s: Optional[float] = None
     errors: List[str] = field(default_factory=list)
+    #: "source/reason" -> how many signals came back unknown for that reason.
+    unknown: Dict[str, int] = field(default_factory=dict)
+
+    def miss(self, source: str, reason: str, line: str) -> None:
+        """Count an unknown signal and keep one line about it (the first 200 only)."""
+        key = f"{source}/{reason}"
+        self.unknown[key] = self.unknown.get(key, 0) + 1
+        if len(self.errors) < 200:
+            self.errors.append(line)
+
+
+class BadData(ValueError):
+    """An answer that parses but cannot be trusted (a non-integer ``gpu`` label)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 class TelemetrySource(Protocol):
@@ -63,8 +84,9 @@ class TelemetrySource(Protocol):
 
 
 # ------------------------------------------------------------------------ text format
-def parse_prometheus_text(text: str) -> List[Sample]:
-    """Prometheus text exposition format (0.0.4) into samples; bad lines are skipped."""
+def parse_prometheus_text(text: str, strict: bool = False) -> List[Sample]:
+    """Prometheus text exposition format (0.0.4) into samples. Bad lines are skipped, or,
+    with ``strict``, raise :class:`BadData` (a cut-off answer must not read as a short one)."""
     out: List[Sample] = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -73,6 +95,8 @@ def parse_prometheus_text(text: str) -> List[Sample]:
         try:
             out.append(_parse_line(line))
         except (ValueError, IndexError):
+            if strict:
+                raise BadData("parse", f"unparsable line {line[:80]!r}") from None
             log.debug("skipping unparsable metrics line %r", line[:120])
     return out
 
@@ -116,9 +140,14 @@ def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]
         if s.name == M_COLLECTED:
             collected = s.value
             continue
-        if "gpu" not in s.labels:
+        if "gpu" not in s.labels or s.name.startswith("DCGM_"):
             continue
-        g = gpus.setdefault(int(s.labels["gpu"]), {"mig": [], "jobs": set(), "classes": set()})
+        try:
+            index = int(s.labels["gpu"])
+        except ValueError:
+            raise BadData("bad-label", f"gpu label {s.labels['gpu'][:20]!r} is not an "
+                          "index") from None
+        g = gpus.setdefault(index, {"mig": [], "jobs": set(), "classes": set()})
         whole = not s.labels.get("gi")
         for key in ("job", "class"):
             if s.labels.get(key):
@@ -145,23 +174,37 @@ def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]
     ], collected
 
 
+def agent_view(text: str, now: float) -> Tuple[List[GpuSample], float]:
+    """One agent's answer as (GPUs, data age); :class:`BadData` when it cannot be trusted:
+    unparsable, ``slurmiso_agent_up 0``, no GPU series, a memory total missing."""
+    samples = parse_prometheus_text(text, strict=True)
+    if any(s.name == M_UP and s.value < 1 for s in samples):
+        raise BadData("agent-down", "the agent could not read its GPUs (slurmiso_agent_up 0)")
+    gpus, collected = agent_gpus(samples)
+    if not gpus:
+        raise BadData("no-gpus", "no GPU series in the answer")
+    if any(not g.memory_total_mb for g in gpus):
+        raise BadData("no-memory", "a GPU without its memory total")
+    return gpus, (max(0.0, now - collected) if collected else 0.0)
+
+
 def http_get(url: str, timeout: float) -> str:
-    """GET ``url``; raises OSError (URLError is one) on any failure."""
-    req = urllib.request.Request(url, headers={"Accept": "text/plain, application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http only)
-        return str(resp.read().decode("utf-8", "replace"))
+    """GET ``url`` within ``timeout`` in all; raises OSError on any failure."""
+    return scrape.get(url, timeout)
 
 
 # ---------------------------------------------------------------------------- sources
 class AgentSource:
-    """Scrape ``slurmiso agent`` on every node in parallel (a slow node costs one timeout)."""
+    """Scrape ``slurmiso agent`` on every node, ``max_open`` at a time, all within
+    ``deadline_s``; a hanging agent costs at most ``timeout`` of one connection slot."""
 
     def __init__(self, port: int, urls: Optional[Mapping[str, str]] = None,
-                 timeout: float = 3.0, workers: int = 32) -> None:
+                 timeout: float = 3.0, workers: int = 256, deadline_s: float = 10.0) -> None:
         self.port = port
         self.urls = dict(urls or {})
         self.timeout = timeout
         self.workers = workers
+        self.deadline_s = deadline_s
 
     def url_for(self, node: str, addr: str) -> str:
         return self.urls.get(node) or f"http://{addr or node}:{self.port}/metrics"
@@ -171,22 +214,19 @@ class AgentSource:
         # Explicit URLs name the only agents there are (several nodes on one host share an
         # address, so guessing host:port would scrape one node's agent for all of them).
         wanted = [n for n in nodes if n in self.urls] if self.urls else list(nodes)
-
-        def fetch(node: str) -> Tuple[str, Optional[str], str]:
-            url = self.url_for(node, nodes.get(node, ""))
+        urls = {n: self.url_for(n, nodes.get(n, "")) for n in wanted}
+        got = scrape.fetch_all(urls, self.deadline_s, max(1, self.workers),
+                               min(self.timeout, self.deadline_s))
+        for node in wanted:
+            res = got[node]
+            if res.body is None:
+                reading.miss("agents", res.reason, f"agent {urls[node]}: {res.reason}"
+                             f"{' (' + res.detail + ')' if res.detail else ''}")
+                continue
             try:
-                return node, http_get(url, self.timeout), ""
-            except (OSError, ValueError) as exc:
-                return node, None, f"agent {url}: {getattr(exc, 'reason', exc)}"
-
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(wanted)))) as pool:
-            for node, text, err in pool.map(fetch, wanted):
-                if text is None:
-                    reading.errors.append(err)
-                    continue
-                gpus, collected = agent_gpus(parse_prometheus_text(text))
-                reading.gpus[node] = gpus
-                reading.ages[node] = max(0.0, now - collected) if collected else 0.0
+                reading.gpus[node], reading.ages[node] = agent_view(res.body, now)
+            except BadData as exc:
+                reading.miss("agents", exc.reason, f"agent {urls[node]}: {exc}")
         return reading
 
 
@@ -206,11 +246,15 @@ class FileSource:
                     text = fh.read()
                 mtime = os.path.getmtime(path)
             except OSError as exc:
-                reading.errors.append(f"{path}: {exc.strerror}")
+                reading.miss("files", "unreadable", f"{path}: {exc.strerror}")
                 continue
-            gpus, collected = agent_gpus(parse_prometheus_text(text))
+            try:
+                gpus, age = agent_view(text, now)
+            except BadData as exc:
+                reading.miss("files", exc.reason, f"{path}: {exc}")
+                continue
             reading.gpus[node] = gpus
-            reading.ages[node] = max(0.0, now - (collected or mtime))
+            reading.ages[node] = age if age else max(0.0, now - mtime)
         return reading
 
 
@@ -232,7 +276,7 @@ class BackendSource:
             try:
                 report = gather_node(self.cfg, node)
             except SlurmisoError as exc:
-                reading.errors.append(f"{node}: {exc}")
+                reading.miss("local", "gpu-error", f"{node}: {exc}")
                 continue
             reading.gpus[node] = report.samples()
             reading.ages[node] = max(0.0, now - report.collected)
@@ -241,44 +285,63 @@ class BackendSource:
 
 class PrometheusSource:
     """DCGM-exporter series (or the agents') and per-class P99 latency from a Prometheus
-    server's ``/api/v1/query``."""
+    server's ``/api/v1/query``, all queries of a cycle within ``deadline_s``."""
 
     def __init__(self, url: str, latency_queries: Optional[Mapping[str, str]] = None,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, deadline_s: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self.latency_queries = dict(latency_queries or {})
         self.timeout = timeout
+        self.deadline_s = deadline_s
+        self._end = 0.0
 
     def query(self, promql: str) -> List[Sample]:
         """One instant query; raises OSError/ValueError when the server fails."""
+        left = self._end - time.monotonic() if self._end else self.timeout
+        if left <= 0:
+            raise OSError("cycle deadline passed")
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        return parse_query_result(json.loads(http_get(url, self.timeout)))
+        return parse_query_result(json.loads(http_get(url, min(self.timeout, left))))
 
     def read(self, nodes: Mapping[str, str], now: float) -> Reading:
         reading = Reading()
+        self._end = time.monotonic() + self.deadline_s
         series: Dict[str, List[Sample]] = {}
-        for name in (DCGM_USED, DCGM_FREE, DCGM_SM, DCGM_GR, f"timestamp({DCGM_USED})"):
+        for name in (DCGM_USED, DCGM_FREE, DCGM_SM, DCGM_GR, DCGM_UTIL,
+                     f"timestamp({DCGM_USED})"):
             try:
                 series[name] = self.query(name)
             except (OSError, ValueError) as exc:
-                reading.errors.append(f"prometheus {self.url} {name}: "
-                                      f"{getattr(exc, 'reason', exc)}")
+                reading.miss("prometheus", "query", f"prometheus {self.url} {name}: {exc}")
                 break
-        if series.get(DCGM_USED):
-            dcgm_gpus(series, nodes, now, reading)
-        elif DCGM_USED in series:
-            self._agent_series(nodes, now, reading)
+        try:
+            if series.get(DCGM_USED):
+                dcgm_gpus(series, nodes, now, reading)
+            elif DCGM_USED in series:
+                self._agent_series(nodes, now, reading)
+        except BadData as exc:
+            reading.gpus.clear()
+            reading.ages.clear()
+            reading.miss("prometheus", exc.reason, f"prometheus {self.url}: {exc}")
+        ages = []
         for cls, promql in sorted(self.latency_queries.items()):
             try:
                 values = self.query(promql)
+                stamps = [v.value for v in self.query(f"timestamp({promql})")]
             except (OSError, ValueError) as exc:
-                reading.errors.append(f"prometheus latency of {cls}: "
-                                      f"{getattr(exc, 'reason', exc)}")
+                reading.miss("latency", "query", f"prometheus latency of {cls}: {exc}")
                 continue
-            if values:
-                reading.latency_p99_ms[cls] = max(v.value for v in values)
-                stamps = [v.ts for v in values if v.ts]
-                reading.latency_age_s = max(0.0, now - max(stamps)) if stamps else 0.0
+            if not values:
+                reading.miss("latency", "empty", f"prometheus latency of {cls}: no sample")
+                continue
+            reading.latency_p99_ms[cls] = max(v.value for v in values)
+            if stamps:  # the samples' own time, not the query's
+                ages.append(max(0.0, now - min(stamps)))
+            else:
+                reading.miss("latency", "no-timestamp", f"latency of {cls}: age unknown")
+        reading.latency_age_s = max(ages) if ages and len(ages) == len(
+            reading.latency_p99_ms) else None
+        self._end = 0.0
         return reading
 
     def _agent_series(self, nodes: Mapping[str, str], now: float, reading: Reading) -> None:
@@ -290,13 +353,16 @@ class PrometheusSource:
                     by_node.setdefault(s.labels.get("node", ""), []).append(
                         Sample(name, s.labels, s.value, s.ts))
         except (OSError, ValueError) as exc:
-            reading.errors.append(f"prometheus {self.url}: {getattr(exc, 'reason', exc)}")
+            reading.miss("prometheus", "query", f"prometheus {self.url}: {exc}")
             return
         for node in nodes:
             if node in by_node:
                 gpus, collected = agent_gpus(by_node[node])
+                if not collected:
+                    reading.miss("prometheus", "no-timestamp", f"{node}: sample age unknown")
+                    continue
                 reading.gpus[node] = gpus
-                reading.ages[node] = max(0.0, now - collected) if collected else 0.0
+                reading.ages[node] = max(0.0, now - collected)
 
 
 def parse_query_result(doc: Any) -> List[Sample]:
@@ -307,10 +373,13 @@ def parse_query_result(doc: Any) -> List[Sample]:
     if data.get("resultType") != "vector":
         raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
     out = []
-    for item in data.get("result", []):
-        metric = dict(item.get("metric", {}))
-        ts, value = item["value"]
-        out.append(Sample(metric.get("__name__", ""), metric, float(value), float(ts)))
+    try:
+        for item in data.get("result", []):
+            metric = {str(k): str(v) for k, v in dict(item.get("metric", {})).items()}
+            ts, value = item["value"]
+            out.append(Sample(metric.get("__name__", ""), metric, float(value), float(ts)))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed query result: {exc!r}") from None
     return out
 
 
@@ -328,24 +397,38 @@ def dcgm_gpus(
         return host if host in nodes else short if short in nodes else by_addr.get(host, "")
 
     for name, key in ((DCGM_USED, "mem"), (DCGM_FREE, "free"), (DCGM_SM, "sm"),
-                      (DCGM_GR, "gr"), (f"timestamp({DCGM_USED})", "seen")):
+                      (DCGM_GR, "gr"), (DCGM_UTIL, "util"), (f"timestamp({DCGM_USED})", "seen")):
         for s in series.get(name, []):
             node = node_of(s)
             if not node or "gpu" not in s.labels:
                 continue
-            g = acc.setdefault((node, int(s.labels["gpu"])), {"mig": []})
+            try:
+                index = int(s.labels["gpu"])
+            except ValueError:
+                raise BadData("bad-label", f"gpu label {s.labels['gpu'][:20]!r} of "
+                              f"{name}") from None
+            g = acc.setdefault((node, index), {"mig": []})
             if key in ("mem", "free"):
                 g[key] = g.get(key, 0.0) + s.value  # MiB, summed over MIG instances
                 if key == "mem" and s.labels.get("GPU_I_PROFILE"):
                     g["mig"].append(s.labels["GPU_I_PROFILE"])
             elif key == "seen":
                 g["seen"] = min(g.get("seen", s.value), s.value)
+            elif key == "util":  # percent already; graphics-engine busy, not SM
+                g[key] = max(g.get(key, 0.0), s.value)
             else:
                 g[key] = max(g.get(key, 0.0), 100.0 * s.value)
     for (node, index), g in sorted(acc.items()):
         used = int(g.get("mem", 0))
+        total = used + int(g["free"]) if "free" in g else 0  # 0: unknown, never calm
         reading.gpus.setdefault(node, []).append(GpuSample(
-            index, used, used + int(g.get("free", 0)), g.get("sm"), g.get("gr"),
+            index, used, total, g.get("sm"), g.get("gr", g.get("util")),
             mig_profiles=tuple(sorted(g["mig"]))))
-        age = max(0.0, now - g["seen"]) if "seen" in g else 0.0
+        age = max(0.0, now - g["seen"]) if "seen" in g else None
+        if age is None:
+            reading.miss("prometheus", "no-timestamp", f"{node}: sample age unknown")
+            continue
         reading.ages[node] = max(reading.ages.get(node, 0.0), age)
+    for node in nodes:
+        if node in reading.gpus and node not in reading.ages:
+            del reading.gpus[node]

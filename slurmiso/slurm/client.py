@@ -180,19 +180,27 @@ class SlurmCli:
     # -- the monitor's reads and actions (slurmiso.monitor) -------------------------------
     #: squeue fields the monitor reads, in order (``-o`` with ``|``: stable across versions,
     #: unlike ``--json`` whose schema changes between 21.08, 22.05 and 24.11).
+    #: The comment is last: it is free text and may hold the separator.
     QUEUE_FIELDS = ("id", "state", "partition", "qos", "submit", "reason", "nodes", "gres",
-                    "account")
+                    "account", "priority", "exc_nodes", "num_nodes", "start", "comment")
 
     def queue(self, states: str = "PENDING,RUNNING") -> List[Dict[str, str]]:
         """Pending and running jobs as dicts keyed by :attr:`QUEUE_FIELDS`."""
-        out = self.run("squeue", ["-h", "-t", states, "-o", "%i|%T|%P|%q|%V|%r|%N|%b|%a"],
+        out = self.run("squeue", ["-h", "-t", states, "-o",
+                                  "%i|%T|%P|%q|%V|%r|%N|%b|%a|%Q|%x|%D|%S|%k"],
                        timeout=max(self.timeout, 30.0))
         rows = []
+        n = len(self.QUEUE_FIELDS)
         for line in out.splitlines():
-            parts = line.split("|")
-            if len(parts) == len(self.QUEUE_FIELDS):
+            parts = line.split("|", n - 1)
+            if len(parts) == n:
                 rows.append(dict(zip(self.QUEUE_FIELDS, (p.strip() for p in parts))))
         return rows
+
+    def update_jobs(self, job_ids: Sequence[str], fields: Dict[str, str]) -> None:
+        """``scontrol update JobId=a,b,c K=V ...`` (pending jobs; an empty value clears)."""
+        self.run("scontrol", ["update", f"JobId={','.join(job_ids)}",
+                              *(f"{k}={v}" for k, v in fields.items())])
 
     def hold(self, job_ids: Sequence[str]) -> None:
         """``scontrol hold`` (priority 0 until released); several jobs in one call."""

@@ -38,7 +38,7 @@ def test_collector_exports_gpus_instances_jobs(tmp_path: os.PathLike[str]) -> No
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(
         lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 123.0),
-        "n3"))
+        "n3", job_labels=True))
     text = generate_latest(registry).decode()
     samples = t.parse_prometheus_text(text)
     used = {(s.labels["gpu"], s.labels["gi"]): s for s in samples if s.name == t.M_MEM_USED}
@@ -62,3 +62,46 @@ def test_collector_reports_down_instead_of_failing(tmp_path: os.PathLike[str]) -
     text = generate_latest(registry).decode()
     assert 'slurmiso_agent_up{node="n3"} 0.0' in text
     assert t.M_MEM_USED not in text
+
+
+def test_no_job_label_by_default_and_dcgm_names(tmp_path: os.PathLike[str]) -> None:
+    """Per-GPU series carry no job id unless asked (cardinality); DCGM exporter names and
+    labels are there for existing dashboards: FB in MiB, SM as a ratio, GPU_UTIL in %."""
+    backend = _node(str(tmp_path))
+    inst = backend.instances(0)[0]
+    records = {"42": {"class": "train", "resources": [{"kind": "shared-gpu", "gpu": 1}]}}
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(
+        lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0),
+        "n3"))
+    samples = t.parse_prometheus_text(generate_latest(registry).decode())
+    assert not any("job" in s.labels or "hpc_job" in s.labels for s in samples)
+    dcgm = {(s.name, s.labels["gpu"], s.labels["GPU_I_ID"]): s for s in samples
+            if s.name.startswith("DCGM_")}
+    assert dcgm[(t.DCGM_USED, "1", "")].value == 30_000, "MiB, as DCGM"
+    assert dcgm[(t.DCGM_SM, "1", "")].value == 0.9
+    assert dcgm[(t.DCGM_UTIL, "1", "")].value == 50.0, "percent, graphics engine"
+    mig = dcgm[(t.DCGM_USED, "0", str(inst.gi_id))]
+    assert mig.labels["GPU_I_PROFILE"] == "3g.40gb" and mig.labels["Hostname"] == "n3"
+    assert {"UUID", "device", "modelName"} <= set(mig.labels)
+    assert (t.DCGM_UTIL, "0", str(inst.gi_id)) not in dcgm, "no GPU_UTIL on MIG (as DCGM)"
+    assert (t.DCGM_USED, "0", "") not in dcgm, "a MIG GPU is reported per instance"
+
+
+def test_sim_reports_sm_by_gpm_dcgm_or_not_at_all(tmp_path: os.PathLike[str]) -> None:
+    """The simulated node reports SM through each path; without GPM or DCGM it is unknown
+    (None, no series), never 0, while graphics-engine activity is still there."""
+    backend = _node(str(tmp_path))
+    for source, expected in (("gpm", 0.9), ("dcgm", 0.9), ("none", None)):
+        backend.set_load(1, sm_source=source)
+        tel = backend.telemetry(1)
+        assert tel.sm_active == expected and tel.gr_engine_active == 0.5
+        assert tel.sm_source == ("" if source == "none" else source)
+    report = gather_node(None, "n3", backend=backend, records={}, clock=lambda: 1.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(lambda: report, "n3"))
+    text = generate_latest(registry).decode()
+    sm = [s for s in t.parse_prometheus_text(text) if s.name in (t.M_SM, t.DCGM_SM)]
+    assert sm and all(s.labels["gpu"] != "1" for s in sm), "no SM series for GPU 1"
+    view, _ = t.agent_view(text, 1.0)
+    assert view[1].sm_active_pct is None and view[1].gr_active_pct == 50.0

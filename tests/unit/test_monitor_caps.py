@@ -84,6 +84,10 @@ def test_stale_data_keeps_the_cap_and_a_failed_cap_is_forgotten() -> None:
     _, mem = decide(snap([node("n1", mem_pct=80)], [job("1")]), CAPS, Memory())
     a, mem2 = decide(snap([node("n1", age=500)], [job("1")], ts=T0 + 900), CAPS, mem)
     assert a == [] and mem2.caps == mem.caps
+    new, _ = decide(snap([node("n1", age=500)], [job("1")], ts=T0 + 900), CAPS, Memory())
+    assert [x.kind for x in new] == ["qos-limit"], \
+        "unknown data caps training at what runs (no cap existed before)"
+    assert new[0].details["tres"]["gpu"] == 0 and "telemetry" in new[0].reason
     act, fresh = decide(snap([node("n1", mem_pct=80)], [job("1")]), CAPS, Memory())
     assert "train" not in failed(fresh, act[0], "sacctmgr: error").caps
 

@@ -107,7 +107,7 @@ def test_second_monitor_stays_idle(tmp_path: os.PathLike[str]) -> None:
             time.sleep(0.05)
         second = subprocess.run(base + ["--once", "--state", os.path.join(tmp, "b.json")],
                                 env=env, capture_output=True, text=True, timeout=30)
-        assert second.returncode == 0, second.stderr
+        assert second.returncode == 9, second.stderr + second.stdout
         assert "idle: another monitor leads" in second.stdout
         assert not os.path.exists(os.path.join(tmp, "b.json"))
     finally:

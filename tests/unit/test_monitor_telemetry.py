@@ -98,7 +98,9 @@ ROUTES = {
     t.DCGM_SM: ("application/json", "dcgm-sm-active.json"),
     t.DCGM_GR: ("application/json", "dcgm-gr-active.json"),
     f"timestamp({t.DCGM_USED})": ("application/json", "dcgm-timestamp.json"),
+    t.DCGM_UTIL: ("application/json", "dcgm-gpu-util.json"),
     "p99_infer": ("application/json", "latency-infer.json"),
+    "timestamp(p99_infer)": ("application/json", "latency-infer-timestamp.json"),
 }
 
 
@@ -145,6 +147,8 @@ def test_prometheus_source_over_http(server: str) -> None:
     assert r.errors == []
     assert r.gpus["gpu017"][0].memory_used_mb == 50000
     assert r.latency_p99_ms == {"infer": 312.25}, "the worst series of the class"
+    assert r.latency_age_s == pytest.approx(NOW - 1796286850), \
+        "latency age comes from the oldest sample's own time, not the query's"
 
 
 def test_prometheus_down_is_an_error_line_not_an_exception() -> None:

@@ -1,0 +1,152 @@
+"""What a replay or a running monitor tells its operator: the action timeline with totals
+(jobs held, time held, gate flips), and the state and limits in force (``monitor status``).
+
+Plain data in, lines or dicts out: the CLI prints them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set
+
+from slurmiso.monitor.policy import Memory, Policy
+
+
+@dataclass
+class Timeline:
+    """Every cycle's actions, and the totals a what-if is judged by."""
+
+    cycles: int = 0
+    first_ts: Optional[float] = None
+    last_ts: Optional[float] = None
+    events: List[Dict[str, Any]] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+    held: Set[str] = field(default_factory=set)
+    held_s: float = 0.0
+    flips: int = 0
+    decide_ms: List[float] = field(default_factory=list)
+    _closed: Dict[str, bool] = field(default_factory=dict)
+
+    def add(self, mon: Any, outcomes: List[Any]) -> None:
+        snap = mon.last_snapshot
+        ts = snap.ts if snap is not None else 0.0
+        self.cycles += 1
+        self.decide_ms.append(round(1000.0 * mon.stats.last_decide_s, 2))
+        self.first_ts = ts if self.first_ts is None else self.first_ts
+        self.last_ts = ts
+        for out in outcomes:
+            a = out.action
+            self.counts[a.kind] = self.counts.get(a.kind, 0) + 1
+            if a.kind == "hold" and out.ok:
+                self.held.add(a.target)
+            if a.kind == "release" and out.ok:
+                self.held_s += float(a.details.get("held_s") or 0.0)
+            self.events.append({"ts": ts, "kind": a.kind, "target": a.target,
+                                "reason": a.reason, "ok": out.ok})
+        closed = {s: bool(g.get("closed")) for s, g in mon.memory.gates.items()}
+        for scope in set(closed) | set(self._closed):
+            if closed.get(scope, False) != self._closed.get(scope, False):
+                self.flips += 1
+        self._closed = closed
+
+    def finish(self, mon: Any) -> None:
+        """Holds still in place at the end count with their time so far."""
+        if self.last_ts is None:
+            return
+        for hold in mon.memory.holds.values():
+            self.held_s += max(0.0, self.last_ts - float(hold.get("ts", self.last_ts)))
+
+    def cycle_lines(self, outcomes: List[Any], ts: float, dry_run: bool) -> List[str]:
+        verb = "would" if dry_run else "did"
+        lines = []
+        by_kind: Dict[str, List[Any]] = {}
+        for o in outcomes:
+            by_kind.setdefault(o.action.kind, []).append(o)
+        for kind, outs in by_kind.items():
+            if len(outs) > 5:  # 20,000 holds are one line, with the first reason
+                lines.append(f"t={ts:.0f} {verb} {kind} {len(outs)} job(s): "
+                             f"{outs[0].action.reason}")
+            else:
+                lines += [f"t={ts:.0f} {verb} {o.action.describe()}"
+                          + ("" if o.ok else f" -- FAILED: {o.error}") for o in outs]
+        return lines
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"cycles": self.cycles, "from_ts": self.first_ts, "to_ts": self.last_ts,
+                "totals": {"jobs_held": len(self.held), "time_held_s": round(self.held_s, 1),
+                           "gate_flips": self.flips, "actions": dict(sorted(
+                               self.counts.items()))},
+                "decide_ms": self.decide_ms, "timeline": self.events}
+
+    def total_lines(self) -> List[str]:
+        span = (self.last_ts or 0.0) - (self.first_ts or 0.0)
+        acts = ", ".join(f"{k} {n}" for k, n in sorted(self.counts.items())) or "none"
+        return [f"{self.cycles} cycle(s) over {span:.0f}s",
+                f"jobs held: {len(self.held)}; time held: {self.held_s:.0f} job-seconds; "
+                f"gate flips: {self.flips}",
+                f"actions: {acts}"]
+
+
+def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
+    """What the monitor holds, keeps off, lends, and which limits bind right now."""
+    mem = memory.copy()
+    limits = {
+        "partition updates": (mem.count("partition-update", now),
+                              policy.partition_updates_per_hour),
+    }
+    for key in sorted(mem.events):
+        if key.startswith("relayout:"):
+            limits[f"re-layouts of {key[9:]}"] = (mem.count(key, now),
+                                                  policy.relayouts_per_hour)
+    opens = {k[5:]: mem.count(k, now) for k in sorted(mem.events) if k.startswith("open:")}
+    window = [t for t in mem.release_times if t > now - policy.stagger_interval_s]
+    stamps = [float(h.get("ts", now)) for h in mem.holds.values()]
+    return {
+        "admission": policy.admission,
+        "unknown_admits": policy.unknown_admits,
+        "holds": len(mem.holds),
+        "oldest_hold_s": round(now - min(stamps), 1) if stamps else None,
+        "excluded_jobs": len(mem.excluded),
+        "closed": sorted(s for s, g in mem.gates.items() if g.get("closed")),
+        "unknown": list(mem.stale),
+        "unknown_since": dict(mem.unknown_since),
+        "lent": sorted(mem.lent),
+        "relayout": mem.relayout,
+        "starts_this_interval": [len(window), policy.stagger_max_starts],
+        "limits_per_hour": {k: list(v) for k, v in limits.items()},
+        "gate_opens_this_hour": {k: [n, policy.gate_opens_per_hour] for k, n in opens.items()
+                                 if n},
+        "dwell_s": policy.min_dwell_s,
+        "now": now,
+        "backlog_drain_s": policy.backlog_drain_s,
+    }
+
+
+def status_lines(st: Dict[str, Any]) -> List[str]:
+    now_s = float(st.get("now", 0.0))
+    lines = [f"admission: {st['admission']}"
+             f"{' (unknown data admits training)' if st['unknown_admits'] else ''}",
+             f"held: {st['holds']}" + (f", oldest {st['oldest_hold_s']:.0f}s"
+                                       if st["oldest_hold_s"] is not None else ""),
+             f"kept off hot nodes: {st['excluded_jobs']} job(s)",
+             f"closed to training: {', '.join(st['closed'][:20]) or 'nothing'}",
+             "unknown data: " + (", ".join(
+                 f"{k} (for {now_s - v:.0f}s)" for k, v in sorted(st["unknown_since"].items())[:20])
+                 or "none"),
+             f"lent: {', '.join(st['lent'][:20]) or 'none'}",
+             f"starts this interval: {st['starts_this_interval'][0]} "
+             f"(at least {st['starts_this_interval'][1]} allowed; a backlog drains in "
+             f"{st['backlog_drain_s']:g}s)"]
+    for name, (n, limit) in st["limits_per_hour"].items():
+        lines.append(f"{name}: {n} in the last hour (limit {limit})"
+                     + ("  -- LIMIT REACHED" if n >= limit else ""))
+    for scope, (n, limit) in st["gate_opens_this_hour"].items():
+        lines.append(f"gate {scope} opened {n} time(s) this hour (limit {limit})"
+                     + ("  -- LIMIT REACHED" if n >= limit else ""))
+    lines.append(f"minimum dwell: {st['dwell_s']:g}s")
+    return lines
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,0 +1,182 @@
+"""Fetch many HTTP URLs at once under one deadline: the monitor's telemetry transport.
+
+Per-socket timeouts do not bound a cycle: a server trickling one byte a second never times
+out a ``recv``. Here one ``selectors`` loop drives at most ``max_open`` non-blocking
+connections; each URL also has its own limit (``per_url_s``) so a hanging agent frees its slot
+early, and at the deadline everything still open is closed and reported. Nothing raises: every
+URL gets a body or a short reason (``unreachable``, ``timeout``, ``deadline``, ``not-http``,
+``http-status``, ``truncated``, ``too-large``), which the caller counts as stale data.
+Plain HTTP/1.0 (the agent and Prometheus speak it); responses must carry a 200 status, and
+a ``Content-Length``, when given, must match the body.
+"""
+
+from __future__ import annotations
+
+import errno
+import selectors
+import socket
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+MAX_BYTES = 16 * 1024 * 1024
+
+
+class Fetched(NamedTuple):
+    body: Optional[str]
+    reason: str = ""  # why body is None; "" when it is not
+    detail: str = ""
+
+
+@dataclass
+class _Conn:
+    key: str
+    sock: socket.socket
+    request: bytes
+    started: float
+    sent: int = 0
+    connected: bool = False
+    data: bytearray = field(default_factory=bytearray)
+
+
+def _target(url: str) -> Tuple[str, int, bytes]:
+    """(host, port, request bytes) of an http:// URL; ValueError otherwise."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise ValueError(f"only http:// URLs are supported, not {url!r}")
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    host = u.hostname if u.port is None else f"{u.hostname}:{u.port}"
+    req = (f"GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain, application/json\r\n"
+           "Connection: close\r\n\r\n")
+    return u.hostname, u.port or 80, req.encode("ascii", "replace")
+
+
+def parse_response(raw: bytes) -> Fetched:
+    """An HTTP/1.x response into its body, or the reason it is not one we accept."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        head, sep, body = raw.partition(b"\n\n")
+    lines = head.decode("latin-1").splitlines()
+    if not lines or not lines[0].startswith("HTTP/1."):
+        return Fetched(None, "not-http", repr(raw[:40]))
+    parts = lines[0].split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        return Fetched(None, "not-http", lines[0][:60])
+    if not sep:
+        return Fetched(None, "truncated", "no end of headers")
+    if parts[1] != "200":
+        return Fetched(None, "http-status", lines[0][:60])
+    headers = {}
+    for line in lines[1:]:
+        k, colon, v = line.partition(":")
+        if colon:
+            headers[k.strip().lower()] = v.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return Fetched(None, "not-http", "chunked answer to an HTTP/1.0 request")
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            return Fetched(None, "not-http", f"Content-Length {length[:20]!r}")
+        if len(body) != int(length):
+            return Fetched(None, "truncated", f"{len(body)} of {length} bytes")
+    return Fetched(body.decode("utf-8", "replace"))
+
+
+def fetch_all(
+    urls: Mapping[str, str], deadline_s: float, max_open: int = 256,
+    per_url_s: Optional[float] = None, max_bytes: int = MAX_BYTES,
+    clock: Callable[[], float] = time.monotonic,
+) -> Dict[str, Fetched]:
+    """GET every URL (key -> URL) concurrently; returns within about ``deadline_s``."""
+    start = clock()
+    end = start + max(0.0, deadline_s)
+    limit = per_url_s if per_url_s is not None else deadline_s
+    out: Dict[str, Fetched] = {}
+    queue: List[Tuple[str, str]] = list(urls.items())
+    queue.reverse()  # pop() from the end keeps the caller's order
+    sel = selectors.DefaultSelector()
+    conns: Dict[int, _Conn] = {}
+    addr_cache: Dict[Tuple[str, int], Tuple[int, Tuple[object, ...]]] = {}
+
+    def finish(c: _Conn, result: Fetched) -> None:
+        out[c.key] = result
+        try:
+            sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        conns.pop(id(c), None)
+
+    try:
+        while queue or conns:
+            now = clock()
+            if now >= end:
+                break
+            while queue and len(conns) < max_open and clock() < end:
+                # (name resolution blocks: a slow resolver costs this loop, so it checks the
+                # deadline per URL; node addresses from Slurm are usually IPs already)
+                key, url = queue.pop()
+                try:
+                    host, port, req = _target(url)
+                    if (host, port) not in addr_cache:
+                        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+                        addr_cache[(host, port)] = (info[0], info[4])
+                    family, addr = addr_cache[(host, port)]
+                    sock = socket.socket(family, socket.SOCK_STREAM)
+                    sock.setblocking(False)
+                    err = sock.connect_ex(addr)
+                except (OSError, ValueError, UnicodeError) as exc:
+                    out[key] = Fetched(None, "unreachable", str(exc)[:120])
+                    continue
+                c = _Conn(key, sock, req, now)
+                if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+                    sock.close()
+                    out[key] = Fetched(None, "unreachable", f"connect: errno {err}")
+                    continue
+                conns[id(c)] = c
+                sel.register(sock, selectors.EVENT_WRITE, c)
+            wait = max(0.0, min(end, min((c.started + limit for c in conns.values()),
+                                         default=end)) - clock())
+            for skey, events in sel.select(timeout=min(wait, 0.25)):
+                c = skey.data
+                try:
+                    if events & selectors.EVENT_WRITE:
+                        if not c.connected:
+                            err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                            if err:
+                                finish(c, Fetched(None, "unreachable", f"errno {err}"))
+                                continue
+                            c.connected = True
+                        c.sent += c.sock.send(c.request[c.sent:])
+                        if c.sent >= len(c.request):
+                            sel.modify(c.sock, selectors.EVENT_READ, c)
+                    elif events & selectors.EVENT_READ:
+                        chunk = c.sock.recv(65536)
+                        if not chunk:
+                            finish(c, parse_response(bytes(c.data)))
+                        else:
+                            c.data += chunk
+                            if len(c.data) > max_bytes:
+                                finish(c, Fetched(None, "too-large", f"> {max_bytes} bytes"))
+                except OSError as exc:
+                    finish(c, Fetched(None, "unreachable", str(exc)[:120]))
+            now = clock()
+            for c in [c for c in conns.values() if now - c.started >= limit]:
+                finish(c, Fetched(None, "timeout", f"no full answer within {limit:g}s"))
+    finally:
+        for c in list(conns.values()):
+            finish(c, Fetched(None, "deadline",
+                              f"cycle deadline {deadline_s:g}s passed mid-answer"))
+        for key, _ in queue:
+            out[key] = Fetched(None, "deadline", f"cycle deadline {deadline_s:g}s passed")
+        sel.close()
+    return out
+
+
+def get(url: str, timeout: float) -> str:
+    """One GET bounded by ``timeout`` in all (not per socket operation); OSError otherwise."""
+    res = fetch_all({"": url}, timeout)[""]
+    if res.body is None:
+        raise OSError(f"{url}: {res.reason} ({res.detail})")
+    return res.body
