@@ -80,6 +80,53 @@ def validate_job_id(job_id: JobId) -> str:
     return job_id
 
 
+#: The fields of a job record every reader relies on, with the JSON types they must have.
+_RECORD_FIELDS: Dict[str, Any] = {
+    "job_id": str, "uid": int, "status": str, "mode": str, "gpus": list, "resources": list,
+    "claims": list, "env": dict, "warnings": list, "restart_count": int, "times": dict,
+}
+_STATUSES = ("preparing", "ready", "refused", "releasing", "released")
+#: Per resource kind: fields that must be whole numbers (when the state says they exist).
+_RESOURCE_INTS = {"mig-dynamic": ("gpu", "start"), "mps": ("gpu",)}
+
+
+def record_problem(record: Mapping[str, Any]) -> str:
+    """Why a job record cannot be trusted ("" if it can): checked on every read, so a
+    corrupt file drains the node with its name instead of a KeyError deep in a handler.
+
+    The first step toward the typed record of issue 14: the same field list, enforced.
+    """
+    for name, kind in _RECORD_FIELDS.items():
+        if name in record and (
+            not isinstance(record[name], kind) or isinstance(record[name], bool)
+        ):
+            return f"field {name!r} is {type(record[name]).__name__}, expected {kind.__name__}"
+    if "status" in record and record["status"] not in _STATUSES:
+        return f"status {str(record['status'])[:40]!r} is not one of {', '.join(_STATUSES)}"
+    if not all(isinstance(g, int) and not isinstance(g, bool) for g in record.get("gpus", [])):
+        return "'gpus' holds something other than GPU indices"
+    if not all(isinstance(c, str) for c in record.get("claims", [])):
+        return "'claims' holds something other than allocation keys"
+    for i, res in enumerate(record.get("resources", [])):
+        if not isinstance(res, dict) or not isinstance(res.get("kind"), str):
+            return f"resources[{i}] is not an object with a 'kind'"
+        if not isinstance(res.get("state", ""), str):
+            return f"resources[{i}].state is not a string"
+        for name in _RESOURCE_INTS.get(res["kind"], ()):
+            if name == "start" and res.get("state") == "released":
+                continue
+            value = res.get(name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"resources[{i}] ({res['kind']}) has no whole-number {name!r}"
+        if res["kind"] == "mig-dynamic":
+            if not isinstance(res.get("profile"), str):
+                return f"resources[{i}] (mig-dynamic) has no 'profile'"
+            gi = res.get("gi")
+            if res.get("state") == "ready" and (not isinstance(gi, int) or isinstance(gi, bool)):
+                return f"resources[{i}] (mig-dynamic, ready) has no whole-number 'gi'"
+    return ""
+
+
 def _fsync_dir(path: str) -> None:
     """Make a rename/unlink in ``path`` durable: without this a crash can undo it."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
@@ -139,6 +186,8 @@ class NodeState:
         self.allocations_path = os.path.join(self.state_dir, "allocations.json")
         self.lock_path = os.path.join(self.state_dir, "node.lock")
         self._lock: Optional[FileLock] = None
+        #: ``time.monotonic()`` by which every lock wait must end (None: lock_timeout only).
+        self.deadline: Optional[float] = None
         self._ensured = False  # ensure() ran: dirs exist and passed the checks
         self._checked = False  # the checks passed (reads do not create dirs)
 
@@ -284,35 +333,70 @@ class NodeState:
 
     # -- lock -----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[NodeState]:
-        """Hold the node lock; reentrant on the same NodeState.
+    def _wait_s(self) -> float:
+        """How long the next lock wait may take: ``lock_timeout``, cut to the deadline."""
+        if self.deadline is None:
+            return self.lock_timeout
+        return max(0.0, min(self.lock_timeout, self.deadline - time.monotonic()))
 
-        A timeout raises StateError naming the lock file and, where ``/proc/locks`` tells,
-        the holder, so the admin can see which hook is hung.
-        """
+    def _acquire(self, depth: int = 0) -> None:
+        """Take the node lock (one level deeper), or back at ``depth`` after :meth:`unlocked`."""
         from slurmiso.state.lock import FileLock, LockTimeout
 
-        self._ensure_once()
         if self._lock is None:
             self._lock = FileLock(self.lock_path, timeout=self.lock_timeout)
+        wait = self._wait_s()
         try:
-            self._lock.acquire(timeout=self.lock_timeout)
+            if depth:
+                self._lock.resume(depth, timeout=wait)
+            else:
+                self._lock.acquire(timeout=wait)
         except LockTimeout:
             holders = _lock_holders(self.lock_path)
             who = ", ".join(_describe_pid(p) for p in holders) if holders else "an unknown process"
             raise StateError(
-                f"timed out after {self.lock_timeout:g}s waiting for node lock "
+                f"timed out after {wait:g}s waiting for node lock "
                 f"{self.lock_path}, held by {who}",
                 hint="another slurmiso prolog/epilog is running or hung; "
                 "check it with ps and kill it if it is stuck",
             ) from None
         except OSError as exc:
             raise StateError(f"cannot take node lock {self.lock_path}: {exc}") from None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[NodeState]:
+        """Hold the node lock; reentrant on the same NodeState.
+
+        A timeout raises StateError naming the lock file and, where ``/proc/locks`` tells,
+        the holder, so the admin can see which hook is hung. The wait is ``lock_timeout``,
+        cut to ``deadline`` (the hooks set it from Slurm's PrologEpilogTimeout).
+        """
+        self._ensure_once()
+        self._acquire()
         try:
             yield self
         finally:
+            assert self._lock is not None
             self._lock.release()
+
+    @contextlib.contextmanager
+    def unlocked(self) -> Iterator[None]:
+        """Let go of the node lock for a slow driver call, then take it back.
+
+        The node lock guards state transactions, never a GPU driver call: a MIG instance can
+        take a second to create, and 32 prologs queued behind each other's driver calls
+        would time out. Callers record their intent (a ``pending`` resource naming the spot)
+        before they let go, so other hooks and ``reconcile`` leave that spot alone.
+        """
+        lock = self._lock
+        depth = lock.suspend() if lock is not None else 0
+        if depth == 0:
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._acquire(depth)
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -320,10 +404,17 @@ class NodeState:
         return os.path.join(self.jobs_dir, validate_job_id(job_id) + ".json")
 
     def read_job(self, job_id: JobId) -> Optional[Dict[str, Any]]:
-        """The job's record, or None if this node has none."""
+        """The job's record, or None if this node has none (StateError if it is corrupt)."""
         self._verify_once()
-        data = self._read_json(self.job_path(job_id))
-        return None if data is None else self._expect_dict(data, self.job_path(job_id))
+        path = self.job_path(job_id)
+        data = self._read_json(path)
+        if data is None:
+            return None
+        record = self._expect_dict(data, path)
+        why = record_problem(record)
+        if why:
+            raise self._corrupt(path, why)
+        return record
 
     def write_job(self, job_id: JobId, record: Mapping[str, Any]) -> None:
         """Atomically replace the job's record; adds ``"schema": 1`` if absent."""
@@ -364,7 +455,11 @@ class NodeState:
             path = os.path.join(self.jobs_dir, name)
             data = self._read_json(path)
             if data is not None:  # deleted between listdir and open
-                out[stem] = self._expect_dict(data, path)
+                record = self._expect_dict(data, path)
+                why = record_problem(record)
+                if why:
+                    raise self._corrupt(path, why)
+                out[stem] = record
         return out
 
     # -- allocations ----------------------------------------------------------------------
