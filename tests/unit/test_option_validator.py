@@ -290,3 +290,18 @@ def test_mps_mem_is_parsed_with_bounds_never_overflow() -> None:
         with pytest.raises(ValueError):
             options.size_mib(text)
     assert options.size_mib("0.1G") == 103 and options.size_mib("1.5T") == 1536 * 1024
+
+
+@pytest.mark.parametrize("name", ["in fer", "a" * 33, "1st", "tr\u00e4in", "x;y"])
+def test_config_refuses_class_names_users_could_not_ask_for(name: str) -> None:
+    import yaml
+
+    from slurmiso.config import parse_config
+    from slurmiso.errors import ConfigError
+
+    with open(os.path.join(REPO, "etc", "slurmiso.yaml")) as fh:
+        data = yaml.safe_load(fh)
+    data["classes"][2]["name"] = name
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "etc/slurmiso.yaml")
+    assert "classes[2].name" in str(err.value)
