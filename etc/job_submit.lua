@@ -273,6 +273,10 @@ local function spank_options(job_desc)
           .. "the option or leave it out", (string.gsub(name, "_", "-")), show(value),
           ALLOWED[name]())
       end
+      if valid and out[name] and out[name] ~= value then
+        return nil, string.format("slurmiso: --%s was passed twice with different values: "
+          .. "pass it once", (string.gsub(name, "_", "-")))
+      end
       if valid then out[name] = value end
     end
   end

@@ -137,7 +137,9 @@ class Isolation(Protocol):
     Both methods run under the node lock and must be idempotent: ``setup`` again on a record
     that is already ``ready`` changes nothing, ``teardown`` twice is harmless, and
     ``teardown`` after a ``setup`` killed halfway cleans what the record's pending entries say
-    may exist.
+    may exist. A slow driver call should run inside ``ctx.state.unlocked()``, after the
+    intent is saved (see mig_dynamic): the node lock guards state, not the driver, and every
+    hook on the node waits for it.
     """
 
     mode: str

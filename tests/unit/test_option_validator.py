@@ -305,3 +305,36 @@ def test_config_refuses_class_names_users_could_not_ask_for(name: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(data, "etc/slurmiso.yaml")
     assert "classes[2].name" in str(err.value)
+
+
+def test_an_option_passed_twice_with_different_values_is_refused_by_lua_and_prolog(
+    cluster: Tuple[str, Any], tmp_path: Any
+) -> None:
+    """The plugin's SLURMISO_* copy and Slurm's raw option must agree (a client without the
+    plugin can set either)."""
+    cfg_path, cfg = cluster
+    if LUA is None:
+        pytest.skip("no Lua interpreter")
+    script = tmp_path / "job_submit.lua"
+    script.write_text(render_job_submit(cfg))
+    driver = tmp_path / "driver.lua"
+    driver.write_text(f"SCRIPT = {lua_literal(str(script))}\n" + """
+slurm = { SUCCESS = 0, ERROR = -1 }
+local said = ""
+slurm.log_user = function(fmt, ...) said = string.format(fmt, ...) end
+slurm.log_info = function() end
+dofile(SCRIPT)
+local job = { qos = "debug", partition = "part", default_account = "a",
+              spank_job_env = { "SLURMISO_MPS_MEM=1G", "_SLURM_SPANK_OPTION_slurmiso_iso_mps_mem=900G" } }
+io.write(slurm_job_submit(job, {}, 0), "\\t", said)
+""")
+    cp = subprocess.run([LUA, str(driver)], capture_output=True, text=True, timeout=30)
+    rc, said = cp.stdout.split("\t")
+    assert rc == "-1" and "passed twice" in said, cp.stdout + cp.stderr
+    tmp = os.path.dirname(cfg_path)
+    env = job_env(job="900", qos="debug", SPANK_SLURMISO_MPS_MEM="1G",
+                  SPANK__SLURM_SPANK_OPTION_slurmiso_iso_mps_mem="900G")
+    assert run_hook("prolog", env, cfg_path, Drains()) == 0
+    rec = state(tmp).read_job("900")
+    assert rec is not None and rec["status"] == "refused" and "passed twice" in rec["reason"]
+    assert run_hook("epilog", env, cfg_path, Drains()) == 0
