@@ -39,13 +39,50 @@ static char values[OPT_COUNT][VALUE_MAX];
 
 static int check_option(int val, const char *optarg, int remote);
 
-/* What each option accepts, for the refusal message (limits in slurmiso_limits.h). */
-static const char *const allowed_text[OPT_COUNT] = {
-	"a job class of this cluster: a letter, then letters, digits, _ or -",
-	"a size of 1M to 1T such as 8G, 8GiB or 512M",
-	"a MIG profile of this cluster's GPUs, e.g. 3g.40gb",
-	"an absolute directory of letters, digits and / . _ - + @ % , = without '..'",
-};
+/* The value for a message: as typed if it is short printable ASCII, else a placeholder (a
+ * hostile value may hold terminal escapes or be megabytes long). */
+static const char *shown(const char *v, size_t n)
+{
+	size_t i;
+
+	if (n > 64)
+		return "<value not shown: too long>";
+	for (i = 0; i < n; i++)
+		if (v[i] < ' ' || v[i] > '~')
+			return "<value not shown: control or non-ASCII bytes>";
+	return v;
+}
+
+/* Why v (n bytes) was refused for option val, in the words job_submit.lua and the Prolog use. */
+static void refuse(int val, const char *v, size_t n)
+{
+	const char *show = shown(v, n);
+
+	switch (val) {
+	case OPT_CLASS:
+		slurm_error("slurmiso: --iso-class=%s is not a job class of this cluster "
+			    "(allowed: %s)", show,
+			    allowed_classes[0] ? allowed_classes
+					       : "a letter, then letters, digits, _ or -");
+		break;
+	case OPT_MPS_MEM:
+		slurm_error("slurmiso: --iso-mps-mem=%s is not a size (allowed: 1M to 1T as a "
+			    "number with an optional K, M, G or T suffix, e.g. 8G, 8GiB, 512M)", show);
+		break;
+	case OPT_MIG_PROFILE:
+		if (!slurmiso_valid_profile(v, n, NULL))
+			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile name "
+				    "(allowed: <1-7>g.<memory>gb[+me], e.g. 3g.40gb)", show);
+		else
+			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile of this "
+				    "cluster's GPUs (allowed: %s)", show, allowed_profiles);
+		break;
+	default:
+		slurm_error("slurmiso: --iso-ckpt-dir=%s must be an absolute directory without "
+			    "'..' components, of letters, digits and / . _ - + @ %% , = (e.g. "
+			    "/scratch/$USER/ckpt)", show);
+	}
+}
 
 static struct spank_option options[] = {
 	{ "iso-class", "NAME",
@@ -78,8 +115,7 @@ static int check_option(int val, const char *optarg, int remote)
 	n = strlen(optarg);
 	if (n >= VALUE_MAX ||
 	    !slurmiso_option_ok(val, optarg, n, allowed_classes, allowed_profiles)) {
-		/* The value is not echoed: it may hold terminal escapes or be megabytes long. */
-		slurm_error("slurmiso: --%s: value refused (allowed: %s)", name, allowed_text[val]);
+		refuse(val, optarg, n);
 		return -1;
 	}
 	memcpy(values[val], optarg, n + 1);
