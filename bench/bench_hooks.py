@@ -203,6 +203,11 @@ def kills() -> bool:
     for line in (out.leftovers + out.left_by_epilog)[:10]:
         print("  left:", line)
     ok = out.drains == 0 and not out.leftovers and not out.left_by_epilog and not calm.leftovers
+    with tempfile.TemporaryDirectory() as tmp:
+        mps = run_rounds(tmp, max(rounds // 4, 1), delay_ms=150, mode="mps")
+    print(f"{mps.rounds} kill rounds on an MPS node: {mps.kills} SIGKILLs, {mps.drains} drains, "
+          f"{len(mps.leftovers)} left after reconcile (daemons included)")
+    ok = ok and mps.drains == 0 and not mps.leftovers
     return report(
         f"{rounds} SIGKILL rounds, 150 ms driver",
         f"{took / max(out.rounds, 1) * 1000:.0f} ms/round",

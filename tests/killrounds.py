@@ -1,5 +1,5 @@
-"""SIGKILL a real prolog and epilog at random points on a mig-dynamic sim node, then run the
-epilog to completion and ``reconcile``, and count what is left behind.
+"""SIGKILL a real prolog and epilog at random points on a mig-dynamic (or mps) sim node, then
+run the epilog to completion and ``reconcile``, and count what is left behind.
 
 Shared by tests/unit/test_hook_kills.py (a few rounds) and bench/bench_hooks.py (200 rounds,
 issue 13's "Done when"). Each hook runs as its own process, as slurmd runs it, with every
@@ -24,24 +24,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE = "node1"
 
 
-def setup_node(tmp: str) -> str:
-    """A mig-dynamic node of two simulated H100s (MIG on); returns the config path."""
+def setup_node(tmp: str, mode: str = "mig-dynamic") -> str:
+    """A node of two simulated H100s in pool ``mode`` (MIG on for mig-dynamic); returns the
+    config path."""
     from slurmiso.gpu.sim import SimBackend, init_state
 
     data = {
         "version": 1,
         "paths": {"state_dir": f"{tmp}/state/%n", "journal": f"{tmp}/journal-%n.jsonl"},
         "gpu": {"backend": "sim", "sim_state": f"{tmp}/sim/%n.json"},
-        "classes": [{"name": "debug", "match": {"qos": ["debug"]}, "isolation": "mig",
+        "classes": [{"name": "debug", "match": {"qos": ["debug"]},
+                     "isolation": "mig" if mode == "mig-dynamic" else "mps",
                      "mig_profile": "3g.40gb"}],
         "default_class": "",
         "pools": [{"name": "p", "nodes": NODE, "partition": "part", "gpu_model": "H100-80GB",
-                   "gpus_per_node": 2, "mode": "mig-dynamic"}],
+                   "gpus_per_node": 2, "mode": mode}],
     }
     path = os.path.join(tmp, "slurmiso.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(data, fh)
-    init_state(f"{tmp}/sim/{NODE}.json", "H100-80GB", 2, mig=True, node=NODE, force=True)
+    init_state(f"{tmp}/sim/{NODE}.json", "H100-80GB", 2, mig=mode == "mig-dynamic", node=NODE,
+               force=True)
     assert len(SimBackend(f"{tmp}/sim/{NODE}.json").devices()) == 2
     os.makedirs(f"{tmp}/work", exist_ok=True)
     return path
@@ -81,8 +84,23 @@ def _run_and_kill(argv: List[str], env: Dict[str, str], after_s: float) -> bool:
         return True
 
 
+def mps_daemons(tmp: str) -> List[int]:
+    """Pids of simulated MPS control daemons serving this node's state dir."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if b"mps_sim" in cmd and f"{tmp}/state/".encode() in cmd:
+            out.append(int(pid))
+    return out
+
+
 def leftovers(tmp: str) -> List[str]:
-    """Everything a finished job may not leave: instances, records, claims, events files."""
+    """Everything a finished job may not leave: instances, records, claims, events files,
+    MPS daemons."""
     from slurmiso.gpu.sim import SimBackend
     from slurmiso.state import NodeState
 
@@ -92,17 +110,18 @@ def leftovers(tmp: str) -> List[str]:
     out += [f"record {j}" for j in st.jobs()]
     out += [f"allocation {k}" for k in st.allocations()]
     out += [f"events file {p}" for p in glob.glob(f"{tmp}/work/.slurmiso-events.*")]
+    out += [f"MPS daemon pid {p}" for p in mps_daemons(tmp)]
     return out
 
 
 def run_rounds(tmp: str, rounds: int, delay_ms: int = 150, seed: int = 13,
-               window_s: float = 1.2) -> Outcome:
+               window_s: float = 1.2, mode: str = "mig-dynamic") -> Outcome:
     from slurmiso.cli.reconcile import reconcile_node
     from slurmiso.config import load_config
     from slurmiso.gpu.sim import SimBackend
     from slurmiso.state import NodeState
 
-    cfg_path = setup_node(tmp)
+    cfg_path = setup_node(tmp, mode)
     cfg = load_config(cfg_path)
     sim = SimBackend(f"{tmp}/sim/{NODE}.json")
     rng = random.Random(seed)
