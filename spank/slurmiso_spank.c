@@ -6,6 +6,10 @@
  * SPANK_SLURMISO_CKPT_DIR (slurmiso/hooks/jobenv.py reads them and checks them again: a
  * client-side plugin is a convenience, never a security boundary).
  *
+ * The checks are slurmiso_validate.h, with limits generated from slurmiso/submit/options.py
+ * (slurmiso_limits.h): job_submit.lua and the Prolog apply the same rules, and a unit test runs
+ * one hostile list through all three.
+ *
  * plugstack.conf (arguments are optional allow-lists; `slurmiso gen plugstack` writes it):
  *   required /usr/lib/slurm/slurmiso.so classes=infer,train,debug mig_profiles=3g.40gb,4g.40gb
  *
