@@ -252,8 +252,12 @@ def _schema_problem(state: Any) -> str:
         return f"unknown model {state.get('model')!r}"
     if not isinstance(state.get("gpus"), list) or not isinstance(state.get("processes"), list):
         return "'gpus' or 'processes' is not a list"
+    if not isinstance(state.get("node"), str):
+        return "'node' is not a string"
     for i, gpu in enumerate(state["gpus"]):
-        problem = _fields_problem(f"gpus[{i}]", gpu, _GPU_FIELDS)
+        problem = _fields_problem(f"gpus[{i}]", gpu, _GPU_FIELDS) or _fields_problem(
+            f"gpus[{i}].load", gpu["load"], _LOAD_FIELDS
+        )
         if problem:
             return problem
         if gpu["index"] != i:
@@ -275,6 +279,10 @@ _Fields = Dict[str, Tuple[type, ...]]
 _GPU_FIELDS: _Fields = {
     "index": (int,), "uuid": (str,), "minor": (int,), "mig_enabled": (bool,),
     "lost": (bool,), "load": (dict,), "instances": (list,),
+}
+_LOAD_FIELDS: _Fields = {
+    "util": (int, float), "sm": (int, float), "gr": (int, float, type(None)),
+    "memory_mb": (int, float),
 }
 _INSTANCE_FIELDS: _Fields = {
     "gi_id": (int,), "profile": (str,), "start": (int,), "size": (int,),
