@@ -35,6 +35,7 @@ MAX_BYTES = 1024 * 1024
 MAX_LINE = 4096
 MAX_DEPTH = 4
 MAX_RECORDS = 1000
+MAX_LINES = 10_000  # lines examined at all: parsing is bounded even for a file of "1\n"s
 MAX_FIELDS = 16
 MAX_TEXT = 256
 #: What ``slurmiso run`` reports (slurmiso/wrapper/supervisor.py); nothing else is folded.
@@ -151,12 +152,10 @@ def fold(path: str, uid: int) -> Folded:
         raw = _read(dir_fd, name, uid, out)
         if raw is None:
             return out
-        lines = raw.split(b"\n")
+        lines = [ln for ln in raw.split(b"\n") if ln.strip()]
         for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            if len(out.records) >= MAX_RECORDS:
-                out.drop(f"more than {MAX_RECORDS} events", sum(1 for ln in lines[i:] if ln))
+            if len(out.records) >= MAX_RECORDS or i >= MAX_LINES:
+                out.drop(f"more than {MAX_RECORDS} events or {MAX_LINES} lines", len(lines) - i)
                 break
             rec = parse_line(line)
             if rec is None:

@@ -163,3 +163,11 @@ def test_job_fields_can_be_called_anything_without_breaking_the_journal(tmp_path
     fields: Dict[str, Any] = {"self": 1, "event_name": "x"}
     rec = j.append_fields("resume", fields)
     assert rec["self"] == 1 and list(j.read())[0]["self"] == 1
+
+
+def test_a_file_of_tiny_garbage_lines_is_examined_only_up_to_the_line_cap(tmp_path: Any) -> None:
+    path = tmp_path / ".slurmiso-events.42.jsonl"
+    path.write_bytes(b"1\n" * (events.MAX_BYTES // 2))
+    folded = events.fold(str(path), os.getuid())
+    assert folded.records == [] and folded.dropped == events.MAX_BYTES // 2
+    assert "lines" in folded.why and not path.exists()
