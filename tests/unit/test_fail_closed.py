@@ -246,7 +246,7 @@ def test_a_real_node_fault_still_drains_among_hostile_jobs(tmp_path: Any) -> Non
 
 
 def test_record_problem_accepts_what_the_prolog_writes(tmp_path: Any) -> None:
-    from slurmiso.state.store import record_problem
+    from slurmiso.state.record import record_problem
 
     tmp = str(tmp_path)
     cfg = mig_dynamic_config(tmp)
