@@ -72,3 +72,24 @@ def test_epilog_never_destroys_another_jobs_instance_that_reuses_the_gi(tmp_path
     assert run_hook("epilog", env7, cfg, Drains()) == 0
     assert [i.uuid for i in SimBackend(f"{tmp}/sim/{NODE}.json").instances()] == [mine.uuid]
     assert os.path.exists(st.job_path("8"))
+
+
+def test_a_claim_the_record_does_not_name_is_still_released(tmp_path: Any) -> None:
+    """Found by the 200-round bench: a prolog killed after the allocation table named its
+    instance but before its record did left the claim behind, and the next epilog of that
+    job (no record) drained the node over it."""
+    tmp = str(tmp_path)
+    cfg = setup_node(tmp)
+    env = hook_env(tmp, cfg, "7", 0, 0)
+    assert run_hook("prolog", env, cfg, Drains()) == 0
+    from slurmiso.state import NodeState
+
+    st = NodeState(f"{tmp}/state/{NODE}")
+    rec = st.read_job("7")
+    assert rec is not None and rec["claims"] == ["mig/0/gi1"]
+    rec["claims"] = []  # the record never learned of its claim
+    st.write_job("7", rec)
+    drains = Drains()
+    assert run_hook("epilog", env, cfg, drains) == 0
+    assert run_hook("epilog", env, cfg, drains) == 0  # slurmd may run it twice
+    assert drains.calls == [] and leftovers(tmp) == []
