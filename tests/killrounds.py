@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import yaml
 
@@ -115,7 +115,10 @@ def leftovers(tmp: str) -> List[str]:
 
 
 def run_rounds(tmp: str, rounds: int, delay_ms: int = 150, seed: int = 13,
-               window_s: float = 1.2, mode: str = "mig-dynamic") -> Outcome:
+               window_s: float = 1.2, mode: str = "mig-dynamic",
+               until_kills: Optional[int] = None) -> Outcome:
+    """``rounds`` rounds, or as many as it takes to deliver ``until_kills`` SIGKILLs (a hook
+    that ends before its random moment is not killed)."""
     from slurmiso.cli.reconcile import reconcile_node
     from slurmiso.config import load_config
     from slurmiso.gpu.sim import SimBackend
@@ -130,6 +133,8 @@ def run_rounds(tmp: str, rounds: int, delay_ms: int = 150, seed: int = 13,
     epilog = [py, os.path.join(ROOT, "epilog", "slurmiso-epilog")]
     out = Outcome()
     for r in range(rounds):
+        if until_kills is not None and out.kills >= until_kills:
+            break
         job = str(1000 + r)
         env = hook_env(tmp, cfg_path, job, r % 2, delay_ms)
         if _run_and_kill(prolog, env, rng.uniform(0.0, window_s)):
