@@ -1,7 +1,7 @@
 """SIGKILL at random points of prolog and epilog (mig-dynamic, 150 ms driver calls; and an MPS
 node), then the epilog and ``reconcile``: no instance, record, claim, events file or daemon
-may be left (issue 13). 20 + 12 rounds here; bench/bench_hooks.py runs the 200 of the issue's
-"Done when" (plus 50 on MPS)."""
+may be left (issue 13). 20 + 12 rounds here; bench/bench_hooks.py runs until 200 SIGKILLs
+have landed, as the issue's "Done when" asks (plus 50 on an MPS node)."""
 
 from __future__ import annotations
 
