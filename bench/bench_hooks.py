@@ -1,7 +1,14 @@
-"""Prolog + epilog cost per job, and 32 prologs at once on one node, on simulated GPUs.
+"""Prolog + epilog cost per job, 32 prologs at once on one node, and kills, on simulated GPUs.
 
 Each hook runs as its own process, the way slurmd runs it. Baseline: ``python3 -c pass``
 measured in the same run. Target (issue: isolation): prolog + epilog <= 4x the baseline.
+
+Issue 13 ("Done when"): 32 concurrent prologs whose MIG creation takes 500 ms of driver time
+drain nothing (the node lock is not held across driver calls), and 200 SIGKILLs at random
+points of prolog and epilog with 150 ms driver calls, each followed by the epilog and
+``reconcile``, leave 0 instances, records, claims or events files. ``SLURMISO_BENCH_KILLS``
+sets the number of SIGKILLs (default 200, in about 280 rounds of about 1 s; a quarter as many
+on an MPS node).
 """
 
 from __future__ import annotations
@@ -138,10 +145,86 @@ def storm() -> bool:
     )
 
 
+DRIVER_MS = 500
+
+
+def slow_driver_storm() -> bool:
+    """32 prologs then 32 epilogs at once, each MIG call taking DRIVER_MS: 0 drains."""
+    from slurmiso.gpu.sim import SimBackend, init_state
+
+    py = sys.executable
+    prolog = [py, os.path.join(ROOT, "prolog", "slurmiso-prolog")]
+    epilog = [py, os.path.join(ROOT, "epilog", "slurmiso-epilog")]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _config(tmp, "mig-dynamic", 8)
+        init_state(f"{tmp}/sim.json", "H100-80GB", 8, mig=True, node="bench1")
+        envs = [dict(_env(cfg, j, j % 8), SLURMISO_SIM_DELAY_MS=str(DRIVER_MS))
+                for j in range(1, STORM + 1)]
+        t0 = time.perf_counter()
+        codes = [p.wait() for p in [subprocess.Popen(prolog, env=e, stderr=subprocess.DEVNULL)
+                                    for e in envs]]
+        took = time.perf_counter() - t0
+        made = len(SimBackend(f"{tmp}/sim.json").instances())
+        codes += [p.wait() for p in [subprocess.Popen(epilog, env=e, stderr=subprocess.DEVNULL)
+                                     for e in envs]]
+        left = len(SimBackend(f"{tmp}/sim.json").instances())
+    drains = sum(c != 0 for c in codes)
+    serial = STORM * 2 * DRIVER_MS / 1000.0  # two driver calls per MIG device
+    print(f"{STORM} prologs + {STORM} epilogs with {DRIVER_MS} ms driver calls: {drains} drains, "
+          f"{made} instances made, {left} left")
+    return (
+        report(
+            f"{STORM} prologs at once, {DRIVER_MS} ms driver",
+            f"{took:.2f} s",
+            took / serial,
+            f"of {serial:.0f} s of driver calls run one after another (the old lock)",
+            1.0,
+        )
+        and drains == 0 and made == STORM and left == 0
+    )
+
+
+def kills() -> bool:
+    """SIGKILL prolog/epilog at random points, then epilog + reconcile: nothing left."""
+    from tests.killrounds import run_rounds
+
+    wanted = int(os.environ.get("SLURMISO_BENCH_KILLS", "200"))
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        out = run_rounds(tmp, 10 * wanted, delay_ms=150, until_kills=wanted)
+        took = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:  # baseline: the same rounds, nothing killed
+        t1 = time.perf_counter()
+        calm = run_rounds(tmp, 5, delay_ms=150, window_s=60.0)
+        calm_round = (time.perf_counter() - t1) / 5
+    print(f"{out.rounds} kill rounds: {out.kills} SIGKILLs ({out.made_before_kill} after an "
+          f"instance existed), {out.drains} drains, {len(out.left_by_epilog)} left by the "
+          f"epilog, {len(out.reconcile_fixes)} reconcile fixes, {len(out.leftovers)} left after "
+          "reconcile")
+    for line in (out.leftovers + out.left_by_epilog)[:10]:
+        print("  left:", line)
+    ok = (out.kills >= wanted and out.drains == 0 and not out.leftovers
+          and not out.left_by_epilog and not calm.leftovers)
+    with tempfile.TemporaryDirectory() as tmp:
+        mps = run_rounds(tmp, 10 * wanted, delay_ms=150, mode="mps",
+                         until_kills=max(wanted // 4, 1))
+    print(f"{mps.rounds} kill rounds on an MPS node: {mps.kills} SIGKILLs, {mps.drains} drains, "
+          f"{len(mps.leftovers)} left after reconcile (daemons included)")
+    ok = ok and mps.drains == 0 and not mps.leftovers
+    return report(
+        f"{out.kills} SIGKILLs in {out.rounds} rounds, 150 ms driver",
+        f"{took / max(out.rounds, 1) * 1000:.0f} ms/round",
+        took / max(out.rounds, 1) / calm_round,
+        "of an unkilled prolog+epilog+reconcile round",
+    ) and ok
+
+
 def main() -> bool:
     sys.path.insert(0, ROOT)
     ok = per_job()
     ok = storm() and ok
+    ok = slow_driver_storm() and ok
+    ok = kills() and ok
     return ok
 
 

@@ -40,6 +40,23 @@ SLURMISO = {
     },
   },
   default_class = "train",
+  limits = {
+    class_max_len = 32,
+    dir_max_len = 1024,
+    profile_max_len = 16,
+    profile_max_mem_digits = 4,
+    size_max_frac_digits = 3,
+    size_max_int_digits = 7,
+    size_max_len = 16,
+    size_max_mib = 1048576,
+    size_min_mib = 1,
+    size_units_kib = {
+      G = 1048576,
+      K = 1,
+      M = 1024,
+      T = 1073741824,
+    },
+  },
   mig_profiles = { "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb" },
   partitions = {
     elastic = {
@@ -164,27 +181,75 @@ local function gpus_of(job_desc)
   return best
 end
 
--- Same forms as the SPANK plugin and slurmiso/hooks/jobenv.py accept.
+-- The option rules of slurmiso/submit/options.py (the SPANK plugin and the Prolog apply the
+-- same ones; SLURMISO.limits is generated from that one definition). Byte-wise and integer
+-- arithmetic only: no locale-dependent %w, no float rounding.
+local L = SLURMISO.limits
+
+local function only(v, chars)
+  return string.find(v, "[^" .. chars .. "]") == nil
+end
+
+local function size_mib(v) -- DIGITS[.FRACTION][K|M|G|T][B|iB] -> MiB rounded up, or nil
+  if #v == 0 or #v > L.size_max_len then return nil end
+  local whole, rest = string.match(v, "^(%d+)(.*)$")
+  if not whole or #whole > L.size_max_int_digits then return nil end
+  local frac = ""
+  if string.sub(rest, 1, 1) == "." then
+    frac, rest = string.match(rest, "^%.(%d*)(.*)$")
+    if #frac == 0 or #frac > L.size_max_frac_digits then return nil end
+  end
+  local unit = L.size_units_kib.M
+  local u = string.sub(rest, 1, 1)
+  if u ~= "" and L.size_units_kib[u] then
+    unit = L.size_units_kib[u]
+    rest = string.sub(rest, 2)
+  end
+  if rest ~= "" and rest ~= "B" and rest ~= "iB" then return nil end
+  local milli = tonumber(whole) * 1000 + tonumber(string.sub(frac .. "000", 1, 3))
+  return math.ceil(milli * unit / (1000 * 1024))
+end
+
+local function valid_profile_form(v)
+  if #v < 6 or #v > L.profile_max_len then return false end
+  local mem, tail = string.match(v, "^[1-7]g%.(%d+)(.*)$")
+  return mem ~= nil and #mem <= L.profile_max_mem_digits and (tail == "gb" or tail == "gb+me")
+end
+
 local VALID = {
-  iso_class = function(v) return SLURMISO.class_names[v] ~= nil end,
-  iso_mps_mem = function(v) -- [0-9]+(.[0-9]+)?[KMGT]?(i?B)?
-    local rest = string.match(v, "^%d+(.*)$")
-    if not rest then return false end
-    rest = string.gsub(rest, "^%.%d+", "", 1)
-    rest = string.gsub(rest, "^[KMGT]", "", 1)
-    return rest == "" or rest == "B" or rest == "iB"
+  iso_class = function(v)
+    return #v >= 1 and #v <= L.class_max_len and string.find(v, "^[A-Za-z]") ~= nil
+      and only(v, "A-Za-z0-9_%-") and SLURMISO.class_names[v] ~= nil
   end,
-  iso_mig_profile = function(v) return contains(SLURMISO.mig_profiles, v) end,
+  iso_mps_mem = function(v)
+    local mib = size_mib(v)
+    return mib ~= nil and mib >= L.size_min_mib and mib <= L.size_max_mib
+  end,
+  iso_mig_profile = function(v)
+    return valid_profile_form(v) and contains(SLURMISO.mig_profiles, v)
+  end,
   iso_ckpt_dir = function(v)
-    return string.sub(v, 1, 1) == "/" and string.match("/" .. v .. "/", "/%.%./") == nil
+    return #v >= 1 and #v <= L.dir_max_len and string.sub(v, 1, 1) == "/"
+      and only(v, "A-Za-z0-9/._%-+@%%,=") and string.find("/" .. v .. "/", "/%.%./") == nil
   end,
 }
 local ALLOWED = {
   iso_class = function() return table.concat(SLURMISO.class_list, ", ") end,
-  iso_mps_mem = function() return "a size such as 8G, 8GiB or 512M" end,
+  iso_mps_mem = function() return "a size of 1M to 1T such as 8G, 8GiB or 512M" end,
   iso_mig_profile = function() return table.concat(SLURMISO.mig_profiles, ", ") end,
-  iso_ckpt_dir = function() return "an absolute path without '..'" end,
+  iso_ckpt_dir = function()
+    return "an absolute path of letters, digits and / . _ - + @ % , = without '..'"
+  end,
 }
+
+-- A value as one printable line for a message: hostile bytes shown as \ddd, long ones cut.
+local function show(v)
+  local s = string.gsub(string.sub(v, 1, 40), "[^ -~]", function(c)
+    return string.format("\\%03d", string.byte(c))
+  end)
+  if #v > 40 then s = s .. "..." end
+  return s
+end
 
 -- slurmiso's SPANK options as the job carries them (the plugin's validated SLURMISO_* copy
 -- and Slurm's raw _SLURM_SPANK_OPTION_slurmiso_*). A client without the plugin can put
@@ -205,7 +270,12 @@ local function spank_options(job_desc)
       local valid = VALID[name]
       if valid and not valid(value) then
         return nil, string.format("slurmiso: --%s=%s is not allowed here (allowed: %s): fix "
-          .. "the option or leave it out", string.gsub(name, "_", "-"), value, ALLOWED[name]())
+          .. "the option or leave it out", (string.gsub(name, "_", "-")), show(value),
+          ALLOWED[name]())
+      end
+      if valid and out[name] and out[name] ~= value then
+        return nil, string.format("slurmiso: --%s was passed twice with different values: "
+          .. "pass it once", (string.gsub(name, "_", "-")))
       end
       if valid then out[name] = value end
     end

@@ -7,24 +7,32 @@ turn them into :class:`~slurmiso.errors.UsageError` or :class:`~slurmiso.errors.
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 #: Multipliers to MiB. Like Slurm's ``--mem=20G``, a bare K/M/G/T is binary (GiB, not GB).
-_SIZE_UNITS: Dict[str, float] = {
-    "k": 1 / 1024,
-    "m": 1,
-    "g": 1024,
-    "t": 1024 * 1024,
+#: As (numerator, denominator): exact integer arithmetic, so "0.1G" is 103 MiB everywhere.
+_SIZE_UNITS: Dict[str, Tuple[int, int]] = {
+    "k": (1, 1024),
+    "m": (1, 1),
+    "g": (1024, 1),
+    "t": (1024 * 1024, 1),
 }
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?)?\s*$", re.IGNORECASE)
+#: ASCII digits only (``\d`` takes other scripts' digits) and bounded: a 310-digit number must
+#: be a clear "invalid", never an OverflowError in a root hook.
+_SIZE_RE = re.compile(
+    r"^\s*([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*(?:([kmgt])(?:i?b)?)?\s*$", re.IGNORECASE
+)
 
 _DURATION_UNITS: Dict[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
-_UNIT_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
-_CLOCK_RE = re.compile(r"^\s*(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\s*$")
+_UNIT_DURATION_RE = re.compile(
+    r"^\s*([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*([smhdw])\s*$", re.IGNORECASE
+)
+_CLOCK_RE = re.compile(
+    r"^\s*(?:([0-9]{1,6})-)?([0-9]{1,9})(?::([0-9]{1,2}))?(?::([0-9]{1,2}))?\s*$"
+)
 
 
 def parse_size(text: str) -> int:
@@ -32,14 +40,18 @@ def parse_size(text: str) -> int:
 
     Fractions of a MiB round up, so a limit is never silently lowered.
     """
-    match = _SIZE_RE.match(str(text))
+    text = str(text)
+    match = _SIZE_RE.match(text) if len(text) <= 64 else None
     if not match:
         raise ValueError(
-            f"invalid size {text!r}: use a number with an optional unit K, M, G or T "
+            f"invalid size {text[:40]!r}: use a number with an optional unit K, M, G or T "
             "(binary; e.g. 512M, 20G, 20GiB, 1.5T); a bare number means MiB"
         )
     number, unit = match.groups()
-    return int(math.ceil(float(number) * _SIZE_UNITS[(unit or "m").lower()]))
+    whole, _, frac = number.partition(".")
+    mul, div = _SIZE_UNITS[(unit or "m").lower()]
+    scaled = int(whole + frac) * mul
+    return -(-scaled // (div * 10 ** len(frac)))
 
 
 def parse_duration(text: str) -> int:
@@ -51,6 +63,8 @@ def parse_duration(text: str) -> int:
     seconds and the unit suffixes cover the rest.
     """
     raw = str(text)
+    if len(raw) > 64:
+        raise ValueError(f"invalid duration {raw[:40]!r}...: too long")
     unit = _UNIT_DURATION_RE.match(raw)
     if unit:
         return int(round(float(unit.group(1)) * _DURATION_UNITS[unit.group(2).lower()]))

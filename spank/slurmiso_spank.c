@@ -6,6 +6,10 @@
  * SPANK_SLURMISO_CKPT_DIR (slurmiso/hooks/jobenv.py reads them and checks them again: a
  * client-side plugin is a convenience, never a security boundary).
  *
+ * The checks are slurmiso_validate.h, with limits generated from slurmiso/submit/options.py
+ * (slurmiso_limits.h): job_submit.lua and the Prolog apply the same rules, and a unit test runs
+ * one hostile list through all three.
+ *
  * plugstack.conf (arguments are optional allow-lists; `slurmiso gen plugstack` writes it):
  *   required /usr/lib/slurm/slurmiso.so classes=infer,train,debug mig_profiles=3g.40gb,4g.40gb
  *
@@ -17,12 +21,16 @@
 
 #include <slurm/spank.h>
 
+#include "slurmiso_validate.h"
+
 SPANK_PLUGIN(slurmiso, 1);
 
 #define LIST_MAX 1024  /* a comma-separated allow-list from plugstack.conf */
-#define VALUE_MAX 4096 /* PATH_MAX: the longest value (a checkpoint directory) */
+#define VALUE_MAX (SLURMISO_DIR_MAX_LEN + 1) /* the longest value: a checkpoint directory */
 
-enum { OPT_CLASS, OPT_MPS_MEM, OPT_MIG_PROFILE, OPT_CKPT_DIR, OPT_COUNT };
+enum { OPT_CLASS = SLURMISO_OPT_CLASS, OPT_MPS_MEM = SLURMISO_OPT_MPS_MEM,
+       OPT_MIG_PROFILE = SLURMISO_OPT_MIG_PROFILE, OPT_CKPT_DIR = SLURMISO_OPT_CKPT_DIR,
+       OPT_COUNT = SLURMISO_OPT_COUNT };
 
 /* Exported names: spank_job_control_setenv prefixes SPANK_, jobenv.py maps them back. */
 static const char *const env_names[OPT_COUNT] = {
@@ -34,6 +42,51 @@ static char allowed_profiles[LIST_MAX];
 static char values[OPT_COUNT][VALUE_MAX];
 
 static int check_option(int val, const char *optarg, int remote);
+
+/* The value for a message: as typed if it is short printable ASCII, else a placeholder (a
+ * hostile value may hold terminal escapes or be megabytes long). */
+static const char *shown(const char *v, size_t n)
+{
+	size_t i;
+
+	if (n > 64)
+		return "<value not shown: too long>";
+	for (i = 0; i < n; i++)
+		if (v[i] < ' ' || v[i] > '~')
+			return "<value not shown: control or non-ASCII bytes>";
+	return v;
+}
+
+/* Why v (n bytes) was refused for option val, in the words job_submit.lua and the Prolog use. */
+static void refuse(int val, const char *v, size_t n)
+{
+	const char *show = shown(v, n);
+
+	switch (val) {
+	case OPT_CLASS:
+		slurm_error("slurmiso: --iso-class=%s is not a job class of this cluster "
+			    "(allowed: %s)", show,
+			    allowed_classes[0] ? allowed_classes
+					       : "a letter, then letters, digits, _ or -");
+		break;
+	case OPT_MPS_MEM:
+		slurm_error("slurmiso: --iso-mps-mem=%s is not a size (allowed: 1M to 1T as a "
+			    "number with an optional K, M, G or T suffix, e.g. 8G, 8GiB, 512M)", show);
+		break;
+	case OPT_MIG_PROFILE:
+		if (!slurmiso_valid_profile(v, n, NULL))
+			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile name "
+				    "(allowed: <1-7>g.<memory>gb[+me], e.g. 3g.40gb)", show);
+		else
+			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile of this "
+				    "cluster's GPUs (allowed: %s)", show, allowed_profiles);
+		break;
+	default:
+		slurm_error("slurmiso: --iso-ckpt-dir=%s must be an absolute directory without "
+			    "'..' components, of letters, digits and / . _ - + @ %% , = (e.g. "
+			    "/scratch/$USER/ckpt)", show);
+	}
+}
 
 static struct spank_option options[] = {
 	{ "iso-class", "NAME",
@@ -50,83 +103,6 @@ static struct spank_option options[] = {
 	  1, OPT_CKPT_DIR, check_option },
 };
 
-/* Whether `word` (length n) is one of the comma-separated entries of `list`. */
-static int in_list(const char *list, const char *word, size_t n)
-{
-	const char *p = list;
-
-	while (*p) {
-		const char *end = strchr(p, ',');
-		size_t len = end ? (size_t)(end - p) : strlen(p);
-
-		if (len == n && strncmp(p, word, n) == 0)
-			return 1;
-		if (!end)
-			break;
-		p = end + 1;
-	}
-	return 0;
-}
-
-static const char *skip_digits(const char *p)
-{
-	while (*p >= '0' && *p <= '9')
-		p++;
-	return p;
-}
-
-/* ^[0-9]+(\.[0-9]+)?[KMGT]?(i?B)?$ */
-static int valid_size(const char *s)
-{
-	const char *p = skip_digits(s);
-
-	if (p == s)
-		return 0;
-	if (*p == '.') {
-		const char *frac = p + 1;
-
-		p = skip_digits(frac);
-		if (p == frac)
-			return 0;
-	}
-	if (*p && strchr("KMGT", *p))
-		p++;
-	if (p[0] == 'i' && p[1] == 'B')
-		p += 2;
-	else if (p[0] == 'B')
-		p++;
-	return *p == '\0';
-}
-
-/* ^[1-7]g\.[0-9]+gb(\+me)?$ */
-static int valid_profile(const char *s)
-{
-	const char *p;
-
-	if (s[0] < '1' || s[0] > '7' || s[1] != 'g' || s[2] != '.')
-		return 0;
-	p = skip_digits(s + 3);
-	if (p == s + 3 || strncmp(p, "gb", 2) != 0)
-		return 0;
-	p += 2;
-	return *p == '\0' || strcmp(p, "+me") == 0;
-}
-
-/* Absolute, no ".." component: the Prolog runs as root and must not be steered outside. */
-static int valid_dir(const char *s)
-{
-	const char *p = s;
-
-	if (s[0] != '/')
-		return 0;
-	while ((p = strstr(p, "..")) != NULL) {
-		if (p[-1] == '/' && (p[2] == '/' || p[2] == '\0'))
-			return 0;
-		p += 2;
-	}
-	return strchr(s, '\n') == NULL;
-}
-
 static int check_option(int val, const char *optarg, int remote)
 {
 	const char *name;
@@ -141,48 +117,10 @@ static int check_option(int val, const char *optarg, int remote)
 		return -1;
 	}
 	n = strlen(optarg);
-	if (n >= VALUE_MAX) {
-		slurm_error("slurmiso: --%s value is longer than %d characters", name, VALUE_MAX - 1);
+	if (n >= VALUE_MAX ||
+	    !slurmiso_option_ok(val, optarg, n, allowed_classes, allowed_profiles)) {
+		refuse(val, optarg, n);
 		return -1;
-	}
-	switch (val) {
-	case OPT_CLASS:
-		if (allowed_classes[0] ? !in_list(allowed_classes, optarg, n)
-				       : strspn(optarg, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-						"abcdefghijklmnopqrstuvwxyz0123456789_.-") != n) {
-			slurm_error("slurmiso: --iso-class=%s is not a job class of this cluster "
-				    "(allowed: %s)", optarg,
-				    allowed_classes[0] ? allowed_classes : "letters, digits, _ . -");
-			return -1;
-		}
-		break;
-	case OPT_MPS_MEM:
-		if (!valid_size(optarg)) {
-			slurm_error("slurmiso: --iso-mps-mem=%s is not a size (allowed: a number "
-				    "with an optional K, M, G or T suffix, e.g. 8G, 8GiB, 512M)",
-				    optarg);
-			return -1;
-		}
-		break;
-	case OPT_MIG_PROFILE:
-		if (!valid_profile(optarg)) {
-			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile name "
-				    "(allowed: <1-7>g.<memory>gb[+me], e.g. 3g.40gb)", optarg);
-			return -1;
-		}
-		if (allowed_profiles[0] && !in_list(allowed_profiles, optarg, n)) {
-			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile of this "
-				    "cluster's GPUs (allowed: %s)", optarg, allowed_profiles);
-			return -1;
-		}
-		break;
-	case OPT_CKPT_DIR:
-		if (!valid_dir(optarg)) {
-			slurm_error("slurmiso: --iso-ckpt-dir=%s must be an absolute directory "
-				    "without '..' components, e.g. /scratch/$USER/ckpt", optarg);
-			return -1;
-		}
-		break;
 	}
 	memcpy(values[val], optarg, n + 1);
 	return 0;

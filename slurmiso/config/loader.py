@@ -393,6 +393,17 @@ def _read_monitor(s: _Section) -> MonitorSettings:
 # cross-field rules
 
 
+def class_name_problem(name: str) -> str:
+    """Why ``name`` cannot be a class name ("" if it can): the --iso-class rule."""
+    from slurmiso.submit.options import CLASS_CHARS, CLASS_FIRST, CLASS_MAX_LEN
+
+    if len(name) > CLASS_MAX_LEN:
+        return f"is longer than {CLASS_MAX_LEN} characters"
+    if name[0] not in CLASS_FIRST or any(ch not in CLASS_CHARS for ch in name):
+        return "must be a letter followed by letters, digits, _ or -"
+    return ""
+
+
 def _check(cfg: Config, p: _Problems) -> None:
     from slurmiso.gpu.placement import pack
     from slurmiso.gpu.profiles import MODELS
@@ -403,6 +414,10 @@ def _check(cfg: Config, p: _Problems) -> None:
         key = f"classes[{i}]"
         if class_names.count(c.name) > 1 and class_names.index(c.name) != i:
             p.add(f"{key}.name", f"duplicate class name {c.name!r} (class names must be unique)")
+        if c.name and class_name_problem(c.name):
+            # Users name classes in --iso-class; the SPANK plugin, job_submit.lua and the
+            # prolog accept only this form, so a class outside it could never be asked for.
+            p.add(f"{key}.name", f"{c.name!r} {class_name_problem(c.name)}")
         for target in c.qos.preempt:
             other = cfg.job_class(target)
             if other is None:

@@ -195,19 +195,32 @@ class _StateFile:
     @contextmanager
     def transaction(self) -> Iterator[State]:
         """Read, let the caller change, write back; nothing is written if the caller raises."""
+        # A driver call takes time (SLURMISO_SIM_DELAY_MS, e.g. 500 for MIG creation): half
+        # before the change, half after it, so a hook can be killed with the change made but
+        # not yet reported. Outside the file lock: the latency is the driver's, and the file
+        # lock is only how the simulation stays consistent.
+        _driver_latency()
         with self.locked():
             state = self.read()
             yield state
-            delay = os.environ.get("SLURMISO_SIM_DELAY_MS")
-            if delay:  # a driver call takes time: lets tests kill a hook in the middle of one
-                import time
-
-                time.sleep(float(delay) / 1000.0)
             self.write(state)
+        _driver_latency()
 
     def snapshot(self) -> State:
         with self.locked():
             return self.read()
+
+
+def _driver_latency() -> None:
+    delay = os.environ.get("SLURMISO_SIM_DELAY_MS", "")
+    if delay:
+        import time
+
+        try:
+            seconds = min(float(delay), 60_000.0) / 2000.0
+        except ValueError:
+            return
+        time.sleep(max(seconds, 0.0))
 
 
 def _make_lock(lock_path: str, timeout: float) -> FileLock:
@@ -239,6 +252,54 @@ def _schema_problem(state: Any) -> str:
         return f"unknown model {state.get('model')!r}"
     if not isinstance(state.get("gpus"), list) or not isinstance(state.get("processes"), list):
         return "'gpus' or 'processes' is not a list"
+    if not isinstance(state.get("node"), str):
+        return "'node' is not a string"
+    for i, gpu in enumerate(state["gpus"]):
+        problem = _fields_problem(f"gpus[{i}]", gpu, _GPU_FIELDS) or _fields_problem(
+            f"gpus[{i}].load", gpu["load"], _LOAD_FIELDS
+        )
+        if problem:
+            return problem
+        if gpu["index"] != i:
+            return f"gpus[{i}].index is {gpu['index']}"
+        for j, inst in enumerate(gpu["instances"]):
+            problem = _fields_problem(f"gpus[{i}].instances[{j}]", inst, _INSTANCE_FIELDS)
+            if problem:
+                return problem
+    for k, proc in enumerate(state["processes"]):
+        problem = _fields_problem(f"processes[{k}]", proc, _PROCESS_FIELDS)
+        if problem:
+            return problem
+    return ""
+
+
+#: What every reader of a simulated node relies on, so a corrupt file is one clear error
+#: naming it instead of a KeyError in the middle of a hook.
+_Fields = Dict[str, Tuple[type, ...]]
+_GPU_FIELDS: _Fields = {
+    "index": (int,), "uuid": (str,), "minor": (int,), "mig_enabled": (bool,),
+    "lost": (bool,), "load": (dict,), "instances": (list,),
+}
+_LOAD_FIELDS: _Fields = {
+    "util": (int, float), "sm": (int, float), "gr": (int, float, type(None)),
+    "memory_mb": (int, float),
+}
+_INSTANCE_FIELDS: _Fields = {
+    "gi_id": (int,), "profile": (str,), "start": (int,), "size": (int,),
+    "ci_id": (int, type(None)), "uuid": (str,),
+}
+_PROCESS_FIELDS: _Fields = {
+    "pid": (int,), "gpu_index": (int,), "used_memory_mb": (int,), "mig_uuid": (str,),
+}
+
+
+def _fields_problem(where: str, item: Any, fields: _Fields) -> str:
+    if not isinstance(item, dict):
+        return f"{where} is not an object"
+    for name, kinds in fields.items():
+        value = item.get(name)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            return f"{where}.{name} is missing or not {' or '.join(k.__name__ for k in kinds)}"
     return ""
 
 

@@ -8,7 +8,6 @@ are user-controlled and never used for anything privileged. SPANK options arrive
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -17,13 +16,9 @@ from slurmiso.isolation.base import JobProblem
 SPANK_PLUGIN = "slurmiso"
 _RAW_PREFIX = f"SPANK__SLURM_SPANK_OPTION_{SPANK_PLUGIN}_"
 _VALIDATED_PREFIX = "SPANK_SLURMISO_"
-#: SPANK options slurmiso knows, with the pattern a value must match.
-SPANK_OPTIONS: Dict[str, re.Pattern[str]] = {
-    "iso_class": re.compile(r"[A-Za-z0-9_.-]{1,64}"),
-    "iso_mps_mem": re.compile(r"[0-9]+(\.[0-9]+)?[KMGTkmgt]?(i?[Bb])?"),
-    "iso_mig_profile": re.compile(r"[1-7]g\.[0-9]+gb(\+me)?"),
-    "iso_ckpt_dir": re.compile(r"/[^\x00\n]{0,4095}"),
-}
+#: Slurm writes uids as 32-bit unsigned; GRES indices are small.
+_UID_MAX = 2**32 - 2
+_MAX_GPU_INDEX = 4096
 
 
 @dataclass(frozen=True)
@@ -38,6 +33,11 @@ class JobEnv:
     gpus: Tuple[int, ...]  # SLURM_JOB_GPUS: the job's GPU GRES indices on this node
     restart_count: int
     spank: Dict[str, str] = field(default_factory=dict)
+    #: One line per SPANK option value the validator refused: the prolog refuses the job
+    #: with these (and a record), it never runs it without them.
+    option_problems: Tuple[str, ...] = ()
+    #: SLURM_JOB_WORK_DIR: where the job's own files (its events file) belong; "" if unknown.
+    work_dir: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
@@ -50,11 +50,13 @@ class JobEnv:
             job_id = validate_job_id(job_id)
         except StateError:
             raise JobProblem(
-                f"SLURM_JOB_ID={job_id!r} is not a Slurm job id; run this from Slurm's Prolog"
+                f"SLURM_JOB_ID={job_id[:40]!r} is not a Slurm job id; run this from Slurm's "
+                "Prolog"
             ) from None
+        spank, problems = spank_options(env)
         return cls(
             job_id=job_id,
-            uid=_int(env.get("SLURM_JOB_UID"), -1),
+            uid=_int(env.get("SLURM_JOB_UID"), -1, _UID_MAX),
             user=env.get("SLURM_JOB_USER", ""),
             node=node_name(node),
             partition=env.get("SLURM_JOB_PARTITION", ""),
@@ -62,36 +64,45 @@ class JobEnv:
             qos=env.get("SLURM_JOB_QOS", ""),
             gpus=parse_gpu_list(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES", "")),
             restart_count=_int(
-                env.get("SLURM_JOB_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT"), 0
+                env.get("SLURM_JOB_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT"), 0, 10**6
             ),
-            spank=spank_options(env),
+            spank=spank,
+            option_problems=problems,
+            work_dir=env.get("SLURM_JOB_WORK_DIR", ""),
         )
 
 
-def _int(text: Optional[str], default: int) -> int:
-    try:
-        return int(text) if text not in (None, "") else default
-    except ValueError:
+def _int(text: Optional[str], default: int, most: int) -> int:
+    """A bounded ASCII whole number; anything else (sign, 300 digits, other scripts) is
+    ``default``."""
+    if not text or len(text) > 12 or not all("0" <= ch <= "9" for ch in text):
         return default
+    value = int(text)
+    return value if value <= most else default
 
 
 def parse_gpu_list(text: str) -> Tuple[int, ...]:
     """``"0,2"`` -> (0, 2). Non-numeric entries (UUIDs, ``NoDevFiles``) are not GRES indices."""
     out = []
-    for part in text.split(","):
+    for part in text.split(",")[:_MAX_GPU_INDEX]:
         part = part.strip()
-        if part.isdigit():
+        if 0 < len(part) <= 4 and all("0" <= ch <= "9" for ch in part):
             out.append(int(part))
     return tuple(out)
 
 
-def spank_options(env: Mapping[str, str]) -> Dict[str, str]:
-    """slurmiso's SPANK options from the Prolog environment, each validated by pattern.
+def spank_options(env: Mapping[str, str]) -> Tuple[Dict[str, str], Tuple[str, ...]]:
+    """slurmiso's SPANK options from the Prolog environment, and what is wrong with them.
 
-    A value that does not match is a job problem (the plugin validates at submit, so this
-    only happens if the plugin is missing on the login node).
+    Every value goes through :func:`slurmiso.submit.options.problem` (the rules the plugin
+    and job_submit.lua apply; allow-lists are checked by the prolog, which has the config).
+    A refused value is reported, not raised: the prolog must write a refusal record for it,
+    because no record would let the job start on the raw GPU.
     """
+    from slurmiso.submit.options import OPTIONS, problem
+
     out: Dict[str, str] = {}
+    problems = []
     for key, value in env.items():
         if key.startswith(_RAW_PREFIX):
             name = key[len(_RAW_PREFIX) :].lower().replace("-", "_")
@@ -101,13 +112,13 @@ def spank_options(env: Mapping[str, str]) -> Dict[str, str]:
                 name = "iso_" + name
         else:
             continue
-        pattern = SPANK_OPTIONS.get(name)
-        if pattern is None:
+        if name not in OPTIONS:
             continue
-        if not pattern.fullmatch(value):
-            raise JobProblem(
-                f"--{name.replace('_', '-')}={value!r} is not a valid value",
-                hint="see 'slurmiso --help' for the accepted forms",
-            )
-        out[name] = value
-    return out
+        why = problem(name, value)
+        if why:
+            problems.append(why)
+        elif name in out and out[name] != value:
+            problems.append(f"--{name.replace('_', '-')} was passed twice with different values")
+        else:
+            out[name] = value
+    return out, tuple(sorted(set(problems)))

@@ -3,9 +3,13 @@
     prolog:  classify -> record "preparing" -> handler.setup -> record "ready" | "refused"
     epilog:  record "releasing" -> handler.teardown -> journal "job-end" -> record removed
 
-All of it under the node lock. Exit status is policy (Slurm drains the node on non-zero):
-a :class:`JobProblem` exits 0 and refuses only that job; a node fault (NodeFault, GpuError,
-StateError, a broken config) drains the node with a one-line reason and exits 1.
+State transactions run under the node lock; slow GPU driver calls do not (handlers let go of
+it around them, after recording their intent), and every lock wait is bounded by Slurm's
+``PrologEpilogTimeout`` (see hooks/budget.py). Exit status is policy (Slurm drains the node
+on non-zero): a :class:`JobProblem` exits 0 and refuses only that job, with a record (no
+record must never mean no isolation: the task prolog hides the GPUs then too); a node fault
+(NodeFault, GpuError, StateError, a broken config) drains the node with a one-line reason
+naming the file or device, and exits 1.
 """
 
 from __future__ import annotations
@@ -87,11 +91,16 @@ def run_hook(
     setup_logging(phase, job_id)
     node = env.get("SLURMD_NODENAME", "")
     try:
+        from slurmiso.hooks.budget import lock_wait_s
+
+        deadline = time.monotonic() + lock_wait_s(env)
         job = JobEnv.from_env(env, node)
         node = job.node
         ctx = _context(job, config_path or env.get("SLURMISO_CONFIG"), backend_factory)
         if ctx is None:
             return 0
+        ctx.state.deadline = deadline
+        ctx.state.lock_timeout = max(0.0, deadline - time.monotonic())
         with ctx.state.locked():
             if phase == "prolog":
                 prolog(ctx, env)
@@ -103,6 +112,9 @@ def run_hook(
         return 0
     except SlurmisoError as fault:
         return _node_fault(phase, node, str(fault), drain)
+    except OSError as exc:  # e.g. the journal's disk is full: name the file, not a traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _node_fault(phase, node, f"{where}{exc.strerror or exc}", drain)
     except Exception as bug:  # noqa: BLE001 - a bug must still drain, not run unisolated
         log.exception("internal error")
         return _node_fault(phase, node, f"internal error: {type(bug).__name__}: {bug}", drain)
@@ -196,10 +208,12 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         "claims": [],
         "warnings": [],
         "times": {"prolog_start": round(started, 3)},
+        "fence": _fence(ctx, env),
     }
     handler = handler_for(ctx.pool.mode)
     _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
     try:
+        _check_options(ctx)
         qos = _job_qos(ctx)
         ctx.record["qos"] = qos
         cls, why = classify(
@@ -245,26 +259,65 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     )
 
 
+def _fence(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
+    """What a device fence needs to close a refused job off its GPUs: who, and which devices
+    Slurm gave it (GRES indices, and the raw device list for MIG-typed GRES)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")[:4096]
+    return {
+        "uid": ctx.env.uid,
+        "gpus": list(ctx.env.gpus),
+        "slurm_visible_devices": visible if visible.isprintable() else "",
+    }
+
+
+def _check_options(ctx: Context) -> None:
+    """The SPANK options again, with the config's allow-lists (JobProblem: a refusal)."""
+    if ctx.env.option_problems:
+        raise JobProblem(
+            "; ".join(ctx.env.option_problems),
+            hint="fix the option or leave it out and resubmit",
+        )
+    profile = ctx.env.spank.get("iso_mig_profile")
+    if profile:
+        from slurmiso.submit.options import problem
+        from slurmiso.submit.plugstack import mig_profile_names
+
+        why = problem("iso_mig_profile", profile, profiles=mig_profile_names(ctx.config))
+        if why:
+            raise JobProblem(why, hint="fix the option or leave it out and resubmit")
+
+
 def _open_events_file(ctx: Context) -> None:
-    """Give the job's wrapper a file it may write its events to (see hooks/events.py)."""
+    """Name the file the job's wrapper may write its events to (see hooks/events.py).
+
+    It lives in the job's own working directory, created by the job itself: a user who fills
+    it fills their own quota, never root's state dir.
+    """
     from slurmiso.hooks import events
 
-    try:
-        path = events.create(ctx.state.state_dir, ctx.job_id, ctx.env.uid)
-    except OSError as exc:
-        ctx.warn(f"no events file for the job wrapper: {exc}")
+    path = events.path_for(ctx.env.work_dir, ctx.job_id)
+    if path is None:
+        ctx.warn("no events file for the job wrapper: Slurm gave no usable working directory")
         return
+    ctx.record["events_file"] = path
     ctx.set_env("SLURMISO_EVENTS_FILE", path)
 
 
 def _fold_events(ctx: Context) -> None:
+    """Copy the job's own report into the journal, as user data: bounded, allow-listed event
+    names, scalar fields only, never passed as keyword arguments, marked ``source: user``."""
     from slurmiso.hooks import events
 
-    reserved = {"ts", "host", "event"}
-    for rec in events.fold(ctx.state.state_dir, ctx.job_id):
-        fields = {k: v for k, v in rec.items() if k not in reserved}
-        fields.update(source="job", job=ctx.job_id, job_ts=rec.get("ts"))
-        ctx.journal.append(str(rec["event"])[:64], **fields)
+    path = ctx.record.get("events_file")
+    if not isinstance(path, str) or not path:
+        return
+    folded = events.fold(path, ctx.env.uid)
+    for rec in folded.records:
+        fields = dict(rec.fields)
+        fields.update(source="user", job=ctx.job_id, job_ts=rec.ts)
+        ctx.journal.append_fields(rec.event, fields)
+    if folded.dropped:
+        ctx.warn(f"dropped {folded.dropped} line(s) of the job's events file: {folded.why}")
 
 
 def _fence(ctx: Context, refused: bool) -> None:
@@ -326,6 +379,7 @@ def epilog(ctx: Context) -> None:
 
     record = ctx.state.read_job(ctx.job_id)
     if record is None:
+        _check_nothing_left(ctx)
         log.info("job %s has no record on this node; nothing to undo", ctx.job_id)
         return
     ctx.record = record
@@ -356,3 +410,29 @@ def epilog(ctx: Context) -> None:
         epilog_ms=round(1000 * (time.time() - started), 1),
     )
     ctx.state.delete_job(ctx.job_id)
+
+
+def _check_nothing_left(ctx: Context) -> None:
+    """No record: fine only if nothing on the node still names this job.
+
+    A deleted record or ``jobs/`` dir must not let an instance leak silently with exit 0: a
+    claim the allocation table still gives the job, or (mig-dynamic) a MIG device on the
+    job's GPUs that no record or claim accounts for, is a node fault with its name.
+    """
+    held = sorted(k for k, j in ctx.state.allocations().items() if j == ctx.job_id)
+    if held:
+        raise NodeFault(
+            f"job {ctx.job_id} has no record in {ctx.state.jobs_dir} but "
+            f"{ctx.state.allocations_path} still gives it {', '.join(held)}",
+            hint="the job's state was lost; run 'slurmiso reconcile' to clean what it held",
+        )
+    if ctx.pool.mode == "mig-dynamic" and ctx.env.gpus:
+        from slurmiso.isolation.mig_dynamic import unaccounted_instances
+
+        lost = unaccounted_instances(ctx.state, ctx.backend, ctx.env.gpus)
+        if lost:
+            raise NodeFault(
+                f"job {ctx.job_id} has no record in {ctx.state.jobs_dir}, and MIG device(s) "
+                f"{'; '.join(lost)} belong to no job record",
+                hint="state was lost or deleted; run 'slurmiso reconcile' to destroy them",
+            )

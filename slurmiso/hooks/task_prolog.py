@@ -4,6 +4,10 @@ Runs as the job's user before each task. Slurm reads its stdout: ``export NAME=v
 variable in the task, ``print TEXT`` writes to the task's output. For a job the prolog refused,
 the GPUs are hidden (``CUDA_VISIBLE_DEVICES=``) and the reason printed, so a job that does not
 use ``slurmiso run`` still cannot run unisolated.
+
+Fail closed: on a node of a slurmiso pool, a job with *no* record, or whose record cannot be
+read, is treated as refused. No record must never mean no isolation. (An empty variable is
+the polite half of a refusal; the device fence is what a job cannot undo.)
 """
 
 from __future__ import annotations
@@ -15,17 +19,26 @@ from typing import Any, Dict, List, Mapping, Optional, TextIO
 _SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
+def refusal_lines(job_id: str, reason: str) -> List[str]:
+    reason = " ".join(reason.split())
+    return [
+        "export CUDA_VISIBLE_DEVICES=",
+        f"export SLURMISO_REFUSED={reason}",
+        f"print slurmiso: job {job_id} refused: {reason}",
+    ]
+
+
 def lines_for(record: Optional[Dict[str, Any]], job_id: str) -> List[str]:
-    """The TaskProlog output lines for a job record (pure, so it is unit-tested)."""
+    """The TaskProlog output lines for a job record (pure, so it is unit-tested).
+
+    ``None`` is a job the prolog left no record for (it failed before writing one, or the
+    record was lost): refused, never "nothing to do".
+    """
     if record is None:
-        return []
-    if record.get("status") == "refused":
-        reason = " ".join(str(record.get("reason", "")).split())
-        return [
-            "export CUDA_VISIBLE_DEVICES=",
-            f"export SLURMISO_REFUSED={reason}",
-            f"print slurmiso: job {job_id} refused: {reason}",
-        ]
+        return refusal_lines(job_id, "the prolog left no isolation record for this job")
+    if record.get("status") != "ready":
+        reason = str(record.get("reason", "")) or f"isolation is {record.get('status')!r}"
+        return refusal_lines(job_id, reason)
     out = []
     for name, value in sorted(record.get("env", {}).items()):
         if set(name) <= _SAFE and "\n" not in str(value):
@@ -37,6 +50,10 @@ def lines_for(record: Optional[Dict[str, Any]], job_id: str) -> List[str]:
     return out
 
 
+class NotManaged(Exception):
+    """This node is in no slurmiso pool: the task prolog has nothing to say."""
+
+
 def read_record(
     env: Mapping[str, str], config_path: Optional[str] = None
 ) -> Optional[Dict[str, Any]]:
@@ -45,24 +62,29 @@ def read_record(
 
     cfg = load_config(config_path)
     node = env.get("SLURMD_NODENAME", "")
+    if cfg.pool_for_node(node) is None:
+        raise NotManaged(node)
     return NodeState(cfg.paths.state_dir_for(node)).read_job(env.get("SLURM_JOB_ID", ""))
 
 
 def main(argv: Optional[List[str]] = None, out: Optional[TextIO] = None) -> int:
-    """Never fails the task: a TaskProlog error would only hide the real cause from the user."""
+    """Never fails the task (a TaskProlog error would only hide the real cause from the
+    user), but never lets an unreadable or missing record through either."""
     out = out or sys.stdout
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id:
         print("usage: slurmiso-task-prolog (run by Slurm's TaskProlog)", file=sys.stderr)
         return 0
-    from slurmiso.errors import SlurmisoError
-
     try:
         record = read_record(os.environ)
-    except SlurmisoError as exc:
-        out.write(f"print slurmiso: warning: cannot read this job's isolation record: {exc}\n")
+    except NotManaged:
         return 0
-    for line in lines_for(record, job_id):
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the job must not get the GPU
+        reason = f"cannot read this job's isolation record: {exc}"
+        lines = refusal_lines(job_id[:40], reason)
+    else:
+        lines = lines_for(record, job_id)
+    for line in lines:
         out.write(line + "\n")
     return 0
 

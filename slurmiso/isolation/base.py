@@ -114,20 +114,21 @@ class Context:
                 hint="Slurm and slurmiso disagree about who holds this GPU; "
                 "run 'slurmiso reconcile' after that job ends",
             )
+        claims = self.record.setdefault("claims", [])
+        if key not in claims:  # intent first: a kill after this leaves nothing unnamed
+            claims.append(key)
+            self.save()
         allocs[key] = self.job_id
         self.state.set_allocations(allocs)
-        self.record.setdefault("claims", [])
-        if key not in self.record["claims"]:
-            self.record["claims"].append(key)
 
     def release_claims(self) -> None:
+        """Drop every allocation this job holds: those its record names and any the table
+        gives it beyond (a hook killed between the two writes must not leak a claim)."""
         allocs = self.state.allocations()
-        changed = False
-        for key in list(self.record.get("claims", [])):
-            if allocs.get(key) == self.job_id:
-                del allocs[key]
-                changed = True
-        if changed:
+        mine = [k for k, holder in allocs.items() if holder == self.job_id]
+        for key in mine:
+            del allocs[key]
+        if mine:
             self.state.set_allocations(allocs)
 
 
@@ -137,7 +138,9 @@ class Isolation(Protocol):
     Both methods run under the node lock and must be idempotent: ``setup`` again on a record
     that is already ``ready`` changes nothing, ``teardown`` twice is harmless, and
     ``teardown`` after a ``setup`` killed halfway cleans what the record's pending entries say
-    may exist.
+    may exist. A slow driver call should run inside ``ctx.state.unlocked()``, after the
+    intent is saved (see mig_dynamic): the node lock guards state, not the driver, and every
+    hook on the node waits for it.
     """
 
     mode: str

@@ -10,7 +10,7 @@ prolog killed halfway finds (and destroys) what may have been created.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound
 from slurmiso.gpu.backend import GpuBackend, MigInstance, create_mig_device, destroy_mig_device
@@ -73,12 +73,44 @@ def _no_fit(model: GpuModel, gpu: int, profile: str, insts: List[MigInstance]) -
     )
 
 
-def _find(backend: GpuBackend, res: Dict[str, Any]) -> Optional[MigInstance]:
-    """The live instance a ready resource names (GI id *and* UUID: GI ids are reused)."""
+def _guarded_spots(state: Any, job_id: str) -> Tuple[Dict[Tuple[int, int], str],
+                                                   Set[Tuple[int, int, str]]]:
+    """What other jobs hold: claimed (gpu, gi) -> job, and their pending (gpu, start, profile)."""
+    claims = claimed_instances(state)
+    return claims, _others_pending(state.jobs(), job_id)
+
+
+def _find(ctx: Context, backend: GpuBackend, res: Dict[str, Any]) -> Optional[MigInstance]:
+    """The live instance a ready resource names, by GPU instance id alone.
+
+    Not by UUID: a GI whose compute instance is gone (an epilog killed between the two
+    destroys) has no UUID any more and must still be found. GI ids are reused, so an instance
+    with our gi is ours only if it sits where we made it and no other job claims it or is
+    creating one there; otherwise ours is already gone.
+    """
+    claims, others = _guarded_spots(ctx.state, ctx.job_id)
     for inst in backend.instances(res["gpu"]):
-        if inst.gi_id == res.get("gi") and inst.uuid == res.get("uuid"):
-            return inst
+        if inst.gi_id != res.get("gi"):
+            continue
+        if (inst.profile, inst.placement_start) != (res.get("profile"), res.get("start")):
+            return None
+        holder = claims.get((inst.gpu_index, inst.gi_id))
+        if holder and holder != ctx.job_id:
+            return None
+        if (inst.gpu_index, inst.placement_start, inst.profile) in others:
+            return None
+        return inst
     return None
+
+
+def _occupied(ctx: Context, gpu: int, insts: List[MigInstance]) -> List[Tuple[str, int]]:
+    """(profile, start) taken on ``gpu``: live instances plus other jobs' creations in flight
+    (their intent is recorded; the driver call runs without the node lock)."""
+    placed = [(i.profile, i.placement_start) for i in insts]
+    for g, start, profile in _others_pending(ctx.state.jobs(), ctx.job_id):
+        if g == gpu and (profile, start) not in placed:
+            placed.append((profile, start))
+    return placed
 
 
 class MigDynamic:
@@ -88,7 +120,7 @@ class MigDynamic:
         backend = ctx.backend
         mine = [r for r in ctx.record.get("resources", [])
                 if r.get("kind") == KIND and r.get("state") != RELEASED]
-        if mine and all(r.get("state") == READY and _find(backend, r) for r in mine):
+        if mine and all(r.get("state") == READY and _find(ctx, backend, r) for r in mine):
             return  # already set up
         if mine:  # a setup cut short: undo it, then start again
             self._release(ctx, backend, mine)
@@ -121,12 +153,13 @@ class MigDynamic:
             raise NodeFault(f"GPU {gpu} ({dev.name}) is not a MIG model slurmiso knows")
         profile = choose_profile(ctx, model)
         insts = backend.instances(gpu)
-        start = best_placement(model, profile, [(i.profile, i.placement_start) for i in insts])
+        start = best_placement(model, profile, _occupied(ctx, gpu, insts))
         if start is None:
             raise _no_fit(model, gpu, profile, insts)
         res = ctx.add_resource({"kind": KIND, "gpu": gpu, "profile": profile, "start": start})
         try:
-            inst = create_mig_device(backend, gpu, profile, start)
+            with ctx.state.unlocked():  # the intent above keeps the spot ours meanwhile
+                inst = create_mig_device(backend, gpu, profile, start)
         except GpuInsufficientResources as err:
             # Someone outside slurmiso took the space first; nothing was created.
             ctx.record["resources"].remove(res)
@@ -148,18 +181,24 @@ class MigDynamic:
         ctx.save()
 
     def _release(self, ctx: Context, backend: GpuBackend, resources: List[Dict[str, Any]]) -> None:
+        """Destroy what each resource names; idempotent, and safe to kill at any point.
+
+        A resource is marked released only after its instance is gone, so a rerun after a
+        SIGKILL finds the instance again (by GI id alone, see :func:`_find`).
+        """
         for res in resources:
             if res.get("state") == READY:
-                inst = _find(backend, res)
+                inst = _find(ctx, backend, res)
             else:
                 inst = self._pending_instance(ctx, backend, res)
             if inst is not None:
-                if inst.uuid:
-                    processes.clean_job_devices(
-                        backend, ctx.job_id, ctx.env.uid, mig_uuids=[inst.uuid]
-                    )
                 try:
-                    destroy_mig_device(backend, inst)
+                    with ctx.state.unlocked():  # the record still names it: nobody takes it
+                        if inst.uuid:
+                            processes.clean_job_devices(
+                                backend, ctx.job_id, ctx.env.uid, mig_uuids=[inst.uuid]
+                            )
+                        destroy_mig_device(backend, inst)
                 except GpuNotFound:
                     pass  # already gone: what teardown wanted
                 except GpuInUse as err:
@@ -178,8 +217,7 @@ class MigDynamic:
     ) -> Optional[MigInstance]:
         """The instance a prolog killed between intent and save may have made, if no other
         live job could own it."""
-        claims = claimed_instances(ctx.state)
-        others = _others_pending(ctx.state.jobs(), ctx.job_id)
+        claims, others = _guarded_spots(ctx.state, ctx.job_id)
         for inst in backend.instances(res["gpu"]):
             if (inst.profile, inst.placement_start) != (res.get("profile"), res.get("start")):
                 continue
@@ -241,3 +279,28 @@ def _others_pending(records: Dict[str, Dict[str, Any]], job_id: str) -> Set[Tupl
 
 
 HANDLER = MigDynamic()
+
+
+def unaccounted_instances(state: Any, backend: GpuBackend, gpus: Iterable[int]) -> List[str]:
+    """MIG devices on ``gpus`` that no job record or claim accounts for (one line each).
+
+    The epilog of a job without a record asks this: a record or ``jobs/`` dir deleted under
+    a running job must not let its instance leak silently.
+    """
+    held: Set[Tuple[int, int]] = set(claimed_instances(state))
+    spots: Set[Tuple[int, int, str]] = set()
+    for rec in state.jobs().values():
+        for res in rec.get("resources", []):
+            if res.get("kind") != KIND or res.get("state") == RELEASED:
+                continue
+            if res.get("state") == READY:
+                held.add((res["gpu"], res["gi"]))
+            else:
+                spots.add((res["gpu"], res["start"], res["profile"]))
+    out = []
+    for gpu in gpus:
+        for inst in backend.instances(gpu):
+            if (gpu, inst.gi_id) in held or (gpu, inst.placement_start, inst.profile) in spots:
+                continue
+            out.append(f"GPU {gpu}: {_describe(inst)}")
+    return out

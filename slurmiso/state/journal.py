@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from datetime import datetime, timezone
-from typing import Any, Dict, Iterable, Iterator, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,11 @@ class Journal:
 
     def append(self, event: str, **fields: Any) -> Dict[str, Any]:
         """Append one record and return it. Values JSON cannot encode are written as str."""
+        return self.append_fields(event, fields)
+
+    def append_fields(self, event: str, fields: Mapping[str, Any]) -> Dict[str, Any]:
+        """:meth:`append` with the fields as a mapping: for keys that come from data (a
+        job's own events), which must never become keyword arguments."""
         clash = [k for k in _RESERVED if k in fields]
         if clash:
             raise ValueError(f"journal fields may not override {', '.join(clash)}")

@@ -80,6 +80,20 @@ class FileLock:
         finally:
             os.close(fd)
 
+    def suspend(self) -> int:
+        """Release the lock whatever its depth; return the depth for :meth:`resume`."""
+        depth = self._depth if self._fd is not None else 0
+        if depth:
+            self._depth = 1
+            self.release()
+        return depth
+
+    def resume(self, depth: int, timeout: Optional[float] = None) -> None:
+        """Take the lock back at the depth :meth:`suspend` returned (LockTimeout as acquire)."""
+        if depth:
+            self.acquire(timeout)
+            self._depth = depth
+
     def __enter__(self) -> FileLock:
         return self.acquire()
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, 
 
 from slurmiso.errors import StateError
 from slurmiso.pids import pid_alive
+from slurmiso.state.record import record_problem
 
 if TYPE_CHECKING:  # the lock module is imported lazily: hooks that only read state skip it
     from slurmiso.state.lock import FileLock
@@ -139,6 +140,8 @@ class NodeState:
         self.allocations_path = os.path.join(self.state_dir, "allocations.json")
         self.lock_path = os.path.join(self.state_dir, "node.lock")
         self._lock: Optional[FileLock] = None
+        #: ``time.monotonic()`` by which every lock wait must end (None: lock_timeout only).
+        self.deadline: Optional[float] = None
         self._ensured = False  # ensure() ran: dirs exist and passed the checks
         self._checked = False  # the checks passed (reads do not create dirs)
 
@@ -284,35 +287,70 @@ class NodeState:
 
     # -- lock -----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[NodeState]:
-        """Hold the node lock; reentrant on the same NodeState.
+    def _wait_s(self) -> float:
+        """How long the next lock wait may take: ``lock_timeout``, cut to the deadline."""
+        if self.deadline is None:
+            return self.lock_timeout
+        return max(0.0, min(self.lock_timeout, self.deadline - time.monotonic()))
 
-        A timeout raises StateError naming the lock file and, where ``/proc/locks`` tells,
-        the holder, so the admin can see which hook is hung.
-        """
+    def _acquire(self, depth: int = 0) -> None:
+        """Take the node lock (one level deeper), or back at ``depth`` after :meth:`unlocked`."""
         from slurmiso.state.lock import FileLock, LockTimeout
 
-        self._ensure_once()
         if self._lock is None:
             self._lock = FileLock(self.lock_path, timeout=self.lock_timeout)
+        wait = self._wait_s()
         try:
-            self._lock.acquire(timeout=self.lock_timeout)
+            if depth:
+                self._lock.resume(depth, timeout=wait)
+            else:
+                self._lock.acquire(timeout=wait)
         except LockTimeout:
             holders = _lock_holders(self.lock_path)
             who = ", ".join(_describe_pid(p) for p in holders) if holders else "an unknown process"
             raise StateError(
-                f"timed out after {self.lock_timeout:g}s waiting for node lock "
+                f"timed out after {wait:g}s waiting for node lock "
                 f"{self.lock_path}, held by {who}",
                 hint="another slurmiso prolog/epilog is running or hung; "
                 "check it with ps and kill it if it is stuck",
             ) from None
         except OSError as exc:
             raise StateError(f"cannot take node lock {self.lock_path}: {exc}") from None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[NodeState]:
+        """Hold the node lock; reentrant on the same NodeState.
+
+        A timeout raises StateError naming the lock file and, where ``/proc/locks`` tells,
+        the holder, so the admin can see which hook is hung. The wait is ``lock_timeout``,
+        cut to ``deadline`` (the hooks set it from Slurm's PrologEpilogTimeout).
+        """
+        self._ensure_once()
+        self._acquire()
         try:
             yield self
         finally:
+            assert self._lock is not None
             self._lock.release()
+
+    @contextlib.contextmanager
+    def unlocked(self) -> Iterator[None]:
+        """Let go of the node lock for a slow driver call, then take it back.
+
+        The node lock guards state transactions, never a GPU driver call: a MIG instance can
+        take a second to create, and 32 prologs queued behind each other's driver calls
+        would time out. Callers record their intent (a ``pending`` resource naming the spot)
+        before they let go, so other hooks and ``reconcile`` leave that spot alone.
+        """
+        lock = self._lock
+        depth = lock.suspend() if lock is not None else 0
+        if depth == 0:
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._acquire(depth)
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -320,10 +358,17 @@ class NodeState:
         return os.path.join(self.jobs_dir, validate_job_id(job_id) + ".json")
 
     def read_job(self, job_id: JobId) -> Optional[Dict[str, Any]]:
-        """The job's record, or None if this node has none."""
+        """The job's record, or None if this node has none (StateError if it is corrupt)."""
         self._verify_once()
-        data = self._read_json(self.job_path(job_id))
-        return None if data is None else self._expect_dict(data, self.job_path(job_id))
+        path = self.job_path(job_id)
+        data = self._read_json(path)
+        if data is None:
+            return None
+        record = self._expect_dict(data, path)
+        why = record_problem(record)
+        if why:
+            raise self._corrupt(path, why)
+        return record
 
     def write_job(self, job_id: JobId, record: Mapping[str, Any]) -> None:
         """Atomically replace the job's record; adds ``"schema": 1`` if absent."""
@@ -364,7 +409,11 @@ class NodeState:
             path = os.path.join(self.jobs_dir, name)
             data = self._read_json(path)
             if data is not None:  # deleted between listdir and open
-                out[stem] = self._expect_dict(data, path)
+                record = self._expect_dict(data, path)
+                why = record_problem(record)
+                if why:
+                    raise self._corrupt(path, why)
+                out[stem] = record
         return out
 
     # -- allocations ----------------------------------------------------------------------

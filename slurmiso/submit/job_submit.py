@@ -14,6 +14,7 @@ from typing import Any, Dict
 
 from slurmiso.config.model import Config, JobClass, Pool
 from slurmiso.gpu.profiles import lookup_model
+from slurmiso.submit.options import lua_limits
 from slurmiso.submit.plugstack import mig_profile_names
 
 PROGRAM = Path(__file__).resolve().parent.parent / "data" / "job_submit.lua"
@@ -72,6 +73,7 @@ def submit_data(cfg: Config) -> Dict[str, Any]:
         "class_qos": [q for c in cfg.classes for q in c.match.qos],
         "partitions": {p.partition: _partition_data(cfg, p) for p in cfg.pools if p.partition},
         "mig_profiles": mig_profile_names(cfg),
+        "limits": lua_limits(),
     }
 
 

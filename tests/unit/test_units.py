@@ -61,3 +61,26 @@ def test_parse_duration(text: str, seconds: int) -> None:
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["9" * 310, "9" * 310 + "G", "1." + "5" * 400 + "T",
+                                  "\u0663G", "\uff18G", "9" * 5000],
+                         ids=["310-digits", "310-digits-G", "400-decimals", "arabic-digit",
+                              "fullwidth-digit", "5000-digits"])
+def test_parse_size_bounds_what_users_type(text: str) -> None:
+    """310 digits was float('inf') -> OverflowError (a drained node when a prolog parsed it);
+    other scripts' digits passed \\d. Both are a clear ValueError now."""
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["9" * 310 + "s", "9" * 310, "1-" + "9" * 300],
+                         ids=["310-digits-s", "310-digits", "300-digit-hours"])
+def test_parse_duration_bounds_what_users_type(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_parse_size_is_exact() -> None:
+    assert parse_size("0.1G") == 103 and parse_size("1.5T") == 1536 * 1024
+    assert parse_size("0.001M") == 1 and parse_size("999999999999") == 999999999999

@@ -1,0 +1,173 @@
+"""The job's events file is opaque user data: it lives with the job, is read under limits and
+can never drain a node or forge a hook's journal event (issue 13, "User data never drains")."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import pytest
+
+from slurmiso.hooks import events
+from slurmiso.hooks.runner import run_hook
+from slurmiso.state import Journal
+from tests.unit.test_hooks_runner import Drains, job_env, journal, state, write_config
+
+
+def _prolog(tmp: str, work: str) -> str:
+    cfg = write_config(tmp, "exclusive")
+    os.makedirs(work, exist_ok=True)
+    assert run_hook("prolog", job_env(SLURM_JOB_WORK_DIR=work), cfg, Drains()) == 0
+    return cfg
+
+
+def _events_path(tmp: str) -> str:
+    rec = state(tmp).read_job("42")
+    assert rec is not None
+    path: str = rec["env"]["SLURMISO_EVENTS_FILE"]
+    return path
+
+
+def _epilog(tmp: str, cfg: str, work: str) -> Drains:
+    drains = Drains()
+    assert run_hook("epilog", job_env(SLURM_JOB_WORK_DIR=work), cfg, drains) == 0
+    assert drains.calls == []
+    return drains
+
+
+def test_events_file_lives_in_the_jobs_work_dir_not_roots_state_dir(tmp_path: Any) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "home" / "job")
+    cfg = _prolog(tmp, work)
+    path = _events_path(tmp)
+    assert os.path.dirname(path) == work and not path.startswith(f"{tmp}/state")
+    assert not os.path.exists(path)  # created by the job's wrapper, as the job's user
+    Journal(path).append("checkpoint-end", ok=True, seconds=1.5)  # as the wrapper writes
+    with open(path, "a") as fh:
+        fh.write('{"ts": "2026-01-01T00:00:00.000Z", "event": "resume", "host": "x"}\n')
+        fh.write('{"event": "requeue", "reason": "time-limit", "job": "999"}\n')
+    _epilog(tmp, cfg, work)
+    assert not os.path.exists(path)
+    folded = [e for e in journal(tmp) if e.get("source") == "user"]
+    assert [e["event"] for e in folded] == ["checkpoint-end", "resume", "requeue"]
+    assert all(e["job"] == "42" for e in folded)  # the job cannot speak for another job
+    assert folded[0]["seconds"] == 1.5 and folded[1]["host"] != "x"
+    assert folded[1]["job_ts"] == "2026-01-01T00:00:00.000Z"
+
+
+def test_no_work_dir_means_no_events_file_and_a_warning(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    for bad in ("", "relative/dir", "/x\n/y"):
+        assert run_hook("prolog", job_env(SLURM_JOB_WORK_DIR=bad), cfg, Drains()) == 0
+        rec = state(tmp).read_job("42")
+        assert rec is not None and rec["status"] == "ready"
+        assert "SLURMISO_EVENTS_FILE" not in rec["env"]
+        assert any("no events file" in w for w in rec["warnings"])
+        assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+
+
+HOSTILE_LINES: List[str] = [
+    '{"event":"x","self":1}',
+    '{"event":"checkpoint-end","self":1,"event_":2}',  # 'self' is fine as data, kept as data
+    '{"event":"job-end","outcome":"released"}',
+    '{"event":"monitor-action","action":"hold"}',
+    '{"event":"prolog","outcome":"ready"}',
+    '{"a":' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"event":"resume","deep":' + "[" * 100_000 + "}",
+    '{"event":"resume","n":' + "9" * 5000 + "}",
+    '{"event":"resume","n":1e999}',
+    '{"event":"resume","nested":{"a":1}}',
+    '{"event":"resume","list":[1,2]}',
+    '{"event":"resume","Bad-Key":1}',
+    '{"event":"resume","source":"slurmiso","job":"7","uid":0}',  # reserved: stripped
+    '{"event":"resume","long":"' + "x" * 300 + '"}',
+    '{"event":"resume","pad":"' + "y" * 5000 + '"}',
+    "[1,2,3]",
+    '"just a string"',
+    "\x00\x01\x02",
+    "garbage",
+    '{"event":' + "1" * 400 + "}",
+]
+
+
+def test_hostile_lines_are_dropped_with_a_count_and_never_drain(tmp_path: Any) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    cfg = _prolog(tmp, work)
+    path = _events_path(tmp)
+    with open(path, "w") as fh:
+        fh.write("\n".join(HOSTILE_LINES) + "\n")
+        fh.write('{"event":"resume","attempt":2}\n')
+    _epilog(tmp, cfg, work)
+    recs = journal(tmp)
+    names = [e["event"] for e in recs]
+    assert names.count("job-end") == 1 and names.count("prolog") == 1
+    assert "monitor-action" not in names and "x" not in names
+    user = [e for e in recs if e.get("source") == "user"]
+    assert [(e["event"], e.get("attempt"), e.get("self")) for e in user] == [
+        ("checkpoint-end", None, 1), ("resume", None, None), ("resume", 2, None)
+    ]
+    assert user[1]["job"] == "42" and "uid" not in user[1]  # reserved fields are the epilog's
+    end = [e for e in recs if e["event"] == "job-end"][0]
+    dropped = len(HOSTILE_LINES) - 2
+    assert any(f"dropped {dropped} line(s)" in w for w in end["warnings"]), end["warnings"]
+
+
+def test_parse_line_never_raises_on_deep_nesting() -> None:
+    assert events.parse_line(b"[" * 100_000) is None
+    assert events.parse_line(b'{"event":"resume","s":"[[[[[[[[[["}') is not None  # in a string
+
+
+def test_oversized_file_is_read_only_up_to_the_cap(tmp_path: Any) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    cfg = _prolog(tmp, work)
+    path = _events_path(tmp)
+    line = json.dumps({"event": "resume", "pad": "z" * 200}) + "\n"
+    with open(path, "w") as fh:
+        fh.write(line * (3 * events.MAX_BYTES // len(line)))
+    _epilog(tmp, cfg, work)
+    user = [e for e in journal(tmp) if e.get("source") == "user"]
+    assert len(user) == events.MAX_RECORDS
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "other-uid", "directory"])
+def test_events_file_that_is_not_the_jobs_regular_file_is_refused(tmp_path: Any, kind: str) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    cfg = _prolog(tmp, work)
+    path = _events_path(tmp)
+    secret = tmp_path / "secret"
+    secret.write_text('{"event": "resume", "stolen": true}\n')
+    if kind == "symlink":
+        os.symlink(str(secret), path)
+    elif kind == "fifo":
+        os.mkfifo(path)  # a blocking open would hang the epilog until slurmd kills it
+    elif kind == "other-uid":
+        with open(path, "w") as fh:
+            fh.write('{"event": "resume", "stolen": true}\n')
+        os.chown(path, 65534, 65534)  # tests run as root (see conftest); job uid is ours
+    else:
+        os.mkdir(path)
+    drains = _epilog(tmp, cfg, work)
+    assert drains.calls == []
+    assert not [e for e in journal(tmp) if e.get("stolen")]
+    assert secret.read_text() == '{"event": "resume", "stolen": true}\n'
+    end = [e for e in journal(tmp) if e["event"] == "job-end"][0]
+    assert any("events file" in w and "refused" in w or "not a regular file" in w
+               for w in end["warnings"]), end["warnings"]
+
+
+def test_job_fields_can_be_called_anything_without_breaking_the_journal(tmp_path: Any) -> None:
+    """The old fold passed user keys as **kwargs: {"self": 1} was a TypeError -> drain."""
+    j = Journal(str(tmp_path / "j.jsonl"))
+    fields: Dict[str, Any] = {"self": 1, "event_name": "x"}
+    rec = j.append_fields("resume", fields)
+    assert rec["self"] == 1 and list(j.read())[0]["self"] == 1
+
+
+def test_a_file_of_tiny_garbage_lines_is_examined_only_up_to_the_line_cap(tmp_path: Any) -> None:
+    path = tmp_path / ".slurmiso-events.42.jsonl"
+    path.write_bytes(b"1\n" * (events.MAX_BYTES // 2))
+    folded = events.fold(str(path), os.getuid())
+    assert folded.records == [] and folded.dropped == events.MAX_BYTES // 2
+    assert "lines" in folded.why and not path.exists()
