@@ -208,7 +208,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         "claims": [],
         "warnings": [],
         "times": {"prolog_start": round(started, 3)},
-        "fence": _fence(ctx, env),
+        "fence": _fence_facts(ctx, env),
     }
     handler = handler_for(ctx.pool.mode)
     _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
@@ -259,7 +259,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     )
 
 
-def _fence(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
+def _fence_facts(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
     """What a device fence needs to close a refused job off its GPUs: who, and which devices
     Slurm gave it (GRES indices, and the raw device list for MIG-typed GRES)."""
     visible = env.get("CUDA_VISIBLE_DEVICES", "")[:4096]
