@@ -22,6 +22,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     up = sub.add_parser("up", help="install what is missing, start what is not running")
     up.add_argument("--dir", help=DIR_HELP)
     up.add_argument("--json", action="store_true", help="print the step timings as JSON")
+    up.add_argument("--from-packages", action="store_true",
+                    help="run the installed slurmiso packages' hooks and SPANK plugins "
+                    "(/usr/bin/slurmiso-prolog, /usr/lib/slurmiso/*.so) instead of the "
+                    "checkout's; install them first (docs/admin-guide.md)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop every sandbox process")
     down.add_argument("--dir", help=DIR_HELP)
@@ -68,7 +72,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from slurmiso.cli.output import print_json, table
     from slurmiso.sandbox import cluster
 
-    report = cluster.up(args.dir)
+    report = cluster.up(args.dir, from_packages=args.from_packages)
     if args.json:
         print_json(cluster.report_dict(report))
         return 0

@@ -81,6 +81,27 @@ def hooks_wanted() -> bool:
     return os.environ.get("SLURMISO_SANDBOX_HOOKS", "1").lower() not in ("0", "off", "no")
 
 
+#: Where the Debian/RPM packages put the hooks and the SPANK plugins (``make deb``).
+PACKAGED_BIN = "/usr/bin"
+PACKAGED_SPANK = "/usr/lib/slurmiso/slurmiso.so"
+
+
+def packaged_site(site: L.Site) -> L.Site:
+    """``site`` with the installed packages' hooks and plugins in place of the checkout's."""
+    missing = [p for p in (os.path.join(PACKAGED_BIN, "slurmiso-prolog"),
+                           os.path.join(PACKAGED_BIN, "slurmiso-epilog"),
+                           os.path.join(PACKAGED_BIN, "slurmiso-task-prolog"), PACKAGED_SPANK,
+                           PACKAGED_SPANK.replace("slurmiso.so", "slurmiso_fence.so"))
+               if not os.path.exists(p)]
+    if missing:
+        raise SandboxError(f"--from-packages: not installed: {', '.join(missing)}",
+                           hint="make deb, then apt-get install ./dist/deb/*.deb "
+                           "(docs/admin-guide.md, 'Try it on one machine first')")
+    return replace(site, prolog=os.path.join(PACKAGED_BIN, "slurmiso-prolog"),
+                   epilog=os.path.join(PACKAGED_BIN, "slurmiso-epilog"), pythonpath="",
+                   spank_plugin=PACKAGED_SPANK, packaged=True)
+
+
 def make_site(root: Optional[str] = None) -> L.Site:
     """The sandbox's :class:`~slurmiso.sandbox.layout.Site` on this machine, right now.
 
@@ -115,6 +136,8 @@ def spank_source(pkg_parent: str) -> str:
 def build_spank(site: L.Site) -> str:
     """``make -C spank`` (make rebuilds only when a source is newer), then install the
     plugins under the sandbox dir, where every user's sbatch can load them."""
+    if site.packaged:
+        return f"installed by the slurmiso-spank package ({site.spank_plugin})"
     if not site.spank_plugin:
         return "no spank/ in this checkout"
     src_dir = os.path.dirname(spank_source(site.pythonpath))
@@ -582,11 +605,16 @@ def lock_path(site: L.Site) -> str:
     return f"{site.root.rstrip('/')}.lock"
 
 
-def up(root: Optional[str] = None) -> UpReport:
-    """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time)."""
+def up(root: Optional[str] = None, from_packages: bool = False) -> UpReport:
+    """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time).
+
+    ``from_packages``: Slurm runs the installed packages' hooks and plugins, not the checkout's.
+    """
     if os.geteuid() != 0:
         raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
     site = make_site(root)
+    if from_packages:
+        site = packaged_site(site)
     with file_lock(lock_path(site), "sandbox up"):
         return _up(site)
 

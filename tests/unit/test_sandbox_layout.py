@@ -297,3 +297,28 @@ def test_submit_files_wired_next_to_slurm_conf():
     assert f"PlugStackConfig={HOOKED.plugstack_conf}\n" in conf
     assert "etc/plugstack.conf" not in L.rendered_files(SITE)  # no plugin built: no plugstack
     assert "PlugStackConfig" not in L.rendered_files(SITE)["etc/slurm.conf"]
+
+
+def test_packaged_hooks_run_the_installed_executables_without_pythonpath():
+    """``sandbox up --from-packages``: Slurm runs what the packages installed, as installed."""
+    site = replace(HOOKED, prolog="/usr/bin/slurmiso-prolog", epilog="/usr/bin/slurmiso-epilog",
+                   pythonpath="", packaged=True,
+                   spank_plugin="/usr/lib/slurmiso/slurmiso.so")
+    wrappers = L.hook_wrappers(site)
+    assert wrappers["slurmiso-prolog"].rstrip().endswith('exec /usr/bin/slurmiso-prolog "$@"')
+    assert wrappers["slurmiso-task-prolog"].rstrip().endswith(
+        'exec /usr/bin/slurmiso-task-prolog "$@"')
+    assert all("PYTHONPATH" not in w for w in wrappers.values())
+    plug = L.render_submit_files(site)["etc/plugstack.conf"]
+    assert "required /usr/lib/slurmiso/slurmiso_fence.so " in plug
+
+
+def test_from_packages_names_what_is_not_installed(tmp_path, monkeypatch):
+    from slurmiso.errors import SandboxError
+    from slurmiso.sandbox import cluster
+
+    monkeypatch.setattr(cluster, "PACKAGED_BIN", str(tmp_path))
+    monkeypatch.setattr(cluster, "PACKAGED_SPANK", str(tmp_path / "slurmiso.so"))
+    with pytest.raises(SandboxError, match="slurmiso-prolog") as err:
+        cluster.packaged_site(HOOKED)
+    assert "make deb" in err.value.hint
