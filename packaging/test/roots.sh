@@ -11,6 +11,9 @@ ROOTS=${ROOTS:-/var/cache/slurmiso-dev/roots}
 MIRROR=${MIRROR:-}  # empty: debootstrap's own default mirror
 BASE_PKGS=python3,python3-yaml,python3-psutil,python3-prometheus-client,systemd,man-db
 mkdir -p "$ROOTS"
+if ! command -v debootstrap >/dev/null 2>&1; then  # a fresh CI machine: install it first
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+fi
 for suite in "$@"; do
     root="$ROOTS/$suite"
     if [ -f "$root/.slurmiso-root-ok" ]; then
