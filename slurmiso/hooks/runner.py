@@ -187,6 +187,11 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     ):
         log.info("job %s already prepared (%s); nothing to do", ctx.job_id, old["status"])
         return
+    # An earlier attempt's record whose epilog has not run yet: measured on 22.05, slurmd runs
+    # that epilog only after this prolog, with the job's *new* restart count in its
+    # environment, so it cannot tell the attempts apart. The new record owes it one skip.
+    late = int(bool(old) and old.get("status") in (READY, REFUSED, PREPARING)
+               and old.get("restart_count") != ctx.env.restart_count)
     if old:  # a killed prolog, or an earlier run of a requeued job: clean it first
         ctx.record = old
         _teardown(ctx, why="stale record from an earlier prolog")
@@ -209,6 +214,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         "warnings": [],
         "times": {"prolog_start": round(started, 3)},
         "fence": _fence_facts(ctx, env),
+        "late_epilogs": late,
     }
     handler = handler_for(ctx.pool.mode)
     _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
@@ -383,6 +389,14 @@ def epilog(ctx: Context) -> None:
         log.info("job %s has no record on this node; nothing to undo", ctx.job_id)
         return
     ctx.record = record
+    if record.get("late_epilogs", 0) > 0:
+        # the previous attempt's epilog, run after this attempt's prolog (see prolog()):
+        # that attempt was torn down by this one's prolog; this attempt's record stays
+        record["late_epilogs"] -= 1
+        ctx.save()
+        log.info("job %s: the previous attempt's epilog; attempt %s keeps its isolation",
+                 ctx.job_id, record.get("restart_count"))
+        return
     started = time.time()
     resources = list(record.get("resources", []))
     record["status"] = RELEASING

@@ -92,8 +92,12 @@ class Policy:
     partition_updates_per_hour: int = 6
     relayouts_per_hour: int = 2
     gate_opens_per_hour: int = 2
-    #: Release the BeginTime of requeued training jobs once the preempting job runs.
-    release_requeue_delay: bool = True
+    #: Release the BeginTime of requeued training jobs once the preempting job runs. OFF by
+    #: default: measured on 22.05, a requeued job started within AuthInfo cred_expire on the
+    #: node it just left gets no Prolog run (slurmd still caches its credential), so it would
+    #: start with no isolation record and be refused. Shorten cred_expire instead (that wait
+    #: IS the BeginTime delay); turn this on only where the Prolog is known to rerun.
+    release_requeue_delay: bool = False
 
     @property
     def release_memory_pct(self) -> float:

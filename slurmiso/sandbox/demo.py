@@ -142,19 +142,6 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise SandboxError(f"timed out waiting for {what}")
 
 
-def _release_begin_time(sbx: SandboxClient, job: str) -> None:
-    """Slurm holds a requeued job back 120 s (BeginTime); a demo does not wait that out."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        fields = sbx.job_fields(job)
-        if fields.get("JobState") == "RUNNING":
-            return
-        if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
-            sbx.cmd("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
-            return
-        time.sleep(0.2)
-
-
 def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float = 0.05,
                         preemptions: int = 3) -> Dict[str, Any]:
     """A ``train`` job counting steps under ``srun slurmiso run`` on both GPUs of n1, preempted
@@ -214,7 +201,6 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
             return sum(e["event"] == "requeue" for e in records()) > n
 
         _wait(requeued, 30, f"requeue {n + 1} of the training job")
-        _release_begin_time(sbx, job)
     sbx.wait_for(job, timeout=steps * step_time + 150)
     with open(log) as fh:
         text = fh.read()

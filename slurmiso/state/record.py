@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping
 _RECORD_FIELDS: Dict[str, Any] = {
     "job_id": str, "uid": int, "status": str, "mode": str, "gpus": list, "resources": list,
     "claims": list, "env": dict, "warnings": list, "restart_count": int, "times": dict,
+    "late_epilogs": int,
 }
 _STATUSES = ("preparing", "ready", "refused", "releasing", "released")
 #: Per resource kind: fields that must be whole numbers (when the state says they exist).

@@ -161,3 +161,48 @@ def test_prolog_that_dies_before_the_end_leaves_a_deny_all_fence(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         runner.run_hook("prolog", job_env(), cfg, Drains())
     assert "c 195:*" in (fence.read_rules(f"{tmp}/state/node1", "42") or [])
+
+
+def test_late_epilog_of_an_earlier_attempt_keeps_the_new_attempts_isolation(tmp_path):
+    """Measured on 22.05: after a quick requeue slurmd runs attempt N's epilog only after
+    attempt N+1's prolog, with N+1's restart count. That epilog must not tear down N+1."""
+    from test_hooks_runner import Drains, job_env
+
+    from slurmiso.hooks.runner import run_hook
+
+    tmp = str(tmp_path)
+    cfg = _hook_world(tmp, "exclusive")
+    sd = f"{tmp}/state/node1"
+    assert run_hook("prolog", job_env(SLURM_JOB_RESTART_COUNT="0"), cfg, Drains()) == 0
+    # requeued; the next attempt's prolog comes first
+    assert run_hook("prolog", job_env(SLURM_JOB_RESTART_COUNT="1"), cfg, Drains()) == 0
+    from test_hooks_runner import state
+
+    assert state(tmp).read_job("42")["restart_count"] == 1
+    # attempt 0's epilog, with attempt 1's count: the record and the fence stay
+    assert run_hook("epilog", job_env(SLURM_JOB_RESTART_COUNT="1"), cfg, Drains()) == 0
+    rec = state(tmp).read_job("42")
+    assert rec is not None and rec["status"] == "ready" and rec["late_epilogs"] == 0
+    assert fence.read_rules(sd, "42") == []
+    assert state(tmp).allocations() == {"gpu/0": "42"}
+    # attempt 1's own epilog tears it down
+    assert run_hook("epilog", job_env(SLURM_JOB_RESTART_COUNT="1"), cfg, Drains()) == 0
+    assert state(tmp).read_job("42") is None and fence.read_rules(sd, "42") is None
+    assert state(tmp).allocations() == {}
+
+
+def test_a_prolog_rerun_of_the_same_attempt_owes_no_skip(tmp_path):
+    from test_hooks_runner import Drains, job_env, state
+
+    from slurmiso.hooks.runner import run_hook
+
+    tmp = str(tmp_path)
+    cfg = _hook_world(tmp, "exclusive")
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    rec = state(tmp).read_job("42")
+    rec["status"] = "preparing"  # as a prolog killed half-way leaves it
+    state(tmp).write_job("42", rec)
+    assert run_hook("prolog", job_env(), cfg, Drains()) == 0
+    assert state(tmp).read_job("42")["late_epilogs"] == 0
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    assert state(tmp).read_job("42") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import replace
 from typing import List
 
 from test_monitor_scenarios import BASE, T0, FakeCluster
@@ -15,9 +16,18 @@ from slurmiso.monitor.policy import Action, Memory
 from slurmiso.monitor.snapshot import JobInfo
 from slurmiso.state import Journal
 
+#: The release is off by default (it can start a job whose Prolog slurmd skips); on here.
+RELEASING = replace(BASE, release_requeue_delay=True)
+
+
+def test_the_release_is_off_by_default() -> None:
+    from slurmiso.monitor.policy import Policy
+
+    assert Policy().release_requeue_delay is False
+
 
 def _cycle(c: FakeCluster, ts: float, mem: Memory, journal: Journal) -> List[Action]:
-    actions, new = decide(c.snapshot(ts), BASE, mem)
+    actions, new = decide(c.snapshot(ts), RELEASING, mem)
     for o in Applier(None, c, journal).apply(actions):
         assert o.ok
     mem.__dict__.update(new.__dict__)
@@ -52,7 +62,7 @@ def test_user_begin_times_are_left_alone() -> None:
     c.submit("8", reason="BeginTime")
     mem = Memory()
     for i in range(3):
-        actions, mem = decide(c.snapshot(T0 + 30 * i), BASE, mem)
+        actions, mem = decide(c.snapshot(T0 + 30 * i), RELEASING, mem)
         assert actions == []
 
 
@@ -61,9 +71,9 @@ def test_begin_now_shares_the_start_budget() -> None:
     for i in range(10):
         c.jobs[str(i)] = JobInfo(str(i), "RUNNING", "train", ("shared",), "train", T0 - 900,
                                  nodes=("n1",))
-    _, mem = decide(c.snapshot(T0), BASE, Memory())
+    _, mem = decide(c.snapshot(T0), RELEASING, Memory())
     for i in range(10):
         c.jobs[str(i)] = dataclasses.replace(c.jobs[str(i)], state="PENDING", nodes=(),
                                              reason="BeginTime", priority=float(i))
-    actions, mem = decide(c.snapshot(T0 + 30), BASE, mem)
+    actions, mem = decide(c.snapshot(T0 + 30), RELEASING, mem)
     assert [a.target for a in actions] == ["9", "8", "7", "6"], "budget 4, by priority"
