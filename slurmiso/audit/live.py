@@ -1,7 +1,8 @@
 """``--live`` checks of this node and the Slurm controller, as findings.
 
 Read-only apart from the journal line ``reconcile --dry-run`` writes: orphaned MIG instances,
-MPS daemons and leftover GPU processes (``status.collect`` and ``reconcile_node`` dry-run),
+MPS daemons and leftover GPU processes (``lifecycle.node_status`` and a dry-run
+``reconcile_node``),
 QoS drift against the config (``sacctmgr show qos -P``), hooks missing from ``slurm.conf``
 (``scontrol show config``), and MIG-typed GRES vs the MIG instances really on the GPUs. Each
 check that cannot run becomes a finding that says why, so an unreachable Slurm degrades the
@@ -56,8 +57,7 @@ def live_findings(cfg: Any, node: str, slurm: Any) -> List[Finding]:
 
 
 def _node_checks(cfg: Any, node: str, running: Optional[List[str]], slurm: Any) -> List[Finding]:
-    from slurmiso.cli.reconcile import reconcile_node
-    from slurmiso.cli.status import collect
+    from slurmiso.isolation.lifecycle import node_status, reconcile_node
 
     out: List[Finding] = []
     if cfg.pool_for_node(node) is None:
@@ -65,7 +65,7 @@ def _node_checks(cfg: Any, node: str, running: Optional[List[str]], slurm: Any) 
                      f"node {node} is in no pool of the config: no GPU checks here",
                      "run 'slurmiso audit --live' on a GPU node (or pass --node)", [node])]
     try:
-        status = collect(cfg, node, True)
+        status = node_status(cfg, node, True)
         fixes = reconcile_node(cfg, node, True, running)
     except SlurmisoError as err:
         return [make("error", "live-node-check-failed", f"node {node}: {err}",

@@ -134,7 +134,7 @@ def _blank(figures: Dict[str, Any], unknown: set) -> Dict[str, Any]:
 
 def capacity_from_config(cfg: Any) -> Dict[str, Optional[int]]:
     """GPUs per pool from the config: named nodes x gpus_per_node; None for feature pools."""
-    from slurmiso.slurm.hostlist import expand
+    from slurmiso.hostlist import expand
 
     out: Dict[str, Optional[int]] = {}
     for p in cfg.pools:

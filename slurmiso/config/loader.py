@@ -243,7 +243,7 @@ def _read_class(s: _Section) -> JobClass:
 
 def _read_pool(s: _Section) -> Pool:
     from slurmiso.gpu.profiles import MODELS, lookup_model
-    from slurmiso.slurm.hostlist import HostlistError, expand
+    from slurmiso.hostlist import HostlistError, expand
 
     nodes = s.text("nodes", "")
     names: Tuple[str, ...] = ()
@@ -393,21 +393,11 @@ def _read_monitor(s: _Section) -> MonitorSettings:
 # cross-field rules
 
 
-def class_name_problem(name: str) -> str:
-    """Why ``name`` cannot be a class name ("" if it can): the --iso-class rule."""
-    from slurmiso.submit.options import CLASS_CHARS, CLASS_FIRST, CLASS_MAX_LEN
-
-    if len(name) > CLASS_MAX_LEN:
-        return f"is longer than {CLASS_MAX_LEN} characters"
-    if name[0] not in CLASS_FIRST or any(ch not in CLASS_CHARS for ch in name):
-        return "must be a letter followed by letters, digits, _ or -"
-    return ""
-
-
 def _check(cfg: Config, p: _Problems) -> None:
+    from slurmiso.classname import class_name_problem
     from slurmiso.gpu.placement import pack
     from slurmiso.gpu.profiles import MODELS
-    from slurmiso.slurm.hostlist import compress
+    from slurmiso.hostlist import compress
 
     class_names = [c.name for c in cfg.classes]
     for i, c in enumerate(cfg.classes):

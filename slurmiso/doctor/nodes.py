@@ -14,8 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import Config, Pool
 from slurmiso.doctor import Check, Finding, Snapshot
+from slurmiso.hostlist import expand
 from slurmiso.slurm import slurmconf
-from slurmiso.slurm.hostlist import expand
 
 #: A node's Gres= entry: (name, type, count); type "" when untyped.
 GresItem = Tuple[str, str, int]

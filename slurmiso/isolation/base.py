@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
 
-from slurmiso.errors import SlurmisoError
+from slurmiso.errors import NodeFault
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, JobClass, Pool
     from slurmiso.gpu.backend import GpuBackend
-    from slurmiso.hooks.jobenv import JobEnv
+    from slurmiso.slurm.jobenv import JobEnv
     from slurmiso.state import Journal, NodeState
 
 log = logging.getLogger(__name__)
@@ -37,18 +37,6 @@ PREPARING, READY, REFUSED, RELEASING, RELEASED = (
     "releasing",
     "released",
 )
-
-
-class JobProblem(SlurmisoError):
-    """The job cannot get its GPU share; refuse the job, keep the node."""
-
-    kind = "job-problem"
-
-
-class NodeFault(SlurmisoError):
-    """The node's GPUs are not in a state slurmiso can vouch for; drain the node."""
-
-    kind = "node-fault"
 
 
 @dataclass

@@ -34,8 +34,8 @@ from typing import Callable, Dict, List, Optional, Protocol
 
 import psutil
 
+from slurmiso.errors import NodeFault
 from slurmiso.isolation import mps_sim
-from slurmiso.isolation.base import NodeFault
 from slurmiso.isolation.processes import end_processes
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterator, List
 import psutil
 import pytest
 
+from slurmiso.errors import NodeFault
 from slurmiso.isolation import mps_sim
-from slurmiso.isolation.base import NodeFault
 from slurmiso.isolation.mps_daemon import (
     NVIDIA_PID_FILE,
     NvidiaMpsControl,
