@@ -123,7 +123,7 @@ def parse_qos(text: str) -> Dict[str, Dict[str, str]]:
 
 def qos_drift(cfg: Any, qos: Dict[str, Dict[str, str]]) -> List[Finding]:
     """Differences between each class's QoS and what ``qos apply`` would have made."""
-    from slurmiso.units import parse_duration
+    from slurmiso.units import parse_slurm_time
 
     out = []
     for c in cfg.classes:
@@ -143,7 +143,7 @@ def qos_drift(cfg: Any, qos: Dict[str, Dict[str, str]]) -> List[Finding]:
         if c.preemptible and have.get("PreemptMode", "").lower() not in ("requeue", ""):
             diffs.append(f"PreemptMode {have.get('PreemptMode')} (want requeue)")
         if c.checkpoint is not None and have.get("GraceTime"):
-            grace = _seconds(have["GraceTime"], parse_duration)
+            grace = _seconds(have["GraceTime"], parse_slurm_time)
             if grace is not None and grace != c.checkpoint.grace_s:
                 diffs.append(f"GraceTime {grace}s (config {c.checkpoint.grace_s}s)")
         if diffs:
@@ -188,6 +188,7 @@ def gres_drift(cfg: Any, node: str, status: Dict[str, Any], show: Dict[str, str]
 
 def _seconds(text: str, parse: Any) -> Optional[int]:
     try:
-        return int(parse(text))
+        value = parse(text)
     except ValueError:
         return None
+    return None if value is None else int(value)

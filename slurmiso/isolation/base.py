@@ -3,12 +3,13 @@
 Failure policy lives in the exception a handler raises, because Slurm drains a node whenever a
 Prolog/Epilog exits non-zero:
 
-* :class:`JobProblem` — this job cannot be isolated as asked (profile does not fit, bad
-  option). The hook exits 0, the record says ``refused`` with the reason, and the task prolog /
-  ``slurmiso run`` refuse to start the job with that message. The node stays up.
-* :class:`NodeFault` (and any :class:`~slurmiso.errors.GpuError` other than "does not fit",
-  and :class:`~slurmiso.errors.StateError`) — the node is not fit to run jobs. The hook drains
-  the node with a one-line reason and exits non-zero.
+* :class:`~slurmiso.errors.JobProblem` — this job cannot be isolated as asked (profile
+  does not fit, bad option). The hook exits 0, the record says ``refused`` with the reason,
+  and the task prolog / ``slurmiso run`` refuse to start the job with that message. The node
+  stays up.
+* :class:`~slurmiso.errors.NodeFault` (and any :class:`~slurmiso.errors.GpuError` other
+  than "does not fit", and :class:`~slurmiso.errors.StateError`) — the node is not fit to
+  run jobs. The hook drains the node with a one-line reason and exits non-zero.
 """
 
 from __future__ import annotations
