@@ -25,7 +25,7 @@ _HOOKS = ("Prolog", "Epilog", "TaskProlog")
 
 def live_findings(cfg: Any, node: str, slurm: Any) -> List[Finding]:
     """All live checks; ``slurm`` is a ``SlurmCli`` (injected so tests can fake it)."""
-    from slurmiso.config.model import node_name
+    from slurmiso.hostlist import node_name
 
     node = node_name(node)
     out: List[Finding] = []

@@ -137,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
     from slurmiso.cli.output import print_json
     from slurmiso.config import load_config
-    from slurmiso.config.model import node_name
-    from slurmiso.hostlist import expand
+    from slurmiso.hostlist import expand, node_name
     from slurmiso.monitor import snapshot as snapmod
     from slurmiso.monitor.apply import Applier
     from slurmiso.monitor.gather import live_snapshot

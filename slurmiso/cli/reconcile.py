@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
-    from slurmiso.config.model import node_name
+    from slurmiso.hostlist import node_name
 
     cfg = load_config(args.config)
     live: Optional[List[str]] = None

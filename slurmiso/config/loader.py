@@ -12,7 +12,6 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from slurmiso.config.model import (
-    BACKENDS,
     ISOLATIONS,
     POOL_MODES,
     SEVERITIES,
@@ -38,6 +37,7 @@ from slurmiso.config.model import (
     Thresholds,
 )
 from slurmiso.errors import ConfigError
+from slurmiso.gpu import BACKEND_KINDS
 
 DEFAULT_PATH = "/etc/slurmiso/slurmiso.yaml"
 T = TypeVar("T")
@@ -566,7 +566,7 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
             )
     gs = top.section("gpu")
     gpu = GpuSettings(
-        backend=gs.text("backend", "auto", BACKENDS),
+        backend=gs.text("backend", "auto", BACKEND_KINDS),
         sim_state=gs.text("sim_state", GpuSettings.sim_state),
     )
     gs.done()

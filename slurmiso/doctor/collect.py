@@ -11,9 +11,10 @@ import os
 import time
 from typing import Any, Dict, Optional
 
-from slurmiso.config.model import Config, node_name
+from slurmiso.config.model import Config
 from slurmiso.doctor import SNAPSHOT_VERSION, Snapshot
 from slurmiso.errors import UsageError
+from slurmiso.hostlist import node_name
 from slurmiso.slurm import qos as Q
 from slurmiso.slurm import slurmconf
 from slurmiso.slurm.client import SlurmCli

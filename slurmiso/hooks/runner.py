@@ -25,15 +25,6 @@ from slurmiso.isolation.base import PREPARING, READY, REFUSED, RELEASING, Contex
 
 log = logging.getLogger("slurmiso.hooks")
 
-#: How strong each isolation is; a class may land only on pools at least as strong as it asks.
-STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
-MODE_GIVES = {
-    "exclusive": "exclusive",
-    "mig-static": "mig",
-    "mig-dynamic": "mig",
-    "mps": "mps",
-    "timeslice": "timeslice",
-}
 QOS_LOOKUP_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 5.0
 
@@ -219,8 +210,10 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
             )
         ctx.job_class = cls
         ctx.record.update({"class": cls.name, "class_reason": why})
-        gives = MODE_GIVES[ctx.pool.mode]
-        if STRENGTH[gives] < STRENGTH[cls.isolation]:
+        from slurmiso.config.model import ISOLATION_STRENGTH, MODE_ISOLATION
+
+        gives = MODE_ISOLATION[ctx.pool.mode]
+        if ISOLATION_STRENGTH[gives] < ISOLATION_STRENGTH[cls.isolation]:
             raise JobProblem(
                 f"class {cls.name} needs {cls.isolation} isolation or stronger; partition "
                 f"{ctx.env.partition} (pool {ctx.pool.name}) gives only {gives}",

@@ -55,8 +55,8 @@ def reconcile_node(
     backend opened here is closed before returning, because the monitor calls this
     periodically.
     """
-    from slurmiso.config.model import node_name
     from slurmiso.gpu import open_backend
+    from slurmiso.hostlist import node_name
     from slurmiso.isolation.base import ReconcileContext
     from slurmiso.slurm.jobenv import JobEnv
     from slurmiso.state import Journal, NodeState
@@ -126,7 +126,7 @@ def reconcile_node(
 
 def node_status(cfg: Config, node: str, with_gpus: bool) -> Dict[str, Any]:
     """Which job holds which GPU, MIG instance or MPS share on ``node``, as plain data."""
-    from slurmiso.config.model import node_name
+    from slurmiso.hostlist import node_name
     from slurmiso.state import NodeState
 
     node = node_name(node)

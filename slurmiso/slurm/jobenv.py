@@ -41,8 +41,8 @@ class JobEnv:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
-        from slurmiso.config.model import node_name
         from slurmiso.errors import StateError
+        from slurmiso.hostlist import node_name
         from slurmiso.state import validate_job_id
 
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
