@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -212,13 +211,11 @@ def write(text: str, path: Optional[str]) -> None:
     if not path or path == "-":
         sys.stdout.write(text)
         return
+    from slurmiso.atomic import write_atomic
     from slurmiso.errors import UsageError
 
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as exc:
         raise UsageError(f"cannot write report {path}: {exc.strerror}") from None
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from slurmiso.atomic import write_atomic
 from slurmiso.errors import (
     GpuError,
     GpuInsufficientResources,
@@ -177,19 +177,10 @@ class _StateFile:
         return state
 
     def write(self, state: State) -> None:
-        folder = os.path.dirname(os.path.abspath(self.path))
-        mode = _file_mode(self.path)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sim-state.", suffix=".tmp")
+        text = json.dumps(state, indent=1, sort_keys=True) + "\n"
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(state, fh, indent=1, sort_keys=True)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, text, _file_mode(self.path))
         except OSError as exc:
-            _unlink_quietly(tmp)
             raise GpuUnavailable(f"cannot write simulated GPU state {self.path}: {exc}") from exc
 
     @contextmanager
@@ -236,11 +227,6 @@ def _file_mode(path: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
-
-
-def _unlink_quietly(path: str) -> None:
-    with suppress(OSError):
-        os.unlink(path)
 
 
 def _schema_problem(state: Any) -> str:

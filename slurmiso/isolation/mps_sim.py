@@ -40,6 +40,7 @@ import struct
 import sys
 from typing import Dict, Iterator, List, Optional
 
+from slurmiso.atomic import write_atomic
 from slurmiso.isolation.mps_sim_control import Controller
 
 PID_FILE = "control.pid"
@@ -127,10 +128,7 @@ class _Daemon:
         os.chmod(os.path.join(self.pipe_dir, SOCKET), 0o777)
         self.sock.listen(16)
         self.sock.settimeout(0.2)
-        tmp = os.path.join(self.pipe_dir, f".{PID_FILE}.tmp")
-        with open(tmp, "w", encoding="ascii") as fh:
-            fh.write(f"{os.getpid()}\n")
-        os.replace(tmp, os.path.join(self.pipe_dir, PID_FILE))
+        write_atomic(os.path.join(self.pipe_dir, PID_FILE), f"{os.getpid()}\n")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         log.info("sim MPS control daemon started for %s, pipe dir %s", self.gpu_uuid, self.pipe_dir)

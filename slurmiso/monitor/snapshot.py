@@ -289,27 +289,9 @@ def load_sequence(path: str) -> List[Snapshot]:
 
 def save(snap: Snapshot, path: str) -> None:
     """Write atomically (temp file + rename) so a reader never sees half a snapshot."""
-    import os
-    import tempfile
+    from slurmiso.atomic import write_atomic
 
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".snapshot-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(snap))
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-
-
-def _unlink_quietly(path: str) -> None:
-    import os
-
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    write_atomic(path, dumps(snap))
 
 
 def _gres_items(gres: str) -> Iterator[List[str]]:
