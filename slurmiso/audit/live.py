@@ -172,11 +172,9 @@ def gres_drift(cfg: Any, node: str, status: Dict[str, Any], show: Dict[str, str]
     """mig-static: MIG-typed GRES counts in Slurm vs instances on the GPUs."""
     if (status.get("mode") or "") != "mig-static":
         return []
-    gres: Counter = Counter()
-    for item in show.get("Gres", "").split(","):
-        parts = item.split("(")[0].split(":")
-        if len(parts) == 3 and parts[0] == "gpu" and "g." in parts[1]:
-            gres[parts[1]] += int(parts[2]) if parts[2].isdigit() else 0
+    from slurmiso.slurm.gres import gpu_types
+
+    gres = Counter({t: c for t, c in gpu_types(show.get("Gres", "")).items() if "g." in t})
     actual: Counter = Counter(i.get("profile", "?") for i in status.get("mig_instances", []))
     if not gres or gres == actual:
         return []

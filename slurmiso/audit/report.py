@@ -148,7 +148,7 @@ def capacity_from_config(cfg: Any) -> Dict[str, Optional[int]]:
 
 def capacity_from_scontrol(cfg: Any, text: str) -> Dict[str, Optional[int]]:
     """GPUs per pool from a saved ``scontrol show nodes`` (``Gres=gpu:...``, features)."""
-    from slurmiso.doctor.nodes import parse_gres
+    from slurmiso.slurm.gres import gres_counts
 
     out: Dict[str, Optional[int]] = {p.name: None for p in cfg.pools}
     for block in text.split("NodeName=")[1:]:
@@ -157,8 +157,7 @@ def capacity_from_scontrol(cfg: Any, text: str) -> Dict[str, Optional[int]]:
         pool = cfg.pool_for_node(fields.get("NodeName", ""), features)
         if pool is None:
             continue
-        gres = fields.get("Gres", "").split("(", 1)[0]
-        gpus = sum(n for name, _, n in parse_gres(gres) if name == "gpu") if gres else 0
+        gpus = gres_counts(fields.get("Gres", "")).get("gpu", 0)
         out[pool.name] = (out[pool.name] or 0) + gpus
     return out
 

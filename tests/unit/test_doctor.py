@@ -23,7 +23,7 @@ from slurmiso.cli.main import main
 from slurmiso.config import parse_config
 from slurmiso.config.model import Config
 from slurmiso.doctor import Finding, all_checks, run_checks
-from slurmiso.doctor.nodes import gres_conf_types, parse_gres
+from slurmiso.doctor.nodes import gres_conf_types
 from slurmiso.sandbox import layout as L
 from slurmiso.slurm import slurmconf
 
@@ -207,17 +207,6 @@ def test_generated_settings_are_what_the_sandbox_runs() -> None:
             continue  # wired by the job_submit work; recorded before it was
         have = {v.strip().lower() for v in live[s.key].split(",")}
         assert {v.lower() for v in s.value.split(",")} <= have, s.key
-
-
-@pytest.mark.parametrize("value,items", [
-    ("gpu:3g.40gb:3,gpu:4g.40gb:1", [("gpu", "3g.40gb", 3), ("gpu", "4g.40gb", 1)]),
-    ("gpu:h100:2(S:0-1),mps:h100:200", [("gpu", "h100", 2), ("mps", "", 200)]),
-    ("gpu:2,shard:14", [("gpu", "", 2), ("shard", "", 14)]),
-    ("(null)", []),
-    ("", []),
-])
-def test_parse_gres(value: str, items: Any) -> None:
-    assert parse_gres(value) == items
 
 
 def test_gres_conf_types_by_node() -> None:
