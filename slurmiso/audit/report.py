@@ -12,9 +12,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from slurmiso.audit.analyze import Aggregator, ClassStats, Who
 from slurmiso.audit.definitions import DEFINITIONS, DOC
 from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import Finding, sort_findings
+from slurmiso.audit.findings import sort_findings
 from slurmiso.audit.quantiles import EXACT, RELATIVE_ERROR
 from slurmiso.audit.sacct import ParseStats
+from slurmiso.doctor import Finding
 
 #: Figures made unknown (None) by a finding about the input: code -> figure keys.
 UNKNOWN_WHEN = {

@@ -64,7 +64,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--journal", nargs="+", default=[], metavar="PATH",
                    help="journal files or globs (default: paths.journal, %%n as *)")
     p.add_argument("--live", action="store_true",
-                   help="also check this node and Slurm now: leftovers, QoS drift, hooks, GRES")
+                   help="also run doctor's checks now, and list what ended jobs left on this "
+                   "node (MIG instances, GPU processes, job records)")
     p.add_argument("--node", default="", help="node for --live (default: this host)")
     p.set_defaults(func=run)
 

@@ -251,7 +251,8 @@ def test_cli_snapshot_exit_codes_and_json(tmp_path: Any, sandbox_yaml: str, caps
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False and data["node"] == "n3"
     f = next(f for f in data["findings"] if f["code"] == "preempt-mode")
-    assert set(f) == {"severity", "code", "message", "fix"} and "CANCEL" in f["message"]
+    assert set(f) == {"severity", "code", "message", "fix", "subjects", "count"}  # audit's shape
+    assert "CANCEL" in f["message"]
 
 
 def test_cli_bad_snapshot_is_a_usage_error(tmp_path: Any, sandbox_yaml: str, capsys: Any) -> None:
