@@ -66,13 +66,10 @@ def _gpu_node(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
         return None
     from slurmiso.gpu import open_backend
 
-    backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
-    try:
+    with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
         return {"node": node, "pool": pool.name,
                 "devices": [d.to_dict() for d in backend.devices()],
                 "instances": [i.to_dict() for i in backend.instances()]}
-    finally:
-        backend.close()
 
 
 def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snapshot:

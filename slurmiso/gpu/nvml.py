@@ -31,7 +31,7 @@ from slurmiso.errors import (
     GpuUnavailable,
 )
 from slurmiso.gpu import profiles
-from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 
 log = logging.getLogger(__name__)
@@ -152,10 +152,17 @@ class NvmlBackend:
     """:class:`~slurmiso.gpu.backend.GpuBackend` on the node's real GPUs."""
 
     name = "nvml"
+    capabilities = Capabilities()
 
     def __init__(self) -> None:
         self._nvml: Any = None
         self._profiles: Dict[int, List[MigProfile]] = {}
+
+    def __enter__(self) -> NvmlBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ connection
     def connect(self) -> None:

@@ -32,7 +32,7 @@ from slurmiso.errors import (
     UsageError,
 )
 from slurmiso.gpu import profiles
-from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 from slurmiso.pids import pid_alive
 from slurmiso.state.lock import FileLock, LockTimeout
@@ -297,10 +297,17 @@ class SimBackend:
     """
 
     name = "sim"
+    capabilities = Capabilities(set_mig_mode=True, simulated=True)
 
     def __init__(self, state_path: str, lock_timeout: float = 30.0) -> None:
         self.state_path = state_path
         self._store = _StateFile(state_path, lock_timeout)
+
+    def __enter__(self) -> SimBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------- GpuBackend: queries
     def devices(self) -> List[DeviceInfo]:

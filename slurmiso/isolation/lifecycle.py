@@ -67,58 +67,54 @@ def reconcile_node(
         return []
     state = NodeState(cfg.paths.state_dir_for(node))
     journal = Journal(cfg.paths.journal_for(node))
-    backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
     fixes: List[str] = []
-    try:
-        with state.locked():
-            if live_jobs is not None:
-                for jid, rec in state.jobs().items():
-                    if jid in live_jobs or jid.split("_")[0] in live_jobs:
-                        continue
-                    fixes.append(
-                        f"job {jid} ended but its record remained: undo {rec.get('mode')} setup"
+    with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend, state.locked():
+        if live_jobs is not None:
+            for jid, rec in state.jobs().items():
+                if jid in live_jobs or jid.split("_")[0] in live_jobs:
+                    continue
+                fixes.append(
+                    f"job {jid} ended but its record remained: undo {rec.get('mode')} setup"
+                )
+                if dry_run:
+                    continue
+                env = JobEnv(
+                    jid,
+                    int(rec.get("uid", -1)),
+                    rec.get("user", ""),
+                    node,
+                    rec.get("partition", ""),
+                    rec.get("account", ""),
+                    rec.get("qos", ""),
+                    tuple(rec.get("gpus", [])),
+                    int(rec.get("restart_count", 0)),
+                )
+                ctx = Context(
+                    cfg,
+                    env,
+                    pool,
+                    cfg.job_class(rec.get("class") or ""),
+                    state,
+                    journal,
+                    lambda: backend,
+                    record=rec,
+                )
+                teardown(ctx, why="reconcile: job no longer runs here")
+                state.delete_job(jid)
+            records = state.jobs()
+            allocs = state.allocations()
+            stale = {k: v for k, v in allocs.items() if v not in records}
+            if stale:
+                fixes.extend(
+                    f"allocation {k} held by ended job {v}: released"
+                    for k, v in stale.items()
+                )
+                if not dry_run:
+                    state.set_allocations(
+                        {k: v for k, v in allocs.items() if k not in stale}
                     )
-                    if dry_run:
-                        continue
-                    env = JobEnv(
-                        jid,
-                        int(rec.get("uid", -1)),
-                        rec.get("user", ""),
-                        node,
-                        rec.get("partition", ""),
-                        rec.get("account", ""),
-                        rec.get("qos", ""),
-                        tuple(rec.get("gpus", [])),
-                        int(rec.get("restart_count", 0)),
-                    )
-                    ctx = Context(
-                        cfg,
-                        env,
-                        pool,
-                        cfg.job_class(rec.get("class") or ""),
-                        state,
-                        journal,
-                        lambda: backend,
-                        record=rec,
-                    )
-                    teardown(ctx, why="reconcile: job no longer runs here")
-                    state.delete_job(jid)
-                records = state.jobs()
-                allocs = state.allocations()
-                stale = {k: v for k, v in allocs.items() if v not in records}
-                if stale:
-                    fixes.extend(
-                        f"allocation {k} held by ended job {v}: released"
-                        for k, v in stale.items()
-                    )
-                    if not dry_run:
-                        state.set_allocations(
-                            {k: v for k, v in allocs.items() if k not in stale}
-                        )
-            rctx = ReconcileContext(cfg, pool, state, journal, backend, dry_run, live_jobs)
-            fixes.extend(handler_for(pool.mode).reconcile(rctx))
-    finally:
-        backend.close()
+        rctx = ReconcileContext(cfg, pool, state, journal, backend, dry_run, live_jobs)
+        fixes.extend(handler_for(pool.mode).reconcile(rctx))
     for line in fixes:
         journal.append("reconcile", node=node, fix=line, dry_run=dry_run)
     return fixes
@@ -156,11 +152,8 @@ def node_status(cfg: Config, node: str, with_gpus: bool) -> Dict[str, Any]:
     if with_gpus:
         from slurmiso.gpu import open_backend
 
-        backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
-        try:
+        with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
             out["gpus"] = [d.to_dict() for d in backend.devices()]
             out["mig_instances"] = [i.to_dict() for i in backend.instances()]
             out["processes"] = [p.to_dict() for p in backend.processes()]
-        finally:
-            backend.close()
     return out

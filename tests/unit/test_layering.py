@@ -160,3 +160,22 @@ def test_cycle_finder_reports_a_cycle_and_only_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
     assert cycles({"hooks": {"isolation"}, "isolation": {"hooks"}}) == [["hooks", "isolation"]]
+
+
+def test_backend_abilities_are_declared_not_probed() -> None:
+    """Callers read ``backend.capabilities``; no ``getattr(backend, ...)`` probe and no test
+    of a backend's name remain (the sandbox, a development tool, is left out)."""
+    probes = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if "sandbox" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args
+                    and "backend" in ast.unparse(node.args[0])):
+                probes.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+            if (isinstance(node, ast.Compare) and "name" in ast.unparse(node.left)
+                    and any(isinstance(c, ast.Constant) and c.value in ("sim", "nvml")
+                            for c in node.comparators)):
+                probes.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert probes == []

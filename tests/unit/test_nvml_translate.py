@@ -375,6 +375,18 @@ def test_profile_name(model: Optional[str], info: Any, constant: str, expected: 
 # --------------------------------------------------------- the backend on the fake
 def test_is_a_gpu_backend(nvml: NvmlBackend) -> None:
     assert isinstance(nvml, GpuBackend) and nvml.name == "nvml"
+    assert not nvml.capabilities.set_mig_mode and not nvml.capabilities.simulated
+
+
+def test_context_manager_shuts_nvml_down(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: List[str] = []
+    monkeypatch.setattr(sys.modules["pynvml"], "nvmlShutdown", lambda: calls.append("shutdown"))
+    with NvmlBackend() as backend:
+        assert backend.devices()
+        assert calls == []
+    assert calls == ["shutdown"]
+    backend.close()  # idempotent: no second shutdown
+    assert calls == ["shutdown"]
 
 
 def test_device_info(nvml: NvmlBackend) -> None:

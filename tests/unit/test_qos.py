@@ -1,5 +1,5 @@
 """QoS desired/live/diff (table-driven), the applier's sacctmgr calls, ``qos`` CLI in-process,
-and ``gen slurm-conf`` (golden file: delete it to regenerate)."""
+and ``gen slurm-conf`` (golden file: compared; UPDATE_GOLDEN=1 rewrites it)."""
 
 from __future__ import annotations
 
