@@ -51,7 +51,7 @@ def parse_size(text: str) -> int:
     whole, _, frac = number.partition(".")
     mul, div = _SIZE_UNITS[(unit or "m").lower()]
     scaled = int(whole + frac) * mul
-    return -(-scaled // (div * 10 ** len(frac)))
+    return int(-(-scaled // (div * 10 ** len(frac))))
 
 
 def parse_duration(text: str) -> int:

@@ -9,7 +9,7 @@ silently not applied.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from slurmiso.config.model import (
     ISOLATIONS,
@@ -75,7 +75,7 @@ class _Section:
             problems.add(path, f"expected a mapping, got {_show(data)}")
             data = {}
         self.data: Dict[str, Any] = data
-        self.seen: set = set()
+        self.seen: Set[str] = set()
 
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name

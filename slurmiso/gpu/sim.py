@@ -174,7 +174,8 @@ class _StateFile:
         problem = _schema_problem(state)
         if problem:
             raise GpuUnavailable(f"simulated GPU state {self.path} is corrupt: {problem}", hint=fix)
-        return state
+        checked: State = state
+        return checked
 
     def write(self, state: State) -> None:
         text = json.dumps(state, indent=1, sort_keys=True) + "\n"
@@ -579,7 +580,8 @@ def _profile(state: State, index: int, name: str) -> MigProfile:
 def _instance(gpu: Dict[str, Any], gi_id: int) -> Dict[str, Any]:
     for inst in gpu["instances"]:
         if inst["gi_id"] == gi_id:
-            return inst
+            found: Dict[str, Any] = inst
+            return found
     raise GpuNotFound(f"no GPU instance {gi_id} on GPU {gpu['index']}")
 
 
@@ -590,8 +592,8 @@ def _live_processes(state: State) -> List[Dict[str, Any]]:
 def _memory_used(state: State, gpu: Dict[str, Any], mig_uuid: Optional[str] = None) -> int:
     procs = [p for p in _live_processes(state) if p["gpu_index"] == gpu["index"]]
     if mig_uuid is not None:
-        return sum(p["used_memory_mb"] for p in procs if p["mig_uuid"] == mig_uuid)
-    return int(gpu["load"]["memory_mb"]) + sum(p["used_memory_mb"] for p in procs)
+        return sum(int(p["used_memory_mb"]) for p in procs if p["mig_uuid"] == mig_uuid)
+    return int(gpu["load"]["memory_mb"]) + sum(int(p["used_memory_mb"]) for p in procs)
 
 
 def _device_info(state: State, gpu: Dict[str, Any]) -> DeviceInfo:

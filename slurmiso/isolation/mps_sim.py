@@ -38,7 +38,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.isolation.mps_sim_control import Controller
@@ -97,7 +97,7 @@ def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _peer(conn: socket.socket) -> tuple:
+def _peer(conn: socket.socket) -> Tuple[int, int]:
     """(pid, uid) of the connected process, from the kernel."""
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
         socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
