@@ -27,7 +27,7 @@ class DeviceInfo:
     pci_bus_id: str
     memory_total_mb: int
     memory_used_mb: int
-    utilization_pct: int  # GPU engine busy %, 0 when not reported (e.g. MIG mode)
+    utilization_pct: Optional[int]  # GPU engine busy %; None when not reported (MIG mode)
     mig_enabled: bool
     mig_pending: bool
 

@@ -609,7 +609,7 @@ def _device_info(state: State, gpu: Dict[str, Any]) -> DeviceInfo:
         memory_total_mb=model.memory_mb,
         memory_used_mb=_memory_used(state, gpu),
         # NVML answers NOT_SUPPORTED for utilization in MIG mode; backends report 0 then.
-        utilization_pct=0 if mig else int(gpu["load"]["util"]),
+        utilization_pct=None if mig else int(gpu["load"]["util"]),
         mig_enabled=mig,
         mig_pending=mig,
     )

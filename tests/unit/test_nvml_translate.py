@@ -398,7 +398,7 @@ def test_device_info(nvml: NvmlBackend) -> None:
         "00000000:18:00.0",
     )
     assert (dev.memory_total_mb, dev.memory_used_mb) == (81559, 1234)
-    assert dev.utilization_pct == 0 and dev.mig_enabled  # NOT_SUPPORTED under MIG -> 0
+    assert dev.utilization_pct is None and dev.mig_enabled  # NOT_SUPPORTED under MIG: unknown
     with pytest.raises(GpuNotFound, match="no GPU 3"):
         nvml.device(3)
 
