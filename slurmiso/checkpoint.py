@@ -111,12 +111,9 @@ def _write_marker(marker: str, path: str, step: Optional[int]) -> None:
     directory = os.path.dirname(marker) or "."
     os.makedirs(directory, exist_ok=True)
     body = {"path": os.path.abspath(path), "step": step, "pid": os.getpid()}
-    tmp = os.path.join(directory, f".{os.path.basename(marker)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(body, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, marker)
+    from slurmiso.atomic import write_atomic
+
+    write_atomic(marker, json.dumps(body))
 
 
 _default = Request()

@@ -20,6 +20,8 @@ tree to exit codes in one table (:data:`EXIT_CODES`), and the hooks map it to Sl
     +-- SlurmError                  Slurm command failed or returned unexpected output (exit 5)
     |   +-- SlurmUnavailable        slurmctld/slurmdbd not reachable
     +-- SandboxError                the local test cluster could not be set up (exit 6)
+    +-- JobProblem                  hooks: this job cannot get its GPU share; refuse the job
+    +-- NodeFault                   hooks: the node's GPUs are not trustworthy; drain the node
 """
 
 from __future__ import annotations
@@ -108,6 +110,18 @@ class SlurmUnavailable(SlurmError):
 
 class SandboxError(SlurmisoError):
     kind = "sandbox"
+
+
+class JobProblem(SlurmisoError):
+    """The job cannot get its GPU share; refuse the job, keep the node."""
+
+    kind = "job-problem"
+
+
+class NodeFault(SlurmisoError):
+    """The node's GPUs are not in a state slurmiso can vouch for; drain the node."""
+
+    kind = "node-fault"
 
 
 #: CLI exit code per error class; the most specific class in the MRO wins.

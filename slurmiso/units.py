@@ -51,7 +51,7 @@ def parse_size(text: str) -> int:
     whole, _, frac = number.partition(".")
     mul, div = _SIZE_UNITS[(unit or "m").lower()]
     scaled = int(whole + frac) * mul
-    return -(-scaled // (div * 10 ** len(frac)))
+    return int(-(-scaled // (div * 10 ** len(frac))))
 
 
 def parse_duration(text: str) -> int:
@@ -75,6 +75,37 @@ def parse_duration(text: str) -> int:
         f"invalid duration {text!r}: use 90s, 5m, 2h, 1d, 1w, D-HH:MM:SS, HH:MM:SS, MM:SS "
         "or plain seconds"
     )
+
+
+#: What Slurm prints instead of a time: no limit (``UNLIMITED``/``INFINITE``), the partition's
+#: limit applies (``Partition_Limit``, sacct), not set (``""``, ``N/A``, ``NONE``), or a value
+#: it could not render (``INVALID``). None of them is a number of seconds.
+SLURM_NOT_A_TIME = frozenset(
+    {"", "UNLIMITED", "INFINITE", "N/A", "NONE", "PARTITION_LIMIT", "INVALID"}
+)
+
+
+def parse_slurm_time(text: str) -> Optional[int]:
+    """Seconds of a time as Slurm prints it (sacctmgr, scontrol, sacct, squeue); None when
+    Slurm printed no time (:data:`SLURM_NOT_A_TIME`).
+
+    Slurm's forms: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``. A
+    bare number is minutes, as in Slurm (unlike :func:`parse_duration`, where it is seconds).
+    Anything else is a ValueError: a misread limit must not pass as "no limit".
+    """
+    raw = str(text).strip()
+    if raw.upper() in SLURM_NOT_A_TIME:
+        return None
+    clock = _CLOCK_RE.match(raw) if len(raw) <= 64 else None
+    if not clock:
+        raise ValueError(
+            f"invalid Slurm time {raw[:40]!r}: expected [D-]HH:MM:SS, MM:SS, D-HH[:MM], "
+            "minutes or UNLIMITED"
+        )
+    days, first, second, third = clock.groups()
+    if days is None and second is None:
+        return int(first) * 60
+    return _clock_seconds(raw, days, first, second, third)
 
 
 def _clock_seconds(

@@ -12,8 +12,8 @@ from typing import Any, Dict, Optional, Sequence
 from slurmiso.config import parse_config
 from slurmiso.config.model import Config
 from slurmiso.gpu.sim import SimBackend, init_state
-from slurmiso.hooks.jobenv import JobEnv
 from slurmiso.isolation.base import Context
+from slurmiso.slurm.jobenv import JobEnv
 from slurmiso.state import Journal, NodeState
 
 

@@ -119,9 +119,9 @@ def run_rounds(tmp: str, rounds: int, delay_ms: int = 150, seed: int = 13,
                until_kills: Optional[int] = None) -> Outcome:
     """``rounds`` rounds, or as many as it takes to deliver ``until_kills`` SIGKILLs (a hook
     that ends before its random moment is not killed)."""
-    from slurmiso.cli.reconcile import reconcile_node
     from slurmiso.config import load_config
     from slurmiso.gpu.sim import SimBackend
+    from slurmiso.isolation.lifecycle import reconcile_node
     from slurmiso.state import NodeState
 
     cfg_path = setup_node(tmp, mode)

@@ -384,7 +384,7 @@ class Aggregator:
     def _node_pool(self, nodes: str) -> Any:
         if not nodes or nodes in ("None assigned", "(null)"):
             return None
-        from slurmiso.slurm.hostlist import expand
+        from slurmiso.hostlist import expand
 
         try:
             first = expand(nodes)[0]

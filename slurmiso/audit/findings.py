@@ -1,42 +1,30 @@
 """Findings: what in the audit needs a human, with the jobs/nodes concerned and a fix.
 
 Pure rules over the aggregates (:mod:`slurmiso.audit.analyze`), the journal digest and the
-config. Live node checks add theirs in :mod:`slurmiso.audit.live`. The exit code of
+config, as :class:`slurmiso.doctor.Finding` (one type for doctor and audit). ``--live``
+adds doctor's checks and the node's leftovers (:mod:`slurmiso.audit.live`). The exit code of
 ``slurmiso audit`` is 1 when any finding is at or above ``audit.severity``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.audit.analyze import Aggregator
 from slurmiso.audit.digest import JournalDigest
 from slurmiso.audit.sacct import ParseStats
+from slurmiso.doctor import Finding
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 _SHOW = 50
 
 
-@dataclass
-class Finding:
-    severity: str
-    code: str
-    message: str
-    fix: str = ""
-    subjects: List[str] = field(default_factory=list)  # job ids or node names
-    count: int = 0  # how many subjects in all (subjects may be cut to _SHOW)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"severity": self.severity, "code": self.code, "message": self.message,
-                "fix": self.fix, "subjects": self.subjects, "count": self.count}
-
-
 def make(severity: str, code: str, message: str, fix: str = "",
          subjects: Sequence[str] = ()) -> Finding:
+    """A finding whose subjects are sorted naturally and cut to the first 50."""
     subs = sorted(set(subjects), key=_natural)
-    return Finding(severity, code, message, fix, subs[:_SHOW], len(subs))
+    return Finding(severity, code, message, fix, tuple(subs[:_SHOW]), len(subs))
 
 
 def at_or_above(findings: Sequence[Finding], level: str) -> List[Finding]:

@@ -12,9 +12,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from slurmiso.audit.analyze import Aggregator, ClassStats, Who
 from slurmiso.audit.definitions import DEFINITIONS, DOC
 from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import Finding, sort_findings
+from slurmiso.audit.findings import sort_findings
 from slurmiso.audit.quantiles import EXACT, RELATIVE_ERROR
 from slurmiso.audit.sacct import ParseStats
+from slurmiso.doctor import Finding
 
 #: Figures made unknown (None) by a finding about the input: code -> figure keys.
 UNKNOWN_WHEN = {
@@ -134,7 +135,7 @@ def _blank(figures: Dict[str, Any], unknown: set) -> Dict[str, Any]:
 
 def capacity_from_config(cfg: Any) -> Dict[str, Optional[int]]:
     """GPUs per pool from the config: named nodes x gpus_per_node; None for feature pools."""
-    from slurmiso.slurm.hostlist import expand
+    from slurmiso.hostlist import expand
 
     out: Dict[str, Optional[int]] = {}
     for p in cfg.pools:
@@ -148,7 +149,7 @@ def capacity_from_config(cfg: Any) -> Dict[str, Optional[int]]:
 
 def capacity_from_scontrol(cfg: Any, text: str) -> Dict[str, Optional[int]]:
     """GPUs per pool from a saved ``scontrol show nodes`` (``Gres=gpu:...``, features)."""
-    from slurmiso.doctor.nodes import parse_gres
+    from slurmiso.slurm.gres import gres_counts
 
     out: Dict[str, Optional[int]] = {p.name: None for p in cfg.pools}
     for block in text.split("NodeName=")[1:]:
@@ -157,8 +158,7 @@ def capacity_from_scontrol(cfg: Any, text: str) -> Dict[str, Optional[int]]:
         pool = cfg.pool_for_node(fields.get("NodeName", ""), features)
         if pool is None:
             continue
-        gres = fields.get("Gres", "").split("(", 1)[0]
-        gpus = sum(n for name, _, n in parse_gres(gres) if name == "gpu") if gres else 0
+        gpus = gres_counts(fields.get("Gres", "")).get("gpu", 0)
         out[pool.name] = (out[pool.name] or 0) + gpus
     return out
 

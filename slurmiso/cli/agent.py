@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
-    from slurmiso.config.model import node_name
+    from slurmiso.hostlist import node_name
     from slurmiso.monitor import agent
 
     cfg = load_config(args.config)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -65,7 +64,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--journal", nargs="+", default=[], metavar="PATH",
                    help="journal files or globs (default: paths.journal, %%n as *)")
     p.add_argument("--live", action="store_true",
-                   help="also check this node and Slurm now: leftovers, QoS drift, hooks, GRES")
+                   help="also run doctor's checks now, and list what ended jobs left on this "
+                   "node (MIG instances, GPU processes, job records)")
     p.add_argument("--node", default="", help="node for --live (default: this host)")
     p.set_defaults(func=run)
 
@@ -212,13 +212,11 @@ def write(text: str, path: Optional[str]) -> None:
     if not path or path == "-":
         sys.stdout.write(text)
         return
+    from slurmiso.atomic import write_atomic
     from slurmiso.errors import UsageError
 
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as exc:
         raise UsageError(f"cannot write report {path}: {exc.strerror}") from None
 

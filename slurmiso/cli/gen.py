@@ -75,9 +75,9 @@ def _add_gres_conf(sub: Any) -> None:
 
 def _gen_gres_conf(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
-    from slurmiso.config.model import node_name
     from slurmiso.errors import UsageError
     from slurmiso.gpu.profiles import lookup_model
+    from slurmiso.hostlist import node_name
     from slurmiso.mig import gres
 
     cfg = load_config(args.config)

@@ -52,8 +52,8 @@ def add_parser(subparsers: Any) -> None:
 def _open(args: argparse.Namespace) -> Tuple[Any, Any, Any, Any, str]:
     """(config, pool, backend, NodeState, node) for this node."""
     from slurmiso.config import load_config
-    from slurmiso.config.model import node_name
     from slurmiso.gpu import open_backend
+    from slurmiso.hostlist import node_name
     from slurmiso.state import NodeState
 
     cfg = load_config(args.config)

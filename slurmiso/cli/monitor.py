@@ -137,14 +137,13 @@ def run(args: argparse.Namespace) -> int:
 
     from slurmiso.cli.output import print_json
     from slurmiso.config import load_config
-    from slurmiso.config.model import node_name
+    from slurmiso.hostlist import expand, node_name
     from slurmiso.monitor import snapshot as snapmod
     from slurmiso.monitor.apply import Applier
     from slurmiso.monitor.gather import live_snapshot
     from slurmiso.monitor.loop import Monitor, file_snapshots
     from slurmiso.monitor.policy import override, policy_from_config
     from slurmiso.slurm.client import SlurmCli
-    from slurmiso.slurm.hostlist import expand
     from slurmiso.state import Journal
     from slurmiso.units import parse_duration
 

@@ -102,8 +102,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurmiso.config.model import Checkpoint, node_name
+    from slurmiso.config.model import Checkpoint
     from slurmiso.errors import SlurmisoError, UsageError
+    from slurmiso.hostlist import node_name
     from slurmiso.wrapper.record import (
         isolation_env,
         load_config_quietly,

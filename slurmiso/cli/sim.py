@@ -168,7 +168,8 @@ _ACTIONS: Dict[str, Callable[[Any, argparse.ArgumentParser, str], None]] = {
 
 # ------------------------------------------------------------------------- actions
 def _state_path(args: argparse.Namespace, node: str = "") -> str:
-    from slurmiso.gpu import ENV_SIM_STATE, expand_node
+    from slurmiso.gpu import ENV_SIM_STATE
+    from slurmiso.hostlist import expand_node
 
     path = args.state or os.environ.get(ENV_SIM_STATE, "")
     if not path:
@@ -186,8 +187,8 @@ def _backend(args: argparse.Namespace) -> Any:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from slurmiso.gpu import node_name
     from slurmiso.gpu.sim import init_state
+    from slurmiso.hostlist import node_name
 
     node = node_name(args.node)
     path = _state_path(args, node)

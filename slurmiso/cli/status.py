@@ -37,52 +37,13 @@ def _share(r: Dict[str, Any]) -> str:
     return "whole GPU"
 
 
-def collect(cfg: Any, node: str, with_gpus: bool) -> Dict[str, Any]:
-    from slurmiso.config.model import node_name
-    from slurmiso.state import NodeState
-
-    node = node_name(node)
-    pool = cfg.pool_for_node(node)
-    state = NodeState(cfg.paths.state_dir_for(node))
-    jobs = state.jobs()
-    out: Dict[str, Any] = {
-        "node": node,
-        "pool": pool.name if pool else None,
-        "mode": pool.mode if pool else None,
-        "jobs": [
-            {
-                "job": jid,
-                "class": rec.get("class"),
-                "status": rec.get("status"),
-                "uid": rec.get("uid"),
-                "gpus": rec.get("gpus", []),
-                "resources": rec.get("resources", []),
-                "env": rec.get("env", {}),
-                "reason": rec.get("reason", ""),
-                "warnings": rec.get("warnings", []),
-            }
-            for jid, rec in sorted(jobs.items(), key=lambda kv: int(kv[0].split("_")[0]))
-        ],
-        "allocations": state.allocations(),
-    }
-    if with_gpus:
-        from slurmiso.gpu import open_backend
-
-        backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
-        try:
-            out["gpus"] = [d.to_dict() for d in backend.devices()]
-            out["mig_instances"] = [i.to_dict() for i in backend.instances()]
-            out["processes"] = [p.to_dict() for p in backend.processes()]
-        finally:
-            backend.close()
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
 
     cfg = load_config(args.config)
-    data = collect(cfg, args.node, not args.no_gpus)
+    from slurmiso.isolation.lifecycle import node_status
+
+    data = node_status(cfg, args.node, not args.no_gpus)
     if args.json:
         print_json(data)
         return 0

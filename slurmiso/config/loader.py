@@ -9,10 +9,9 @@ silently not applied.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from slurmiso.config.model import (
-    BACKENDS,
     ISOLATIONS,
     POOL_MODES,
     SEVERITIES,
@@ -38,6 +37,7 @@ from slurmiso.config.model import (
     Thresholds,
 )
 from slurmiso.errors import ConfigError
+from slurmiso.gpu import BACKEND_KINDS
 
 DEFAULT_PATH = "/etc/slurmiso/slurmiso.yaml"
 T = TypeVar("T")
@@ -75,7 +75,7 @@ class _Section:
             problems.add(path, f"expected a mapping, got {_show(data)}")
             data = {}
         self.data: Dict[str, Any] = data
-        self.seen: set = set()
+        self.seen: Set[str] = set()
 
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
@@ -243,7 +243,7 @@ def _read_class(s: _Section) -> JobClass:
 
 def _read_pool(s: _Section) -> Pool:
     from slurmiso.gpu.profiles import MODELS, lookup_model
-    from slurmiso.slurm.hostlist import HostlistError, expand
+    from slurmiso.hostlist import HostlistError, expand
 
     nodes = s.text("nodes", "")
     names: Tuple[str, ...] = ()
@@ -393,21 +393,11 @@ def _read_monitor(s: _Section) -> MonitorSettings:
 # cross-field rules
 
 
-def class_name_problem(name: str) -> str:
-    """Why ``name`` cannot be a class name ("" if it can): the --iso-class rule."""
-    from slurmiso.submit.options import CLASS_CHARS, CLASS_FIRST, CLASS_MAX_LEN
-
-    if len(name) > CLASS_MAX_LEN:
-        return f"is longer than {CLASS_MAX_LEN} characters"
-    if name[0] not in CLASS_FIRST or any(ch not in CLASS_CHARS for ch in name):
-        return "must be a letter followed by letters, digits, _ or -"
-    return ""
-
-
 def _check(cfg: Config, p: _Problems) -> None:
+    from slurmiso.classname import class_name_problem
     from slurmiso.gpu.placement import pack
     from slurmiso.gpu.profiles import MODELS
-    from slurmiso.slurm.hostlist import compress
+    from slurmiso.hostlist import compress
 
     class_names = [c.name for c in cfg.classes]
     for i, c in enumerate(cfg.classes):
@@ -576,7 +566,7 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
             )
     gs = top.section("gpu")
     gpu = GpuSettings(
-        backend=gs.text("backend", "auto", BACKENDS),
+        backend=gs.text("backend", "auto", BACKEND_KINDS),
         sim_state=gs.text("sim_state", GpuSettings.sim_state),
     )
     gs.done()

@@ -9,8 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from slurmiso.hostlist import expand_node
+
 ISOLATIONS = ("exclusive", "mig", "mps", "timeslice")
 POOL_MODES = ("exclusive", "mig-static", "mig-dynamic", "mps", "timeslice")
+#: How strong each class isolation is; a class may land only on a pool at least as strong.
+ISOLATION_STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
 #: Which class isolation a pool mode can give.
 MODE_ISOLATION = {
     "exclusive": "exclusive",
@@ -19,21 +23,8 @@ MODE_ISOLATION = {
     "mps": "mps",
     "timeslice": "timeslice",
 }
-BACKENDS = ("auto", "nvml", "sim")
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT")
 SEVERITIES = ("info", "warning", "error")
-
-
-def node_name(explicit: str = "") -> str:
-    """This node's Slurm name: explicit, else ``$SLURMD_NODENAME``, else the short hostname."""
-    import os
-
-    return explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-
-
-def expand_node(path: str, node: str = "") -> str:
-    """Replace ``%n`` in a configured path with the node name (one host can run many slurmd)."""
-    return path.replace("%n", node_name(node)) if "%n" in path else path
 
 
 @dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up

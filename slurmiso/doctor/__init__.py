@@ -7,8 +7,8 @@ snapshot and the config, so tests run them on recorded or edited snapshots.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from slurmiso.config.model import Config
 
@@ -18,15 +18,20 @@ SNAPSHOT_VERSION = 1
 
 @dataclass(frozen=True)
 class Finding:
-    """One mismatch and how to fix it; ``code`` is stable (``--ignore``, JSON, tests)."""
+    """One thing a human should look at, and how to fix it: the one finding type of doctor,
+    ``audit`` and ``audit --live``. ``code`` is stable (``--ignore``, JSON, tests)."""
 
     severity: str
     code: str
     message: str
-    fix: str
+    fix: str = ""
+    #: Job ids or node names concerned (the audit may cut the list; ``count`` is all of them).
+    subjects: Tuple[str, ...] = ()
+    count: int = 0
 
-    def to_dict(self) -> Dict[str, str]:
-        return asdict(self)
+    def to_dict(self) -> Dict[str, Any]:
+        return {"severity": self.severity, "code": self.code, "message": self.message,
+                "fix": self.fix, "subjects": list(self.subjects), "count": self.count}
 
     @property
     def is_problem(self) -> bool:

@@ -11,9 +11,10 @@ import os
 import time
 from typing import Any, Dict, Optional
 
-from slurmiso.config.model import Config, node_name
+from slurmiso.config.model import Config
 from slurmiso.doctor import SNAPSHOT_VERSION, Snapshot
 from slurmiso.errors import UsageError
+from slurmiso.hostlist import node_name
 from slurmiso.slurm import qos as Q
 from slurmiso.slurm import slurmconf
 from slurmiso.slurm.client import SlurmCli
@@ -65,13 +66,10 @@ def _gpu_node(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
         return None
     from slurmiso.gpu import open_backend
 
-    backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
-    try:
+    with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
         return {"node": node, "pool": pool.name,
                 "devices": [d.to_dict() for d in backend.devices()],
                 "instances": [i.to_dict() for i in backend.instances()]}
-    finally:
-        backend.close()
 
 
 def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snapshot:

@@ -9,16 +9,13 @@ files as seen on the inspected node.
 from __future__ import annotations
 
 import os
-import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import Config, Pool
 from slurmiso.doctor import Check, Finding, Snapshot
+from slurmiso.hostlist import expand
 from slurmiso.slurm import slurmconf
-from slurmiso.slurm.hostlist import expand
-
-#: A node's Gres= entry: (name, type, count); type "" when untyped.
-GresItem = Tuple[str, str, int]
+from slurmiso.slurm.gres import GresItem, parse_gres
 
 MIXED_WHY = (
     "measured on Slurm 22.05.8 with an explicit MultipleFiles gres.conf: slurmctld records the "
@@ -27,20 +24,10 @@ MIXED_WHY = (
     "(3g.40gb on GPU 0, 4g.40gb on GPU 1): it is the node that must not mix types")
 
 
-def parse_gres(value: str) -> List[GresItem]:
-    """``gpu:3g.40gb:3(S:0),mps:200`` -> [("gpu", "3g.40gb", 3), ("mps", "", 200)].
-
-    Only gpu types matter: scontrol shows ``mps:h100:200`` for a configured ``mps:200``.
-    """
-    out: List[GresItem] = []
-    for item in re.sub(r"\([^)]*\)", "", value or "").split(","):
-        parts = item.strip().split(":")
-        if not parts[0] or parts[0] == "(null)":
-            continue
-        count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
-        gtype = parts[1] if len(parts) == 3 and parts[0] == "gpu" else ""
-        out.append((parts[0], gtype, count))
-    return out
+def _node_gres(value: str) -> List[GresItem]:
+    """``Gres=`` as compared with the config: only GPU types matter (scontrol shows
+    ``mps:h100:200`` for a configured ``mps:200``)."""
+    return [GresItem(n, t if n == "gpu" else "", c) for n, t, c in parse_gres(value)]
 
 
 def _show(items: Sequence[GresItem]) -> str:
@@ -85,11 +72,11 @@ def check_node_gres(snap: Snapshot, cfg: Config) -> List[Finding]:
     out: List[Finding] = []
     nodes = snap.get("nodes", {})
     for pool in cfg.pools:
-        want = parse_gres(slurmconf.pool_gres(cfg, pool))
+        want = _node_gres(slurmconf.pool_gres(cfg, pool))
         if not want:
             continue
         for node in pool_nodes(pool, snap):
-            have = parse_gres(str(nodes[node].get("Gres", "")))
+            have = _node_gres(str(nodes[node].get("Gres", "")))
             if have == want:
                 continue
             same_set = sorted(have) == sorted(want)

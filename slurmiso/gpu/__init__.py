@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING
 
 from slurmiso.errors import ConfigError, GpuUnavailable
+from slurmiso.hostlist import expand_node
 
 if TYPE_CHECKING:
     from slurmiso.gpu.backend import GpuBackend
@@ -23,20 +23,10 @@ ENV_BACKEND = "SLURMISO_GPU_BACKEND"
 ENV_SIM_STATE = "SLURMISO_SIM_STATE"
 
 
-def node_name(node: str = "") -> str:
-    """This node's name as Slurm knows it: ``node``, else ``$SLURMD_NODENAME``, else the host."""
-    return node or os.environ.get("SLURMD_NODENAME", "") or socket.gethostname().split(".")[0]
-
-
 def sim_state_path(sim_state: str = "", node: str = "") -> str:
     """The simulated node's state file: ``$SLURMISO_SIM_STATE`` or ``sim_state``, ``%n``
     replaced by the node name (several simulated nodes share one host in the sandbox)."""
     return expand_node(os.environ.get(ENV_SIM_STATE) or sim_state, node)
-
-
-def expand_node(path: str, node: str = "") -> str:
-    """``path`` with ``%n`` replaced by :func:`node_name` (as in slurm.conf's ``%n``)."""
-    return path.replace("%n", node_name(node)) if "%n" in path else path
 
 
 def open_backend(kind: str = "auto", sim_state: str = "", node: str = "") -> GpuBackend:

@@ -9,7 +9,7 @@ where the backend calls NVML, so callers can apply one failure policy.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, List, Optional, Protocol, Tuple, TypeVar, runtime_checkable
 
 from slurmiso.errors import GpuError
 from slurmiso.gpu.profiles import MigProfile
@@ -27,7 +27,7 @@ class DeviceInfo:
     pci_bus_id: str
     memory_total_mb: int
     memory_used_mb: int
-    utilization_pct: int  # GPU engine busy %, 0 when not reported (e.g. MIG mode)
+    utilization_pct: Optional[int]  # GPU engine busy %; None when not reported (MIG mode)
     mig_enabled: bool
     mig_pending: bool
 
@@ -87,21 +87,50 @@ class Telemetry:
     sm_occupancy: Optional[float] = None
 
 
-@runtime_checkable
-class GpuBackend(Protocol):
-    """Everything slurmiso needs from a node's GPUs.
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond its protocols, declared by the backend itself: callers
+    read these flags and never probe for methods or compare backend names."""
+
+    #: The backend can switch a GPU's MIG mode itself (simulated GPUs). On real GPUs that is
+    #: an admin action on an idle GPU followed by a reset, so NVML declares False.
+    set_mig_mode: bool = False
+    #: The GPUs are simulated, so what runs beside them (MPS daemons) is simulated too.
+    simulated: bool = False
+
+
+_B = TypeVar("_B")
+
+
+class GpuInventory(Protocol):
+    """Which GPUs the node has and who uses them; a context manager that closes the session.
 
     Instances are cheap to create and must not touch hardware in ``__init__`` (hooks build one
     on every job start); the first method call connects. Index arguments are NVML indices.
     """
 
     name: str
+    capabilities: Capabilities
 
     def devices(self) -> List[DeviceInfo]:
         """All GPUs of the node, by index."""
 
     def device(self, index: int) -> DeviceInfo:
         """One GPU; :class:`~slurmiso.errors.GpuNotFound` if there is none at ``index``."""
+
+    def processes(self, index: Optional[int] = None) -> List[GpuProcess]:
+        """Compute processes on one GPU (including its MIG devices), or on all."""
+
+    def close(self) -> None:
+        """Release the backend (NVML shutdown); idempotent."""
+
+    def __enter__(self: _B) -> _B: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class MigControl(Protocol):
+    """MIG instances: read, create and destroy (MIG mode itself is an admin action)."""
 
     def mig_mode(self, index: int) -> Tuple[bool, bool]:
         """(current, pending) MIG mode of a GPU."""
@@ -129,14 +158,25 @@ class GpuBackend(Protocol):
     def instances(self, index: Optional[int] = None) -> List[MigInstance]:
         """MIG instances of one GPU, or of all GPUs."""
 
-    def processes(self, index: Optional[int] = None) -> List[GpuProcess]:
-        """Compute processes on one GPU (including its MIG devices), or on all."""
+
+class MigModeSetter(Protocol):
+    """Backends whose :class:`Capabilities` declare ``set_mig_mode``."""
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Switch MIG mode of an idle GPU."""
+
+
+class GpuTelemetry(Protocol):
+    """Activity figures the agent exports."""
 
     def telemetry(self, index: int) -> Telemetry:
-        """Activity figures for a GPU (best effort: zeros where the driver has none)."""
+        """Activity figures for a GPU; a figure the driver does not give is None."""
 
-    def close(self) -> None:
-        """Release the backend (NVML shutdown); idempotent."""
+
+@runtime_checkable
+class GpuBackend(GpuInventory, MigControl, GpuTelemetry, Protocol):
+    """A node's GPUs: inventory, MIG and telemetry, what :func:`slurmiso.gpu.open_backend`
+    returns. Code that needs one concern takes the narrow protocol."""
 
 
 def create_mig_device(

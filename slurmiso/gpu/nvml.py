@@ -31,7 +31,7 @@ from slurmiso.errors import (
     GpuUnavailable,
 )
 from slurmiso.gpu import profiles
-from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 
 log = logging.getLogger(__name__)
@@ -152,10 +152,17 @@ class NvmlBackend:
     """:class:`~slurmiso.gpu.backend.GpuBackend` on the node's real GPUs."""
 
     name = "nvml"
+    capabilities = Capabilities()
 
     def __init__(self) -> None:
         self._nvml: Any = None
         self._profiles: Dict[int, List[MigProfile]] = {}
+
+    def __enter__(self) -> NvmlBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ connection
     def connect(self) -> None:
@@ -248,13 +255,13 @@ class NvmlBackend:
             return False, False
         return bool(current), bool(pending)
 
-    def _utilization(self, index: int, handle: Any) -> Tuple[int, int]:
-        """(gpu %, memory %); NVML has none in MIG mode (NOT_SUPPORTED), reported as 0."""
+    def _utilization(self, index: int, handle: Any) -> Tuple[Optional[int], Optional[int]]:
+        """(gpu %, memory %); NVML has none in MIG mode (NOT_SUPPORTED): None, not 0."""
         try:
             with _translate(f"GPU {index}: read utilization"):
                 rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
         except GpuNotSupported:
-            return 0, 0
+            return None, None
         return int(rates.gpu), int(rates.memory)
 
     def telemetry(self, index: int) -> Telemetry:
@@ -267,14 +274,16 @@ class NvmlBackend:
             mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
         gpu_pct, mem_pct = self._utilization(index, handle)
         mig, _ = self._mig_mode(index, handle)  # no utilization in MIG mode: unknown, not 0
+        if mig:
+            gpu_pct = mem_pct = None
         sm = gpm_sm(self.nvml, handle)
         return Telemetry(
             gpu_index=index,
             sm_active=sm["sm_active"],
-            gr_engine_active=None if mig else gpu_pct / 100.0,
+            gr_engine_active=None if gpu_pct is None else gpu_pct / 100.0,
             memory_used_mb=int(mem.used) // _MIB,
             memory_total_mb=int(mem.total) // _MIB,
-            extra={"memory_bandwidth_util": mem_pct / 100.0},
+            extra={} if mem_pct is None else {"memory_bandwidth_util": mem_pct / 100.0},
             sm_source="gpm" if sm["sm_active"] is not None else "",
             sm_occupancy=sm["sm_occupancy"],
         )

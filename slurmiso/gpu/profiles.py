@@ -10,7 +10,7 @@ occupies ``[s, s+size)``. Compute slices (7 or 4) are a second budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def free_placements(
     Only the memory-slice geometry; the compute-slice budget and per-profile instance limits
     are the caller's second check (see the sim backend).
     """
-    used: set = set()
+    used: Set[int] = set()
     for start, size in occupied:
         used.update(range(start, start + size))
     return [

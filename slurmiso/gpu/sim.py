@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from slurmiso.atomic import write_atomic
 from slurmiso.errors import (
     GpuError,
     GpuInsufficientResources,
@@ -32,7 +32,7 @@ from slurmiso.errors import (
     UsageError,
 )
 from slurmiso.gpu import profiles
-from slurmiso.gpu.backend import DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 from slurmiso.pids import pid_alive
 from slurmiso.state.lock import FileLock, LockTimeout
@@ -174,22 +174,14 @@ class _StateFile:
         problem = _schema_problem(state)
         if problem:
             raise GpuUnavailable(f"simulated GPU state {self.path} is corrupt: {problem}", hint=fix)
-        return state
+        checked: State = state
+        return checked
 
     def write(self, state: State) -> None:
-        folder = os.path.dirname(os.path.abspath(self.path))
-        mode = _file_mode(self.path)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sim-state.", suffix=".tmp")
+        text = json.dumps(state, indent=1, sort_keys=True) + "\n"
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(state, fh, indent=1, sort_keys=True)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, text, _file_mode(self.path))
         except OSError as exc:
-            _unlink_quietly(tmp)
             raise GpuUnavailable(f"cannot write simulated GPU state {self.path}: {exc}") from exc
 
     @contextmanager
@@ -236,11 +228,6 @@ def _file_mode(path: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
-
-
-def _unlink_quietly(path: str) -> None:
-    with suppress(OSError):
-        os.unlink(path)
 
 
 def _schema_problem(state: Any) -> str:
@@ -311,10 +298,17 @@ class SimBackend:
     """
 
     name = "sim"
+    capabilities = Capabilities(set_mig_mode=True, simulated=True)
 
     def __init__(self, state_path: str, lock_timeout: float = 30.0) -> None:
         self.state_path = state_path
         self._store = _StateFile(state_path, lock_timeout)
+
+    def __enter__(self) -> SimBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------- GpuBackend: queries
     def devices(self) -> List[DeviceInfo]:
@@ -586,7 +580,8 @@ def _profile(state: State, index: int, name: str) -> MigProfile:
 def _instance(gpu: Dict[str, Any], gi_id: int) -> Dict[str, Any]:
     for inst in gpu["instances"]:
         if inst["gi_id"] == gi_id:
-            return inst
+            found: Dict[str, Any] = inst
+            return found
     raise GpuNotFound(f"no GPU instance {gi_id} on GPU {gpu['index']}")
 
 
@@ -597,8 +592,8 @@ def _live_processes(state: State) -> List[Dict[str, Any]]:
 def _memory_used(state: State, gpu: Dict[str, Any], mig_uuid: Optional[str] = None) -> int:
     procs = [p for p in _live_processes(state) if p["gpu_index"] == gpu["index"]]
     if mig_uuid is not None:
-        return sum(p["used_memory_mb"] for p in procs if p["mig_uuid"] == mig_uuid)
-    return int(gpu["load"]["memory_mb"]) + sum(p["used_memory_mb"] for p in procs)
+        return sum(int(p["used_memory_mb"]) for p in procs if p["mig_uuid"] == mig_uuid)
+    return int(gpu["load"]["memory_mb"]) + sum(int(p["used_memory_mb"]) for p in procs)
 
 
 def _device_info(state: State, gpu: Dict[str, Any]) -> DeviceInfo:
@@ -614,7 +609,7 @@ def _device_info(state: State, gpu: Dict[str, Any]) -> DeviceInfo:
         memory_total_mb=model.memory_mb,
         memory_used_mb=_memory_used(state, gpu),
         # NVML answers NOT_SUPPORTED for utilization in MIG mode; backends report 0 then.
-        utilization_pct=0 if mig else int(gpu["load"]["util"]),
+        utilization_pct=None if mig else int(gpu["load"]["util"]),
         mig_enabled=mig,
         mig_pending=mig,
     )

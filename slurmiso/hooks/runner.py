@@ -20,29 +20,11 @@ import sys
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from slurmiso.errors import GpuError, SlurmError, SlurmisoError
-from slurmiso.isolation.base import (
-    PREPARING,
-    READY,
-    REFUSED,
-    RELEASING,
-    Context,
-    JobProblem,
-    NodeFault,
-    handler_for,
-)
+from slurmiso.errors import GpuError, JobProblem, NodeFault, SlurmError, SlurmisoError
+from slurmiso.isolation.base import PREPARING, READY, REFUSED, RELEASING, Context, handler_for
 
 log = logging.getLogger("slurmiso.hooks")
 
-#: How strong each isolation is; a class may land only on pools at least as strong as it asks.
-STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
-MODE_GIVES = {
-    "exclusive": "exclusive",
-    "mig-static": "mig",
-    "mig-dynamic": "mig",
-    "mps": "mps",
-    "timeslice": "timeslice",
-}
 QOS_LOOKUP_TIMEOUT_S = 5.0
 DRAIN_TIMEOUT_S = 5.0
 
@@ -85,7 +67,7 @@ def run_hook(
     backend_factory: Optional[Callable[[], Any]] = None,
 ) -> int:
     """Run the prolog or epilog for the job described by ``env``; return the exit status."""
-    from slurmiso.hooks.jobenv import JobEnv
+    from slurmiso.slurm.jobenv import JobEnv
 
     job_id = env.get("SLURM_JOB_ID", "?")
     setup_logging(phase, job_id)
@@ -194,7 +176,9 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
                and old.get("restart_count") != ctx.env.restart_count)
     if old:  # a killed prolog, or an earlier run of a requeued job: clean it first
         ctx.record = old
-        _teardown(ctx, why="stale record from an earlier prolog")
+        from slurmiso.isolation.lifecycle import teardown
+
+        teardown(ctx, why="stale record from an earlier prolog")
     started = time.time()
     ctx.record = {
         "job_id": ctx.job_id,
@@ -232,8 +216,10 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
             )
         ctx.job_class = cls
         ctx.record.update({"class": cls.name, "class_reason": why})
-        gives = MODE_GIVES[ctx.pool.mode]
-        if STRENGTH[gives] < STRENGTH[cls.isolation]:
+        from slurmiso.config.model import ISOLATION_STRENGTH, MODE_ISOLATION
+
+        gives = MODE_ISOLATION[ctx.pool.mode]
+        if ISOLATION_STRENGTH[gives] < ISOLATION_STRENGTH[cls.isolation]:
             raise JobProblem(
                 f"class {cls.name} needs {cls.isolation} isolation or stronger; partition "
                 f"{ctx.env.partition} (pool {ctx.pool.name}) gives only {gives}",
@@ -246,7 +232,9 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         _refuse(ctx, str(problem))
         return
     except GpuError as err:
-        _teardown_quietly(ctx)
+        from slurmiso.isolation.lifecycle import teardown_or_fault
+
+        teardown_or_fault(ctx)
         raise NodeFault(str(err)) from None
     _fence(ctx, refused=False)
     ctx.record["status"] = READY
@@ -342,7 +330,9 @@ def _fence(ctx: Context, refused: bool) -> None:
 def _refuse(ctx: Context, reason: str) -> None:
     log.warning("job %s refused: %s", ctx.job_id, reason)
     _fence(ctx, refused=True)
-    _teardown_quietly(ctx)
+    from slurmiso.isolation.lifecycle import teardown_or_fault
+
+    teardown_or_fault(ctx)
     ctx.record.update(status=REFUSED, reason=reason, env={})
     ctx.save()
     ctx.journal.append(
@@ -353,31 +343,6 @@ def _refuse(ctx: Context, reason: str) -> None:
         reason=reason,
         **{k: ctx.record.get(k) for k in ("class", "pool", "mode", "gpus", "uid")},
     )
-
-
-def _teardown(ctx: Context, why: str = "") -> None:
-    """Undo whatever the record says exists, then drop the claims."""
-    if why:
-        log.info("job %s: cleaning up (%s)", ctx.job_id, why)
-    _restore_class(ctx)
-    handler_for(ctx.record.get("mode") or ctx.pool.mode).teardown(ctx)
-    ctx.release_claims()
-    ctx.record["resources"] = [
-        r for r in ctx.record.get("resources", []) if r.get("state") == "kept"
-    ]
-
-
-def _teardown_quietly(ctx: Context) -> None:
-    try:
-        _teardown(ctx)
-    except SlurmisoError as exc:
-        log.error("cleanup after a failed prolog also failed: %s", exc)
-        raise NodeFault(f"cleanup after a failed prolog failed: {exc}") from None
-
-
-def _restore_class(ctx: Context) -> None:
-    if ctx.job_class is None and ctx.record.get("class"):
-        ctx.job_class = ctx.config.job_class(ctx.record["class"])
 
 
 def epilog(ctx: Context) -> None:
@@ -402,7 +367,9 @@ def epilog(ctx: Context) -> None:
     record["status"] = RELEASING
     ctx.save()
     dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, resources, False)
-    _teardown(ctx)
+    from slurmiso.isolation.lifecycle import teardown
+
+    teardown(ctx)
     _fold_events(ctx)
     from slurmiso.isolation import fence
 

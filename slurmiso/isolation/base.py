@@ -3,12 +3,13 @@
 Failure policy lives in the exception a handler raises, because Slurm drains a node whenever a
 Prolog/Epilog exits non-zero:
 
-* :class:`JobProblem` — this job cannot be isolated as asked (profile does not fit, bad
-  option). The hook exits 0, the record says ``refused`` with the reason, and the task prolog /
-  ``slurmiso run`` refuse to start the job with that message. The node stays up.
-* :class:`NodeFault` (and any :class:`~slurmiso.errors.GpuError` other than "does not fit",
-  and :class:`~slurmiso.errors.StateError`) — the node is not fit to run jobs. The hook drains
-  the node with a one-line reason and exits non-zero.
+* :class:`~slurmiso.errors.JobProblem` — this job cannot be isolated as asked (profile
+  does not fit, bad option). The hook exits 0, the record says ``refused`` with the reason,
+  and the task prolog / ``slurmiso run`` refuse to start the job with that message. The node
+  stays up.
+* :class:`~slurmiso.errors.NodeFault` (and any :class:`~slurmiso.errors.GpuError` other
+  than "does not fit", and :class:`~slurmiso.errors.StateError`) — the node is not fit to
+  run jobs. The hook drains the node with a one-line reason and exits non-zero.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
 
-from slurmiso.errors import SlurmisoError
+from slurmiso.errors import NodeFault
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, JobClass, Pool
     from slurmiso.gpu.backend import GpuBackend
-    from slurmiso.hooks.jobenv import JobEnv
+    from slurmiso.slurm.jobenv import JobEnv
     from slurmiso.state import Journal, NodeState
 
 log = logging.getLogger(__name__)
@@ -37,18 +38,6 @@ PREPARING, READY, REFUSED, RELEASING, RELEASED = (
     "releasing",
     "released",
 )
-
-
-class JobProblem(SlurmisoError):
-    """The job cannot get its GPU share; refuse the job, keep the node."""
-
-    kind = "job-problem"
-
-
-class NodeFault(SlurmisoError):
-    """The node's GPUs are not in a state slurmiso can vouch for; drain the node."""
-
-    kind = "node-fault"
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from slurmiso.config.model import Config, JobClass
-from slurmiso.isolation.base import JobProblem
+from slurmiso.errors import JobProblem
 
 
 def classify(

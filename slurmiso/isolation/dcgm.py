@@ -10,6 +10,8 @@ import logging
 import os
 from typing import Any, Dict, Iterable, List
 
+from slurmiso.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 
@@ -39,11 +41,7 @@ def _rewrite(path: str, job_id: str, add: bool) -> None:
         except FileNotFoundError:
             pass
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="ascii") as fh:
-        fh.write("\n".join(jobs) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_atomic(path, "\n".join(jobs) + "\n", 0o644)
 
 
 def update(directory: str, job_id: str, resources: Iterable[Dict[str, Any]], add: bool) -> None:

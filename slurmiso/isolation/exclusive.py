@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import List
 
-from slurmiso.isolation.base import Context, NodeFault, ReconcileContext
+from slurmiso.errors import NodeFault
+from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.processes import (
     clean_job_devices,
     foreign_processes,

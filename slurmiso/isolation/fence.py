@@ -20,6 +20,8 @@ import os
 import stat
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from slurmiso.atomic import write_atomic
+
 FENCE_DIR = "fence"
 NVIDIA_MAJOR = 195  # the driver's fixed major for /dev/nvidiaN and /dev/nvidiactl
 # The driver's numbering of MIG access caps when mig-minors cannot be read (mig/gres.py).
@@ -148,19 +150,7 @@ def write(
     folder = os.path.join(state_dir, FENCE_DIR)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = fence_path(state_dir, job_id)
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, render(job_id, why, rules, narrow).encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, render(job_id, why, rules, narrow).encode("ascii"), 0o600)
     return path
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound
+from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound, JobProblem, NodeFault
 from slurmiso.gpu.backend import GpuBackend, MigInstance, create_mig_device, destroy_mig_device
 from slurmiso.gpu.placement import best_placement, capacity
 from slurmiso.gpu.profiles import GpuModel, lookup_model
 from slurmiso.isolation import processes
-from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.mig.claims import claim_key, claimed_instances
 
 log = logging.getLogger(__name__)

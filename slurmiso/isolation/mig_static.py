@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Tuple
 
+from slurmiso.errors import NodeFault
 from slurmiso.gpu.profiles import lookup_model
 from slurmiso.isolation import processes
-from slurmiso.isolation.base import Context, NodeFault, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.mig import gres
 from slurmiso.mig.apply import read_node
 from slurmiso.mig.claims import claim_key, claimed_instances

@@ -34,14 +34,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from slurmiso.config.model import MpsShare
+from slurmiso.errors import JobProblem, NodeFault
 from slurmiso.gpu.backend import GpuBackend
-from slurmiso.isolation.base import (
-    RELEASED,
-    Context,
-    JobProblem,
-    NodeFault,
-    ReconcileContext,
-)
+from slurmiso.isolation.base import RELEASED, Context, ReconcileContext
 from slurmiso.isolation.mps_daemon import MpsControl, mps_control_for
 from slurmiso.isolation.mps_dirs import (
     DAEMON_DIR_RE,

@@ -30,12 +30,15 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
 
 import psutil
 
+from slurmiso.errors import NodeFault
 from slurmiso.isolation import mps_sim
-from slurmiso.isolation.base import NodeFault
+
+if TYPE_CHECKING:
+    from slurmiso.gpu.backend import GpuInventory
 from slurmiso.isolation.processes import end_processes
 
 log = logging.getLogger(__name__)
@@ -80,9 +83,9 @@ class MpsControl(Protocol):
         """
 
 
-def mps_control_for(backend: object) -> MpsControl:
+def mps_control_for(backend: GpuInventory) -> MpsControl:
     """The daemon implementation that matches a GPU backend: simulated GPUs get the sim."""
-    if getattr(backend, "name", "") == "sim":
+    if backend.capabilities.simulated:
         return SimMpsControl()
     return NvidiaMpsControl()
 

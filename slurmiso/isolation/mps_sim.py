@@ -38,8 +38,9 @@ import signal
 import socket
 import struct
 import sys
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
+from slurmiso.atomic import write_atomic
 from slurmiso.isolation.mps_sim_control import Controller
 
 PID_FILE = "control.pid"
@@ -96,7 +97,7 @@ def send_command(pipe_dir: str, command: str, timeout: float = 5.0) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _peer(conn: socket.socket) -> tuple:
+def _peer(conn: socket.socket) -> Tuple[int, int]:
     """(pid, uid) of the connected process, from the kernel."""
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
         socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -127,10 +128,7 @@ class _Daemon:
         os.chmod(os.path.join(self.pipe_dir, SOCKET), 0o777)
         self.sock.listen(16)
         self.sock.settimeout(0.2)
-        tmp = os.path.join(self.pipe_dir, f".{PID_FILE}.tmp")
-        with open(tmp, "w", encoding="ascii") as fh:
-            fh.write(f"{os.getpid()}\n")
-        os.replace(tmp, os.path.join(self.pipe_dir, PID_FILE))
+        write_atomic(os.path.join(self.pipe_dir, PID_FILE), f"{os.getpid()}\n")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         log.info("sim MPS control daemon started for %s, pipe dir %s", self.gpu_uuid, self.pipe_dir)

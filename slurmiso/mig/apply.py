@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple, cast
 
 from slurmiso.gpu.backend import (
     DeviceInfo,
     GpuBackend,
     MigInstance,
+    MigModeSetter,
     create_mig_device,
     destroy_mig_device,
 )
@@ -92,7 +93,7 @@ def check_applicable(plan: MigPlan, backend: GpuBackend, enable_mig: bool) -> No
             "'nvidia-smi -i N -mig 1' (and reset the GPU), or pass --enable-mig where the "
             "backend can set the mode (simulated GPUs)",
         )
-    if not callable(getattr(backend, "set_mig_mode", None)):
+    if not backend.capabilities.set_mig_mode:
         raise MigPlanError(
             f"--enable-mig: the {backend.name} backend cannot change MIG mode",
             hint=f"enable MIG on GPU(s) {gpus} with 'nvidia-smi -i N -mig 1' on the idle GPU",
@@ -126,7 +127,7 @@ def _execute(
 ) -> None:
     fields: Dict[str, object] = {"layout": plan.layout, "gpu": step.gpu}
     if step.op == ENABLE_MIG:
-        backend.set_mig_mode(step.gpu, True)  # type: ignore[attr-defined]
+        cast(MigModeSetter, backend).set_mig_mode(step.gpu, True)  # declared capability
         event = "mig.enable"
     elif step.op == DESTROY:
         inst = _find(backend, step)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
+from slurmiso.hostlist import compress
 from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
-from slurmiso.slurm.hostlist import compress
 
 SLO_SCOPE = "slo"
 STAGGER = "stagger"

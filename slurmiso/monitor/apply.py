@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SlurmisoError, SlurmUnavailable
+from slurmiso.hostlist import compress
 from slurmiso.monitor.policy import JOB_KINDS, Action
-from slurmiso.slurm.hostlist import compress
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class Applier:
             elif act.kind == "mig-apply":
                 self._relayout(act.target, str(act.details["layout"]))
             elif act.kind == "reconcile":
-                from slurmiso.cli.reconcile import reconcile_node
+                from slurmiso.isolation.lifecycle import reconcile_node
 
                 fixes = reconcile_node(self.cfg, act.target, False,
                                        list(act.details.get("live_jobs", [])))

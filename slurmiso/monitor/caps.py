@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.monitor.policy import Action, Memory, Policy
-from slurmiso.monitor.snapshot import JobInfo, Snapshot, gres_counts
+from slurmiso.monitor.snapshot import JobInfo, Snapshot
+from slurmiso.slurm.gres import gres_counts
 
 
 def qos_caps(

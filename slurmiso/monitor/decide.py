@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from slurmiso.hostlist import compress
 from slurmiso.monitor.admission import admission
 from slurmiso.monitor.policy import KINDS, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, Snapshot, jobs_by_node
-from slurmiso.slurm.hostlist import compress
 
 
 def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action], Memory]:

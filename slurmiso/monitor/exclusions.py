@@ -9,9 +9,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
+from slurmiso.hostlist import compress, expand
 from slurmiso.monitor.policy import Action, Memory
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
-from slurmiso.slurm.hostlist import compress, expand
 
 
 @lru_cache(maxsize=4096)

@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmiso.errors import SlurmError, SlurmisoError
+from slurmiso.hostlist import expand
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 from slurmiso.monitor.telemetry import Reading, TelemetrySource
-from slurmiso.slurm.hostlist import expand
 
 log = logging.getLogger(__name__)
 

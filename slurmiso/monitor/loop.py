@@ -18,11 +18,11 @@ import gc
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from slurmiso.atomic import write_atomic
 from slurmiso.errors import StateError
 from slurmiso.monitor import snapshot as snapmod
 from slurmiso.monitor.apply import Applier, Outcome
@@ -166,19 +166,10 @@ class Monitor:
     def save_memory(self) -> None:
         folder = os.path.dirname(os.path.abspath(self.state_path))
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".monitor-state-", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": STATE_VERSION, "memory": self.memory.to_dict()}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.state_path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(
+            self.state_path,
+            json.dumps({"version": STATE_VERSION, "memory": self.memory.to_dict()}),
+        )
 
     # ----------------------------------------------------------------------------- cycle
     def cycle(self) -> List[Outcome]:

@@ -15,7 +15,8 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.monitor.policy import Action, Memory, Policy
-from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, parse_gres_types
+from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
+from slurmiso.slurm.gres import gpu_types
 
 
 def relayout(
@@ -36,14 +37,14 @@ def relayout(
             if j.pending and not j.held and j.gres and not parts.isdisjoint(j.partitions))
         pending: Counter[str] = Counter()
         for gres, n_jobs in asks.items():
-            for typ, c in gres_of.setdefault(gres, parse_gres_types(gres)).items():
+            for typ, c in gres_of.setdefault(gres, gpu_types(gres)).items():
                 pending[typ] += c * n_jobs
         need = Counter(pending)
         supply: Counter[str] = Counter()
         for n in pool_nodes:
-            supply.update(parse_gres_types(n.gres))
+            supply.update(gpu_types(n.gres))
             for j in running.get(n.name, []):
-                need.update(gres_of.setdefault(j.gres, parse_gres_types(j.gres)))
+                need.update(gres_of.setdefault(j.gres, gpu_types(j.gres)))
         unmet = _unmet(need, supply)
         choice = _best_layout(pool_nodes, candidates, need, supply, running, policy) \
             if pending and unmet else None
@@ -90,7 +91,7 @@ def _best_layout(
     node = min(usable, key=lambda n: (
         any(j.job_class not in train for j in running.get(n.name, [])),
         len(running.get(n.name, [])), n.name))
-    mine = Counter(parse_gres_types(node.gres))
+    mine = Counter(gpu_types(node.gres))
     best: Optional[Tuple[int, str]] = None
     current = _unmet(need, supply)
     for name, counts in candidates:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 SNAPSHOT_VERSION = 1
 #: squeue reasons of a pending job that waits for GPUs and nothing else.
@@ -289,63 +289,9 @@ def load_sequence(path: str) -> List[Snapshot]:
 
 def save(snap: Snapshot, path: str) -> None:
     """Write atomically (temp file + rename) so a reader never sees half a snapshot."""
-    import os
-    import tempfile
+    from slurmiso.atomic import write_atomic
 
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".snapshot-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(snap))
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-
-
-def _unlink_quietly(path: str) -> None:
-    import os
-
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _gres_items(gres: str) -> Iterator[List[str]]:
-    """``gres:gpu:a100:2(S:0),shard:3`` -> ["gpu", "a100", "2"], ["shard", "3"]: the
-    colon-separated fields of each item, socket suffix and ``gres:``/``gres/`` prefix off."""
-    for item in gres.split(","):
-        item = item.split("(", 1)[0].strip()
-        if item.startswith(("gres:", "gres/")):
-            item = item[5:]
-        yield item.split(":")
-
-
-def parse_gres_types(gres: str) -> Dict[str, int]:
-    """Typed GPU counts in a Slurm GRES string: ``gpu:3g.40gb:3,gpu:4g.40gb:1(S:0)`` ->
-    {"3g.40gb": 3, "4g.40gb": 1}; also ``gres:gpu:4g.40gb:1`` and ``gres/gpu:...`` (squeue)."""
-    out: Dict[str, int] = {}
-    for parts in _gres_items(gres):
-        if len(parts) < 2 or parts[0] != "gpu":
-            continue
-        if len(parts) == 3 and parts[2].isdigit():
-            out[parts[1]] = out.get(parts[1], 0) + int(parts[2])
-        elif len(parts) == 2 and not parts[1].isdigit():
-            out[parts[1]] = out.get(parts[1], 0) + 1
-    return out
-
-
-def gres_counts(gres: str) -> Dict[str, int]:
-    """GRES counts by name, types summed: ``gres:gpu:a100:2,gres:shard:3`` ->
-    {"gpu": 2, "shard": 3}; a name without a count is 1; ``N/A`` and ``(null)`` are {}."""
-    out: Dict[str, int] = {}
-    for parts in _gres_items(gres):
-        if not parts[0] or not parts[0][0].isalpha() or parts[0] in ("N/A", "null"):
-            continue
-        count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
-        out[parts[0]] = out.get(parts[0], 0) + count
-    return out
+    write_atomic(path, dumps(snap))
 
 
 def jobs_by_node(jobs: List[JobInfo]) -> Dict[str, List[JobInfo]]:

@@ -174,9 +174,10 @@ def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]
     ], collected
 
 
-def agent_view(text: str, now: float) -> Tuple[List[GpuSample], float]:
-    """One agent's answer as (GPUs, data age); :class:`BadData` when it cannot be trusted:
-    unparsable, ``slurmiso_agent_up 0``, no GPU series, a memory total missing."""
+def agent_view(text: str, now: float) -> Tuple[List[GpuSample], Optional[float]]:
+    """One agent's answer as (GPUs, data age); the age is None when the agent did not say
+    when it read the GPUs (not measured, never "fresh"). :class:`BadData` when it cannot be
+    trusted: unparsable, ``slurmiso_agent_up 0``, no GPU series, a memory total missing."""
     samples = parse_prometheus_text(text, strict=True)
     if any(s.name == M_UP and s.value < 1 for s in samples):
         raise BadData("agent-down", "the agent could not read its GPUs (slurmiso_agent_up 0)")
@@ -185,7 +186,7 @@ def agent_view(text: str, now: float) -> Tuple[List[GpuSample], float]:
         raise BadData("no-gpus", "no GPU series in the answer")
     if any(not g.memory_total_mb for g in gpus):
         raise BadData("no-memory", "a GPU without its memory total")
-    return gpus, (max(0.0, now - collected) if collected else 0.0)
+    return gpus, (None if collected is None else max(0.0, now - collected))
 
 
 def http_get(url: str, timeout: float) -> str:
@@ -224,9 +225,13 @@ class AgentSource:
                              f"{' (' + res.detail + ')' if res.detail else ''}")
                 continue
             try:
-                reading.gpus[node], reading.ages[node] = agent_view(res.body, now)
+                gpus, age = agent_view(res.body, now)
             except BadData as exc:
                 reading.miss("agents", exc.reason, f"agent {urls[node]}: {exc}")
+                continue
+            reading.gpus[node] = gpus
+            if age is not None:  # no age: unknown, and gather treats it so
+                reading.ages[node] = age
         return reading
 
 
@@ -254,7 +259,7 @@ class FileSource:
                 reading.miss("files", exc.reason, f"{path}: {exc}")
                 continue
             reading.gpus[node] = gpus
-            reading.ages[node] = age if age else max(0.0, now - mtime)
+            reading.ages[node] = age if age is not None else max(0.0, now - mtime)
         return reading
 
 

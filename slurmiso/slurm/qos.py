@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from slurmiso.config.model import Config
+from slurmiso.units import parse_slurm_time
 
 #: ``sacctmgr show qos format=...`` columns, in this order (``-P -n``).
 QOS_FORMAT = "Name,Priority,Preempt,PreemptMode,GraceTime,MaxWall,MaxTRESPerJob,Flags"
@@ -89,18 +90,6 @@ def slurm_duration(seconds: int) -> str:
     return f"{days}-{hms}" if days else hms
 
 
-def parse_slurm_duration(text: str) -> Optional[int]:
-    """``[D-]HH:MM:SS`` / ``MM:SS`` / minutes-free forms sacctmgr prints -> seconds; "" -> None."""
-    text = text.strip()
-    if not text or text.upper() in ("UNLIMITED", "INFINITE", "N/A"):
-        return None
-    days, _, hms = text.rpartition("-")
-    parts = [int(x) for x in hms.split(":") if x]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-
-
 def tres_count(tres: str, name: str = "gres/gpu") -> Optional[int]:
     """The count of ``name`` in a TRES string (``cpu=4,gres/gpu=8`` -> 8), None if absent."""
     for item in tres.split(","):
@@ -147,8 +136,8 @@ def parse_qos_rows(text: str) -> Dict[str, Qos]:
             priority=int(prio) if prio.isdigit() else 0,
             preempt=_names(preempt),
             preempt_mode=(mode or "cluster").lower(),
-            grace_s=parse_slurm_duration(grace) or 0,
-            max_wall_s=parse_slurm_duration(wall),
+            grace_s=parse_slurm_time(grace) or 0,
+            max_wall_s=parse_slurm_time(wall),
             max_gpus_per_job=tres_count(tres),
             flags=_names(flags),
         )

@@ -34,6 +34,7 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Union
 
+from slurmiso.atomic import fsync_dir, write_atomic
 from slurmiso.errors import StateError
 from slurmiso.pids import pid_alive
 from slurmiso.state.record import record_problem
@@ -79,15 +80,6 @@ def validate_job_id(job_id: JobId) -> str:
             hint="expected digits with an optional _N array suffix, e.g. 1234 or 1234_7",
         )
     return job_id
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename/unlink in ``path`` durable: without this a crash can undo it."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _lock_holders(path: str) -> List[int]:
@@ -504,34 +496,19 @@ class NodeState:
 
     def _write_json(self, path: str, data: Mapping[str, Any]) -> None:
         """Write ``data`` so a reader, or the next boot, sees the old file or the new one."""
-        payload = (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        directory, name = os.path.split(path)
-        tmp = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        payload = json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
         try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, FILE_MODE
-            )
-            try:
-                os.fchmod(fd, FILE_MODE)  # the umask must not make state unreadable to admins
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            # FILE_MODE exactly: the umask must not make state unreadable to admins
+            write_atomic(path, payload, FILE_MODE)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise StateError(
                 f"cannot write state file {path}: {exc.strerror or exc}",
                 hint="check free space and health of the filesystem holding the state dir",
             ) from None
-        self._fsync_dir_or_raise(directory)
 
     @staticmethod
     def _fsync_dir_or_raise(directory: str) -> None:
         try:
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except OSError as exc:
             raise StateError(f"cannot sync state directory {directory}: {exc.strerror}") from None

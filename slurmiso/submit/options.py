@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Optional, Tuple
 
+from slurmiso.classname import CLASS_CHARS, CLASS_FIRST, CLASS_MAX_LEN, class_name_problem
+
 #: The options, as the Prolog names them (``--iso-mps-mem`` -> ``iso_mps_mem``).
 OPTIONS: Tuple[str, ...] = ("iso_class", "iso_mps_mem", "iso_mig_profile", "iso_ckpt_dir")
-
-CLASS_MAX_LEN = 32
-CLASS_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-CLASS_CHARS = CLASS_FIRST + "0123456789_-"
 
 #: ``--iso-mps-mem``: DIGITS[.FRACTION][K|M|G|T][B|iB], at most 1 TiB, at least 1 MiB.
 SIZE_MAX_LEN = 16
@@ -84,10 +82,9 @@ def size_mib(text: str) -> int:
 
 
 def _class_problem(value: str, classes: Optional[Iterable[str]]) -> Optional[str]:
-    if not 1 <= len(value) <= CLASS_MAX_LEN:
-        return f"must be 1 to {CLASS_MAX_LEN} characters"
-    if value[0] not in CLASS_FIRST or any(ch not in CLASS_CHARS for ch in value):
-        return "must be a letter followed by letters, digits, _ or -"
+    bad = class_name_problem(value)
+    if bad:
+        return bad
     if classes is not None and value not in classes:
         return f"is not a job class of this cluster (allowed: {', '.join(classes)})"
     return None

@@ -23,6 +23,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from slurmiso.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 META_DIR = ".slurmiso"
@@ -54,12 +56,7 @@ def write_marker(marker: str, path: str, step: Optional[int] = None) -> None:
     """Report ``path`` the way the contract says (used by tests and non-helper programs)."""
     os.makedirs(os.path.dirname(marker), exist_ok=True)
     body = {"path": os.path.abspath(path), "step": step, "pid": os.getpid()}
-    tmp = f"{marker}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(body, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, marker)
+    write_atomic(marker, json.dumps(body))
 
 
 def read_marker(marker: str) -> Optional[Report]:

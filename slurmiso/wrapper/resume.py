@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from slurmiso.atomic import write_atomic
 from slurmiso.errors import UsageError
 from slurmiso.wrapper.checkpoint_protocol import Report, marker_path, meta_dir
 
@@ -107,17 +108,7 @@ class CheckpointStore:
         )
         body: Dict[str, Any] = {"schema": SCHEMA, **latest.__dict__}
         self.ensure()
-        tmp = f"{self.latest_path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(body, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.latest_path)
-        fd = os.open(self.meta_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(self.latest_path, json.dumps(body))
         return latest
 
 

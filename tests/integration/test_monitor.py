@@ -17,7 +17,7 @@ from typing import Any, Callable, List
 
 import pytest
 
-from slurmiso.slurm.hostlist import expand
+from slurmiso.hostlist import expand
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXTRA_LAYOUT = """    sandbox-all-3g:

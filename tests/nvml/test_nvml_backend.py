@@ -92,11 +92,13 @@ def test_mig_mode_and_utilization(backend: NvmlBackend, smi_rows: List[Dict[str,
         else:  # "[N/A]": no MIG on this part
             assert (current, pending) == (False, False)
         util = backend.device(index).utilization_pct
-        assert 0 <= util <= 100
-        if current:
-            assert util == 0  # NVML reports none in MIG mode
         tele = backend.telemetry(index)
-        assert 0.0 <= tele.gr_engine_active <= 1.0 and tele.memory_total_mb > 0
+        if current:  # NVML reports no utilization in MIG mode: unknown, never 0
+            assert util is None and tele.gr_engine_active is None
+        else:
+            assert util is not None and 0 <= util <= 100
+            assert tele.gr_engine_active is not None and 0.0 <= tele.gr_engine_active <= 1.0
+        assert tele.memory_total_mb > 0
 
 
 def test_profiles_agree_with_catalogue(backend: NvmlBackend) -> None:

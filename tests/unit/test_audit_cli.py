@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from slurmiso.audit.live import hook_findings, live_findings, parse_qos, qos_drift
+from slurmiso.audit.live import live_findings
 from slurmiso.audit.sacct import SACCT_FIELDS
 from slurmiso.cli.main import main
 from slurmiso.config import load_config
@@ -119,56 +119,75 @@ def test_bad_window_is_a_usage_error(capsys, monkeypatch):
 
 
 class FakeSlurm:
-    """SlurmCli stand-in: canned answers, or unreachable."""
+    """SlurmCli stand-in for the calls doctor's collector and the live node checks make:
+    canned ``scontrol show config`` and ``sacctmgr show qos`` text, or unreachable."""
 
-    def __init__(self, answers: Dict[str, str], down: bool = False) -> None:
-        self.answers, self.down = answers, down
+    def __init__(self, config: str = "", qos: str = "", down: bool = False) -> None:
+        self.config, self.qos, self.down = config, qos, down
 
     def run(self, cmd: str, args: List[str], timeout: Any = None) -> str:
         if self.down:
             raise SlurmUnavailable(f"{cmd} failed: Unable to contact slurm controller")
-        return self.answers[cmd]
+        if cmd == "sacctmgr" and "qos" in args:
+            return self.qos
+        return self.config if args == ["show", "config"] else ""
+
+    def show_config(self, timeout: Any = None) -> Dict[str, str]:
+        text = self.run("scontrol", ["show", "config"])
+        return {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in
+                                                     text.splitlines()) if k.strip()}
+
+    def show_all(self, kind: str, timeout: Any = None) -> Dict[str, Dict[str, str]]:
+        self.run("scontrol", ["show", kind])
+        return {}
 
     def jobs_on_node(self, node: str) -> List[str]:
-        return self.run("squeue", []).split()
-
-    def show_node(self, node: str) -> Dict[str, str]:
-        return {"Gres": ""}
+        self.run("squeue", [])
+        return []
 
 
-QOS = ("Name|Priority|GraceTime|Preempt|PreemptMode|MaxWall\n"
-       "infer|1000|00:00:00|train|cluster|1-00:00:00\n"
-       "train|50|00:00:30||requeue|7-00:00:00\n")
+#: sacctmgr -P -n show qos format=Name,Priority,Preempt,PreemptMode,GraceTime,MaxWall,...
+QOS = ("infer|1000|train|cluster|00:00:00|1-00:00:00||\n"
+       "train|50||requeue|00:00:30|7-00:00:00||\n")
+CLEAN_QOS = ("infer|1000|train|cluster|00:00:00|1-00:00:00|gres/gpu=8|\n"
+             "train|100||requeue|00:02:00|7-00:00:00||\n"
+             "debug|500||cluster|00:00:00|02:00:00|gres/gpu=1|\n")
+HOOKS_OK = "\n".join(f"{h} = /usr/local/bin/slurmiso-{h.lower()}"
+                      for h in ("Prolog", "Epilog", "TaskProlog"))
 
 
 def test_live_degrades_when_slurm_is_unreachable():
-    findings = live_findings(load_config(CONFIG), "login1", FakeSlurm({}, down=True))
+    findings = live_findings(load_config(CONFIG), "login1", FakeSlurm(down=True))
     codes = [f.code for f in findings]
     assert codes == ["slurm-unreachable", "live-node-not-in-pool"]
     assert "Unable to contact" in findings[0].message
 
 
-def test_live_reports_qos_drift_and_missing_hooks():
+def test_live_reports_qos_drift_and_missing_hooks_with_doctors_codes():
     cfg = load_config(CONFIG)
-    slurm = FakeSlurm({"squeue": "", "sacctmgr": QOS,
-                       "scontrol": "Prolog = /usr/local/bin/slurmiso-prolog\nEpilog = (null)\n"})
-    codes = {f.code: f for f in live_findings(cfg, "login1", slurm)}
-    assert set(codes) == {"qos-missing", "qos-drift", "hooks-missing", "live-node-not-in-pool"}
-    assert codes["qos-missing"].subjects == ["debug"]
-    assert "Priority 50 (config 100)" in codes["qos-drift"].message
-    assert "GraceTime 30s (config 120s)" in codes["qos-drift"].message
-    assert codes["hooks-missing"].subjects == ["Epilog", "TaskProlog"]
+    slurm = FakeSlurm("Prolog = /usr/local/bin/slurmiso-prolog\nEpilog = (null)\n", QOS)
+    found = {}
+    for f in live_findings(cfg, "login1", slurm):
+        found.setdefault(f.code, []).append(f.message)
+    assert {"qos-missing", "qos-differs", "qos-grace", "hook-unset",
+            "live-node-not-in-pool"} <= set(found)
+    assert found["qos-missing"] == ["QoS debug does not exist in slurmdbd"]
+    assert any("Priority=50" in m for m in found["qos-differs"])
+    assert any("GraceTime=30" in m for m in found["qos-grace"])
+    assert sorted(m.split()[0] for m in found["hook-unset"]) == ["Epilog", "TaskProlog"]
 
 
-def test_qos_and_hooks_clean():
+def test_live_runs_exactly_doctors_checks_on_a_snapshot_taken_now():
+    """No second copy of a check: the cluster findings of --live are doctor's, code for code."""
+    from slurmiso.doctor import run_checks
+    from slurmiso.doctor.collect import collect
+
     cfg = load_config(CONFIG)
-    qos = parse_qos("Name|Priority|GraceTime|Preempt|PreemptMode\n"
-                    "infer|1000|00:00:00|train|cluster\ntrain|100|00:02:00||requeue\n"
-                    "debug|500|00:00:00||cluster\n")
-    assert qos_drift(cfg, qos) == []
-    conf = "\n".join(f"{h} = /usr/local/bin/slurmiso-{h.lower()}"
-                     for h in ("Prolog", "Epilog", "TaskProlog"))
-    assert hook_findings(conf) == []
+    slurm = FakeSlurm(HOOKS_OK, CLEAN_QOS)
+    live = [f for f in live_findings(cfg, "login1", slurm) if not f.code.startswith("live-")]
+    doctor = run_checks(collect(cfg, "login1", slurm), cfg)
+    assert live == doctor
+    assert not [f.code for f in live if f.code.startswith(("qos-", "hook-"))]
 
 
 def test_sacct_query_asks_only_for_fields_this_sacct_knows() -> None:

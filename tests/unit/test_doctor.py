@@ -23,7 +23,7 @@ from slurmiso.cli.main import main
 from slurmiso.config import parse_config
 from slurmiso.config.model import Config
 from slurmiso.doctor import Finding, all_checks, run_checks
-from slurmiso.doctor.nodes import gres_conf_types, parse_gres
+from slurmiso.doctor.nodes import gres_conf_types
 from slurmiso.sandbox import layout as L
 from slurmiso.slurm import slurmconf
 
@@ -209,17 +209,6 @@ def test_generated_settings_are_what_the_sandbox_runs() -> None:
         assert {v.lower() for v in s.value.split(",")} <= have, s.key
 
 
-@pytest.mark.parametrize("value,items", [
-    ("gpu:3g.40gb:3,gpu:4g.40gb:1", [("gpu", "3g.40gb", 3), ("gpu", "4g.40gb", 1)]),
-    ("gpu:h100:2(S:0-1),mps:h100:200", [("gpu", "h100", 2), ("mps", "", 200)]),
-    ("gpu:2,shard:14", [("gpu", "", 2), ("shard", "", 14)]),
-    ("(null)", []),
-    ("", []),
-])
-def test_parse_gres(value: str, items: Any) -> None:
-    assert parse_gres(value) == items
-
-
 def test_gres_conf_types_by_node() -> None:
     text = ("NodeName=n[3-4] Name=gpu Type=3g.40gb MultipleFiles=/dev/nvidia0,a,b\n"
             "# NodeName=n3 Name=gpu Type=1g.10gb\n"
@@ -262,7 +251,8 @@ def test_cli_snapshot_exit_codes_and_json(tmp_path: Any, sandbox_yaml: str, caps
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is False and data["node"] == "n3"
     f = next(f for f in data["findings"] if f["code"] == "preempt-mode")
-    assert set(f) == {"severity", "code", "message", "fix"} and "CANCEL" in f["message"]
+    assert set(f) == {"severity", "code", "message", "fix", "subjects", "count"}  # audit's shape
+    assert "CANCEL" in f["message"]
 
 
 def test_cli_bad_snapshot_is_a_usage_error(tmp_path: Any, sandbox_yaml: str, capsys: Any) -> None:

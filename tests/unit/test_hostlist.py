@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from slurmiso.slurm.hostlist import HostlistError, compress, expand
+from slurmiso.hostlist import HostlistError, compress, expand
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,11 @@ def test_data_table_precomputes_mps_counts_and_mig_slices() -> None:
     assert parts["infer"]["mps_max"] == {"infer": 100, "train": 60, "debug": 100}
     assert parts["elastic"]["slices"]["3g.40gb"] == 3
     assert parts["elastic"]["class_profile"] == {"infer": "3g.40gb", "train": "4g.40gb"}
-    assert "bulk" not in parts or parts["bulk"]["mode"] == "exclusive"
+    # keyed by partition, not pool: the example's exclusive pool "bulk" serves partition train
+    assert {k: v["pool"] for k, v in parts.items()} == {
+        "infer": "serve", "mixed": "mixed", "elastic": "elastic", "train": "bulk"}
+    assert parts["train"]["mode"] == "exclusive"
+    assert not {"mps_max", "slices"} & set(parts["train"])  # no share tables for whole GPUs
 
 
 @pytest.mark.parametrize("value, text", [

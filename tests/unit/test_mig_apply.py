@@ -117,11 +117,12 @@ def test_mig_disabled_refused_without_enable_mig(tmp_path: Any) -> None:
 
 
 def test_enable_mig_needs_a_backend_that_can(sim: SimBackend) -> None:
-    class NoMode:
-        name = "nvml"
-
-    sim.set_mig_mode(1, False)
+    """Declared, not probed: a backend that has the method but does not declare it is refused."""
+    from slurmiso.gpu.backend import Capabilities
     from slurmiso.mig.apply import check_applicable
 
-    with pytest.raises(MigPlanError, match="cannot change MIG mode"):
-        check_applicable(plan(sim), NoMode(), enable_mig=True)  # type: ignore[arg-type]
+    sim.set_mig_mode(1, False)
+    check_applicable(plan(sim), sim, enable_mig=True)  # the sim declares it
+    sim.capabilities = Capabilities(set_mig_mode=False, simulated=True)  # type: ignore[misc]
+    with pytest.raises(MigPlanError, match="the sim backend cannot change MIG mode"):
+        check_applicable(plan(sim), sim, enable_mig=True)

@@ -11,12 +11,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuLost
+from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuLost, JobProblem, NodeFault
 from slurmiso.gpu.backend import create_mig_device
 from slurmiso.gpu.placement import best_placement
 from slurmiso.gpu.profiles import MODELS
 from slurmiso.gpu.sim import SimBackend
-from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.mig_dynamic import HANDLER as DYN
 from slurmiso.isolation.mig_static import HANDLER as STATIC
 from slurmiso.mig import gres

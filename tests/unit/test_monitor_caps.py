@@ -14,8 +14,8 @@ from slurmiso.errors import ConfigError
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide, failed
 from slurmiso.monitor.policy import Action, Memory, Policy, policy_from_config
-from slurmiso.monitor.snapshot import gres_counts
 from slurmiso.slurm.client import SlurmCli
+from slurmiso.slurm.gres import gres_counts
 from tests.unit.test_monitor_decide import MIG, POLICY, T0, _mig_node, job, kinds, node, snap
 
 CAPS = Policy(**{**POLICY.__dict__, "admission": "qos-limit", "train_qos": ("train",)})

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from slurmiso.hostlist import expand
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide
 from slurmiso.monitor.policy import Action, Memory, Policy, SloLimit
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
-from slurmiso.slurm.hostlist import expand
 
 T0 = 1_000_000.0
 BASE = Policy(memory_used_pct=75, sm_active_pct=85, hysteresis_pct=10, min_dwell_s=300,

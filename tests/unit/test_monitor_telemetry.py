@@ -7,7 +7,7 @@ import http.server
 import os
 import threading
 import urllib.parse
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import pytest
 
@@ -51,13 +51,37 @@ def test_recorded_agent_output() -> None:
     assert gpus[0].sm_active_pct == 0.0
 
 
-def test_file_source(tmp_path: os.PathLike[str]) -> None:
-    with open(os.path.join(str(tmp_path), "n3.prom"), "w") as fh:
-        fh.write(fixture("agent-n3.prom"))
-    src = t.FileSource(str(tmp_path))
-    r = src.read({"n3": "", "n9": ""}, NOW)
+COLLECTED = 'slurmiso_agent_collected_timestamp_seconds{node="n3"} 1.7962876269728253e+09\n'
+
+
+def _agent_file(folder: str, collected: Optional[float], mtime: float) -> None:
+    text = fixture("agent-n3.prom")
+    assert COLLECTED in text
+    stamp = "" if collected is None else COLLECTED.replace("1.7962876269728253e+09", repr(collected))
+    path = os.path.join(folder, "n3.prom")
+    with open(path, "w") as fh:
+        fh.write(text.replace(COLLECTED, stamp))
+    os.utime(path, (mtime, mtime))
+
+
+@pytest.mark.parametrize("collected, mtime, age", [
+    (NOW - 30.0, NOW - 500.0, 30.0),  # the agent's own timestamp wins over the file's mtime
+    (None, NOW - 42.0, 42.0),  # no timestamp: the file's age
+    (NOW + 5.0, NOW - 500.0, 0.0),  # a clock ahead reads as fresh (0.0 is measured, not unset)
+])
+def test_file_source_ages(tmp_path: os.PathLike[str], collected: Optional[float], mtime: float,
+                          age: float) -> None:
+    _agent_file(str(tmp_path), collected, mtime)
+    r = t.FileSource(str(tmp_path)).read({"n3": "", "n9": ""}, NOW)
     assert set(r.gpus) == {"n3"} and len(r.errors) == 1 and "n9.prom" in r.errors[0]
-    assert r.ages["n3"] >= 0
+    assert r.ages["n3"] == pytest.approx(age)
+
+
+def test_agent_without_a_timestamp_has_no_age() -> None:
+    """Not measured is None: an answer without its collection time must not read as fresh."""
+    text = fixture("agent-n3.prom").replace(COLLECTED, "")
+    gpus, age = t.agent_view(text, NOW)
+    assert gpus and age is None
 
 
 def test_dcgm_folding() -> None:

@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterator, List
 import psutil
 import pytest
 
+from slurmiso.errors import NodeFault
 from slurmiso.isolation import mps_sim
-from slurmiso.isolation.base import NodeFault
 from slurmiso.isolation.mps_daemon import (
     NVIDIA_PID_FILE,
     NvidiaMpsControl,
@@ -152,13 +152,12 @@ def test_sim_start_failure_is_a_node_fault(tmp_path: Any) -> None:
         SimMpsControl().start(UUID, missing, missing)
 
 
-def test_mps_control_for_picks_by_backend_name() -> None:
-    class Backend:
-        def __init__(self, name: str) -> None:
-            self.name = name
+def test_mps_control_for_follows_the_declared_capability() -> None:
+    from slurmiso.gpu.nvml import NvmlBackend
+    from slurmiso.gpu.sim import SimBackend
 
-    assert isinstance(mps_control_for(Backend("sim")), SimMpsControl)
-    assert isinstance(mps_control_for(Backend("nvml")), NvidiaMpsControl)
+    assert isinstance(mps_control_for(SimBackend("/nonexistent")), SimMpsControl)
+    assert isinstance(mps_control_for(NvmlBackend()), NvidiaMpsControl)  # no NVML call made
 
 
 # -- NVIDIA daemon through a fake binary ------------------------------------------------------

@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from slurmiso.config.model import MpsShare
-from slurmiso.isolation.base import Context, JobProblem, NodeFault, ReconcileContext
+from slurmiso.errors import JobProblem, NodeFault
+from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.mps import (
     HANDLER,
     DaemonKey,

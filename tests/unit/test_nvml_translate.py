@@ -10,6 +10,7 @@ import types
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Set, Tuple, Type
 
+import pynvml as real_pynvml
 import pytest
 
 from slurmiso.errors import (
@@ -25,20 +26,15 @@ from slurmiso.gpu.backend import GpuBackend, create_mig_device, destroy_mig_devi
 from slurmiso.gpu.nvml import NvmlBackend, profile_name, translate_error
 from slurmiso.gpu.profiles import MODELS
 
-CODES = {
-    "NVML_ERROR_UNINITIALIZED": 1,
-    "NVML_ERROR_INVALID_ARGUMENT": 2,
-    "NVML_ERROR_NOT_SUPPORTED": 3,
-    "NVML_ERROR_NO_PERMISSION": 4,
-    "NVML_ERROR_NOT_FOUND": 6,
-    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
-    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
-    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
-    "NVML_ERROR_GPU_IS_LOST": 15,
-    "NVML_ERROR_IN_USE": 19,
-    "NVML_ERROR_INSUFFICIENT_RESOURCES": 23,
-    "NVML_ERROR_UNKNOWN": 999,
-}
+#: The NVML codes the tests need, from the real library (nvidia-ml-py, an install requirement),
+#: never a copy of the backend's own fallback table: that table is checked against these.
+NAMES = (
+    "NVML_ERROR_UNINITIALIZED", "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_IN_USE", "NVML_ERROR_INSUFFICIENT_RESOURCES", "NVML_ERROR_UNKNOWN",
+)
+CODES = {name: int(getattr(real_pynvml, name)) for name in NAMES}
 
 
 class FakeNVMLError(Exception):
@@ -321,10 +317,19 @@ def test_translate_lost_says_fallen_off_the_bus(gpu: FakeGpu) -> None:
 
 
 def test_translate_with_real_pynvml_codes() -> None:
-    """The real module's constants agree with the table the backend falls back on."""
-    pynvml = pytest.importorskip("pynvml")
-    err = translate_error(pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE), "x", pynvml)
+    err = translate_error(real_pynvml.NVMLError(real_pynvml.NVML_ERROR_IN_USE), "x", real_pynvml)
     assert type(err) is GpuInUse and "NVML_ERROR_IN_USE" in str(err)
+
+
+def test_fallback_table_is_the_real_librarys() -> None:
+    """The backend names codes from its own table when pynvml is not loaded: every entry
+    must be NVML's number, or a lost GPU would be reported as something else."""
+    from slurmiso.gpu import nvml as backend
+
+    assert {n: int(getattr(real_pynvml, n)) for n in
+                                      backend._DEFAULT_CODES} == backend._DEFAULT_CODES
+    for name, code in backend._DEFAULT_CODES.items():
+        assert name in str(translate_error(FakeNVMLError(code), "x", types.ModuleType("none")))
 
 
 def test_lost_gpu_on_a_call(gpu: FakeGpu, nvml: NvmlBackend) -> None:
@@ -370,6 +375,18 @@ def test_profile_name(model: Optional[str], info: Any, constant: str, expected: 
 # --------------------------------------------------------- the backend on the fake
 def test_is_a_gpu_backend(nvml: NvmlBackend) -> None:
     assert isinstance(nvml, GpuBackend) and nvml.name == "nvml"
+    assert not nvml.capabilities.set_mig_mode and not nvml.capabilities.simulated
+
+
+def test_context_manager_shuts_nvml_down(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: List[str] = []
+    monkeypatch.setattr(sys.modules["pynvml"], "nvmlShutdown", lambda: calls.append("shutdown"))
+    with NvmlBackend() as backend:
+        assert backend.devices()
+        assert calls == []
+    assert calls == ["shutdown"]
+    backend.close()  # idempotent: no second shutdown
+    assert calls == ["shutdown"]
 
 
 def test_device_info(nvml: NvmlBackend) -> None:
@@ -381,7 +398,7 @@ def test_device_info(nvml: NvmlBackend) -> None:
         "00000000:18:00.0",
     )
     assert (dev.memory_total_mb, dev.memory_used_mb) == (81559, 1234)
-    assert dev.utilization_pct == 0 and dev.mig_enabled  # NOT_SUPPORTED under MIG -> 0
+    assert dev.utilization_pct is None and dev.mig_enabled  # NOT_SUPPORTED under MIG: unknown
     with pytest.raises(GpuNotFound, match="no GPU 3"):
         nvml.device(3)
 

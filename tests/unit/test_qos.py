@@ -1,5 +1,5 @@
 """QoS desired/live/diff (table-driven), the applier's sacctmgr calls, ``qos`` CLI in-process,
-and ``gen slurm-conf`` (golden file: delete it to regenerate)."""
+and ``gen slurm-conf`` (golden file: compared; UPDATE_GOLDEN=1 rewrites it)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from slurmiso.config.model import Config
 from slurmiso.doctor.cluster import check_qos
 from slurmiso.slurm import qos as Q
 from slurmiso.slurm import slurmconf
+from slurmiso.units import parse_slurm_time
 from tests.goldens import check_golden as _check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,13 +87,18 @@ def test_diff(live: str, changes: List[str]) -> None:
 
 
 @pytest.mark.parametrize("text,seconds", [
-    ("00:00:30", 30), ("1-00:00:00", 86400), ("02:00:00", 7200), ("", None),
-    ("UNLIMITED", None), ("7-12:30:05", 7 * 86400 + 12 * 3600 + 1805), ("05:00", 300),
+    ("00:00:30", 30), ("1-00:00:00", 86400), ("02:00:00", 7200),
+    ("7-12:30:05", 7 * 86400 + 12 * 3600 + 1805),
 ])
-def test_parse_slurm_duration(text: str, seconds: Optional[int]) -> None:
-    assert Q.parse_slurm_duration(text) == seconds
-    if seconds is not None and ":" in text and text.count(":") == 2:
-        assert Q.slurm_duration(seconds) == text
+def test_slurm_duration_round_trips_through_the_one_parser(text: str, seconds: int) -> None:
+    assert parse_slurm_time(text) == seconds
+    assert Q.slurm_duration(seconds) == text
+
+
+def test_parse_qos_rows_reads_day_hour_times() -> None:
+    """sacctmgr prints MaxWall 1.5 days as "1-12:00:00"; "1-12" is the same time (was 86412)."""
+    rows = Q.parse_qos_rows("train|10||requeue|00:05:00|1-12|gres/gpu=4|\n")
+    assert rows["train"].max_wall_s == 129600 and rows["train"].grace_s == 300
 
 
 def test_grants_and_unknown_accounts() -> None:

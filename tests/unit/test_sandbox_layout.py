@@ -219,7 +219,8 @@ def test_slurmiso_yaml_describes_the_same_cluster():
 
 
 def test_slurmiso_yaml_loads_with_the_real_loader():
-    loader = pytest.importorskip("slurmiso.config.loader")
+    from slurmiso.config import loader
+
     cfg = loader.parse_config(yaml.safe_load(L.render_slurmiso_yaml(SITE)), "sandbox")
     assert [p.name for p in cfg.pools] == [n.pool for n in L.NODES]
 

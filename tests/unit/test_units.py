@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 
-from slurmiso.units import parse_duration, parse_size
+from slurmiso.units import parse_duration, parse_size, parse_slurm_time
 
 
 @pytest.mark.parametrize(
@@ -84,3 +86,33 @@ def test_parse_duration_bounds_what_users_type(text: str) -> None:
 def test_parse_size_is_exact() -> None:
     assert parse_size("0.1G") == 103 and parse_size("1.5T") == 1536 * 1024
     assert parse_size("0.001M") == 1 and parse_size("999999999999") == 999999999999
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("30", 30 * 60),  # a bare number is minutes in Slurm
+        ("05:06", 306),  # MM:SS
+        ("02:03:04", 7384),  # HH:MM:SS
+        ("48:00:00", 172800),
+        ("1-12", 129600),  # D-HH: 1.5 days (the old sacctmgr parser read 86412)
+        ("1-12:30", 131400),  # D-HH:MM
+        ("1-12:30:05", 131405),  # D-HH:MM:SS
+        ("7-00:00:00", 604800),
+        (" 00:00:30 ", 30),
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("Partition_Limit", None),  # sacct: the partition's limit applies
+        ("INVALID", None),
+        ("N/A", None),
+        ("", None),
+    ],
+)
+def test_parse_slurm_time_every_form_slurm_prints(text: str, seconds: Optional[int]) -> None:
+    assert parse_slurm_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "1:2:3:4", "01:60", "1-00:00:61", "-5", "1-" + "9" * 80])
+def test_parse_slurm_time_rejects_what_slurm_never_prints(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        parse_slurm_time(text)

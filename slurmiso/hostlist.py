@@ -1,4 +1,5 @@
-"""Slurm hostlist expressions (``rack[1-2]-gpu[01-16],login1``), expanded and compressed.
+"""Slurm node names: this node's own name, and hostlist expressions
+(``rack[1-2]-gpu[01-16],login1``), expanded and compressed.
 
 The grammar is slurm.conf(5)'s: comma-separated items, each a name with any number of bracket
 groups (``rack[0-1]_blade[0-1]`` is the cartesian product, leftmost group slowest), a group
@@ -13,9 +14,21 @@ import; see the commit that introduced this module's grammar for the measurement
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 MAX_HOSTS = 100_000
+
+
+def node_name(explicit: str = "") -> str:
+    """This node's Slurm name: explicit, else ``$SLURMD_NODENAME``, else the short hostname."""
+    return explicit or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def expand_node(path: str, node: str = "") -> str:
+    """``path`` with ``%n`` replaced by :func:`node_name` (as in slurm.conf; one host can run
+    several slurmd, each with its own state)."""
+    return path.replace("%n", node_name(node)) if "%n" in path else path
 
 
 class HostlistError(ValueError):

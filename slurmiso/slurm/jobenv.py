@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
-from slurmiso.isolation.base import JobProblem
+from slurmiso.errors import JobProblem
 
 SPANK_PLUGIN = "slurmiso"
 _RAW_PREFIX = f"SPANK__SLURM_SPANK_OPTION_{SPANK_PLUGIN}_"
@@ -41,8 +41,8 @@ class JobEnv:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
-        from slurmiso.config.model import node_name
         from slurmiso.errors import StateError
+        from slurmiso.hostlist import node_name
         from slurmiso.state import validate_job_id
 
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""

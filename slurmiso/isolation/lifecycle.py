@@ -1,0 +1,159 @@
+"""Lifecycle operations on a node's jobs: teardown, reconcile and status.
+
+The epilog, ``slurmiso reconcile``/``status``, the monitor and ``audit --live`` all need the
+same three operations, so they live here, in the library, and the CLI only prints what they
+return. Importing this module costs the hooks nothing beyond :mod:`slurmiso.isolation.base`:
+everything else is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from slurmiso.errors import NodeFault, SlurmisoError
+from slurmiso.isolation.base import Context, handler_for
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
+
+log = logging.getLogger("slurmiso.hooks")
+
+
+def teardown(ctx: Context, why: str = "") -> None:
+    """Undo whatever the job's record says exists, then drop its claims.
+
+    Resources the record marks ``kept`` stay in the record; everything else is gone after.
+    """
+    if why:
+        log.info("job %s: cleaning up (%s)", ctx.job_id, why)
+    if ctx.job_class is None and ctx.record.get("class"):
+        ctx.job_class = ctx.config.job_class(ctx.record["class"])
+    handler_for(ctx.record.get("mode") or ctx.pool.mode).teardown(ctx)
+    ctx.release_claims()
+    ctx.record["resources"] = [
+        r for r in ctx.record.get("resources", []) if r.get("state") == "kept"
+    ]
+
+
+def teardown_or_fault(ctx: Context) -> None:
+    """:func:`teardown` after a failed prolog; a failure of it is a node fault."""
+    try:
+        teardown(ctx)
+    except SlurmisoError as exc:
+        log.error("cleanup after a failed prolog also failed: %s", exc)
+        raise NodeFault(f"cleanup after a failed prolog failed: {exc}") from None
+
+
+def reconcile_node(
+    cfg: Config, node: str, dry_run: bool, live_jobs: Optional[List[str]]
+) -> List[str]:
+    """Fix (or, dry-run, list) what ended jobs left on ``node``; one line per fix.
+
+    ``live_jobs`` is what Slurm runs on the node; ``None`` means "unknown", and then no job
+    record is touched (a record is only undone when Slurm says its job is gone). The GPU
+    backend opened here is closed before returning, because the monitor calls this
+    periodically.
+    """
+    from slurmiso.gpu import open_backend
+    from slurmiso.hostlist import node_name
+    from slurmiso.isolation.base import ReconcileContext
+    from slurmiso.slurm.jobenv import JobEnv
+    from slurmiso.state import Journal, NodeState
+
+    node = node_name(node)
+    pool = cfg.pool_for_node(node)
+    if pool is None:
+        return []
+    state = NodeState(cfg.paths.state_dir_for(node))
+    journal = Journal(cfg.paths.journal_for(node))
+    fixes: List[str] = []
+    with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend, state.locked():
+        if live_jobs is not None:
+            for jid, rec in state.jobs().items():
+                if jid in live_jobs or jid.split("_")[0] in live_jobs:
+                    continue
+                fixes.append(
+                    f"job {jid} ended but its record remained: undo {rec.get('mode')} setup"
+                )
+                if dry_run:
+                    continue
+                env = JobEnv(
+                    jid,
+                    int(rec.get("uid", -1)),
+                    rec.get("user", ""),
+                    node,
+                    rec.get("partition", ""),
+                    rec.get("account", ""),
+                    rec.get("qos", ""),
+                    tuple(rec.get("gpus", [])),
+                    int(rec.get("restart_count", 0)),
+                )
+                ctx = Context(
+                    cfg,
+                    env,
+                    pool,
+                    cfg.job_class(rec.get("class") or ""),
+                    state,
+                    journal,
+                    lambda: backend,
+                    record=rec,
+                )
+                teardown(ctx, why="reconcile: job no longer runs here")
+                state.delete_job(jid)
+            records = state.jobs()
+            allocs = state.allocations()
+            stale = {k: v for k, v in allocs.items() if v not in records}
+            if stale:
+                fixes.extend(
+                    f"allocation {k} held by ended job {v}: released"
+                    for k, v in stale.items()
+                )
+                if not dry_run:
+                    state.set_allocations(
+                        {k: v for k, v in allocs.items() if k not in stale}
+                    )
+        rctx = ReconcileContext(cfg, pool, state, journal, backend, dry_run, live_jobs)
+        fixes.extend(handler_for(pool.mode).reconcile(rctx))
+    for line in fixes:
+        journal.append("reconcile", node=node, fix=line, dry_run=dry_run)
+    return fixes
+
+
+def node_status(cfg: Config, node: str, with_gpus: bool) -> Dict[str, Any]:
+    """Which job holds which GPU, MIG instance or MPS share on ``node``, as plain data."""
+    from slurmiso.hostlist import node_name
+    from slurmiso.state import NodeState
+
+    node = node_name(node)
+    pool = cfg.pool_for_node(node)
+    state = NodeState(cfg.paths.state_dir_for(node))
+    jobs = state.jobs()
+    out: Dict[str, Any] = {
+        "node": node,
+        "pool": pool.name if pool else None,
+        "mode": pool.mode if pool else None,
+        "jobs": [
+            {
+                "job": jid,
+                "class": rec.get("class"),
+                "status": rec.get("status"),
+                "uid": rec.get("uid"),
+                "gpus": rec.get("gpus", []),
+                "resources": rec.get("resources", []),
+                "env": rec.get("env", {}),
+                "reason": rec.get("reason", ""),
+                "warnings": rec.get("warnings", []),
+            }
+            for jid, rec in sorted(jobs.items(), key=lambda kv: int(kv[0].split("_")[0]))
+        ],
+        "allocations": state.allocations(),
+    }
+    if with_gpus:
+        from slurmiso.gpu import open_backend
+
+        with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
+            out["gpus"] = [d.to_dict() for d in backend.devices()]
+            out["mig_instances"] = [i.to_dict() for i in backend.instances()]
+            out["processes"] = [p.to_dict() for p in backend.processes()]
+    return out

@@ -1,0 +1,181 @@
+"""The layering the code claims, checked from the imports themselves.
+
+Every module of ``slurmiso`` is parsed with :mod:`ast` (so imports inside functions and under
+``TYPE_CHECKING`` count: a lazy import is still a dependency). Units are the subpackages
+(``config``, ``isolation``, ...) and the top-level modules (``errors``, ``units``, ...).
+Two rules: no cycle among units, and nothing outside ``slurmiso/cli`` imports the CLI (the
+CLI is the thinnest layer; ``slurmiso/__main__.py`` is its entry point).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterable, List, Set, Tuple
+
+import slurmiso
+
+ROOT = Path(slurmiso.__file__).parent
+#: Entry points allowed to import the CLI.
+CLI_ENTRY_POINTS = {"slurmiso.__main__"}
+
+Edge = Tuple[str, str, str]  # (importing module, imported module, "file:line")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> List[Tuple[str, int]]:
+    """Every ``slurmiso`` module ``path`` imports, anywhere in the file, with its line."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    return imports_in(path.read_text(), package)
+
+
+def imports_in(source: str, package: str) -> List[Tuple[str, int]]:
+    """The ``slurmiso`` modules ``source`` (a module of ``package``) imports, with lines."""
+    out: List[Tuple[str, int]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((target, node.lineno))
+            # ``from slurmiso import cli`` imports the module slurmiso.cli
+            out.extend((f"{target}.{a.name}", node.lineno) for a in node.names)
+    return [(t, line) for t, line in out if t == "slurmiso" or t.startswith("slurmiso.")]
+
+
+def unit_of(module: str) -> str:
+    """``slurmiso.isolation.mps`` -> ``isolation``; ``slurmiso.errors`` -> ``errors``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def all_edges() -> List[Edge]:
+    units = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    units |= {p.stem for p in ROOT.glob("*.py")}
+    edges: List[Edge] = []
+    for path in sorted(ROOT.rglob("*.py")):
+        src = module_name(path)
+        for target, line in imports_of(path):
+            if unit_of(target) in units:
+                edges.append((src, target, f"{path.relative_to(ROOT.parent)}:{line}"))
+    return edges
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def unit_graph(edges: Iterable[Edge]) -> Dict[str, Set[str]]:
+    graph: Dict[str, Set[str]] = {}
+    for src, dst, _ in edges:
+        a, b = unit_of(src), unit_of(dst)
+        if a and b and a != b:
+            graph.setdefault(a, set()).add(b)
+    return graph
+
+
+def test_no_package_cycles() -> None:
+    edges = all_edges()
+    found = cycles(unit_graph(edges))
+    detail = [
+        f"{where}: {src} -> {dst}"
+        for comp in found
+        for src, dst, where in edges
+        if unit_of(src) in comp and unit_of(dst) in comp and unit_of(src) != unit_of(dst)
+    ]
+    assert not found, f"package cycles {found}:\n" + "\n".join(detail)
+
+
+def test_library_never_imports_the_cli() -> None:
+    bad = [
+        f"{where}: {src} imports {dst}"
+        for src, dst, where in all_edges()
+        if unit_of(dst) == "cli" and unit_of(src) != "cli" and src not in CLI_ENTRY_POINTS
+    ]
+    assert not bad, "library code imports the CLI:\n" + "\n".join(bad)
+
+
+def test_the_parser_sees_lazy_relative_and_type_only_imports() -> None:
+    """The checks above can fail: the parser finds every kind of import they rely on."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from slurmiso.slurm.jobenv import JobEnv\n"
+        "def f():\n"
+        "    from ..cli.reconcile import run\n"
+        "    import slurmiso.audit.live\n"
+        "    from slurmiso import cli\n"
+        "import os\n"
+    )
+    found = {t for t, _ in imports_in(source, "slurmiso.monitor")}
+    assert {"slurmiso.slurm.jobenv", "slurmiso.cli.reconcile", "slurmiso.audit.live",
+            "slurmiso.cli"} <= found
+    assert not any(t == "os" for t in found)
+    assert [unit_of(t) for t in ("slurmiso.cli.reconcile", "slurmiso.errors")] == ["cli", "errors"]
+
+
+def test_cycle_finder_reports_a_cycle_and_only_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+    assert cycles({"hooks": {"isolation"}, "isolation": {"hooks"}}) == [["hooks", "isolation"]]
+
+
+def test_backend_abilities_are_declared_not_probed() -> None:
+    """Callers read ``backend.capabilities``; no ``getattr(backend, ...)`` probe and no test
+    of a backend's name remain (the sandbox, a development tool, is left out)."""
+    probes = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if "sandbox" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args
+                    and "backend" in ast.unparse(node.args[0])):
+                probes.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+            if (isinstance(node, ast.Compare) and "name" in ast.unparse(node.left)
+                    and any(isinstance(c, ast.Constant) and c.value in ("sim", "nvml")
+                            for c in node.comparators)):
+                probes.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert probes == []
