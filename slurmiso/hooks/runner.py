@@ -169,10 +169,11 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     ):
         log.info("job %s already prepared (%s); nothing to do", ctx.job_id, old["status"])
         return
-    # An earlier attempt's record whose epilog has not run yet: measured on 22.05, slurmd runs
-    # that epilog only after this prolog, with the job's *new* restart count in its
-    # environment, so it cannot tell the attempts apart. The new record owes it one skip.
-    late = int(bool(old) and old.get("status") in (READY, REFUSED, PREPARING)
+    # An earlier attempt's record whose epilog has not run yet: that epilog may still come,
+    # after this prolog, and it carries the job's *current* restart count (measured on 22.05:
+    # an epilog's SLURM_JOB_RESTART_COUNT is the count at the time it runs), so it cannot tell
+    # the attempts apart. The new record owes it one skip.
+    late = int(old is not None and old.get("status") in (READY, REFUSED, PREPARING)
                and old.get("restart_count") != ctx.env.restart_count)
     if old:  # a killed prolog, or an earlier run of a requeued job: clean it first
         ctx.record = old
