@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING
 
 from slurmiso.errors import ConfigError, GpuUnavailable
@@ -25,7 +24,11 @@ ENV_SIM_STATE = "SLURMISO_SIM_STATE"
 
 def node_name(node: str = "") -> str:
     """This node's name as Slurm knows it: ``node``, else ``$SLURMD_NODENAME``, else the host."""
-    return node or os.environ.get("SLURMD_NODENAME", "") or socket.gethostname().split(".")[0]
+    if node or os.environ.get("SLURMD_NODENAME"):
+        return node or os.environ["SLURMD_NODENAME"]
+    import socket  # only off a Slurm node: the hooks always have SLURMD_NODENAME
+
+    return socket.gethostname().split(".")[0]
 
 
 def sim_state_path(sim_state: str = "", node: str = "") -> str:

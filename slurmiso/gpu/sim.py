@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
+import time
 from contextlib import contextmanager, suppress
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -179,7 +179,12 @@ class _StateFile:
     def write(self, state: State) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))
         mode = _file_mode(self.path)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sim-state.", suffix=".tmp")
+        # Not tempfile.mkstemp: tempfile imports random, shutil and compressors (hook start-up)
+        tmp = os.path.join(folder, f".sim-state.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise GpuUnavailable(f"cannot write simulated GPU state {self.path}: {exc}") from exc
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(state, fh, indent=1, sort_keys=True)
@@ -214,8 +219,6 @@ class _StateFile:
 def _driver_latency() -> None:
     delay = os.environ.get("SLURMISO_SIM_DELAY_MS", "")
     if delay:
-        import time
-
         try:
             seconds = min(float(delay), 60_000.0) / 2000.0
         except ValueError:
