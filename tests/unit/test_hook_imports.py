@@ -33,6 +33,12 @@ NOT_ON_PATH = (
     "logging.handlers",  # syslog goes through the C `syslog` module
     "subprocess",  # scontrol only to drain the node or to look up a missing QoS
     "heapq",  # merging journals is for readers, not writers
+    "datetime",  # the journal stamps records with time.strftime (journal.now_ts)
+    "tempfile",  # imports random, shutil and the compressors
+    "signal",  # only when an epilog has processes to end (isolation/processes.py)
+    "uuid",  # the simulated driver's MIG UUIDs come from gpu.sim.uuid5_text
+    "hashlib",  # loads OpenSSL
+    "platform",
     "psutil",
     "slurmiso.cli",
     "slurmiso.gpu.nvml",
@@ -80,7 +86,7 @@ def _run(tmp: str, cfg: str, phase: str, job: int) -> Set[str]:
         "SLURM_JOB_QOS": "train", "SLURM_JOB_GPUS": "1", "SLURM_JOB_PARTITION": "p",
         "SLURM_JOB_WORK_DIR": tmp, "PATH": os.environ.get("PATH", ""),
     }
-    proc = subprocess.run([sys.executable, "-S", "-c", HOOK, phase], env=env,
+    proc = subprocess.run([sys.executable, "-S", "-B", "-c", HOOK, phase], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines: List[str] = proc.stdout.splitlines()
@@ -146,3 +152,14 @@ def test_hook_syslog_lines_carry_the_tag_and_the_level(monkeypatch: Any) -> None
         name = logging.getLevelName(level)
         assert hooklog.priority(level) == SysLogHandler.priority_names[
             SysLogHandler.priority_map[name]], name
+
+
+@pytest.mark.parametrize("name", ["", "n1/gpu/0", "bench1/gpu/7", "GPU-x/gi3/ci0/g12", "n\u00e9/gpu/1"])
+def test_sim_uuids_are_uuid5(name: str) -> None:
+    """The sim's UUIDs without the uuid module are the ones uuid.uuid5 gave (state files
+    written before keep their UUIDs)."""
+    import uuid
+
+    from slurmiso.gpu.sim import _UUID_NS, uuid5_text
+
+    assert uuid5_text(name) == str(uuid.uuid5(uuid.UUID(_UUID_NS), name))
