@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 #: Namespace of the deterministic UUIDs, so a re-initialised node keeps its GPU UUIDs.
-_UUID_NS = "6f1d3c2a-5b7e-4c1a-9e0f-3a2b1c4d5e6f"  # uuid imported lazily: hook start-up
+_UUID_NS = "6f1d3c2a-5b7e-4c1a-9e0f-3a2b1c4d5e6f"
 _MAX_GPUS = 16
 
 State = Dict[str, Any]
@@ -51,18 +52,31 @@ def _short_hostname() -> str:
     return os.uname().nodename.split(".")[0]
 
 
-def _gpu_uuid(node: str, index: int) -> str:
-    import uuid
+def uuid5_text(name: str) -> str:
+    """``str(uuid.uuid5(UUID(_UUID_NS), name))`` without the ``uuid`` module.
 
-    return "GPU-" + str(uuid.uuid5(uuid.UUID(_UUID_NS), f"{node}/gpu/{index}"))
+    The simulated driver makes a UUID per MIG instance in the prolog; ``uuid`` imports
+    ``platform`` and ``hashlib`` loads OpenSSL, several ms per prolog that the real driver
+    (which reports the UUID) never costs. The builtin SHA-1 gives the same digest.
+    """
+    try:
+        from _sha1 import sha1  # type: ignore[import-not-found]  # hashlib's own fallback
+    except ImportError:  # pragma: no cover - an interpreter built without it
+        from hashlib import sha1
+    raw = bytearray(sha1(bytes.fromhex(_UUID_NS.replace("-", "")) + name.encode()).digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    text = raw.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def _gpu_uuid(node: str, index: int) -> str:
+    return "GPU-" + uuid5_text(f"{node}/gpu/{index}")
 
 
 def _mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int, generation: int) -> str:
     """MIG device UUID; ``generation`` makes a re-created instance a new device, as on NVML."""
-    import uuid
-
-    name = f"{gpu_uuid}/gi{gi_id}/ci{ci_id}/g{generation}"
-    return "MIG-" + str(uuid.uuid5(uuid.UUID(_UUID_NS), name))
+    return "MIG-" + uuid5_text(f"{gpu_uuid}/gi{gi_id}/ci{ci_id}/g{generation}")
 
 
 def _fresh_load() -> Dict[str, Any]:
@@ -206,8 +220,6 @@ class _StateFile:
 def _driver_latency() -> None:
     delay = os.environ.get("SLURMISO_SIM_DELAY_MS", "")
     if delay:
-        import time
-
         try:
             seconds = min(float(delay), 60_000.0) / 2000.0
         except ValueError:

@@ -43,14 +43,9 @@ def setup_logging(phase: str, job_id: str) -> None:
     )
     root.addHandler(stderr)
     if os.path.exists("/dev/log"):
-        from logging.handlers import SysLogHandler
+        from slurmiso.hooks.hooklog import SyslogHandler
 
-        try:
-            sys_h = SysLogHandler(address="/dev/log")
-            sys_h.setFormatter(logging.Formatter(f"slurmiso-{phase}[{job_id}]: %(message)s"))
-            root.addHandler(sys_h)
-        except OSError:
-            pass
+        root.addHandler(SyslogHandler(f"slurmiso-{phase}[{job_id}]"))
 
 
 def slurm_drain(node: str, reason: str) -> None:

@@ -6,17 +6,20 @@ places each write at the end of the file as one unit and lines never interleave.
 must still survive a torn line (a writer killed mid-write, a disk error, a full disk): they
 skip what does not parse, say how many lines they skipped, and read the rest.
 
-Stdlib only and nothing done at import time, because every hook imports it.
+Stdlib only and nothing done at import time, because every hook imports it. A hook only
+appends, so ``datetime`` and ``heapq`` (for readers) are imported where they are used.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import os
-from datetime import datetime, timezone
-from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple
+import time
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +42,27 @@ def short_hostname() -> str:
 
 def format_ts(when: datetime) -> str:
     """ISO-8601 UTC with milliseconds and a ``Z``: fixed width, so text order is time order."""
+    from datetime import timezone
+
     when = when.astimezone(timezone.utc)
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
+def now_ts(now: Optional[float] = None) -> str:
+    """:func:`format_ts` of the epoch time ``now`` (default: the clock) without ``datetime``:
+    the hooks append on every job and need nothing else from it."""
+    whole, frac = divmod(time.time() if now is None else now, 1.0)
+    micros = round(frac * 1e6)  # rounded to microseconds as datetime does, then truncated
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, micros - 1_000_000
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(int(whole)))
+    return f"{stamp}{micros // 1000:03d}Z"
+
+
 def parse_ts(text: str) -> datetime:
     """Parse a journal timestamp (Python 3.9's ``fromisoformat`` rejects a ``Z`` suffix)."""
+    from datetime import datetime, timezone
+
     if text.endswith("Z"):
         text = text[:-1] + "+00:00"
     when = datetime.fromisoformat(text)
@@ -53,6 +71,8 @@ def parse_ts(text: str) -> datetime:
 
 def _as_utc(when: Optional[datetime]) -> Optional[datetime]:
     """Naive datetimes are taken as UTC, the journal's own zone."""
+    from datetime import timezone
+
     if when is None or when.tzinfo:
         return when
     return when.replace(tzinfo=timezone.utc)
@@ -80,8 +100,7 @@ class Journal:
         clash = [k for k in _RESERVED if k in fields]
         if clash:
             raise ValueError(f"journal fields may not override {', '.join(clash)}")
-        now = datetime.now(timezone.utc)
-        record: Dict[str, Any] = {"ts": format_ts(now), "host": short_hostname(), "event": event}
+        record: Dict[str, Any] = {"ts": now_ts(), "host": short_hostname(), "event": event}
         record.update(fields)
         # ensure_ascii keeps the line pure ASCII and json escapes newlines: one record, one line
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("ascii")
@@ -198,5 +217,7 @@ def read_journals(
     Streams: each file is read once, in step. Lines within one file are in time order up to
     the few milliseconds concurrent writers can race; that small disorder passes through.
     """
+    import heapq
+
     streams = [Journal(p).read(since=since, until=until, events=events) for p in paths]
     return heapq.merge(*streams, key=lambda rec: parse_ts(rec["ts"]))

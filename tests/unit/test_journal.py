@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 import pytest
 
 from slurmiso.state import Journal, read_journals
-from slurmiso.state.journal import format_ts, parse_ts
+from slurmiso.state.journal import format_ts, now_ts, parse_ts
 
 REPO = str(Path(__file__).resolve().parents[2])
 TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -54,6 +54,14 @@ def test_ts_round_trip() -> None:
     when = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
     assert format_ts(when) == "2024-05-01T12:00:00.123Z"
     assert parse_ts("2024-05-01T12:00:00.123Z") == when.replace(microsecond=123000)
+
+
+@pytest.mark.parametrize(
+    "epoch", [0.0, 1.0005, 1.9999996, 59.9999994, 1733270400.123456, 1733270400.999999,
+              1764806400.0004995, 4102444799.9995])
+def test_now_ts_matches_format_ts(epoch: float) -> None:
+    """The hooks stamp records without datetime; the text must be what format_ts writes."""
+    assert now_ts(epoch) == format_ts(datetime.fromtimestamp(epoch, timezone.utc))
 
 
 def test_concurrent_appenders_never_interleave(tmp_path: Path) -> None:
