@@ -37,6 +37,11 @@ class SandboxClient:
         self.jobs_dir = jobs_dir
         self.env = dict(os.environ, SLURM_CONF=self.slurm_conf,
                         SLURMISO_CONFIG=self.slurmiso_config)
+        bin_dir = os.path.join(root, "slurm-bin")
+        if os.path.isdir(bin_dir):
+            # A sandbox of another Slurm release: its clients (and runuser) enter its root.
+            self.env["SLURMISO_SLURM_BIN"] = bin_dir
+            self.env["PATH"] = bin_dir + os.pathsep + self.env.get("PATH", "/usr/bin:/bin")
 
     @property
     def hooks(self) -> bool:
