@@ -72,6 +72,9 @@ def mariadbd_argv(site: L.Site) -> List[str]:
         f"--port={site.mysql_port}", "--bind-address=127.0.0.1", "--skip-name-resolve",
         "--skip-log-bin", "--innodb-buffer-pool-size=256M", "--innodb-log-file-size=64M",
         "--innodb-lock-wait-timeout=900",
+        # MariaDB 11.4+ (the roots' 11.8) turns snapshot isolation on; slurmdbd 26.05 warns
+        # it "will fatal when a write conflicts" (measured). --loose-: older servers ignore it.
+        *(["--loose-innodb-snapshot-isolation=OFF"] if site.chroot else []),
     )
 
 

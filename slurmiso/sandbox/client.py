@@ -7,6 +7,7 @@ so both drive the cluster the same way. Slurm clients run with the sandbox's ``S
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,15 @@ DEFAULT_DIR = os.environ.get("SLURMISO_SANDBOX_DIR", "/var/lib/slurmiso-sandbox"
 #: States after which a job will not change by itself (PENDING after requeue is not one).
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def hostlist_ints(text: str) -> List[int]:
+    """``0``, ``0-1``, ``0,2-3`` -> the indices."""
+    out: List[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 class SandboxClient:
@@ -100,6 +110,26 @@ class SandboxClient:
             if sep and key not in fields:
                 fields[key] = value
         return fields
+
+    def alloc_tres(self, job_id: str) -> str:
+        """The job's allocated TRES as ``scontrol show job`` names it: ``TRES=`` on 22.05,
+        ``AllocTRES=`` (beside ``ReqTRES=``) from 24.11 on (measured)."""
+        fields = self.job_fields(job_id)
+        return fields.get("AllocTRES", fields.get("TRES", ""))
+
+    def gres_per_gpu(self, job_id: str, name: str) -> Dict[int, int]:
+        """GPU index -> count of GRES ``name`` the job holds, from ``scontrol show job -d``:
+        ``GRES=shard:3(IDX:0)`` on 22.05, ``GRES=shard:3(3/7,0/7)`` (taken/total per GPU)
+        from 24.11 on (measured)."""
+        detail = self.cmd("scontrol", "show", "job", "-d", job_id)
+        m = re.search(rf"\bGRES={re.escape(name)}:(\d+)\(([^)]*)\)", detail)
+        if not m:
+            raise SandboxError(f"no GRES={name} in 'scontrol show job -d {job_id}':\n{detail}")
+        count, inner = int(m.group(1)), m.group(2)
+        if inner.startswith("IDX:"):
+            return {int(i): count for i in hostlist_ints(inner[4:])}
+        taken = [int(part.split("/")[0]) for part in inner.split(",")]
+        return {i: n for i, n in enumerate(taken) if n}
 
     def wait_for(self, job_id: str, states: Iterable[str] = ("COMPLETED",),
                  timeout: float = 60) -> str:
