@@ -912,7 +912,7 @@ def status(root: Optional[str] = None) -> Dict[str, Any]:
         "dir": site.root,
         "exists": os.path.isdir(site.root),
         "cluster": L.CLUSTER,
-        "slurm_version": R.slurm_version(site_root(site), site.slurm_conf) if not site.chroot
+        "slurm_version": R.slurm_version(site_root(site)) if not site.chroot
         or os.path.isdir(site.chroot) else "",
         "slurm_root": site.chroot,
         "ports": {"slurmctld": site.ctld_port, "slurmdbd": site.dbd_port,

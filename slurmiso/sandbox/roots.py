@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DEBOOTSTRAP = "/usr/sbin/debootstrap"
 CHROOT = "/usr/sbin/chroot"
+SLURMD_BIN = "/usr/sbin/slurmd"
 MOUNT = "/usr/bin/mount"
 UMOUNT = "/usr/bin/umount"
 DEFAULT_ROOTS = "/var/cache/slurmiso-dev/slurm-roots"
@@ -280,18 +281,17 @@ def copy_checkout(pkg_parent: str, dest: str) -> bool:
     return changed
 
 
-def slurm_version(root: Optional[Root], slurm_conf: str = "") -> str:
-    """``scontrol --version`` of the root (or the host): e.g. ``24.11.5``; "" when absent.
+def slurm_version(root: Optional[Root]) -> str:
+    """The root's (or the host's) Slurm release, e.g. ``24.11.5``; "" when absent.
 
-    From 24.11 on, ``scontrol --version`` with no slurm.conf to read fails (it first tries a
-    configless DNS SRV lookup, measured), so pass the sandbox's."""
-    argv = root.argv("/usr/bin/scontrol", "--version") if root else ["/usr/bin/scontrol",
-                                                                      "--version"]
-    env = environ_with({"SLURM_CONF": slurm_conf} if slurm_conf else {})
+    ``slurmd -V``: from 24.11 on, ``scontrol``/``sinfo --version`` with no slurm.conf to read
+    first try a configless DNS SRV lookup and fail (measured), and the sandbox's slurm.conf is
+    not visible in the root while the sandbox is down."""
+    argv = root.argv(SLURMD_BIN, "-V") if root else [SLURMD_BIN, "-V"]
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
-                            env=env)
-    except OSError:
+                            env=environ_with({}))
+    except (OSError, subprocess.TimeoutExpired):
         return ""
     words = cp.stdout.split()
     return words[-1] if cp.returncode == 0 and words else ""

@@ -76,10 +76,14 @@ DATA_PARSERS: Dict[Tuple[int, int], str] = {
 }
 
 
+def difference(key: str) -> Difference:
+    return _BY_KEY[key]  # KeyError: a typo in slurmiso itself, not user input
+
+
 def has(key: str, version: Optional[Version]) -> Optional[bool]:
     """Whether ``version`` has the newer behaviour ``key``; None when the version is unknown
     (callers then keep the workaround: unknown is never taken for new)."""
-    diff = _BY_KEY[key]  # KeyError: a typo in slurmiso itself, not user input
+    diff = difference(key)
     if version is None:
         return None
     return tuple(version) >= diff.since
