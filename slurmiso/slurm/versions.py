@@ -72,7 +72,7 @@ _BY_KEY: Dict[str, Difference] = {d.key: d for d in DIFFERENCES}
 DATA_PARSERS: Dict[Tuple[int, int], str] = {
     (22, 5): "v0.0.38",
     (24, 11): "v0.0.42",
-    (26, 5): "v0.0.44",
+    (26, 5): "v0.0.45",
 }
 
 
