@@ -14,7 +14,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Set
+from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.errors import SandboxError
 from slurmiso.state.lock import FileLock, LockTimeout
@@ -110,6 +110,12 @@ class SandboxClient:
             if sep and key not in fields:
                 fields[key] = value
         return fields
+
+    def slurm_version(self) -> Optional[Tuple[int, int, int]]:
+        """The sandbox's Slurm release (``scontrol --version`` with its SLURM_CONF)."""
+        from slurmiso.slurm.client import parse_version
+
+        return parse_version(self.cmd("scontrol", "--version", check=False))
 
     def alloc_tres(self, job_id: str) -> str:
         """The job's allocated TRES as ``scontrol show job`` names it: ``TRES=`` on 22.05,

@@ -36,9 +36,9 @@ class Difference:
 
 DIFFERENCES: Tuple[Difference, ...] = (
     Difference(
-        "prolog_env_qos", (24, 11, 0),
-        "the Prolog environment has no SLURM_JOB_QOS (22.05.8)",
-        "SLURM_JOB_QOS is in the Prolog environment (24.11.5, 26.05.5)",
+        "prolog_env_qos", (26, 5, 0),
+        "the Prolog environment has no SLURM_JOB_QOS (22.05.8, 24.11.5)",
+        "SLURM_JOB_QOS is in the Prolog environment (26.05.5)",
         "the prolog asks 'scontrol show job' for the QoS only when the env lacks it"),
     Difference(
         "disable_gpu_acct", (23, 2, 7),
@@ -46,6 +46,14 @@ DIFFERENCES: Tuple[Difference, ...] = (
         "JobAcctGatherParams=DisableGPUAcct keeps NVML closed in slurmd",
         "'gen slurm-conf' adds it only where it exists; doctor says to stop slurmd "
         "around 'mig apply' before", source="Slurm NEWS (23.02.7)"),
+    Difference(
+        "mig_mixed_types", (24, 11, 0),
+        "a node whose explicit gres.conf mixes MIG types (3x 3g.40gb + 1x 4g.40gb) records the "
+        "second type under the first with count 0: a job asking for it gets no device (22.05.8)",
+        "each MIG type of a mixed node is scheduled: --gres=gpu:4g.40gb:1 gets the 4g device "
+        "(24.11.5, 26.05.5)",
+        "doctor warns about mixed MIG types (mig-mixed-gpu) only before 24.11; the sandbox "
+        "keeps one MIG type on n3"),
     Difference(
         "show_job_alloc_tres", (24, 11, 0),
         "'scontrol show job' names the allocation TRES= (22.05.8)",

@@ -9,7 +9,7 @@ from slurmiso.slurm import slurmconf, versions
 
 @pytest.mark.parametrize("version,qos_in_env,alloc_tres", [
     ((22, 5, 8), False, False),
-    ((24, 11, 5), True, True),
+    ((24, 11, 5), False, True),
     ((26, 5, 5), True, True),
 ])
 def test_measured_releases(version, qos_in_env, alloc_tres) -> None:
