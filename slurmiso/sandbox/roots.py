@@ -284,9 +284,9 @@ def copy_checkout(pkg_parent: str, dest: str) -> bool:
 def slurm_version(root: Optional[Root]) -> str:
     """The root's (or the host's) Slurm release, e.g. ``24.11.5``; "" when absent.
 
-    ``slurmd -V``: from 24.11 on, ``scontrol``/``sinfo --version`` with no slurm.conf to read
-    first try a configless DNS SRV lookup and fail (measured), and the sandbox's slurm.conf is
-    not visible in the root while the sandbox is down."""
+    ``slurmd -V``: ``scontrol``/``sinfo --version`` with no slurm.conf to read first try a
+    configless DNS SRV lookup and fail (measured on 22.05.8, 24.11.5 and 26.05.5), and the
+    sandbox's slurm.conf is not visible in the root while the sandbox is down."""
     argv = root.argv(SLURMD_BIN, "-V") if root else [SLURMD_BIN, "-V"]
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,

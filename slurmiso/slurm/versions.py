@@ -6,9 +6,10 @@ the first release with the newer behaviour *among those measured or documented*:
 between two measured ones is treated as the later measured behaviour only from ``since`` on,
 so code asks :func:`has` instead of comparing numbers itself.
 
-The version is read once: ``SLURM_VERSION`` when the environment has it, else
-``scontrol --version`` (which needs a readable slurm.conf from 24.11 on: a configless DNS
-lookup fails first), else ``slurmd -V``.
+The version is read once: ``SLURM_VERSION`` when the environment has it (none of the measured
+releases puts it in the Prolog environment), else ``scontrol --version``, which needs a
+readable slurm.conf on every measured release (without one it tries a configless DNS SRV
+lookup and fails), else ``slurmd -V``, which needs none.
 """
 
 from __future__ import annotations
@@ -55,16 +56,18 @@ DIFFERENCES: Tuple[Difference, ...] = (
         "doctor warns about mixed MIG types (mig-mixed-gpu) only before 24.11; the sandbox "
         "keeps one MIG type on n3"),
     Difference(
+        "reconfigure_gres", (24, 11, 0),
+        "'scontrol reconfigure' keeps a node's old GRES counts: a re-laid node needs "
+        "slurmctld and its slurmd restarted (22.05.8)",
+        "'scontrol reconfigure' takes a node's new Gres= count from slurm.conf/gres.conf "
+        "(24.11.5: Gres=gpu:3g.40gb:3 -> 2, CfgTRES gres/gpu=2)",
+        "'sandbox sync-gres' (the after-re-layout step) restarts the daemons on every release: "
+        "that works everywhere"),
+    Difference(
         "show_job_alloc_tres", (24, 11, 0),
         "'scontrol show job' names the allocation TRES= (22.05.8)",
         "'scontrol show job' names it AllocTRES= beside ReqTRES= (24.11.5, 26.05.5)",
         "read AllocTRES, else TRES"),
-    Difference(
-        "version_needs_conf", (24, 11, 0),
-        "'scontrol --version' answers without a slurm.conf (22.05.8)",
-        "'scontrol --version' without a readable slurm.conf tries a configless DNS SRV "
-        "lookup and fails (24.11.5, 26.05.5)",
-        "read the version with SLURM_CONF set, else from 'slurmd -V'"),
     Difference(
         "cgroup_v1_needs_ignore_systemd", (24, 11, 0),
         "CgroupPlugin=cgroup/v1 runs without systemd (22.05.8)",
