@@ -133,8 +133,8 @@ def ensure_root(version: str) -> Tuple[str, str]:
     if not os.path.exists(os.path.join(stage, STAGE_OK)):
         shutil.rmtree(stage, ignore_errors=True)
         log.info("debootstrap --variant=minbase %s into %s", suite, stage)
-        run([DEBOOTSTRAP, "--variant=minbase", suite, stage], timeout=1200, logfile=logfile,
-            env=environ_with({}))
+        _logged([DEBOOTSTRAP, "--variant=minbase", suite, stage], logfile, timeout=1200,
+                env=environ_with({}))
         Path(stage, STAGE_OK).touch()
     _install(stage, suite, logfile)
     Path(stage, STAMP).write_text(json.dumps(
@@ -144,6 +144,17 @@ def ensure_root(version: str) -> Tuple[str, str]:
         shutil.rmtree(root)
     os.rename(stage, root)
     return root, f"built {suite} in {time.monotonic() - t0:.0f}s"
+
+
+def _logged(argv: Sequence[str], logfile: str, env: Dict[str, str], timeout: float) -> None:
+    """Run a build command and keep its output in ``logfile``."""
+    cp = run(argv, check=False, env=env, timeout=timeout, logfile=logfile)
+    with open(logfile, "a") as fh:
+        fh.write(f"$ {' '.join(argv)}\n{cp.stdout}{cp.stderr}\n")
+    if cp.returncode != 0:
+        raise SandboxError(f"'{' '.join(argv)}' failed (exit {cp.returncode}) building a "
+                           f"Slurm root; see {logfile}",
+                           hint="check that apt reaches Debian's archive from this machine")
 
 
 def _install(stage: str, suite: str, logfile: str) -> None:
@@ -164,11 +175,11 @@ def _install(stage: str, suite: str, logfile: str) -> None:
                 mounted.append(dest)
         # The archive's Release files may be older than their Valid-Until where the clock
         # runs ahead of the mirror this machine reaches (measured on sid): still use them.
-        run([CHROOT, stage, "apt-get", "-o", "Acquire::Check-Valid-Until=false", "update",
-             "-q"], env=env, timeout=600, logfile=logfile)
-        run([CHROOT, stage, "apt-get", "install", "-y", "-q", "--no-install-recommends",
-             *PACKAGES], env=env, timeout=1800, logfile=logfile)
-        run([CHROOT, stage, "apt-get", "clean"], env=env, timeout=120)
+        _logged([CHROOT, stage, "apt-get", "-o", "Acquire::Check-Valid-Until=false", "update",
+                 "-q"], logfile, env=env, timeout=600)
+        _logged([CHROOT, stage, "apt-get", "install", "-y", "-q", "--no-install-recommends",
+                 *PACKAGES], logfile, env=env, timeout=1800)
+        _logged([CHROOT, stage, "apt-get", "clean"], logfile, env=env, timeout=120)
     finally:
         for dest in reversed(mounted):
             run([UMOUNT, "-R", dest], check=False)
@@ -295,7 +306,3 @@ def slurm_version(root: Optional[Root]) -> str:
         return ""
     words = cp.stdout.split()
     return words[-1] if cp.returncode == 0 and words else ""
-
-
-def run_in(root: Root, argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess:
-    return run(root.argv(*argv), **kw)  # type: ignore[arg-type]

@@ -106,7 +106,7 @@ def needs_workaround(key: str, version: Optional[Version]) -> bool:
 
 
 def data_parser(version: Optional[Version]) -> Optional[str]:
-    return DATA_PARSERS.get(tuple(version)[:2]) if version else None  # type: ignore[index]
+    return DATA_PARSERS.get((version[0], version[1])) if version else None
 
 
 def from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Version]:
