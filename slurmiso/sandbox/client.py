@@ -54,6 +54,24 @@ class SandboxClient:
             self.env["PATH"] = bin_dir + os.pathsep + self.env.get("PATH", "/usr/bin:/bin")
 
     @property
+    def in_root(self) -> bool:
+        """Whether this sandbox runs another Slurm release from a Debian root."""
+        return "SLURMISO_SLURM_BIN" in self.env and self.env["SLURMISO_SLURM_BIN"].startswith(
+            self.root)
+
+    @property
+    def job_python(self) -> str:
+        """A Python a job script can run slurmiso with: the root's own in a root sandbox
+        (this interpreter is not there), else this one."""
+        return "/usr/bin/python3" if self.in_root else sys.executable
+
+    @property
+    def job_pythonpath(self) -> str:
+        """Where a job finds this checkout's slurmiso (and tests/workloads): the copy
+        ``sandbox up`` made under ``<dir>/lib/py`` in a root sandbox, else the checkout."""
+        return os.path.join(self.root, "lib", "py") if self.in_root else REPO
+
+    @property
     def hooks(self) -> bool:
         """Whether slurmiso's Prolog/Epilog/TaskProlog are wired (they change job envs)."""
         try:
