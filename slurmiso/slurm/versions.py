@@ -64,6 +64,12 @@ DIFFERENCES: Tuple[Difference, ...] = (
         "'sandbox sync-gres' (the after-re-layout step) restarts the daemons on every release: "
         "that works everywhere"),
     Difference(
+        "show_config_indexed_hooks", (24, 11, 0),
+        "'scontrol show config' prints 'Prolog = /path' (22.05.8)",
+        "'scontrol show config' prints 'Prolog[0] = /path', 'Epilog[0] = ...' (24.11.5, "
+        "26.05.5): doctor read no Prolog at all and reported hook-unset",
+        "SlurmCli.show_config keeps the indexed keys and gives the plain key index 0"),
+    Difference(
         "show_job_alloc_tres", (24, 11, 0),
         "'scontrol show job' names the allocation TRES= (22.05.8)",
         "'scontrol show job' names it AllocTRES= beside ReqTRES= (24.11.5, 26.05.5)",

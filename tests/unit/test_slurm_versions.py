@@ -51,3 +51,19 @@ def test_every_difference_says_both_sides_and_the_workaround() -> None:
     assert len(keys) == len(set(keys))
     for d in versions.DIFFERENCES:
         assert d.before and d.after and d.workaround and len(d.since) == 3
+
+
+def test_show_config_reads_indexed_hook_keys_of_24_11_and_later() -> None:
+    """24.11.5/26.05.5 print ``Prolog[0] = ...``; 22.05.8 prints ``Prolog = ...``."""
+    from slurmiso.slurm.client import parse_show_config
+
+    new = parse_show_config("Epilog[0]               = /sbx/bin/slurmiso-epilog\n"
+                            "Prolog[0]               = /sbx/bin/slurmiso-prolog\n"
+                            "Prolog[1]               = /etc/slurm/site-prolog\n"
+                            "PrologFlags             = Alloc,Contain\n"
+                            "TaskEpilog              = (null)\n")
+    assert new["Prolog"] == "/sbx/bin/slurmiso-prolog"
+    assert new["Epilog"] == "/sbx/bin/slurmiso-epilog" and new["Prolog[1]"]
+    assert new["TaskEpilog"] == "(null)" and new["PrologFlags"] == "Alloc,Contain"
+    old = parse_show_config("Prolog                  = /sbx/bin/slurmiso-prolog\n")
+    assert old == {"Prolog": "/sbx/bin/slurmiso-prolog"}
