@@ -147,3 +147,25 @@ def test_a_dir_made_for_one_release_is_not_reused_for_another(tmp_path: Path) ->
         cluster.choose_release(str(tmp_path), "26.05")
     assert "--purge" in (err.value.hint or "")
     assert os.path.exists(tmp_path / "etc" / "slurm.conf")
+
+
+def test_build_steps_keep_their_output_and_fail_with_the_log_named(tmp_path: Path) -> None:
+    log = str(tmp_path / "trixie.log")
+    R._logged(["/bin/echo", "unpacking"], log, env={"PATH": "/usr/bin:/bin"}, timeout=10)
+    assert "$ /bin/echo unpacking\nunpacking\n" in Path(log).read_text()
+    with pytest.raises(SandboxError) as err:
+        R._logged(["/bin/sh", "-c", "echo E: no network >&2; exit 100"], log,
+                  env={"PATH": "/usr/bin:/bin"}, timeout=10)
+    assert log in err.value.message and "E: no network" in Path(log).read_text()
+
+
+def test_stale_root_with_mounts_under_it_is_never_removed(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMISO_SLURM_ROOTS", str(tmp_path))
+    (tmp_path / "trixie" / "proc").mkdir(parents=True)
+    monkeypatch.setattr(R, "mounts_under", lambda p: [p + "/proc"] if p.endswith("trixie")
+                        else [])
+    with pytest.raises(SandboxError) as err:
+        R.ensure_root("24.11")
+    assert "mounts under it" in err.value.message
+    assert (tmp_path / "trixie" / "proc").is_dir()
