@@ -12,6 +12,14 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
+# Slurm release for the sandbox (22.05, 24.11, 26.05; empty: the host's own). A release the
+# host lacks runs from a cached Debian root: make test SLURM=24.11, make demo SLURM=26.05.
+SLURM ?=
+SLURM_ARG = $(if $(SLURM),--slurm $(SLURM))
+export SLURMISO_SANDBOX_SLURM = $(SLURM)
+ifneq ($(SLURM),)
+export SLURMISO_SANDBOX_DIR ?= /var/lib/slurmiso-sbx-$(SLURM)
+endif
 
 .PHONY: all install sandbox sandbox-down test unit integration demo bench lint clean deb rpm \
 	package-test
@@ -22,7 +30,7 @@ install:
 	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
 
 sandbox: install
-	$(PYTHON) -m slurmiso -v sandbox up
+	$(PYTHON) -m slurmiso -v sandbox up $(SLURM_ARG)
 
 sandbox-down:
 	$(PYTHON) -m slurmiso sandbox down

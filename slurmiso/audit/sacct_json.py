@@ -35,8 +35,15 @@ def _num(value: Any) -> Optional[float]:
     return float(value)
 
 
+#: Slurm's NO_VAL and INFINITE (32-bit), printed as plain numbers by some data_parser versions
+#: (recorded on 24.11.5: a requeued attempt cancelled before it started has start 4294967294).
+_UNSET_32 = (0xFFFFFFFE, 0xFFFFFFFF)
+
+
 def _when(value: Any) -> Optional[float]:
     n = _num(value)
+    if n in _UNSET_32:
+        return None
     return n if n else None  # 0 means "not yet" in Slurm's JSON
 
 

@@ -26,6 +26,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="run the installed slurmiso packages' hooks and SPANK plugins "
                     "(/usr/bin/slurmiso-prolog, /usr/lib/slurmiso/*.so) instead of the "
                     "checkout's; install them first (docs/admin-guide.md)")
+    up.add_argument(
+        "--slurm", metavar="RELEASE",
+        help="Slurm release to run: 22.05, 24.11 or 26.05 (default: the host's own, or the "
+        "one this dir was made with). A release the host lacks runs from a cached Debian "
+        "root (debootstrap; 24.11: trixie, 26.05: sid). Ports: $SLURMISO_SANDBOX_PORT_BASE "
+        "(default 16800) plus fixed offsets")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop every sandbox process")
     down.add_argument("--dir", help=DIR_HELP)
@@ -72,13 +78,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from slurmiso.cli.output import print_json, table
     from slurmiso.sandbox import cluster
 
-    report = cluster.up(args.dir, from_packages=args.from_packages)
+    report = cluster.up(args.dir, args.slurm, from_packages=args.from_packages)
     if args.json:
         print_json(cluster.report_dict(report))
         return 0
     rows = [(s.name, f"{s.seconds:.1f}s", s.detail) for s in report.steps]
     print(table(rows, ["step", "time", "detail"]))
-    print(f"sandbox up in {report.seconds:.1f}s: cluster {report.site.root}")
+    print(f"sandbox up in {report.seconds:.1f}s: cluster {report.site.root}"
+          + (f" (Slurm {report.site.slurm} from {report.site.chroot})"
+             if report.site.chroot else ""))
     print(f"export SLURM_CONF={report.site.slurm_conf}")
     print(f"export SLURMISO_CONFIG={report.site.slurmiso_yaml}")
     return 0
@@ -130,7 +138,10 @@ def _status_text(data: Dict[str, Any]) -> str:
     from slurmiso.cli.output import table
 
     lines = [f"sandbox {data['cluster']} in {data['dir']}"
-             + ("" if data["exists"] else " (does not exist)")]
+             + ("" if data["exists"] else " (does not exist)"),
+             f"slurm {data['slurm_version'] or 'unknown'}"
+             + (f" from {data['slurm_root']}" if data["slurm_root"] else " (host)")
+             + f", slurmctld port {data['ports']['slurmctld']}"]
     rows = [(s["name"], "running" if s["running"] else "stopped", s["pid"] or "",
              "sandbox" if s.get("started_by_sandbox") else "")
             for s in data["services"]]

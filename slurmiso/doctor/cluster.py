@@ -138,6 +138,27 @@ def check_gpu_acct(snap: Snapshot, cfg: Config) -> List[Finding]:
     return out
 
 
+def check_slurm_version(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """Which Slurm this is, and which side of each measured release difference it is on."""
+    from slurmiso.slurm import versions
+    from slurmiso.slurm.client import parse_version
+
+    raw = str(snap.get("slurm_version") or "")
+    version = parse_version(raw)
+    if version is None:
+        why = raw or "scontrol show config has no SLURM_VERSION"
+        return [Finding("info", "slurm-version",
+                        f"cannot tell the Slurm version ({why}): every release workaround "
+                        "stays on",
+                        "check that 'scontrol show config' answers")]
+    known = versions.data_parser(version)
+    return [Finding("info", "slurm-version",
+                    f"Slurm {raw}: " + "; ".join(versions.describe(version)),
+                    "nothing to change (docs/compatibility.md: what each release needs)"
+                    if known else "this release was not measured in slurmiso's sandbox: run "
+                    "'make test SLURM=<nearest release>' (docs/compatibility.md)")]
+
+
 def check_hooks_set(snap: Snapshot, cfg: Config) -> List[Finding]:
     from slurmiso.install import scripts_dir
 
@@ -211,5 +232,5 @@ def check_submit_plugins(snap: Snapshot, cfg: Config) -> List[Finding]:
 CHECKS: List[Check] = [
     check_preempt_type, check_preempt_mode, check_job_requeue, check_accounting_enforce,
     check_accounting_tres, check_gres_types, check_prolog_flags, check_gpu_acct,
-    check_hooks_set, check_qos, check_submit_plugins,
+    check_hooks_set, check_qos, check_submit_plugins, check_slurm_version,
 ]

@@ -180,9 +180,14 @@ def check_mig_live(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 def check_mig_mixed(snap: Snapshot, cfg: Config) -> List[Finding]:
     """A mig-static node holding two MIG types, on one GPU or across GPUs (:data:`MIXED_WHY`)."""
+    from slurmiso.slurm import versions
+    from slurmiso.slurm.client import parse_version
+
     text = str((snap.get("gres_conf") or {}).get("text") or "").lower()
     if "autodetect=nvml" in text:
         return []
+    if versions.has("mig_mixed_types", parse_version(str(snap.get("slurm_version") or ""))):
+        return []  # measured: 24.11.5 and 26.05.5 schedule every type of a mixed node
     out: List[Finding] = []
     gpu = snap.get("gpu_node") or {}
     for pool in cfg.pools:

@@ -7,13 +7,14 @@ so both drive the cluster the same way. Slurm clients run with the sandbox's ``S
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Set
+from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.errors import SandboxError
 from slurmiso.state.lock import FileLock, LockTimeout
@@ -27,6 +28,15 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
 
+def hostlist_ints(text: str) -> List[int]:
+    """``0``, ``0-1``, ``0,2-3`` -> the indices."""
+    out: List[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 class SandboxClient:
     """The running sandbox: its paths, the environment for Slurm clients, job helpers."""
 
@@ -37,6 +47,29 @@ class SandboxClient:
         self.jobs_dir = jobs_dir
         self.env = dict(os.environ, SLURM_CONF=self.slurm_conf,
                         SLURMISO_CONFIG=self.slurmiso_config)
+        bin_dir = os.path.join(root, "slurm-bin")
+        if os.path.isdir(bin_dir):
+            # A sandbox of another Slurm release: its clients (and runuser) enter its root.
+            self.env["SLURMISO_SLURM_BIN"] = bin_dir
+            self.env["PATH"] = bin_dir + os.pathsep + self.env.get("PATH", "/usr/bin:/bin")
+
+    @property
+    def in_root(self) -> bool:
+        """Whether this sandbox runs another Slurm release from a Debian root."""
+        return "SLURMISO_SLURM_BIN" in self.env and self.env["SLURMISO_SLURM_BIN"].startswith(
+            self.root)
+
+    @property
+    def job_python(self) -> str:
+        """A Python a job script can run slurmiso with: the root's own in a root sandbox
+        (this interpreter is not there), else this one."""
+        return "/usr/bin/python3" if self.in_root else sys.executable
+
+    @property
+    def job_pythonpath(self) -> str:
+        """Where a job finds this checkout's slurmiso (and tests/workloads): the copy
+        ``sandbox up`` made under ``<dir>/lib/py`` in a root sandbox, else the checkout."""
+        return os.path.join(self.root, "lib", "py") if self.in_root else REPO
 
     @property
     def hooks(self) -> bool:
@@ -95,6 +128,32 @@ class SandboxClient:
             if sep and key not in fields:
                 fields[key] = value
         return fields
+
+    def slurm_version(self) -> Optional[Tuple[int, int, int]]:
+        """The sandbox's Slurm release (``scontrol --version`` with its SLURM_CONF)."""
+        from slurmiso.slurm.client import parse_version
+
+        return parse_version(self.cmd("scontrol", "--version", check=False))
+
+    def alloc_tres(self, job_id: str) -> str:
+        """The job's allocated TRES as ``scontrol show job`` names it: ``TRES=`` on 22.05,
+        ``AllocTRES=`` (beside ``ReqTRES=``) from 24.11 on (measured)."""
+        fields = self.job_fields(job_id)
+        return fields.get("AllocTRES", fields.get("TRES", ""))
+
+    def gres_per_gpu(self, job_id: str, name: str) -> Dict[int, int]:
+        """GPU index -> count of GRES ``name`` the job holds, from ``scontrol show job -d``:
+        ``GRES=shard:3(IDX:0)`` on 22.05, ``GRES=shard:3(3/7,0/7)`` (taken/total per GPU)
+        from 24.11 on (measured)."""
+        detail = self.cmd("scontrol", "show", "job", "-d", job_id)
+        m = re.search(rf"\bGRES={re.escape(name)}:(\d+)\(([^)]*)\)", detail)
+        if not m:
+            raise SandboxError(f"no GRES={name} in 'scontrol show job -d {job_id}':\n{detail}")
+        count, inner = int(m.group(1)), m.group(2)
+        if inner.startswith("IDX:"):
+            return {int(i): count for i in hostlist_ints(inner[4:])}
+        taken = [int(part.split("/")[0]) for part in inner.split(",")]
+        return {i: n for i, n in enumerate(taken) if n}
 
     def wait_for(self, job_id: str, states: Iterable[str] = ("COMPLETED",),
                  timeout: float = 60) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 from slurmiso.errors import SandboxError, SlurmisoError
 from slurmiso.sandbox import accounting as A
 from slurmiso.sandbox import layout as L
+from slurmiso.sandbox import roots as R
 from slurmiso.sandbox.procs import (
     environ_with,
     file_lock,
@@ -62,6 +63,7 @@ MUNGE_KEY = "/etc/munge/munge.key"
 MUNGE_PIDFILE = "/run/munge/munged.pid"
 RUNUSER = "/usr/sbin/runuser"
 USERADD = "/usr/sbin/useradd"
+GROUPADD = "/usr/sbin/groupadd"
 SCONTROL = "/usr/bin/scontrol"
 SINFO = "/usr/bin/sinfo"
 MAKE = "/usr/bin/make"
@@ -102,11 +104,53 @@ def packaged_site(site: L.Site) -> L.Site:
                    spank_plugin=PACKAGED_SPANK, packaged=True)
 
 
-def make_site(root: Optional[str] = None) -> L.Site:
+def port_base(recorded: Any = None) -> int:
+    """``SLURMISO_SANDBOX_PORT_BASE``, else what ``up`` recorded, else the default ports."""
+    raw = os.environ.get("SLURMISO_SANDBOX_PORT_BASE") or recorded or L.PORT_BASE
+    try:
+        base = int(raw)
+    except (TypeError, ValueError):
+        base = -1
+    if not 1024 <= base <= 65000:
+        raise SandboxError(f"SLURMISO_SANDBOX_PORT_BASE={raw!r} is not a port base",
+                           hint="a number from 1024 to 65000, e.g. 17800")
+    return base
+
+
+#: Default port base per root release (PORT_BASE + 1000 * shift): beside the host's sandbox.
+RELEASE_PORT_SHIFT = {"24.11": 1, "26.05": 2}
+
+
+def host_release() -> str:
+    """The host's Slurm release (``22.05``), "" when it has none."""
+    full = R.slurm_version(None)
+    return ".".join(full.split(".")[:2]) if full else ""
+
+
+def choose_release(root: str, slurm: Optional[str]) -> str:
+    """The release a sandbox runs: ``--slurm``, else the one ``up`` recorded in the dir; ""
+    means the host's own Slurm. A dir made for one release is not reused for another."""
+    recorded = str(_read_state_dir(root).get("slurm") or "")
+    if slurm is None:
+        return recorded
+    want = R.check_version(slurm)
+    if want == host_release():
+        want = ""
+    if os.path.exists(os.path.join(root, "etc", "slurm.conf")) and want != recorded:
+        raise SandboxError(
+            f"{root} holds a sandbox of Slurm {recorded or host_release() or 'host'}, "
+            f"not {want or 'the host release'}",
+            hint="use another --dir (SLURMISO_SANDBOX_DIR), or 'sandbox down --purge' it first")
+    return want
+
+
+def make_site(root: Optional[str] = None, slurm: Optional[str] = None) -> L.Site:
     """The sandbox's :class:`~slurmiso.sandbox.layout.Site` on this machine, right now.
 
     Hooks are wired only once the repository has them, and run by this interpreter with this
-    ``slurmiso`` package on ``PYTHONPATH`` (an uninstalled checkout works too).
+    ``slurmiso`` package on ``PYTHONPATH`` (an uninstalled checkout works too). With a Slurm
+    release the host lacks (``slurm``), everything runs in that release's Debian root, and the
+    hooks run the root's Python on a copy of this checkout under ``<dir>/lib/py``.
     """
     import slurmiso
 
@@ -115,6 +159,30 @@ def make_site(root: Optional[str] = None) -> L.Site:
     root = os.path.abspath(root or default_dir())
     epilog = os.path.join(pkg_parent, "epilog", "slurmiso-epilog")
     hooks = os.path.isfile(prolog) and os.path.isfile(epilog) and hooks_wanted()
+    release = choose_release(root, slurm)
+    base = port_base(_read_state_dir(root).get("port_base")
+                     or L.PORT_BASE + 1000 * RELEASE_PORT_SHIFT.get(release, 0))
+    nodes = tuple(replace(n, port=n.port - L.PORT_BASE + base) for n in L.NODES)
+    if release:
+        py = os.path.join(root, "lib", "py")
+        return L.Site(
+            root=root,
+            host=socket.gethostname().split(".")[0],
+            python=SYSTEM_PYTHON,
+            prolog=os.path.join(py, "prolog", "slurmiso-prolog") if hooks else "",
+            epilog=os.path.join(py, "epilog", "slurmiso-epilog") if hooks else "",
+            pythonpath=py,
+            task_python=SYSTEM_PYTHON,
+            spank_plugin=os.path.join(root, "lib", "slurmiso.so")
+            if os.path.isfile(spank_source(pkg_parent)) else "",
+            cgroup=host_cgroup(),
+            nodes=nodes,
+            port_base=base,
+            slurm=release,
+            ignore_systemd=True,  # measured: 24.11's cgroup/v1 asks systemd for a scope
+            first_job_id=int(release.replace(".", "")) * 1000,
+            chroot=R.root_path(release),
+        )
     return L.Site(
         root=root,
         host=socket.gethostname().split(".")[0],
@@ -126,7 +194,13 @@ def make_site(root: Optional[str] = None) -> L.Site:
         spank_plugin=os.path.join(root, "lib", "slurmiso.so")
         if os.path.isfile(spank_source(pkg_parent)) else "",
         cgroup=host_cgroup(),
+        nodes=nodes,
+        port_base=base,
     )
+
+
+def site_root(site: L.Site) -> Optional[R.Root]:
+    return R.Root(site.chroot, site.slurm) if site.chroot else None
 
 
 def spank_source(pkg_parent: str) -> str:
@@ -141,7 +215,7 @@ def build_spank(site: L.Site) -> str:
     if not site.spank_plugin:
         return "no spank/ in this checkout"
     src_dir = os.path.dirname(spank_source(site.pythonpath))
-    run([MAKE, "-s", "-C", src_dir], timeout=120)
+    run(site.exe(MAKE, "-s", "-C", src_dir), timeout=120)
     done = []
     for name in ("slurmiso.so", "slurmiso_fence.so"):
         dest = os.path.join(os.path.dirname(site.spank_plugin), name)
@@ -210,16 +284,16 @@ def services(site: L.Site) -> List[Service]:
     my = A.mysql_paths(site)
     out = [
         Service("mariadb", tuple(A.mariadbd_argv(site)), my["pidfile"], my["log"],
-                ("mariadbd", "mysqld"), (f"--datadir={my['datadir']}",), L.MYSQL_PORT),
-        Service("slurmdbd", (SLURMDBD, "-D"), p("run", "slurmdbd.pid"),
-                p("log", "slurmdbd.log"), ("slurmdbd",), (), L.DBD_PORT),
-        Service("slurmctld", (SLURMCTLD, "-D", "-f", site.slurm_conf),
+                ("mariadbd", "mysqld"), (f"--datadir={my['datadir']}",), site.mysql_port),
+        Service("slurmdbd", tuple(site.exe(SLURMDBD, "-D")), p("run", "slurmdbd.pid"),
+                p("log", "slurmdbd.log"), ("slurmdbd",), (), site.dbd_port),
+        Service("slurmctld", tuple(site.exe(SLURMCTLD, "-D", "-f", site.slurm_conf)),
                 p("run", "slurmctld.pid"), p("log", "slurmctld.log"), ("slurmctld",),
-                (site.slurm_conf,), L.CTLD_PORT),
+                (site.slurm_conf,), site.ctld_port),
     ]
     for n in site.nodes:
         out.append(Service(
-            f"slurmd-{n.name}", (SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name),
+            f"slurmd-{n.name}", tuple(site.exe(SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name)),
             p("run", f"slurmd-{n.name}.pid"), p("log", f"slurmd-{n.name}.log"), ("slurmd",),
             (site.slurm_conf, f"-N {n.name}"), n.port,
         ))
@@ -468,8 +542,12 @@ def _state_file(site: L.Site) -> str:
 
 
 def _read_state(site: L.Site) -> Dict[str, Any]:
+    return _read_state_dir(site.root)
+
+
+def _read_state_dir(root: str) -> Dict[str, Any]:
     try:
-        data = json.loads(Path(_state_file(site)).read_text())
+        data = json.loads(Path(root, "run", "sandbox.json").read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -482,15 +560,21 @@ def _write_state(site: L.Site, **updates: Any) -> None:
                       0o644)
 
 
-def munge_works() -> bool:
-    cp = run([MUNGE, "-n"], check=False, timeout=10)
+def munge_works(site: Optional[L.Site] = None) -> bool:
+    exe = site.exe if site is not None else (lambda *a: list(a))
+    cp = run(exe(MUNGE, "-n"), check=False, timeout=10)
     if cp.returncode != 0:
         return False
-    return run([UNMUNGE], input=cp.stdout, check=False, timeout=10).returncode == 0
+    return run(exe(UNMUNGE), input=cp.stdout, check=False, timeout=10).returncode == 0
 
 
 def ensure_munge(site: L.Site) -> str:
-    """Use the host's munged if it works; otherwise start one and remember that we did."""
+    """Use the host's munged if it works; otherwise start one and remember that we did.
+
+    A Slurm root has its own munged, key and socket (its /run/munge): the host's is never
+    touched."""
+    if site.chroot:
+        return _ensure_root_munge(site)
     if munge_works():
         return "running"
     if not os.path.exists(MUNGE_KEY):
@@ -504,6 +588,57 @@ def ensure_munge(site: L.Site) -> str:
     wait_until("munged", munge_works, timeout=20, logfile="/var/log/munge/munged.log")
     _write_state(site, munged_pid=read_pid(MUNGE_PIDFILE))
     return "started"
+
+
+def _ensure_root_munge(site: L.Site) -> str:
+    if munge_works(site):
+        return "running (in the root)"
+    key = site.chroot + MUNGE_KEY
+    setup = (f"[ -s {MUNGE_KEY} ] || {MUNGEKEY} --create --keyfile={MUNGE_KEY}; "
+             f"chown munge:munge {MUNGE_KEY}; chmod 0400 {MUNGE_KEY}; "
+             "mkdir -p /run/munge /var/log/munge /var/lib/munge; "
+             "chown munge:munge /run/munge /var/log/munge /var/lib/munge; chmod 0755 /run/munge")
+    run(site.exe("/bin/sh", "-c", setup), timeout=30)
+    logfile = site.chroot + "/var/log/munge/munged.log"
+    run(site.exe(RUNUSER, "-u", "munge", "--", MUNGED), timeout=30, logfile=logfile)
+    wait_until("munged (root)", lambda: munge_works(site), timeout=20, logfile=logfile)
+    _write_state(site, munged_pid=read_pid(site.chroot + MUNGE_PIDFILE))
+    return f"started in the root (key {key})"
+
+
+def ensure_root_user(site: L.Site) -> str:
+    """The test user in the root, with the host's uid and gid (files are shared)."""
+    pw = pwd.getpwnam(L.TEST_USER)
+    cp = run(site.exe("/usr/bin/getent", "passwd", L.TEST_USER), check=False)
+    if cp.returncode == 0:
+        return f"{L.TEST_USER} in the root"
+    run(site.exe("/bin/sh", "-c", f"getent group {pw.pw_gid} >/dev/null || "
+                 f"{GROUPADD} -g {pw.pw_gid} {L.TEST_USER}"))
+    run(site.exe(USERADD, "-m", "-u", str(pw.pw_uid), "-g", str(pw.pw_gid), "-s", "/bin/bash",
+                 L.TEST_USER))
+    return f"created {L.TEST_USER} uid {pw.pw_uid} in the root"
+
+
+def prepare_root(site: L.Site) -> str:
+    """Mounts, this checkout's slurmiso for the root's Python, and the client wrappers."""
+    root = site_root(site)
+    assert root is not None
+    os.makedirs(site.root, exist_ok=True)
+    made = R.ensure_mounts(root, site.root)
+    copied = R.copy_checkout(_checkout(), site.path("lib", "py"))
+    os.makedirs(site.path("slurm-bin"), exist_ok=True)
+    for name, text in R.client_wrappers(root).items():
+        _write_if_changed(site.path("slurm-bin", name), text, 0o755)
+    done = [f"mounted {', '.join(made)}"] if made else []
+    if copied:
+        done.append("slurmiso copied")
+    return "; ".join(done) or "in place"
+
+
+def _checkout() -> str:
+    import slurmiso
+
+    return str(Path(slurmiso.__file__).resolve().parent.parent)
 
 
 def start_mariadb(site: L.Site) -> str:
@@ -545,13 +680,13 @@ def start_slurm(site: L.Site, restart: bool) -> str:
 
 
 def _ctld_up(site: L.Site) -> bool:
-    cp = run([SCONTROL, "ping"], env=slurm_env(site), check=False, timeout=15)
+    cp = run(site.exe(SCONTROL, "ping"), env=slurm_env(site), check=False, timeout=15)
     return cp.returncode == 0 and "UP" in cp.stdout
 
 
 def node_states(site: L.Site) -> Dict[str, Tuple[str, str]]:
     """node -> (state, reason) as sinfo reports it (state like 'idle', 'down*', 'drained')."""
-    cp = run([SINFO, "-h", "-N", "-o", "%N|%T|%E"], env=slurm_env(site), check=False,
+    cp = run(site.exe(SINFO, "-h", "-N", "-o", "%N|%T|%E"), env=slurm_env(site), check=False,
              timeout=15)
     out: Dict[str, Tuple[str, str]] = {}
     for line in cp.stdout.splitlines():
@@ -579,7 +714,7 @@ def wait_nodes(site: L.Site) -> str:
         for name, (state, reason) in bad.items():
             if ("drain" in state or state == "down") and name not in resumed:
                 log.warning("node %s is %s (%s): resuming it", name, state, reason)
-                run([SCONTROL, "update", f"nodename={name}", "state=resume"],
+                run(site.exe(SCONTROL, "update", f"nodename={name}", "state=resume"),
                     env=slurm_env(site), check=False, timeout=15)
                 resumed.append(name)
             if "inval" in state:
@@ -605,15 +740,19 @@ def lock_path(site: L.Site) -> str:
     return f"{site.root.rstrip('/')}.lock"
 
 
-def up(root: Optional[str] = None, from_packages: bool = False) -> UpReport:
+def up(root: Optional[str] = None, slurm: Optional[str] = None,
+       from_packages: bool = False) -> UpReport:
     """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time).
 
     ``from_packages``: Slurm runs the installed packages' hooks and plugins, not the checkout's.
     """
     if os.geteuid() != 0:
         raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
-    site = make_site(root)
+    site = make_site(root, slurm)
     if from_packages:
+        if site.chroot:
+            raise SandboxError("--from-packages runs the host's Slurm only",
+                               hint="drop --slurm, or install the packages in the root")
         site = packaged_site(site)
     with file_lock(lock_path(site), "sandbox up"):
         return _up(site)
@@ -621,10 +760,23 @@ def up(root: Optional[str] = None, from_packages: bool = False) -> UpReport:
 
 def _up(site: L.Site) -> UpReport:
     report = UpReport(site)
-    with _step(report, "packages") as s:
-        s.detail = install_packages(site)
+    if site.chroot:
+        with _step(report, f"slurm {site.slurm} root") as s:
+            path, s.detail = R.ensure_root(site.slurm)
+    else:
+        with _step(report, "packages") as s:
+            s.detail = install_packages(site)
+        if os.path.isdir(site.path("slurm-bin")):
+            shutil.rmtree(site.path("slurm-bin"))
     with _step(report, "test user") as s:
         s.detail = ensure_test_user()
+        if site.chroot:
+            s.detail += "; " + ensure_root_user(site)
+    if site.chroot:
+        with _step(report, "root mounts+slurmiso") as s:
+            s.detail = prepare_root(site)
+    os.makedirs(site.path("run"), exist_ok=True)
+    _write_state(site, slurm=site.slurm, port_base=site.port_base)
     with _step(report, "spank plugin") as s:
         s.detail = build_spank(site)
     with _step(report, "simulated GPUs") as s:
@@ -706,7 +858,8 @@ def leftovers(site: L.Site) -> List[Tuple[int, str]]:
             if proc.info["name"] not in DAEMON_NAMES:
                 continue
             cmd = " ".join(proc.info["cmdline"] or [])
-            if site.root in cmd or has_env(proc.pid, "SLURM_CONF", site.slurm_conf):
+            if site.root.rstrip("/") + "/" in cmd or has_env(proc.pid, "SLURM_CONF",
+                                                              site.slurm_conf):
                 found[proc.pid] = cmd or proc.info["name"]
                 if proc.info["name"] == "slurmstepd":
                     for child in proc.children(recursive=True):
@@ -743,6 +896,11 @@ def _down(site: L.Site, purge: bool) -> DownReport:
     if still:
         raise SandboxError("sandbox down: processes survived SIGKILL: "
                            + "; ".join(f"{p} {c}" for p, c in still))
+    root = site_root(site)
+    if root is not None:
+        released = R.release_mounts(root, site.root)
+        if released:
+            log.info("unmounted %s from %s", ", ".join(released), root.path)
     if purge and os.path.isdir(site.root):
         _purge(site)
         report.purged = True
@@ -762,9 +920,14 @@ def status(root: Optional[str] = None) -> Dict[str, Any]:
     """Services, nodes and paths of the sandbox, as plain data (for text or JSON)."""
     site = make_site(root)
     svcs: List[Dict[str, Any]] = []
-    host_munge = munge_works() if os.path.exists(MUNGE) else False
+    if site.chroot:
+        host_munge = os.path.isdir(site.chroot) and munge_works(site)
+        munge_pid = read_pid(site.chroot + MUNGE_PIDFILE)
+    else:
+        host_munge = munge_works() if os.path.exists(MUNGE) else False
+        munge_pid = read_pid(MUNGE_PIDFILE)
     ours = _read_state(site).get("munged_pid")
-    svcs.append({"name": "munged", "running": host_munge, "pid": read_pid(MUNGE_PIDFILE),
+    svcs.append({"name": "munged", "running": host_munge, "pid": munge_pid,
                  "started_by_sandbox": bool(ours and host_munge)})
     for svc in services(site):
         pid = svc.pid()
@@ -781,6 +944,11 @@ def status(root: Optional[str] = None) -> Dict[str, Any]:
         "dir": site.root,
         "exists": os.path.isdir(site.root),
         "cluster": L.CLUSTER,
+        "slurm_version": R.slurm_version(site_root(site)) if not site.chroot
+        or os.path.isdir(site.chroot) else "",
+        "slurm_root": site.chroot,
+        "ports": {"slurmctld": site.ctld_port, "slurmdbd": site.dbd_port,
+                  "mariadb": site.mysql_port},
         "slurm_conf": site.slurm_conf,
         "slurmiso_config": site.slurmiso_yaml,
         "hooks": site.hooks,

@@ -148,14 +148,12 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
     ``preemptions`` times by ``infer`` jobs; returns what happened (steps logged, restarts,
     checkpoint records, how long each inference job waited to start)."""
     import re
-    import sys
-
-    from slurmiso.sandbox.client import REPO
 
     work = tempfile.mkdtemp(prefix="wrapper-", dir=sbx.jobs_dir)
     os.chmod(work, 0o1777)
     log, events = os.path.join(work, "steps.log"), os.path.join(work, "events.jsonl")
-    workload = os.path.join(REPO, "tests", "workloads", "train_counter.py")
+    py, repo = sbx.job_python, sbx.job_pythonpath  # in the job: the root's in a root sandbox
+    workload = os.path.join(repo, "tests", "workloads", "train_counter.py")
 
     def logged() -> List[int]:
         try:
@@ -173,9 +171,9 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
 
     script = (
         "#!/bin/bash\n"
-        f"export PYTHONPATH={REPO}\n"
-        f"srun {sys.executable} -m slurmiso run --ckpt-dir {work}/ckpt --events {events} -- "
-        f"{sys.executable} {workload} --steps {steps} --step-time {step_time} --log {log}\n"
+        f"export PYTHONPATH={repo}\n"
+        f"srun {py} -m slurmiso run --ckpt-dir {work}/ckpt --events {events} -- "
+        f"{py} {workload} --steps {steps} --step-time {step_time} --log {log}\n"
     )
     job = sbx.submit(script, "--qos=train", "--requeue", "-p", "gpu", "--gres=gpu:2",
                      "--open-mode=append", "-J", "train-demo")
@@ -258,14 +256,11 @@ def run_monitor(sbx: SandboxClient, config: str, folder: str, *args: str) -> str
 def monitor_hold_scenario(sbx: SandboxClient, folder: str) -> Dict[str, Any]:
     """A job runs GPU 0 of n5 hot (simulated load); a pending training job is held by one
     monitor cycle, nothing more happens while it stays hot, and it is released once calm."""
-    import sys
-
-    from slurmiso.sandbox.client import REPO
-
     config = monitor_config(sbx, folder)
     state = sbx.path("sim", "n5.json")
     flag = os.path.join(sbx.jobs_dir, f"stop-load-{os.getpid()}")
-    sim = f"PYTHONPATH={REPO} {sys.executable} -m slurmiso sim load --state {state} --gpu 0"
+    sim = (f"PYTHONPATH={sbx.job_pythonpath} {sbx.job_python} -m slurmiso sim load "
+           f"--state {state} --gpu 0")
     load = sbx.submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
                       f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
                       "-p", "tslice", "--qos=train", "--exclusive")

@@ -71,6 +71,30 @@ def parse_version(text: str) -> Optional[Tuple[int, int, int]]:
     return None
 
 
+def parse_show_config(text: str) -> Dict[str, str]:
+    """``scontrol show config`` text as key -> value.
+
+    From 24.11 on (measured on 24.11.5 and 26.05.5) list-valued keys print indexed:
+    ``Prolog[0] = /path``, ``Epilog[0] = ...`` (22.05.8 prints ``Prolog = /path``). The indexed
+    keys are kept, and the plain key gets the first (index 0), so readers of ``Prolog`` work
+    on every release.
+    """
+    out: Dict[str, str] = {}
+    indexed: Dict[str, List[Tuple[int, str]]] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or " " in key:
+            continue
+        out[key] = value
+        base, bracket, rest = key.partition("[")
+        if bracket and rest.endswith("]") and rest[:-1].isdigit():
+            indexed.setdefault(base, []).append((int(rest[:-1]), value))
+    for base, items in indexed.items():
+        out.setdefault(base, sorted(items)[0][1])
+    return out
+
+
 def parse_kv_line(line: str) -> Dict[str, str]:
     """``scontrol show ... -o`` output: ``Key=Value Key2=Value two`` (values may hold spaces
     only for the last keys Slurm prints unquoted; we split on `` Key=`` boundaries)."""
@@ -135,12 +159,7 @@ class SlurmCli:
 
     def show_config(self, timeout: Optional[float] = None) -> Dict[str, str]:
         """``scontrol show config`` as key -> value (``(null)`` kept: it means unset)."""
-        out: Dict[str, str] = {}
-        for line in self.run("scontrol", ["show", "config"], timeout).splitlines():
-            key, sep, value = line.partition("=")
-            if sep and key.strip() and " " not in key.strip():
-                out[key.strip()] = value.strip()
-        return out
+        return parse_show_config(self.run("scontrol", ["show", "config"], timeout))
 
     def show_all(self, kind: str, timeout: Optional[float] = None) -> Dict[str, Dict[str, str]]:
         """``scontrol show partition|node -o``: name -> fields, for every entity."""

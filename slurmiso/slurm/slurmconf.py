@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import Config, Pool
+from slurmiso.slurm import versions
 
 log = logging.getLogger(__name__)
 
 MIG_RECONFIGURED = ("mig-static", "mig-dynamic")
 DEFAULT_PREFIX = "/usr/bin"  # the packages' layout; 'gen slurm-conf' passes the live one
 #: JobAcctGatherParams=DisableGPUAcct first appeared in Slurm 23.02.7 (Slurm's NEWS); 22.05's
-#: slurm.conf(5) does not know it, so it is only generated for a Slurm known to have it.
-DISABLE_GPU_ACCT_SINCE = (23, 2, 7)
+#: slurm.conf(5) does not know it, so it is only generated for a Slurm known to have it. The
+#: release table lives in slurmiso.slurm.versions.
+DISABLE_GPU_ACCT_SINCE = versions.difference("disable_gpu_acct").since
 Version = Optional[Tuple[int, int, int]]
 HOOKS = (("Prolog", "slurmiso-prolog"), ("Epilog", "slurmiso-epilog"),
          ("TaskProlog", "slurmiso-task-prolog"))
@@ -51,7 +53,7 @@ def reconfigures_mig(cfg: Config) -> bool:
 
 
 def has_disable_gpu_acct(version: Version) -> bool:
-    return version is not None and tuple(version) >= DISABLE_GPU_ACCT_SINCE
+    return versions.has("disable_gpu_acct", version) is True
 
 
 def required_settings(cfg: Config, prefix: str = DEFAULT_PREFIX,

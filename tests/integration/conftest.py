@@ -42,8 +42,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
 
 def _bring_up(root: str) -> None:
     env = dict(os.environ, PYTHONPATH=REPO)
-    cp = subprocess.run([sys.executable, "-m", "slurmiso", "sandbox", "up", "--dir", root],
-                        env=env, text=True, capture_output=True, timeout=300, cwd=REPO)
+    release = os.environ.get("SLURMISO_SANDBOX_SLURM")  # make test SLURM=24.11
+    argv = [sys.executable, "-m", "slurmiso", "sandbox", "up", "--dir", root]
+    cp = subprocess.run(argv + (["--slurm", release] if release else []),
+                        env=env, text=True, capture_output=True, timeout=900, cwd=REPO)
     if cp.returncode != 0:
         pytest.fail(f"slurmiso sandbox up failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}",
                     pytrace=False)
@@ -65,8 +67,10 @@ def _sandbox_session() -> Iterator[Sandbox]:
     os.chmod(jobs_dir, 0o1777)  # jobs of the non-root test user write their output here too
     sbx = Sandbox(SANDBOX_DIR, jobs_dir)
     sbx.clear_queue()  # jobs a crashed earlier session left behind
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "SLURMISO_CONFIG")}
-    os.environ.update(SLURM_CONF=sbx.slurm_conf, SLURMISO_CONFIG=sbx.slurmiso_config)
+    # PATH and SLURMISO_SLURM_BIN change only for a sandbox of another Slurm release.
+    keys = ("SLURM_CONF", "SLURMISO_CONFIG", "PATH", "SLURMISO_SLURM_BIN")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: sbx.env[k] for k in keys if k in sbx.env})
     yield sbx
     for key, value in saved.items():
         if value is None:

@@ -4,7 +4,8 @@ counted as a preemption and a requeue, from live ``sacct`` and from a saved file
 Takes ~40 s: Slurm requeues a preempted batch job only when its GraceTime (30 s) runs out
 (see test_sandbox.test_infer_job_preempts_and_requeues_train_job). Set
 ``SLURMISO_RECORD_FIXTURES=1`` to copy this run's sacct output (both formats) into
-tests/fixtures/sacct/22.05-recorded.* for the golden tests.
+tests/fixtures/sacct/<release>-recorded.* for the golden tests, and ``squeue --json`` and
+``scontrol show node --json`` into tests/fixtures/slurm/<release>/ (each with a ``.cmd``).
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ def test_audit_counts_the_preemption_and_requeue(sandbox, submit, wait_for, tmp_
         assert report["classes"]["infer"]["jobs"] == 1 and report["classes"]["debug"]["jobs"] == 1
         _check_scenario_golden(saved[ext], report)
     if os.environ.get("SLURMISO_RECORD_FIXTURES"):
-        shutil.copy(saved["txt"], os.path.join(FIXTURES, "22.05-recorded.txt"))
-        shutil.copy(saved["json"], os.path.join(FIXTURES, "22.05-recorded.json"))
+        record_fixtures(sandbox, saved, ids)
 
 
 def _check_scenario_golden(path: str, report: dict) -> None:
@@ -88,3 +88,24 @@ def _check_scenario_golden(path: str, report: dict) -> None:
         assert [overall[k] for k in ("attempts", "jobs", "preemptions")] == [
             want[k] for k in ("attempts", "jobs", "preemptions")]
         assert abs(overall["gpu_hours"] - want["gpu_hours"]) < 2e-3
+
+
+def record_fixtures(sandbox, saved, ids) -> None:
+    """Copy this run's outputs into the fixtures, named by the sandbox's Slurm release, each
+    with a ``.cmd`` sibling holding the command that produced it."""
+    release = ".".join(sandbox.cmd("scontrol", "--version").split()[-1].split(".")[:2])
+    base = os.path.join(FIXTURES, f"{release}-recorded")
+    sacct = f"sacct -a -D -S now-1hour -j {ids}"
+    fields = ",".join(known_fields(sandbox.cmd("sacct", "--helpformat")))
+    for ext, fmt in (("txt", "-P --format=" + fields), ("json", "--json")):
+        shutil.copy(saved[ext], f"{base}.{ext}")
+        with open(f"{base}.{ext}.cmd", "w") as fh:
+            fh.write(f"{sacct} {fmt}\n")
+    other = os.path.join(os.path.dirname(FIXTURES), "slurm", release)
+    os.makedirs(other, exist_ok=True)
+    for name, argv in (("squeue.json", ["squeue", "--json"]),
+                       ("node-n1.json", ["scontrol", "show", "node", "n1", "--json"])):
+        with open(os.path.join(other, name), "w") as fh:
+            fh.write(sandbox.cmd(*argv))
+        with open(os.path.join(other, f"{name}.cmd"), "w") as fh:
+            fh.write(" ".join(argv) + "\n")

@@ -165,7 +165,8 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
         fh.write(text)
     state = sandbox.path("sim", "n5.json")
     flag = os.path.join(sandbox.jobs_dir, f"stop-load-{os.getpid()}-qos")
-    sim = f"PYTHONPATH={REPO} {sys.executable} -m slurmiso sim load --state {state} --gpu 0"
+    sim = (f"PYTHONPATH={sandbox.job_pythonpath} {sandbox.job_python} -m slurmiso sim load "
+           f"--state {state} --gpu 0")
 
     def grp_tres() -> str:
         return sandbox.cmd("sacctmgr", "-n", "-P", "show", "qos", "train",

@@ -36,7 +36,7 @@ def test_exclusive_gpu_job_sees_cuda_visible_devices(submit, wait_for, job_outpu
 def test_mps_job_gets_thread_percentage(sandbox, submit, wait_for, job_output):
     job = submit(ENV_DUMP, "-p", "mps", "--gres=mps:50")
     wait_for(job)
-    assert "gres/mps=50" in sandbox.job_fields(job)["TRES"]
+    assert "gres/mps=50" in sandbox.alloc_tres(job)
     pct = env_of(job_output(job)).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     if sandbox.hooks:  # slurmiso's TaskProlog applies the job class's share instead
         assert pct is not None and 1 <= int(pct) <= 100
@@ -49,7 +49,7 @@ def test_mig_typed_gres_job_runs(sandbox, submit, wait_for):
     wait_for(job)
     fields = sandbox.job_fields(job)
     assert fields["NodeList"] == "n3"
-    assert "gres/gpu=1" in fields["TRES"]
+    assert "gres/gpu=1" in sandbox.alloc_tres(job)
 
 
 def test_two_shard_jobs_share_gpu0_on_n4(sandbox, submit, wait_for, job_output):
@@ -60,8 +60,7 @@ def test_two_shard_jobs_share_gpu0_on_n4(sandbox, submit, wait_for, job_output):
     wait_for(a, {"RUNNING"}, timeout=30)
     wait_for(b, {"RUNNING"}, timeout=30)  # both at once: 3 + 4 shards fit GPU 0's 7
     for job, shards in ((a, 3), (b, 4)):
-        detail = sandbox.cmd("scontrol", "show", "job", "-d", job)
-        assert f"GRES=shard:{shards}(IDX:0)" in detail, detail
+        assert sandbox.gres_per_gpu(job, "shard") == {0: shards}
     wait_for(a)
     wait_for(b)
     for job, shards in ((a, "3"), (b, "4")):

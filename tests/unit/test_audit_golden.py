@@ -8,7 +8,9 @@ cannot freeze a wrong figure.
 
 The four hand-made fixtures spell one scenario as Slurm 22.05 and 24.11 print it (``-P`` and
 ``--json``); their reports must agree except where 24.11 accounts more (GPU utilisation).
-``22.05-recorded.*`` were recorded from the sandbox's real Slurm 22.05.
+``<release>-recorded.*`` were recorded from the sandbox's real Slurm 22.05.8, 24.11.5 and
+26.05.5 (tests/integration/test_audit.py, ``SLURMISO_RECORD_FIXTURES=1``; each ``.cmd`` holds
+the command).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tests.audit_helpers import HAND_MADE, JOURNAL, ROOT, SACCT, run_audit, utc 
 from tests.goldens import check_golden as _check
 
 GOLDEN = os.path.join(ROOT, "tests", "golden", "audit")
-RECORDED = ["22.05-recorded.txt", "22.05-recorded.json"]
+RECORDED = [f"{v}-recorded.{ext}" for v in ("22.05", "24.11", "26.05") for ext in ("txt", "json")]
 
 
 def check_golden(name: str, text: str) -> None:
@@ -185,3 +187,24 @@ def test_synthetic_week_matches_golden(utc, capsys, monkeypatch):  # noqa: F811
     report["inputs"]["sacct"]["source"] = "synthetic-week.txt"
     report["inputs"]["journals"] = []
     check_golden("synthetic-week.txt.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+def _paths(node: Any, prefix: str = "") -> set:
+    out = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.add(f"{prefix}/{key}")
+            out |= _paths(value, f"{prefix}/{key}")
+    elif isinstance(node, list) and node:
+        out |= _paths(node[0], prefix + "[]")
+    return out
+
+
+def test_hand_made_24_11_json_uses_only_what_real_24_11_prints() -> None:
+    """24.11.json spells the scenario from the v0.0.42 documentation; every field it uses must
+    be one the recorded 24.11.5 output has, with the same data_parser."""
+    with open(os.path.join(SACCT, "24.11.json")) as fh:
+        hand = json.load(fh)
+    with open(os.path.join(SACCT, "24.11-recorded.json")) as fh:
+        real = json.load(fh)
+    assert hand["meta"]["plugin"]["data_parser"] == real["meta"]["plugin"]["data_parser"]
+    missing = _paths(hand["jobs"][0]) - _paths(real["jobs"][0])
+    assert not missing, sorted(missing)

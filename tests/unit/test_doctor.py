@@ -301,3 +301,13 @@ def test_mixed_types_across_gpus_of_one_node_are_flagged_too() -> None:
     assert [f.code for f in found] == ["mig-mixed-gpu"] and "3g.40gb, 4g.40gb" in found[0].message
     data["mig_layouts"]["mig-configs"]["split"][1]["mig-devices"] = {"3g.40gb": 2}
     assert check_mig_mixed({}, parse_config(data)) == []
+
+
+def test_mixed_mig_types_warn_only_where_the_release_mis_schedules_them() -> None:
+    """22.05.8 gives the second MIG type no device; 24.11.5 and 26.05.5 schedule it
+    (tests/integration/test_isolation.py::test_mig_static_second_type_is_scheduled)."""
+    for version, warned in (("22.05.8", True), ("23.11.4", True), ("24.11.5", False),
+                            ("26.05.5", False)):
+        snap = copy.deepcopy(recorded(True))
+        snap["slurm_version"] = version
+        assert ("mig-mixed-gpu" in problems(snap, sandbox_config(True))) is warned, version
