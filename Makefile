@@ -12,6 +12,8 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
+# What `make integration` runs (a release's subset in CI: see .ci/run)
+INTEGRATION ?= tests/integration
 # Slurm release for the sandbox (22.05, 24.11, 26.05; empty: the host's own). A release the
 # host lacks runs from a cached Debian root: make test SLURM=24.11, make demo SLURM=26.05.
 SLURM ?=
@@ -40,7 +42,7 @@ unit: install
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: sandbox
-	$(PYTHON) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(INTEGRATION) $(PYTEST_ARGS)
 
 # One pytest run over everything, so CI's closing line counts all tests. The nvml tests skip
 # (with their reason) where no NVIDIA driver is present.

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slurmiso.monitor.snapshot import gres_counts
+from slurmiso.slurm.gres import gres_counts
 from tests.integration.test_isolation import HOLD, env_of, sim, wait_prolog
 
 
