@@ -10,7 +10,7 @@ prolog killed halfway finds (and destroys) what may have been created.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound, JobProblem, NodeFault
 from slurmiso.gpu.backend import GpuBackend, MigInstance, create_mig_device, destroy_mig_device
@@ -235,16 +235,7 @@ class MigDynamic:
             j: r for j, r in ctx.state.jobs().items()
             if r.get("status") != "released" and (ctx.live_jobs is None or j in ctx.live_jobs)
         }
-        held: Set[Tuple[int, int]] = set()
-        spots: Set[Tuple[int, int, str]] = set()
-        for rec in records.values():
-            for res in rec.get("resources", []):
-                if res.get("kind") != KIND or res.get("state") == RELEASED:
-                    continue
-                if res.get("state") == READY:
-                    held.add((res["gpu"], res["gi"]))
-                else:
-                    spots.add((res["gpu"], res["start"], res["profile"]))
+        held, spots = _held_and_spots(records.values())
         held |= {k for k, job in claimed_instances(ctx.state).items() if job in records}
         procs = ctx.backend.processes()
         lines = []
@@ -287,16 +278,8 @@ def unaccounted_instances(state: Any, backend: GpuBackend, gpus: Iterable[int]) 
     The epilog of a job without a record asks this: a record or ``jobs/`` dir deleted under
     a running job must not let its instance leak silently.
     """
-    held: Set[Tuple[int, int]] = set(claimed_instances(state))
-    spots: Set[Tuple[int, int, str]] = set()
-    for rec in state.jobs().values():
-        for res in rec.get("resources", []):
-            if res.get("kind") != KIND or res.get("state") == RELEASED:
-                continue
-            if res.get("state") == READY:
-                held.add((res["gpu"], res["gi"]))
-            else:
-                spots.add((res["gpu"], res["start"], res["profile"]))
+    held, spots = _held_and_spots(state.jobs().values())
+    held |= set(claimed_instances(state))
     out = []
     for gpu in gpus:
         for inst in backend.instances(gpu):
@@ -304,3 +287,21 @@ def unaccounted_instances(state: Any, backend: GpuBackend, gpus: Iterable[int]) 
                 continue
             out.append(f"GPU {gpu}: {_describe(inst)}")
     return out
+
+
+def _held_and_spots(
+    records: Iterable[Mapping[str, Any]],
+) -> Tuple[Set[Tuple[int, int]], Set[Tuple[int, int, str]]]:
+    """(gpu, gi) of the records' ready instances, and (gpu, start, profile) of the ones still
+    being made (intent recorded, instance not confirmed): neither is an orphan."""
+    held: Set[Tuple[int, int]] = set()
+    spots: Set[Tuple[int, int, str]] = set()
+    for rec in records:
+        for res in rec.get("resources", []):
+            if res.get("kind") != KIND or res.get("state") == RELEASED:
+                continue
+            if res.get("state") == READY:
+                held.add((res["gpu"], res["gi"]))
+            else:
+                spots.add((res["gpu"], res["start"], res["profile"]))
+    return held, spots
