@@ -124,7 +124,10 @@ def test_up_twice_is_idempotent(sandbox):
     assert details["simulated GPUs"] == "unchanged"
     assert details["accounting"] == "unchanged"
     assert details["slurmctld+slurmd"] == "running"
-    assert report["seconds"] < 20, report["steps"]
+    # nothing installed or built again (how long that takes is bench/, not a test's business)
+    assert details.get("packages", "all installed") == "all installed", report["steps"]
+    roots = [d for n, d in details.items() if n.startswith("slurm ") and n.endswith(" root")]
+    assert all(d == "cached" for d in roots), report["steps"]
     after = json.loads(sandbox.slurmiso("sandbox", "status", "--json").stdout)
     assert [(s["name"], s["pid"]) for s in after["services"]] == \
         [(s["name"], s["pid"]) for s in before["services"]]
