@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import uuid
 from typing import Any, Dict, List, Set, Tuple
 
@@ -186,9 +185,9 @@ def test_step_of_a_job_whose_fence_vanished_reaches_no_gpu(
     job = submit(script, "-p", "gpu", "--gres=gpu:1", "--qos=debug", user=L.TEST_USER)
     wait_for(job, {"RUNNING"}, timeout=60)
     state_dir = sandbox.path("state", "n1")
-    deadline = time.monotonic() + 30
-    while fence.read_rules(state_dir, job) is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    from tests.integration.test_isolation import wait_prolog
+
+    wait_prolog(sandbox, "n1", job)  # RUNNING shows while the Prolog works (PrologFlags=Alloc)
     assert fence.read_rules(state_dir, job) == []  # the prepared job's own fence: Slurm's
     fence.remove(state_dir, job)
     open(f"{gate}.go", "w").close()
