@@ -67,7 +67,7 @@ class SandboxClient:
 
     @property
     def job_pythonpath(self) -> str:
-        """Where a job finds this checkout's slurmiso (and tests/workloads): the copy
+        """Where a job finds this checkout's slurmiso: the copy
         ``sandbox up`` made under ``<dir>/lib/py`` in a root sandbox, else the checkout."""
         return os.path.join(self.root, "lib", "py") if self.in_root else REPO
 

@@ -111,14 +111,19 @@ def step_mps(sbx: SandboxClient) -> str:
     e1 = _show_job(sbx, infer, "qos infer on the MPS pool")
     e2 = _show_job(sbx, train, "qos train on the MPS pool")
     _wait_released(sbx, "n2", [infer, train])
-    pipes = {e1.get("CUDA_MPS_PIPE_DIRECTORY"), e2.get("CUDA_MPS_PIPE_DIRECTORY")}
-    if len(pipes) != 1 or None in pipes:
-        raise SandboxError("the two jobs did not share one MPS daemon")
+    # one GPU, each class through its own MPS daemon, whose limits the job cannot undo
+    # (docs/security.md, MPS): two pipe directories under the same GPU
+    pipes = [e1.get("CUDA_MPS_PIPE_DIRECTORY") or "", e2.get("CUDA_MPS_PIPE_DIRECTORY") or ""]
+    gpus = {e1.get("CUDA_VISIBLE_DEVICES"), e2.get("CUDA_VISIBLE_DEVICES")}
+    if not all(pipes) or pipes[0] == pipes[1] or len(gpus) != 1:
+        raise SandboxError(f"the two jobs did not share one GPU through their own MPS daemons "
+                           f"(GPUs {sorted(map(str, gpus))}, pipes {pipes})")
     if _gpu_state(sbx, "n2") != before:
         raise SandboxError("n2's GPUs changed after the MPS jobs ended")
-    return (f"one MPS daemon, infer at {e1.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% / "
-            f"train at {e2.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% of the SMs; "
-            "daemon stopped after")
+    return (f"one GPU, a daemon per class: infer at "
+            f"{e1.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% / train at "
+            f"{e2.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% of the SMs, set on the daemon; "
+            "daemons stopped after")
 
 
 def step_refusal(sbx: SandboxClient) -> str:
@@ -153,7 +158,8 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
     os.chmod(work, 0o1777)
     log, events = os.path.join(work, "steps.log"), os.path.join(work, "events.jsonl")
     py, repo = sbx.job_python, sbx.job_pythonpath  # in the job: the root's in a root sandbox
-    workload = os.path.join(repo, "tests", "workloads", "train_counter.py")
+    # shipped in the package: the demo runs from an installed slurmiso too (--from-packages)
+    workload = os.path.join(repo, "slurmiso", "sandbox", "train_counter.py")
 
     def logged() -> List[int]:
         try:

@@ -268,7 +268,7 @@ def copy_checkout(pkg_parent: str, dest: str) -> bool:
     """Install this checkout's slurmiso (package and hook scripts) under ``dest`` for the
     root's own Python; returns whether anything changed."""
     changed = False
-    for name in ("slurmiso", "prolog", "epilog", "spank", os.path.join("tests", "workloads")):
+    for name in ("slurmiso", "prolog", "epilog", "spank"):
         src = os.path.join(pkg_parent, name)
         if not os.path.isdir(src):
             continue
