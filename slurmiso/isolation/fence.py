@@ -155,11 +155,10 @@ def write(
 
 
 def remove(state_dir: str, job_id: str) -> None:
-    for path in (fence_path(state_dir, job_id), fence_path(state_dir, job_id) + ".tmp"):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    try:
+        os.unlink(fence_path(state_dir, job_id))
+    except FileNotFoundError:
+        pass
 
 
 def read_rules(state_dir: str, job_id: str, verb: str = "deny") -> Optional[List[str]]:
