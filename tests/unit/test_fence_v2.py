@@ -98,7 +98,7 @@ class World:
         self.root = os.path.join(self.mount, f"slurmiso-test-{uuid.uuid4().hex[:10]}")
         self.dev = os.path.join(tmp, "dev")
         self.state = os.path.join(tmp, "state")
-        self.procs: List["subprocess.Popen[str]"] = []
+        self.procs: List[subprocess.Popen[str]] = []
         os.makedirs(os.path.join(self.dev, "nvidia-caps"))
         os.makedirs(self.state)
         for name, major, minor in [(f"nvidia{i}", 195, i) for i in range(4)] + [
@@ -115,7 +115,7 @@ class World:
         os.makedirs(path, exist_ok=True)
         return path
 
-    def task(self, rel: str) -> "subprocess.Popen[str]":
+    def task(self, rel: str) -> subprocess.Popen[str]:
         """A probe process, moved into cgroup rel as Slurm moves a forked task."""
         proc = subprocess.Popen([sys.executable, "-c", PROBE, self.dev], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
@@ -124,7 +124,7 @@ class World:
             fh.write(str(proc.pid))
         return proc
 
-    def probe(self, proc: "subprocess.Popen[str]") -> Dict[str, str]:
+    def probe(self, proc: subprocess.Popen[str]) -> Dict[str, str]:
         out, _err = proc.communicate("go\n", timeout=60)
         return dict(json.loads(out))
 
@@ -132,14 +132,14 @@ class World:
     def write_fence(self, job: str, rules: Sequence[str], narrow: Sequence[str] = ()) -> None:
         fence.write(self.state, job, "test", rules, narrow)
 
-    def apply(self, job: str, task: int, proc: "subprocess.Popen[str]",
-              state_dir: Optional[str] = None) -> "subprocess.CompletedProcess[str]":
+    def apply(self, job: str, task: int, proc: subprocess.Popen[str],
+              state_dir: Optional[str] = None) -> subprocess.CompletedProcess[str]:
         """fence_v2(), as slurm_spank_task_post_fork runs it."""
         return subprocess.run([self.exe, "v2", job, str(task), str(proc.pid),
                                f"state_dir={state_dir or self.state}", GPU_MAJORS],
                               capture_output=True, text=True)
 
-    def attach(self, rel: str, flags: str, *rules: str) -> "subprocess.CompletedProcess[str]":
+    def attach(self, rel: str, flags: str, *rules: str) -> subprocess.CompletedProcess[str]:
         """A stand-in for one of Slurm's device programs (deny rules, default allow)."""
         return subprocess.run([self.exe, "attach", self.cgroup(rel), flags, *rules],
                               capture_output=True, text=True)
