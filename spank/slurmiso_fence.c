@@ -634,6 +634,10 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 	(void)av;
 	if (!spank_remote(sp))
 		return 0;
+	/* the extern step's container process (PrologFlags=Contain) comes here as task -1:
+	 * no task, as for the v1 fence (docs/security.md: what it does not cover) */
+	if (spank_get_item(sp, S_TASK_PID, &pid) == ESPANK_NOT_TASK)
+		return 0;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS || job_id == 0 ||
 	    spank_get_item(sp, S_TASK_PID, &pid) != ESPANK_SUCCESS || pid <= 0 ||
 	    spank_get_item(sp, S_TASK_GLOBAL_ID, &task_id) != ESPANK_SUCCESS) {
