@@ -469,9 +469,11 @@ static int task_v2_cgroup(char *out, size_t len, const char *mount, pid_t pid,
 /*
  * The job's rules as the v2 program needs them: every "deny" and "narrow" line; for a job
  * without a fence file on a node slurmiso manages, every NVIDIA major. Returns the number of
- * rules (0: nothing to fence) or -1 (refuse the task; the reason is logged).
+ * rules (0: nothing to fence) or -1 (refuse the task; the reason is logged); *needed is set
+ * when a rule must be applied (any but "narrow" ones).
  */
-static int read_rules_v2(uint32_t job_id, const char *fpath, struct fence_rule *out, int max)
+static int read_rules_v2(uint32_t job_id, const char *fpath, struct fence_rule *out, int max,
+			 int *needed)
 {
 	char line[MAX_LINE + 2];
 	struct stat st;
@@ -492,6 +494,7 @@ static int read_rules_v2(uint32_t job_id, const char *fpath, struct fence_rule *
 		if (stat(dir, &st) != 0)   /* slurmiso does not manage this node */
 			return 0;
 		nm = nvidia_majors(majors, MAX_MAJORS * 2);
+		*needed = 1;
 		for (int i = 0; i < nm && n < max; i++)
 			out[n++] = (struct fence_rule){BPF_DEVCG_DEV_CHAR, (uint32_t)majors[i], -1};
 		slurm_info("slurmiso_fence: job %u has no slurmiso record on this node: every GPU "
@@ -518,10 +521,12 @@ static int read_rules_v2(uint32_t job_id, const char *fpath, struct fence_rule *
 		if (line[0] == '#' || line[0] == '\0')
 			continue;
 		const char *rule = NULL;
-		if (strncmp(line, "deny ", 5) == 0)
+		if (strncmp(line, "deny ", 5) == 0) {
 			rule = line + 5;
-		else if (strncmp(line, "narrow ", 7) == 0)
+			*needed = 1;
+		} else if (strncmp(line, "narrow ", 7) == 0) {
 			rule = line + 7;
+		}
 		if (!rule || !valid_rule(rule) || n >= max || fence_parse_rule(rule, &out[n]) != 0) {
 			slurm_error("slurmiso_fence: job %u: bad line in %s: '%s': the task does not "
 				    "start", job_id, fpath, line);
@@ -543,12 +548,15 @@ static int fence_v2(uint32_t job_id, uint32_t task_id, pid_t pid, const char *fp
 	static struct fence_rule rules[MAX_RULES];
 	char mount[256], cgdir[1400], err[1600];
 	struct bpf_insn *prog = NULL;
-	int n = read_rules_v2(job_id, fpath, rules, MAX_RULES), cg = -1, rc = -1;
+	int needed = 0, cg = -1, rc = -1;
+	int n = read_rules_v2(job_id, fpath, rules, MAX_RULES, &needed);
 
 	if (n <= 0)
 		return n; /* nothing to fence (Slurm's constraint is the whole fence), or refused */
 	if (cgroup2_mount(mount, sizeof(mount)) == 0)
 		cg = task_v2_cgroup(cgdir, sizeof(cgdir), mount, pid, job_id, task_id);
+	if (cg != 0 && !needed)
+		return 0; /* only "narrow" lines: applied where they can be, as on v1 */
 	if (cg != 0) {
 		slurm_error("slurmiso_fence: job %u task %u: %s; the job's GPU fence cannot be "
 			    "applied, so the task does not start (set ConstrainDevices=yes, see "

@@ -337,6 +337,20 @@ def test_a_fence_that_cannot_be_applied_refuses_the_task(world: World, case: str
     assert res.returncode == 1 and message in res.stderr and "does not start" in res.stderr
 
 
+def test_narrow_lines_alone_never_refuse_a_task_outside_its_job_cgroup(world: World) -> None:
+    """As on v1: "narrow" lines close what Slurm already covers, where the cgroup can take them."""
+    world.write_fence("42", [], ["c 237:2"])
+    inside, outside = world.task(TASK), world.task("job_43/step_0/user/task_0")
+    assert world.apply("42", 0, inside).returncode == 0
+    assert world.apply("42", 0, outside).returncode == 0
+    assert reached(world.probe(inside)) == GPUS | OTHERS | (ALL_CAPS - {cap_minor_path(2)})
+    assert reached(world.probe(outside)) == GPUS | OTHERS | ALL_CAPS
+
+
+def cap_minor_path(minor: int) -> str:
+    return f"nvidia-caps/nvidia-cap{minor}"
+
+
 # ------------------------------------------------------------------------ the v1 path
 def test_v1_path_still_fences_through_devices_deny(harness: str, tmp_path) -> None:
     """The unchanged v1 path, on this host's v1 devices controller, through the same program."""
