@@ -280,6 +280,15 @@ def test_slurms_task_program_is_kept_beside_the_fence(world: World) -> None:
     assert reached(world.probe(proc)) == {"nvidia1", *OTHERS, cap(1, 1), cap(1, 1, 0)}
 
 
+def test_a_multi_program_already_on_the_task_stays_beside_the_fence(world: World) -> None:
+    proc = world.task(TASK)
+    assert world.attach(TASK, "multi", "c 195:3").returncode == 0
+    world.write_fence("42", ["c 195:1"])
+    assert world.apply("42", 0, proc).returncode == 0
+    assert len(world.query(TASK)["own"]) == 2
+    assert reached(world.probe(proc)) == {"nvidia0", "nvidia2", *OTHERS, *ALL_CAPS}
+
+
 def test_two_jobs_each_reach_exactly_their_share(world: World) -> None:
     for job, gpu, gi in (("42", 0, 1), ("43", 1, 2)):
         assert world.attach(f"job_{job}", "override", *slurm_denies(gpu)).returncode == 0
