@@ -100,7 +100,16 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
     snap["gres_conf"] = {"path": gres_path, "text": _read_text(gres_path)}
     snap["hooks"] = _hooks(config)
     snap["gpu_node"] = _gpu_node(cfg, node_name(node))
+    snap["fence_kernel"] = _fence_kernel() if snap["gpu_node"] else None
     return snap
+
+
+def _fence_kernel() -> Dict[str, Any]:
+    """Can this node's kernel take slurmiso_fence.so's cgroup v2 fence (doctor/fences.py)?"""
+    from slurmiso.isolation.fence import bpf_device_support, cgroup2_mount
+
+    ok, detail = bpf_device_support()
+    return {"cgroup2": cgroup2_mount(), "bpf_device": ok, "detail": detail}
 
 
 def load_snapshot(path: str) -> Snapshot:

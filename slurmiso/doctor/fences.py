@@ -3,7 +3,8 @@
 slurmiso's isolation holds against the job's own user only with Slurm's device constraint
 (proctrack/cgroup, task/cgroup, ``ConstrainDevices=yes``) and, where slurmiso must close what
 Slurm cannot know (mig-dynamic instances, refused jobs), ``slurmiso_fence.so`` loaded from
-plugstack.conf on a cgroup v1 node. See docs/security.md.
+plugstack.conf: device rules on cgroup v1, a BPF device program on cgroup v2 (the kernel must
+load those: ``fence_kernel`` in a snapshot taken on a GPU node). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -65,21 +66,29 @@ def check_fence_plugin(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_fence_cgroup_version(snap: Snapshot, cfg: Config) -> List[Finding]:
-    """The fence writes cgroup v1 device rules; on v2 the jobs it must fence do not start."""
-    plugin = conf(snap, "CgroupPlugin").lower()
-    if plugin != "cgroup/v2":
+    """On cgroup v2 the fence is a BPF device program: the node's kernel must load one, or the
+    jobs it must fence (mig-dynamic, refused) do not start."""
+    if conf(snap, "CgroupPlugin").lower() != "cgroup/v2" or not _fence_needed(cfg):
+        return []
+    kernel = snap.get("fence_kernel") or {}
+    ok = kernel.get("bpf_device")
+    if ok is None:  # not measured: doctor ran off a GPU node, or not as root
+        return [Finding("info", "fence-cgroup-v2",
+                        "CgroupPlugin=cgroup/v2: slurmiso_fence.so fences with a BPF device "
+                        "program; whether this node's kernel loads one was not checked"
+                        + (f" ({kernel['detail']})" if kernel.get("detail") else ""),
+                        "run 'slurmiso doctor' as root on a GPU node of each pool")]
+    if ok:
         return []
     dynamic = [p.name for p in cfg.pools if p.mode == "mig-dynamic"]
-    text = ("CgroupPlugin=cgroup/v2: slurmiso_fence.so cannot add device rules there yet, so "
-            "jobs slurmiso refuses do not start")
-    if dynamic:
-        return [Finding("error", "fence-cgroup-v2",
-                        text + f", and no job of mig-dynamic pool(s) {', '.join(dynamic)} starts",
-                        "run mig-dynamic pools on cgroup v1 nodes (CgroupPlugin=cgroup/v1 on a "
-                        "hybrid hierarchy); see docs/security.md")]
-    return [Finding("warning", "fence-cgroup-v2", text,
-                    "use CgroupPlugin=cgroup/v1 where the node has a hybrid hierarchy; "
-                    "see docs/security.md")]
+    return [Finding("error", "fence-cgroup-v2",
+                    f"CgroupPlugin=cgroup/v2 and this node's kernel cannot fence: "
+                    f"{kernel.get('detail') or 'BPF device programs refused'}; jobs slurmiso "
+                    "refuses do not start"
+                    + (f", nor any job of mig-dynamic pool(s) {', '.join(dynamic)}"
+                       if dynamic else ""),
+                    "boot a kernel with CONFIG_BPF_SYSCALL=y and CONFIG_CGROUP_BPF=y (Slurm's "
+                    "own ConstrainDevices on cgroup/v2 needs them too); see docs/security.md")]
 
 
 CHECKS: List[Check] = [check_device_constraint, check_fence_plugin, check_fence_cgroup_version]

@@ -115,7 +115,7 @@ CASES: List[Any] = [
     ("no-task-cgroup", conf("TaskPlugin", "task/affinity"), {"task-cgroup"}),
     ("no-constrain-devices", conf("ConstrainDevices", "no"), {"constrain-devices"}),
     ("no-fence-plugin", lambda s: s["plugstack"].update(text="required /x/slurmiso.so classes=infer\n"), {"fence-plugin"}),
-    ("cgroup-v2-fence", conf("CgroupPlugin", "cgroup/v2"), {"fence-cgroup-v2"}),
+    ("cgroup-v2-no-bpf", lambda s: (conf("CgroupPlugin", "cgroup/v2")(s), s.__setitem__("fence_kernel", {"cgroup2": "/sys/fs/cgroup", "bpf_device": False, "detail": "no cgroup device programs"})), {"fence-cgroup-v2"}),
     ("hook-not-exec", lambda s: [f.update(executable=False) for f in [s["hooks"]["TaskProlog"], *s["hooks"]["TaskProlog"].get("files", [])]], {"hook-not-executable"}),
     ("migd-mig-off", _migd_gpu_off, {"mig-mode"}),
 ]
@@ -311,3 +311,20 @@ def test_mixed_mig_types_warn_only_where_the_release_mis_schedules_them() -> Non
         snap = copy.deepcopy(recorded(True))
         snap["slurm_version"] = version
         assert ("mig-mixed-gpu" in problems(snap, sandbox_config(True))) is warned, version
+
+
+def test_cgroup_v2_fence_is_fine_where_the_kernel_loads_bpf_device_programs() -> None:
+    """The v2 fence exists now (spank/slurmiso_bpf.h): cgroup/v2 alone is no finding; a kernel
+    that refuses BPF device programs is (planted above), and an unmeasured one is info."""
+    snap = recorded()
+    snap["config"]["CgroupPlugin"] = "cgroup/v2"
+    snap["fence_kernel"] = {"cgroup2": "/sys/fs/cgroup", "bpf_device": True, "detail": "ok"}
+    assert "fence-cgroup-v2" not in {f.code for f in run_checks(snap, sandbox_config())}
+    snap["fence_kernel"] = {"cgroup2": None, "bpf_device": None, "detail": "not root"}
+    found = [f for f in run_checks(snap, sandbox_config()) if f.code == "fence-cgroup-v2"]
+    assert [f.severity for f in found] == ["info"] and "not root" in found[0].message
+    snap.pop("fence_kernel")  # a snapshot taken before the fact was collected
+    assert problems(snap, sandbox_config()) == KNOWN
+    snap["fence_kernel"] = {"cgroup2": "/sys/fs/cgroup", "bpf_device": False, "detail": "x"}
+    err = next(f for f in run_checks(snap, sandbox_config()) if f.code == "fence-cgroup-v2")
+    assert err.severity == "error" and "migd" in err.message and "CONFIG_CGROUP_BPF" in err.fix

@@ -206,3 +206,44 @@ def test_a_prolog_rerun_of_the_same_attempt_owes_no_skip(tmp_path):
     assert state(tmp).read_job("42")["late_epilogs"] == 0
     assert run_hook("epilog", job_env(), cfg, Drains()) == 0
     assert state(tmp).read_job("42") is None
+
+
+def _kernel_config():
+    import gzip
+    import platform
+
+    try:
+        with gzip.open("/proc/config.gz", "rt") as fh:
+            return fh.read()
+    except OSError:
+        pass
+    try:
+        with open(f"/boot/config-{platform.release()}") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def test_bpf_device_support_is_measured_as_root_and_unknown_otherwise(monkeypatch):
+    """doctor's cgroup v2 fact: this kernel loads the program type the v2 fence needs."""
+    ok, detail = fence.bpf_device_support()
+    config = _kernel_config()
+    if os.geteuid() != 0:
+        assert ok is None and "root" in detail
+    elif config is not None:  # the kernel's own word on it
+        assert ok is ("CONFIG_CGROUP_BPF=y" in config.splitlines()), detail
+    else:
+        assert ok is not None, detail
+    monkeypatch.setattr(fence.platform, "machine", lambda: "vax")
+    assert fence.bpf_device_support() == (None, "bpf(2) number unknown for vax")
+
+
+def test_cgroup2_mount_read_from_mountinfo(tmp_path):
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "30 25 0:26 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro,mode=755\n"
+        "34 30 0:29 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw\n")
+    assert fence.cgroup2_mount(str(info)) == "/sys/fs/cgroup/unified"
+    info.write_text("30 25 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs ro\n")
+    assert fence.cgroup2_mount(str(info)) is None
+    assert fence.cgroup2_mount(str(tmp_path / "absent")) is None
