@@ -199,8 +199,9 @@ def render(cfg: Config, prefix: str = DEFAULT_PREFIX, source: str = "",
 def render_cgroup_conf(cgroup: str = "v1") -> str:
     """cgroup.conf for GPU nodes: the device constraint every GPU isolation rests on.
 
-    ``v1`` where nodes mount the v1 devices controller (slurmiso_fence.so needs it for
-    mig-dynamic pools and refused jobs; docs/security.md), ``v2`` on a pure unified hierarchy.
+    ``v1`` where nodes mount the v1 devices controller, ``v2`` on a pure unified hierarchy;
+    slurmiso_fence.so fences on both (v1 devices.deny, v2 a BPF device program attached
+    beside Slurm's; docs/security.md).
     """
     if cgroup not in ("v1", "v2"):
         raise ValueError(f"cgroup version {cgroup!r}: use v1 or v2")
