@@ -57,7 +57,7 @@ bench: install
 	$(PYTHON) bench/run.py
 
 lint: install
-	$(PYTHON) -m ruff check slurmiso tests bench
+	$(PYTHON) -m ruff check slurmiso slurmiso_sandbox tests bench
 	$(PYTHON) -m mypy
 
 deb:

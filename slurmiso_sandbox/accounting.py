@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from slurmiso.errors import SandboxError
-from slurmiso.sandbox import layout as L
-from slurmiso.sandbox.procs import environ_with, run, wait_until
+from slurmiso_sandbox import layout as L
+from slurmiso_sandbox.procs import environ_with, run, wait_until
 
 log = logging.getLogger(__name__)
 

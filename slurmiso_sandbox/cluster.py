@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.errors import SandboxError, SlurmisoError
-from slurmiso.sandbox import accounting as A
-from slurmiso.sandbox import layout as L
-from slurmiso.sandbox import roots as R
-from slurmiso.sandbox.procs import (
+from slurmiso_sandbox import accounting as A
+from slurmiso_sandbox import layout as L
+from slurmiso_sandbox import roots as R
+from slurmiso_sandbox.procs import (
     environ_with,
     file_lock,
     has_env,
@@ -145,7 +145,7 @@ def choose_release(root: str, slurm: Optional[str]) -> str:
 
 
 def make_site(root: Optional[str] = None, slurm: Optional[str] = None) -> L.Site:
-    """The sandbox's :class:`~slurmiso.sandbox.layout.Site` on this machine, right now.
+    """The sandbox's :class:`~slurmiso_sandbox.layout.Site` on this machine, right now.
 
     Hooks are wired only once the repository has them, and run by this interpreter with this
     ``slurmiso`` package on ``PYTHONPATH`` (an uninstalled checkout works too). With a Slurm

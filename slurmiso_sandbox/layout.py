@@ -2,7 +2,7 @@
 
 Everything here is pure (no I/O), so the generated ``slurm.conf``, ``gres.conf``,
 ``slurmdbd.conf``, hook wrappers and the sandbox's own ``slurmiso.yaml`` are checked against
-golden files without Slurm. :mod:`slurmiso.sandbox.cluster` writes them and runs the daemons.
+golden files without Slurm. :mod:`slurmiso_sandbox.cluster` writes them and runs the daemons.
 
 Five nodes share this host: each is its own ``slurmd -N nX`` on 127.0.0.1 with its own port and
 its own character-device stand-ins (slurmd rejects regular files as GRES ``File=``), and each

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from slurmiso.gpu.profiles import free_placements, lookup_model
-from slurmiso.sandbox import layout as L
+from slurmiso_sandbox import layout as L
 from tests.goldens import check_golden as _check
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "sandbox")
@@ -251,7 +251,7 @@ def test_task_prolog_uses_the_interpreter_job_users_can_run():
     ],
 )
 def test_qos_changes_assert_then_act(rows, add, fix):
-    from slurmiso.sandbox.accounting import qos_changes
+    from slurmiso_sandbox.accounting import qos_changes
 
     got_add, got_fix = qos_changes(rows)
     assert got_add == add
@@ -316,7 +316,7 @@ def test_packaged_hooks_run_the_installed_executables_without_pythonpath():
 
 def test_from_packages_names_what_is_not_installed(tmp_path, monkeypatch):
     from slurmiso.errors import SandboxError
-    from slurmiso.sandbox import cluster
+    from slurmiso_sandbox import cluster
 
     monkeypatch.setattr(cluster, "PACKAGED_BIN", str(tmp_path))
     monkeypatch.setattr(cluster, "PACKAGED_SPANK", str(tmp_path / "slurmiso.so"))
