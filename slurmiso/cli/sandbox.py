@@ -117,9 +117,9 @@ def sandbox_module(name: str) -> ModuleType:
     if not root:
         raise SandboxError(
             "the sandbox is a development tool and is not installed here",
-            hint="install the slurmiso-sandbox package beside slurmiso (make deb; "
-            "docs/admin-guide.md, 'Try it on one machine first'), or run from a source "
-            "checkout: python3 -m slurmiso sandbox ...")
+            hint="install the slurmiso-sandbox package beside slurmiso (make deb, then "
+            "docs/admin-guide.md section 13), or run it from a source checkout: "
+            "python3 -m slurmiso sandbox ...")
     sys.path.insert(0, root)
     sys.modules.pop(SANDBOX_PACKAGE, None)  # a failed import may have left None there
     return importlib.import_module(full)
