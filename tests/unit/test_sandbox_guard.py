@@ -211,3 +211,23 @@ def test_checkout_root_finds_the_sandbox_beside_the_package(tmp_path):
     assert checkout_root(str(tmp_path / "slurmiso" / "__init__.py")) == ""  # a wheel install
     write(tmp_path, "/slurmiso_sandbox/__init__.py", b"")
     assert checkout_root(str(tmp_path / "slurmiso" / "__init__.py")) == str(tmp_path)
+
+
+def test_cli_finds_the_sandbox_in_the_checkout_slurmiso_runs_from(tmp_path):
+    """An editable install maps only the runtime package: 'slurmiso sandbox' run from anywhere
+    still finds slurmiso_sandbox beside the slurmiso it imported."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "pkg").mkdir()
+    os.symlink(os.path.join(repo, "slurmiso"), tmp_path / "pkg" / "slurmiso")
+    code = ("import importlib.util\n"
+            "assert importlib.util.find_spec('slurmiso_sandbox') is None, 'already on the path'\n"
+            "from slurmiso.cli.sandbox import sandbox_module\n"
+            "print(sandbox_module('layout').__file__)\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "pkg"))
+    cp = subprocess.run([sys.executable, "-s", "-c", code], cwd=str(tmp_path), env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == os.path.join(repo, "slurmiso_sandbox", "layout.py")
