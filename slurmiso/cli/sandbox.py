@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
-from types import ModuleType
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from slurmiso.errors import SandboxError
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 #: The development package (not part of the slurmiso distribution).
 SANDBOX_PACKAGE = "slurmiso_sandbox"
@@ -97,6 +98,8 @@ def _help(p: argparse.ArgumentParser) -> int:
 def checkout_root(package_file: str) -> str:
     """The source checkout a ``slurmiso`` imported from ``package_file`` lives in, when that
     checkout has the sandbox beside it ("" otherwise: a wheel or a package install)."""
+    from pathlib import Path  # not at import time: every 'slurmiso' command builds this parser
+
     root = Path(package_file).resolve().parent.parent
     return str(root) if (root / SANDBOX_PACKAGE / "__init__.py").is_file() else ""
 
@@ -121,7 +124,6 @@ def sandbox_module(name: str) -> ModuleType:
             "docs/admin-guide.md section 13), or run it from a source checkout: "
             "python3 -m slurmiso sandbox ...")
     sys.path.insert(0, root)
-    sys.modules.pop(SANDBOX_PACKAGE, None)  # a failed import may have left None there
     return importlib.import_module(full)
 
 
