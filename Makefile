@@ -18,6 +18,9 @@ INTEGRATION ?= tests/integration
 # host lacks runs from a cached Debian root: make test SLURM=24.11, make demo SLURM=26.05.
 SLURM ?=
 SLURM_ARG = $(if $(SLURM),--slurm $(SLURM))
+# Extra 'sandbox up' arguments. It refuses a host whose Slurm or munge setup it did not create;
+# SANDBOX_UP_ARGS=--force runs anyway once and records it as the sandbox's (README).
+SANDBOX_UP_ARGS ?=
 export SLURMISO_SANDBOX_SLURM = $(SLURM)
 ifneq ($(SLURM),)
 export SLURMISO_SANDBOX_DIR ?= /var/lib/slurmiso-sbx-$(SLURM)
@@ -32,7 +35,7 @@ install:
 	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
 
 sandbox: install
-	$(PYTHON) -m slurmiso -v sandbox up $(SLURM_ARG)
+	$(PYTHON) -m slurmiso -v sandbox up $(SLURM_ARG) $(SANDBOX_UP_ARGS)
 
 sandbox-down:
 	$(PYTHON) -m slurmiso sandbox down
@@ -57,7 +60,7 @@ bench: install
 	$(PYTHON) bench/run.py
 
 lint: install
-	$(PYTHON) -m ruff check slurmiso tests bench
+	$(PYTHON) -m ruff check slurmiso slurmiso_sandbox tests bench
 	$(PYTHON) -m mypy
 
 deb:

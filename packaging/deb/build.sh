@@ -1,6 +1,8 @@
 #!/bin/sh
 # Build the Debian packages from this tree with dpkg-deb (no debhelper needed):
 #   dist/deb/slurmiso_<v>-1_all.deb                 Python code, hooks, units, cron, man pages
+#   dist/deb/slurmiso-sandbox_<v>-1_all.deb         the test cluster (slurmiso_sandbox): a
+#       development tool, kept out of the runtime package (admin guide, section 13)
 #   dist/deb/slurmiso-spank_<v>-1+slurm<X.Y>_<arch>.deb   the SPANK plugin, built against the
 #       installed libslurm-dev and depending on exactly that Slurm release series
 # Layout (docs/admin-guide.md, "What the packages install"):
@@ -9,6 +11,7 @@
 #   /etc/slurmiso/slurmiso.yaml, /etc/cron.d/slurmiso-audit, /etc/logrotate.d/slurmiso (conffiles)
 #   /usr/lib/systemd/system/slurmiso-{monitor,agent}.service, man pages, bash completion
 #   /usr/lib/slurmiso/slurmiso.so, slurmiso_fence.so (slurmiso-spank)
+#   /usr/lib/slurmiso/python/slurmiso_sandbox/   (slurmiso-sandbox)
 # Building fetches nvidia-ml-py once (or set NVML_WHEEL=path/to/nvidia_ml_py-*.whl);
 # installing the result needs no network.
 set -eu
@@ -46,6 +49,25 @@ find "$P" -type f ! -path '*/DEBIAN/*' ! -perm -u+x -exec chmod 0644 {} +
 chmod 0755 "$P"/DEBIAN/postinst "$P"/DEBIAN/prerm "$P"/DEBIAN/postrm
 dpkg-deb --root-owner-group -Zxz --build "$P" "$OUT/slurmiso_${VERSION}-${DEBREV}_all.deb" >/dev/null
 echo "built $OUT/slurmiso_${VERSION}-${DEBREV}_all.deb"
+
+# ----------------------------------------------------------------------- slurmiso-sandbox
+X=$WORK/slurmiso-sandbox
+install -d "$X/usr/lib/slurmiso/python/slurmiso_sandbox" "$X/usr/share/doc/slurmiso-sandbox"
+install -m 0644 slurmiso_sandbox/*.py "$X/usr/lib/slurmiso/python/slurmiso_sandbox/"
+$PY packaging/deb/copyright.py > "$X/usr/share/doc/slurmiso-sandbox/copyright"
+printf 'slurmiso-sandbox (%s-%s) unstable; urgency=medium\n\n  * Package build from the source tree.\n\n -- %s  %s\n' \
+    "$VERSION" "$DEBREV" "$MAINT" "$(date -R -d @${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)})" \
+    | gzip -9n > "$X/usr/share/doc/slurmiso-sandbox/changelog.Debian.gz"
+cp -r packaging/deb/slurmiso-sandbox/DEBIAN "$X/DEBIAN"
+SIZE=$(du -sk --exclude=DEBIAN "$X" | cut -f1)
+sed -e "s/@VERSION@/$VERSION-$DEBREV/g" -e "s/@SIZE@/$SIZE/" -e "s/@MAINT@/$MAINT/" \
+    packaging/deb/slurmiso-sandbox/DEBIAN/control > "$X/DEBIAN/control"
+find "$X" -type d -exec chmod 0755 {} +
+find "$X" -type f ! -path '*/DEBIAN/*' -exec chmod 0644 {} +
+chmod 0755 "$X"/DEBIAN/postinst "$X"/DEBIAN/prerm
+dpkg-deb --root-owner-group -Zxz --build "$X" \
+    "$OUT/slurmiso-sandbox_${VERSION}-${DEBREV}_all.deb" >/dev/null
+echo "built $OUT/slurmiso-sandbox_${VERSION}-${DEBREV}_all.deb"
 
 # ------------------------------------------------------------------------- slurmiso-spank
 if [ -n "${SKIP_SPANK:-}" ]; then exit 0; fi

@@ -45,6 +45,7 @@ lic = [n for n in names if n.endswith("/LICENSE") and ".dist-info/" in n]
 meta = zipfile.ZipFile(sys.argv[1]).read(next(n for n in names if n.endswith("/METADATA"))).decode()
 assert not missing and lic, (missing, lic)
 assert "Requires-Dist: prometheus-client" in meta and "pyslurm" not in meta
+assert not [n for n in names if n.startswith("slurmiso_sandbox/")], "the wheel ships the sandbox"
 PYEOF
 python3 -m venv --system-site-packages "$WORK/venv"
 "$WORK/venv/bin/pip" install -q --no-deps --disable-pip-version-check "$WHEEL" >/dev/null 2>&1
@@ -54,6 +55,10 @@ V=$WORK/venv/bin
 "$V/slurmiso" gen systemd --dir "$WORK" && grep -q "ExecStart=$V/slurmiso monitor" \
     "$WORK/slurmiso-monitor.service" && ok "gen systemd names $V" || bad "gen systemd"
 "$V/slurmiso" gen cron | grep -q "PATH=$V:" && ok "gen cron names $V" || bad "gen cron"
+# The sandbox is a development tool: a pip install has none, and says how to get it.
+rc=0; out=$("$V/slurmiso" sandbox status 2>&1) || rc=$?
+[ "$rc" -eq 6 ] && echo "$out" | grep -q "development tool" \
+    && ok "wheel: 'sandbox status' exits 6 naming slurmiso-sandbox" || bad "wheel: sandbox ($rc): $out"
 "$V/slurmiso" -c etc/slurmiso.yaml gen slurm-conf --slurm-version 24.11.5 \
     | grep -qx "Prolog=$V/slurmiso-prolog" && test -x "$V/slurmiso-prolog" \
     && ok "gen slurm-conf names $V/slurmiso-prolog, which exists" || bad "gen slurm-conf"
@@ -65,6 +70,13 @@ if dpkg-deb -c "$DEBS"/slurmiso_*_all.deb | grep -q '\.pyc$'; then
 else
     ok "the .deb ships no bytecode (postinst compiles for the target's Python)"
 fi
+if dpkg-deb -c "$DEBS"/slurmiso_*_all.deb | grep -q 'slurmiso_sandbox'; then
+    bad "the runtime .deb ships the sandbox"
+else
+    ok "the runtime .deb ships no sandbox (slurmiso-sandbox does)"
+fi
+SANDBOX_DEB=$(ls "$DEBS"/slurmiso-sandbox_*_all.deb 2>/dev/null | head -1 || true)
+[ -n "$SANDBOX_DEB" ] && ok "slurmiso-sandbox built" || bad "no slurmiso-sandbox .deb in $DEBS"
 
 # Every file and directory of the root, with its type and mode, minus what dpkg, man-db and
 # the test itself are expected to change.
@@ -131,12 +143,23 @@ for suite in $SUITES; do
     check "gen slurm-conf names /usr/bin" sh -c \
         'slurmiso gen slurm-conf --slurm-version 22.05.8 | grep -qx "Prolog=/usr/bin/slurmiso-prolog"'
     check "prometheus_client importable (agent)" python3 -I -c 'import prometheus_client'
+    check "no sandbox with the runtime alone: exit 6, names slurmiso-sandbox" sh -c \
+        'out=$(slurmiso sandbox status 2>&1); test $? -eq 6 && echo "$out" | grep -q slurmiso-sandbox'
+    if [ -n "$SANDBOX_DEB" ]; then
+        mkdir -p "$ROOT/tmp/sandbox-deb"; cp "$SANDBOX_DEB" "$ROOT/tmp/sandbox-deb/"
+        check "dpkg -i slurmiso-sandbox (no network)" sh -c 'dpkg -i /tmp/sandbox-deb/*.deb'
+        check "sandbox installed: up --help offers --force" sh -c \
+            'slurmiso sandbox up --help | grep -q -- --force'
+        check "sandbox modules and the demo workload importable" python3 -I -c \
+            'import sys; sys.path.insert(0, "/usr/lib/slurmiso/python"); import slurmiso_sandbox.cluster, slurmiso_sandbox.guard, slurmiso_sandbox.demo, os; assert os.path.isfile("/usr/lib/slurmiso/python/slurmiso_sandbox/train_counter.py")'
+        pkgs="$pkgs slurmiso-sandbox"
+    fi
     if [[ $pkgs == *spank* ]]; then
         check "spank plugin installed" test -f /usr/lib/slurmiso/slurmiso.so
         check "fence plugin installed" test -f /usr/lib/slurmiso/slurmiso_fence.so
     fi
     check "dpkg --purge" sh -c "dpkg --purge $(echo $pkgs | tr ' ' '\n' | tac | tr '\n' ' ')"
-    rm -rf "$ROOT/tmp/debs"
+    rm -rf "$ROOT/tmp/debs" "$ROOT/tmp/sandbox-deb"
     inventory "$ROOT" > "$WORK/after"
     if diff -u "$WORK/before" "$WORK/after" > "$WORK/diff"; then
         echo "  ok    purge left nothing behind"

@@ -1,9 +1,25 @@
-"""``slurmiso sandbox up|down|status|demo``: a real Slurm cluster here, for tests and demos."""
+"""``slurmiso sandbox up|down|status|demo``: a real Slurm cluster here, for tests and demos.
+
+The sandbox itself is a development tool outside the runtime package (``slurmiso_sandbox``:
+a source checkout, or the ``slurmiso-sandbox`` Debian package). This module only parses the
+command line and imports it when a sandbox command runs; where it is absent the command fails
+with one error saying how to get it.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any, Dict
+
+from slurmiso.errors import SandboxError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+#: The development package (not part of the slurmiso distribution).
+SANDBOX_PACKAGE = "slurmiso_sandbox"
 
 DIR_HELP = "sandbox directory (default: $SLURMISO_SANDBOX_DIR or /var/lib/slurmiso-sandbox)"
 
@@ -22,6 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     up = sub.add_parser("up", help="install what is missing, start what is not running")
     up.add_argument("--dir", help=DIR_HELP)
     up.add_argument("--json", action="store_true", help="print the step timings as JSON")
+    up.add_argument("--force", action="store_true",
+                    help="run on a host with a Slurm or munge setup the sandbox did not create "
+                    "(/etc/slurm/slurm.conf, /etc/munge/munge.key, running daemons), and "
+                    "record them as the sandbox's; only on a machine that is not a real "
+                    "cluster's")
     up.add_argument("--from-packages", action="store_true",
                     help="run the installed slurmiso packages' hooks and SPANK plugins "
                     "(/usr/bin/slurmiso-prolog, /usr/lib/slurmiso/*.so) instead of the "
@@ -74,11 +95,44 @@ def _help(p: argparse.ArgumentParser) -> int:
     return 2
 
 
+def checkout_root(package_file: str) -> str:
+    """The source checkout a ``slurmiso`` imported from ``package_file`` lives in, when that
+    checkout has the sandbox beside it ("" otherwise: a wheel or a package install)."""
+    from pathlib import Path  # not at import time: every 'slurmiso' command builds this parser
+
+    root = Path(package_file).resolve().parent.parent
+    return str(root) if (root / SANDBOX_PACKAGE / "__init__.py").is_file() else ""
+
+
+def sandbox_module(name: str) -> ModuleType:
+    """``slurmiso_sandbox.<name>``: installed, or from the checkout this slurmiso runs from
+    (an editable install maps only the runtime package); else a SandboxError saying how to
+    get it. A module missing *inside* the sandbox is not hidden behind that message."""
+    full = f"{SANDBOX_PACKAGE}.{name}"
+    try:
+        return importlib.import_module(full)
+    except ModuleNotFoundError as err:
+        if err.name != SANDBOX_PACKAGE:
+            raise
+    import slurmiso
+
+    root = checkout_root(slurmiso.__file__ or "")
+    if not root:
+        raise SandboxError(
+            "the sandbox is a development tool and is not installed here",
+            hint="install the slurmiso-sandbox package beside slurmiso (make deb, then "
+            "docs/admin-guide.md section 13), or run it from a source checkout: "
+            "python3 -m slurmiso sandbox ...")
+    sys.path.insert(0, root)
+    return importlib.import_module(full)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from slurmiso.cli.output import print_json, table
-    from slurmiso.sandbox import cluster
 
-    report = cluster.up(args.dir, args.slurm, from_packages=args.from_packages)
+    cluster = sandbox_module("cluster")
+    report = cluster.up(args.dir, args.slurm, from_packages=args.from_packages,
+                        force=args.force)
     if args.json:
         print_json(cluster.report_dict(report))
         return 0
@@ -93,8 +147,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_sync_gres(args: argparse.Namespace) -> int:
-    from slurmiso.sandbox import cluster
-
+    cluster = sandbox_module("cluster")
     changed = cluster.sync_gres(args.dir)
     conf = [c for c in changed if c.startswith("etc/")]
     print(f"GRES changed ({', '.join(conf)}): restarted slurmctld and the slurmds"
@@ -103,15 +156,12 @@ def cmd_sync_gres(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from slurmiso.sandbox.client import DEFAULT_DIR
-    from slurmiso.sandbox.demo import run_demo
-
-    return run_demo(args.dir or DEFAULT_DIR, args.json)
+    client, demo = sandbox_module("client"), sandbox_module("demo")
+    return int(demo.run_demo(args.dir or client.DEFAULT_DIR, args.json))
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from slurmiso.sandbox import cluster
-
+    cluster = sandbox_module("cluster")
     report = cluster.down(args.dir, purge=args.purge)
     print(f"stopped: {', '.join(report.stopped) or 'nothing was running'}")
     for line in report.killed:
@@ -123,9 +173,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from slurmiso.cli.output import print_json
-    from slurmiso.sandbox import cluster
 
-    data = cluster.status(args.dir)
+    data = sandbox_module("cluster").status(args.dir)
     if args.json:
         print_json(data)
     else:

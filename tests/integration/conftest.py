@@ -25,7 +25,7 @@ from typing import Callable, Iterator, List
 
 import pytest
 
-from slurmiso.sandbox.client import TERMINAL, SandboxClient, session_lock  # noqa: F401
+from slurmiso_sandbox.client import TERMINAL, SandboxClient, session_lock  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

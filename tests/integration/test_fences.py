@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Set, Tuple
 import pytest
 
 from slurmiso.mig.gres import computed_cap_minor
-from slurmiso.sandbox import layout as L
 from slurmiso.state import Journal
+from slurmiso_sandbox import layout as L
 
 PROBE = r"""#!/bin/bash
 # wait (bounded) until the other job of the pair runs too, then open every device

@@ -120,7 +120,7 @@ MIXED_LAYOUT = """    sandbox-mixed:
 def n3_mixed(sandbox: Any, tmp_path: Any) -> Iterator[None]:
     """n3 re-laid for one test as 3g.40gb x2 | 4g.40gb + 3g.40gb (``mig apply`` with a config
     copy that has that layout, then ``sandbox sync-gres``); its own layout again after."""
-    from slurmiso.sandbox.demo import monitor_config
+    from slurmiso_sandbox.demo import monitor_config
 
     cfg = monitor_config(sandbox, str(tmp_path), MIXED_LAYOUT)
     steps = [("--config", cfg, "mig", "apply", "--layout", "sandbox-mixed", "--node", "n3"),
@@ -192,28 +192,65 @@ def test_mig_dynamic_infer_and_train_share_one_gpu(sandbox: Any, submit: Any, wa
     assert gpu_snapshot(sandbox, "n4") == before
 
 
+def wait_node_clean(sandbox: Any, node: str, timeout: float = 60) -> None:
+    """A placement-dependent test starts from ``node`` idle with no MIG instance (the epilogs
+    of earlier tests' jobs may still be running); it fails, never skips, when that never comes."""
+    deadline = time.monotonic() + timeout
+    state, live = "?", []
+    while time.monotonic() < deadline:
+        state, live = sandbox.node_states().get(node, "?"), sim(sandbox, node).instances()
+        if state == "idle" and not live:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{node} not idle and clean after {timeout:.0f}s: {state}, {live}")
+
+
 def test_mig_dynamic_profile_that_cannot_fit_refuses_only_the_job(
         sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
-    # Two 3g.40gb fill GPU 0's memory slices (0-3, 4-7) but leave one of its 7 shards: a
-    # 1g.10gb job passes job_submit.lua (1 shard = 1 compute slice) and Slurm packs it there,
-    # where no memory slice is free.
-    holders = [submit(HOLD.format(secs=12), "-p", "migd", "--gres=shard:3", "--qos=infer",
-                      "-w", "n4") for _ in range(2)]
+    """A 1g.10gb job on a GPU with a free shard but no free memory slice: refused, node kept.
+
+    The placement is forced, not hoped for. Slurm never gives out shards of a GPU a job holds
+    whole, and one job's shards come from one GPU (gres.html, "Sharding"; 22.05's cons_tres
+    filters GPUs allocated as the other GRES). So on an idle n4 a whole-GPU job takes GPU A;
+    both 3-shard jobs must go to GPU B, where their 3g.40gb instances fill memory slices 0-3
+    and 4-7 and leave one of its 7 shards. That is the only free shard on n4, so the 1-shard
+    job lands on B, where no 1g.10gb fits. Four jobs: n4 has four CPUs. The placement is
+    asserted before the probe, so a Slurm that placed otherwise fails here, with the layout.
+    """
+    wait_node_clean(sandbox, "n4")
+    blocker = submit(HOLD.format(secs=40), "-p", "migd", "-w", "n4", "--gres=gpu:1",
+                     "--qos=infer")
+    wait_for(blocker, {"RUNNING"}, timeout=40)
+    wait_prolog(sandbox, "n4", blocker)
+    holders = [submit(HOLD.format(secs=40), "-p", "migd", "-w", "n4", "--gres=shard:3",
+                      "--qos=infer") for _ in range(2)]
     for job in holders:
         wait_for(job, {"RUNNING"}, timeout=40)
         wait_prolog(sandbox, "n4", job)
-    second = submit(ENV_DUMP, "-p", "migd", "--gres=shard:1", "--qos=infer",
-                    "--iso-mig-profile=1g.10gb")
-    wait_for(second, timeout=60)
-    out = job_output(second)
+
+    backend = sim(sandbox, "n4")
+    status = json.loads(sandbox.slurmiso("status", "--node", "n4", "--json").stdout)
+    owners = {r["uuid"]: j["job"] for j in status["jobs"] for r in j["resources"]
+              if r.get("uuid")}
+    gpu_of = {owners.get(i.uuid, i.uuid): i.gpu_index for i in backend.instances()}
+    full = gpu_of.get(holders[0])
+    assert full is not None and gpu_of.get(holders[1]) == full, gpu_of
+    assert gpu_of.get(blocker) == 1 - full, gpu_of
+    assert sorted((i.profile, i.placement_start) for i in backend.instances(full)) == [
+        ("3g.40gb", 0), ("3g.40gb", 4)]
+
+    probe = submit(ENV_DUMP, "-p", "migd", "-w", "n4", "--gres=shard:1", "--qos=infer",
+                   "--iso-mig-profile=1g.10gb")
+    wait_for(probe, timeout=60)
+    out = job_output(probe)
     env = env_of(out)
-    if env.get("CUDA_VISIBLE_DEVICES", "").startswith("MIG-"):
-        pytest.skip("Slurm placed the second job on the other GPU; nothing to refuse")
-    assert env.get("CUDA_VISIBLE_DEVICES") == ""
-    assert "does not fit" in env["SLURMISO_REFUSED"]
+    assert env.get("CUDA_VISIBLE_DEVICES") == "", out
+    assert f"does not fit on GPU {full}" in env["SLURMISO_REFUSED"]
     assert "refused" in out
-    assert sandbox.node_states()["n4"] in {"mixed", "allocated", "idle"}
-    for job in holders:
+    assert len(backend.instances()) == 3  # the refused job left nothing behind
+    state = sandbox.node_states()["n4"]
+    assert not any(bad in state for bad in ("drain", "down", "fail")), state  # node kept
+    for job in (blocker, *holders):
         wait_for(job, timeout=60)
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from slurmiso.sandbox import layout as L
+from slurmiso_sandbox import layout as L
 
 ENV_DUMP = "#!/bin/bash\nenv | sort\n"
 

@@ -1,7 +1,7 @@
 """``slurmiso run`` in the real sandbox: a training job preempted three times by inference
 jobs finishes with every step counted exactly once and Slurm's restart count at 3.
 
-The scenario itself is ``slurmiso.sandbox.demo.preemption_scenario`` (``make demo`` runs it
+The scenario itself is ``slurmiso_sandbox.demo.preemption_scenario`` (``make demo`` runs it
 too); this test holds it to exact numbers.
 
 Slurm facts this relies on (seen on 22.05): the preemption SIGTERM reaches job *steps* at
@@ -18,7 +18,7 @@ STEP_TIME = 0.05
 
 
 def test_train_job_preempted_three_times_loses_nothing(sandbox) -> None:
-    from slurmiso.sandbox.demo import preemption_scenario
+    from slurmiso_sandbox.demo import preemption_scenario
 
     r = preemption_scenario(sandbox, steps=STEPS, step_time=STEP_TIME)
     steps = r["steps"]
@@ -39,7 +39,7 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     import json
 
     from slurmiso.audit.collect import known_fields
-    from slurmiso.sandbox.demo import preemption_scenario
+    from slurmiso_sandbox.demo import preemption_scenario
 
     r = preemption_scenario(sandbox, steps=120, step_time=0.05)
     assert r["restarts"] == "3"

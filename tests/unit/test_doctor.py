@@ -24,8 +24,8 @@ from slurmiso.config import parse_config
 from slurmiso.config.model import Config
 from slurmiso.doctor import Finding, all_checks, run_checks
 from slurmiso.doctor.nodes import gres_conf_types
-from slurmiso.sandbox import layout as L
 from slurmiso.slurm import slurmconf
+from slurmiso_sandbox import layout as L
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures", "doctor")

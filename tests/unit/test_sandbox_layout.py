@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from slurmiso.gpu.profiles import free_placements, lookup_model
-from slurmiso.sandbox import layout as L
+from slurmiso_sandbox import layout as L
 from tests.goldens import check_golden as _check
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "sandbox")
@@ -238,24 +238,82 @@ def test_task_prolog_uses_the_interpreter_job_users_can_run():
     assert "exec /root/.pyenv/bin/python /p" in wrappers["slurmiso-prolog"]
 
 
-@pytest.mark.parametrize(
-    "rows, add, fix",
-    [
-        ([], ["infer", "train", "debug"], {"infer", "train", "debug"}),
-        ([["infer", "1000", "train", "cluster", "00:00:00"],
-          ["train", "100", "", "requeue", "00:00:30"],
-          ["debug", "500", "", "cluster", "00:00:00"]], [], set()),
-        ([["infer", "1000", "train", "cluster", "00:00:00"],
-          ["train", "100", "", "cancel", "00:01:00"],
-          ["debug", "500", "", "cluster", "00:00:00"]], [], {"train"}),
-    ],
+#: ``sacctmgr -P -n show qos format=`` QOS_FORMAT rows as ``up`` leaves them (22.05's forms)
+SANDBOX_LIVE = (
+    "normal|0|||00:00:00|||\n"
+    "infer|1000|train|cluster|00:00:00|||\n"
+    "train|100||requeue|00:00:30|||\n"
+    "debug|500||cluster|00:00:00|||\n"
 )
-def test_qos_changes_assert_then_act(rows, add, fix):
-    from slurmiso.sandbox.accounting import qos_changes
 
-    got_add, got_fix = qos_changes(rows)
-    assert got_add == add
-    assert set(got_fix) == fix
+
+def _qos_plan(live_text):
+    from slurmiso.slurm.qos import parse_qos_rows
+    from slurmiso_sandbox.accounting import qos_changes, sandbox_qos
+
+    return [c.describe() for c in qos_changes(sandbox_qos(SITE), parse_qos_rows(live_text))]
+
+
+def test_sandbox_qos_are_its_configs_classes_without_per_job_limits():
+    """One truth: the sandbox's QoS come from its slurmiso.yaml through the model sites use."""
+    from slurmiso.slurm.qos import desired_qos
+    from slurmiso_sandbox.accounting import sandbox_qos
+
+    got = {q.name: q for q in sandbox_qos(SITE)}
+    assert list(got) == ["infer", "train", "debug"]
+    assert (got["infer"].priority, got["infer"].preempt, got["infer"].preempt_mode) == (
+        1000, ("train",), "cluster")
+    assert (got["train"].priority, got["train"].preempt_mode, got["train"].grace_s) == (
+        100, "requeue", 30)
+    assert all(q.max_wall_s is None and q.max_gpus_per_job is None for q in got.values())
+    full = {q.name: q for q in desired_qos(L.sandbox_config(SITE))}
+    assert full["debug"].max_gpus_per_job == 1  # what 'qos apply' adds and the sandbox leaves
+
+
+def test_qos_changes_assert_then_act():
+    assert _qos_plan(SANDBOX_LIVE) == []  # a second 'up' changes nothing
+    fresh = _qos_plan("normal|0|||00:00:00|||\n")
+    assert [c for c in fresh if c.startswith("+")] == [
+        "+ qos infer: create", "+ qos train: create", "+ qos debug: create"]
+    assert "~ qos train: GraceTime 0 -> 30" in fresh
+    assert "~ qos infer: Preempt (unset) -> train" in fresh
+
+
+@pytest.mark.parametrize("grace, live", [
+    ("00:01:00", "60"),
+    ("1-12", "129600"),  # Slurm's D-HH: the old sandbox parser read 86412
+    ("2-00:00:00", "172800"),
+])
+def test_qos_grace_is_read_with_the_one_slurm_time_parser(grace, live):
+    text = SANDBOX_LIVE.replace("train|100||requeue|00:00:30", f"train|100||requeue|{grace}")
+    assert _qos_plan(text) == [f"~ qos train: GraceTime {live} -> 30"]
+
+
+def test_qos_changes_are_applied_through_the_qos_applier(monkeypatch):
+    """ensure_accounting reads and writes QoS with slurmiso.slurm.qos (read_live, apply)."""
+    from slurmiso_sandbox import accounting as A
+
+    calls = []
+
+    def fake(site, *args, check=True, commit=True):
+        calls.append((commit,) + args)
+        if args[:4] == ("-n", "-P", "show", "cluster"):
+            return f"{L.CLUSTER}\n"
+        if args[:3] == ("-P", "-n", "show") and args[3] == "qos":
+            return SANDBOX_LIVE.replace("00:00:30", "00:02:00")
+        if args[:4] == ("-n", "-P", "show", "account"):
+            return "research\nops\n"
+        if args[:4] == ("-n", "-P", "show", "assoc"):
+            return "".join(f"research|{u}|debug,infer,normal,train|normal\n" for u in A.USERS)
+        if args[:4] == ("-n", "-P", "show", "user"):
+            return "".join(f"{u}|research\n" for u in A.USERS)
+        return ""
+
+    monkeypatch.setattr(A, "sacctmgr", fake)
+    assert A.ensure_accounting(SITE) == ["qos train"]
+    writes = [c for c in calls if "modify" in c or "add" in c]
+    assert writes == [(False, "-i", "modify", "qos", "where", "name=train", "set",
+                       "GraceTime=30")]
 
 
 MIXED_LIVE = (L.MigSlot(0, "3g.40gb", 0), L.MigSlot(0, "3g.40gb", 4),
@@ -316,7 +374,7 @@ def test_packaged_hooks_run_the_installed_executables_without_pythonpath():
 
 def test_from_packages_names_what_is_not_installed(tmp_path, monkeypatch):
     from slurmiso.errors import SandboxError
-    from slurmiso.sandbox import cluster
+    from slurmiso_sandbox import cluster
 
     monkeypatch.setattr(cluster, "PACKAGED_BIN", str(tmp_path))
     monkeypatch.setattr(cluster, "PACKAGED_SPANK", str(tmp_path / "slurmiso.so"))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurmiso.errors import SandboxError
-from slurmiso.sandbox import layout as L
-from slurmiso.sandbox import roots as R
+from slurmiso_sandbox import layout as L
+from slurmiso_sandbox import roots as R
 
 
 @pytest.mark.parametrize("given,short", [("24.11", "24.11"), ("24.11.5", "24.11"),
@@ -121,7 +121,7 @@ def test_moved_port_base_moves_every_port() -> None:
 
 
 def test_port_base_from_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmiso.sandbox import cluster
+    from slurmiso_sandbox import cluster
 
     monkeypatch.setenv("SLURMISO_SANDBOX_PORT_BASE", "17800")
     assert cluster.port_base() == 17800
@@ -135,7 +135,7 @@ def test_port_base_from_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_dir_made_for_one_release_is_not_reused_for_another(tmp_path: Path) -> None:
-    from slurmiso.sandbox import cluster
+    from slurmiso_sandbox import cluster
 
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "slurm.conf").write_text("ClusterName=slurmiso-sbx\n")

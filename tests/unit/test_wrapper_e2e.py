@@ -23,7 +23,7 @@ from slurmiso.wrapper.checkpoint_protocol import write_marker
 from slurmiso.wrapper.localsim import LocalSlurm, Trigger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOAD = os.path.join(ROOT, "slurmiso", "sandbox", "train_counter.py")
+WORKLOAD = os.path.join(ROOT, "slurmiso_sandbox", "train_counter.py")
 ENV = dict(os.environ, PYTHONPATH=ROOT)
 ENV.pop("SLURMISO_EVENTS_FILE", None)
 ENV.pop("SLURMISO_CKPT_DIR", None)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.errors import SandboxError
-from slurmiso.sandbox.procs import environ_with, run
+from slurmiso_sandbox.procs import environ_with, run
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +265,11 @@ def client_wrappers(root: Root) -> Dict[str, str]:
 
 
 def copy_checkout(pkg_parent: str, dest: str) -> bool:
-    """Install this checkout's slurmiso (package and hook scripts) under ``dest`` for the
-    root's own Python; returns whether anything changed."""
+    """Install this checkout's slurmiso (package and hook scripts) and the sandbox (its jobs
+    run the demo workload) under ``dest`` for the root's own Python; returns whether anything
+    changed."""
     changed = False
-    for name in ("slurmiso", "prolog", "epilog", "spank"):
+    for name in ("slurmiso", "slurmiso_sandbox", "prolog", "epilog", "spank"):
         src = os.path.join(pkg_parent, name)
         if not os.path.isdir(src):
             continue

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.errors import SandboxError, SlurmisoError
-from slurmiso.sandbox import accounting as A
-from slurmiso.sandbox import layout as L
-from slurmiso.sandbox import roots as R
-from slurmiso.sandbox.procs import (
+from slurmiso_sandbox import accounting as A
+from slurmiso_sandbox import guard as G
+from slurmiso_sandbox import layout as L
+from slurmiso_sandbox import roots as R
+from slurmiso_sandbox.procs import (
     environ_with,
     file_lock,
     has_env,
@@ -59,7 +60,7 @@ MUNGED = "/usr/sbin/munged"
 MUNGE = "/usr/bin/munge"
 UNMUNGE = "/usr/bin/unmunge"
 MUNGEKEY = "/usr/sbin/mungekey"
-MUNGE_KEY = "/etc/munge/munge.key"
+MUNGE_KEY = G.MUNGE_KEY
 MUNGE_PIDFILE = "/run/munge/munged.pid"
 RUNUSER = "/usr/sbin/runuser"
 USERADD = "/usr/sbin/useradd"
@@ -145,7 +146,7 @@ def choose_release(root: str, slurm: Optional[str]) -> str:
 
 
 def make_site(root: Optional[str] = None, slurm: Optional[str] = None) -> L.Site:
-    """The sandbox's :class:`~slurmiso.sandbox.layout.Site` on this machine, right now.
+    """The sandbox's :class:`~slurmiso_sandbox.layout.Site` on this machine, right now.
 
     Hooks are wired only once the repository has them, and run by this interpreter with this
     ``slurmiso`` package on ``PYTHONPATH`` (an uninstalled checkout works too). With a Slurm
@@ -741,10 +742,13 @@ def lock_path(site: L.Site) -> str:
 
 
 def up(root: Optional[str] = None, slurm: Optional[str] = None,
-       from_packages: bool = False) -> UpReport:
+       from_packages: bool = False, force: bool = False,
+       host: Optional[G.Host] = None) -> UpReport:
     """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time).
 
     ``from_packages``: Slurm runs the installed packages' hooks and plugins, not the checkout's.
+    Before anything is touched, a host with a Slurm or munge setup the sandbox did not create
+    is refused (:mod:`.guard`); ``force`` runs anyway and records it as the sandbox's.
     """
     if os.geteuid() != 0:
         raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
@@ -754,11 +758,15 @@ def up(root: Optional[str] = None, slurm: Optional[str] = None,
             raise SandboxError("--from-packages runs the host's Slurm only",
                                hint="drop --slurm, or install the packages in the root")
         site = packaged_site(site)
+    host = host or G.Host()
+    before = G.check_host(host, force=force)
     with file_lock(lock_path(site), "sandbox up"):
-        return _up(site)
+        return _up(site, lambda: G.record_created(host, before))
 
 
-def _up(site: L.Site) -> UpReport:
+def _up(site: L.Site, record_host: Callable[[], List[str]] = lambda: []) -> UpReport:
+    """The steps; ``record_host`` marks the munge key (and any Slurm config) they made as the
+    sandbox's, after each step that can make one (apt's munge postinst, ``mungekey``)."""
     report = UpReport(site)
     if site.chroot:
         with _step(report, f"slurm {site.slurm} root") as s:
@@ -766,6 +774,9 @@ def _up(site: L.Site) -> UpReport:
     else:
         with _step(report, "packages") as s:
             s.detail = install_packages(site)
+            made = record_host()
+            if made:
+                s.detail += f"; recorded as the sandbox's: {', '.join(made)}"
         if os.path.isdir(site.path("slurm-bin")):
             shutil.rmtree(site.path("slurm-bin"))
     with _step(report, "test user") as s:
@@ -788,6 +799,9 @@ def _up(site: L.Site) -> UpReport:
         s.detail = f"{len(changed)} changed" if changed else "unchanged"
     with _step(report, "munge") as s:
         s.detail = ensure_munge(site)
+        made = record_host()
+        if made:
+            s.detail += f"; recorded as the sandbox's: {', '.join(made)}"
     with _step(report, "mariadb") as s:
         s.detail = start_mariadb(site)
     with _step(report, "slurmdbd") as s:

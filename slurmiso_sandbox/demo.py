@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from slurmiso.errors import SandboxError
-from slurmiso.sandbox.client import SandboxClient, session_lock
+from slurmiso_sandbox.client import SandboxClient, session_lock
 
 ENV_LINES = "env | grep -E '^(CUDA_|SLURMISO_CLASS|SLURMISO_REFUSED)' | sort\n"
 
@@ -158,8 +158,8 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
     os.chmod(work, 0o1777)
     log, events = os.path.join(work, "steps.log"), os.path.join(work, "events.jsonl")
     py, repo = sbx.job_python, sbx.job_pythonpath  # in the job: the root's in a root sandbox
-    # shipped in the package: the demo runs from an installed slurmiso too (--from-packages)
-    workload = os.path.join(repo, "slurmiso", "sandbox", "train_counter.py")
+    # shipped in slurmiso-sandbox: the demo runs from the installed packages too
+    workload = os.path.join(repo, "slurmiso_sandbox", "train_counter.py")
 
     def logged() -> List[int]:
         try:

@@ -23,7 +23,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo, for slurmiso.checkpoint
+sys.path.insert(0, os.path.dirname(HERE))  # the repo (or the packages' tree), for slurmiso
 
 from slurmiso import checkpoint  # noqa: E402
 

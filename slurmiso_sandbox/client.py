@@ -20,7 +20,7 @@ from slurmiso.errors import SandboxError
 from slurmiso.state.lock import FileLock, LockTimeout
 
 #: This checkout (the hooks the sandbox wires run from it; ``slurmiso()`` runs it).
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DIR = os.environ.get("SLURMISO_SANDBOX_DIR", "/var/lib/slurmiso-sandbox")
 
 #: States after which a job will not change by itself (PENDING after requeue is not one).

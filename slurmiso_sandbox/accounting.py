@@ -2,7 +2,8 @@
 
 The database lives under ``<dir>/mysql`` with its own socket and a loopback port, so a site's
 MariaDB (if any) is never touched. Associations and QoS are asserted, then set: a second
-``up`` reads them back and changes nothing.
+``up`` reads them back and changes nothing. The QoS go through the one QoS model and diff
+sites use (:mod:`slurmiso.slurm.qos`, what ``slurmiso qos apply`` runs).
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SandboxError
-from slurmiso.sandbox import layout as L
-from slurmiso.sandbox.procs import environ_with, run, wait_until
+from slurmiso.slurm import qos as Q
+from slurmiso_sandbox import layout as L
+from slurmiso_sandbox.procs import environ_with, run, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +33,6 @@ USERS = ("root", L.TEST_USER)
 USER_ACCOUNT = "research"
 ALL_QOS = ("normal", "infer", "train", "debug")
 DEFAULT_QOS = "normal"
-
-#: QoS name -> sacctmgr settings; ``infer`` keeps the cluster's PreemptMode (REQUEUE).
-QOS: Dict[str, Dict[str, str]] = {
-    "infer": {"Priority": "1000", "Preempt": "train"},
-    "train": {"Priority": "100", "PreemptMode": "requeue", "GraceTime": "30"},
-    "debug": {"Priority": "500"},
-}
 
 
 def mysql_paths(site: L.Site) -> Dict[str, str]:
@@ -107,10 +103,11 @@ def ensure_db_user(site: L.Site) -> None:
 # --- slurmdbd contents -----------------------------------------------------------------
 
 
-def sacctmgr(site: L.Site, *args: str, check: bool = True) -> str:
+def sacctmgr(site: L.Site, *args: str, check: bool = True, commit: bool = True) -> str:
+    """``sacctmgr [-i] ARGS`` with the sandbox's SLURM_CONF (``-i``: commit without asking)."""
     env = environ_with({"SLURM_CONF": site.slurm_conf})
-    cp = run(site.exe(SACCTMGR, "-i", *args), env=env, timeout=30, check=False,
-             logfile=site.path("log", "slurmdbd.log"))
+    cp = run(site.exe(SACCTMGR, *(("-i",) if commit else ()), *args), env=env, timeout=30,
+             check=False, logfile=site.path("log", "slurmdbd.log"))
     out = (cp.stdout + cp.stderr).strip()
     # sacctmgr exits 1 when asked to change nothing; that is success for an idempotent step.
     if check and cp.returncode != 0 and "Nothing" not in out:
@@ -130,30 +127,29 @@ def _rows(site: L.Site, *args: str) -> List[List[str]]:
     return [line.split("|") for line in out.splitlines() if line.strip()]
 
 
-def _grace_seconds(value: str) -> str:
-    """sacctmgr shows GraceTime as [D-]HH:MM:SS; compare in seconds."""
-    days, _, hms = value.rpartition("-")
-    parts = [int(x) for x in hms.split(":") if x] or [0]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return str(int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2])
+def sandbox_qos(site: L.Site) -> List[Q.Qos]:
+    """The QoS the sandbox holds: its own slurmiso.yaml's classes as ``qos apply`` makes them
+    (priority, preemption, GraceTime), without the per-job limits (MaxWall, MaxTRESPerJob),
+    which the QoS integration test applies and takes off again."""
+    return [replace(q, max_wall_s=None, max_gpus_per_job=None)
+            for q in Q.desired_qos(L.sandbox_config(site))]
 
 
-def qos_changes(rows: Sequence[Sequence[str]]) -> Tuple[List[str], Dict[str, Dict[str, str]]]:
-    """(QoS to add, QoS -> settings to set) given ``name|priority|preempt|mode|grace`` rows."""
-    have = {r[0]: r for r in rows}
-    add = [q for q in QOS if q not in have]
-    fix: Dict[str, Dict[str, str]] = {}
-    for name, want in QOS.items():
-        row = have.get(name)
-        cur = {}
-        if row:
-            cur = {"Priority": row[1], "Preempt": row[2], "PreemptMode": row[3],
-                   "GraceTime": _grace_seconds(row[4])}
-        diff = {k: v for k, v in want.items() if cur.get(k, "").lower() != v.lower()}
-        if diff:
-            fix[name] = diff
-    return add, fix
+def qos_changes(want: Sequence[Q.Qos], live: Dict[str, Q.Qos]) -> List[Q.Change]:
+    """What makes slurmdbd's QoS ``live`` hold ``want`` (assert, then act: [] when it does)."""
+    return Q.diff(want, live)
+
+
+class _Sacctmgr:
+    """:class:`slurmiso.slurm.qos.Runner` over the sandbox's sacctmgr (in its root, if any)."""
+
+    def __init__(self, site: L.Site) -> None:
+        self.site = site
+
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+        if cmd != "sacctmgr":
+            raise SandboxError(f"the sandbox's QoS runner runs sacctmgr only, not {cmd}")
+        return sacctmgr(self.site, *args, commit=False)
 
 
 def ensure_accounting(site: L.Site) -> List[str]:
@@ -162,13 +158,10 @@ def ensure_accounting(site: L.Site) -> List[str]:
     if [L.CLUSTER] not in _rows(site, "cluster", "format=cluster"):
         sacctmgr(site, "add", "cluster", L.CLUSTER)
         changed.append(f"cluster {L.CLUSTER}")
-    add, fix = qos_changes(_rows(site, "qos", "format=name,priority,preempt,preemptmode,gracetime"))
-    for q in add:
-        sacctmgr(site, "add", "qos", q)
-    for q, settings in fix.items():
-        sacctmgr(site, "modify", "qos", "where", f"name={q}", "set",
-                 *[f"{k}={v}" for k, v in settings.items()])
-        changed.append(f"qos {q}")
+    runner = _Sacctmgr(site)
+    changes = qos_changes(sandbox_qos(site), Q.read_live(runner))
+    Q.apply_changes(runner, changes)
+    changed += [f"qos {name}" for name in dict.fromkeys(c.qos for c in changes)]
     accounts = {r[0] for r in _rows(site, "account", "format=account")}
     for a in ACCOUNTS:
         if a not in accounts:
