@@ -98,5 +98,5 @@ def make_context(
         state=state,
         journal=Journal(cfg.paths.journal),
         backend_factory=lambda: SimBackend(sim_path),
-        record={"job_id": job_id, "status": "preparing", "mode": mode, "gpus": list(gpus)},
+        record=JobRecord(job_id, mode=mode, gpus=list(gpus)),
     )
