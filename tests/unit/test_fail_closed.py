@@ -50,9 +50,9 @@ def test_qos_lookup_that_times_out_refuses_the_job_with_a_record(
     drains = Drains()
     assert run_hook("prolog", env, cfg, drains) == 0
     rec = state(tmp).read_job("42")
-    assert rec is not None and rec["status"] == "refused"
-    assert "cannot learn the job's QoS" in rec["reason"] and "did not answer" in rec["reason"]
-    assert rec["fence"] == {"uid": os.getuid(), "gpus": [0], "slurm_visible_devices": ""}
+    assert rec is not None and rec.status == "refused"
+    assert "cannot learn the job's QoS" in rec.reason and "did not answer" in rec.reason
+    assert rec.fence == {"uid": os.getuid(), "gpus": [0], "slurm_visible_devices": ""}
     assert task_prolog.lines_for(rec, "42")[0] == "export CUDA_VISIBLE_DEVICES="
     assert drains.calls == [] and state(tmp).allocations() == {}
 
@@ -137,7 +137,7 @@ def _set(key: str, value: Any) -> Callable[[Any], Any]:
 
 def _res(key: str, value: Any = None, drop: bool = False) -> Callable[[Any], Any]:
     def change(data: Any) -> Any:
-        res = data["resources"][0]
+        res = data.resources[0]
         if drop:
             del res[key]
         else:
@@ -221,7 +221,7 @@ def test_corrupt_state_drains_with_a_reason_naming_the_file(
     cfg = mig_dynamic_config(tmp)
     assert run_hook("prolog", job_env(gpus="0"), cfg, Drains()) == 0
     rec = state(tmp).read_job("42")
-    assert rec is not None and rec["status"] == "ready", rec
+    assert rec is not None and rec.status == "ready", rec
     sim = SimBackend(f"{tmp}/sim/node1.json")
     assert len(sim.instances()) == 1
     corrupt(tmp)

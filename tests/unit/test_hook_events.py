@@ -25,7 +25,7 @@ def _prolog(tmp: str, work: str) -> str:
 def _events_path(tmp: str) -> str:
     rec = state(tmp).read_job("42")
     assert rec is not None
-    path: str = rec["env"]["SLURMISO_EVENTS_FILE"]
+    path: str = rec.env["SLURMISO_EVENTS_FILE"]
     return path
 
 
@@ -61,9 +61,9 @@ def test_no_work_dir_means_no_events_file_and_a_warning(tmp_path: Any) -> None:
     for bad in ("", "relative/dir", "/x\n/y"):
         assert run_hook("prolog", job_env(SLURM_JOB_WORK_DIR=bad), cfg, Drains()) == 0
         rec = state(tmp).read_job("42")
-        assert rec is not None and rec["status"] == "ready"
-        assert "SLURMISO_EVENTS_FILE" not in rec["env"]
-        assert any("no events file" in w for w in rec["warnings"])
+        assert rec is not None and rec.status == "ready"
+        assert "SLURMISO_EVENTS_FILE" not in rec.env
+        assert any("no events file" in w for w in rec.warnings)
         assert run_hook("epilog", job_env(), cfg, Drains()) == 0
 
 
@@ -110,7 +110,7 @@ def test_hostile_lines_are_dropped_with_a_count_and_never_drain(tmp_path: Any) -
     assert user[1]["job"] == "42" and "uid" not in user[1]  # reserved fields are the epilog's
     end = [e for e in recs if e["event"] == "job-end"][0]
     dropped = len(HOSTILE_LINES) - 2
-    assert any(f"dropped {dropped} line(s)" in w for w in end["warnings"]), end["warnings"]
+    assert any(f"dropped {dropped} line(s)" in w for w in end.warnings), end.warnings
 
 
 def test_parse_line_never_raises_on_deep_nesting() -> None:
@@ -154,7 +154,7 @@ def test_events_file_that_is_not_the_jobs_regular_file_is_refused(tmp_path: Any,
     assert secret.read_text() == '{"event": "resume", "stolen": true}\n'
     end = [e for e in journal(tmp) if e["event"] == "job-end"][0]
     assert any("events file" in w and "refused" in w or "not a regular file" in w
-               for w in end["warnings"]), end["warnings"]
+               for w in end.warnings), end.warnings
 
 
 def test_job_fields_can_be_called_anything_without_breaking_the_journal(tmp_path: Any) -> None:
