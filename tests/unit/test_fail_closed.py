@@ -137,7 +137,7 @@ def _set(key: str, value: Any) -> Callable[[Any], Any]:
 
 def _res(key: str, value: Any = None, drop: bool = False) -> Callable[[Any], Any]:
     def change(data: Any) -> Any:
-        res = data.resources[0]
+        res = data["resources"][0]
         if drop:
             del res[key]
         else:
@@ -171,6 +171,12 @@ CORRUPTIONS: List[Any] = [
     ("record a list", lambda t: _write(_record_path(t), "[1, 2]"), REC),
     ("record status a number", lambda t: _edit_json(_record_path(t), _set("status", 5)), REC),
     ("record unknown status", lambda t: _edit_json(_record_path(t), _set("status", "x")), REC),
+    ("record status released (never written)",
+     lambda t: _edit_json(_record_path(t), _set("status", "released")), REC),
+    ("record of a newer schema", lambda t: _edit_json(_record_path(t), _set("schema", 99)), REC),
+    ("record schema a string", lambda t: _edit_json(_record_path(t), _set("schema", "2")), REC),
+    ("resource state unknown",
+     lambda t: _edit_json(_record_path(t), _res("state", "gone")), REC),
     ("record resources a string",
      lambda t: _edit_json(_record_path(t), _set("resources", "x")), REC),
     ("record gpus not ints", lambda t: _edit_json(_record_path(t), _set("gpus", ["a"])), REC),
@@ -245,12 +251,13 @@ def test_a_real_node_fault_still_drains_among_hostile_jobs(tmp_path: Any) -> Non
     assert len(drains.calls) == 1 and "GPU 1" in drains.calls[0][1]
 
 
-def test_record_problem_accepts_what_the_prolog_writes(tmp_path: Any) -> None:
-    from slurmiso.state.record import record_problem
+def test_the_record_reads_back_what_the_prolog_writes(tmp_path: Any) -> None:
+    from slurmiso.state.record import SCHEMA, JobRecord
 
     tmp = str(tmp_path)
     cfg = mig_dynamic_config(tmp)
     assert run_hook("prolog", job_env(gpus="0"), cfg, Drains()) == 0
     with open(_record_path(tmp)) as fh:
-        assert record_problem(json.load(fh)) == ""
+        data = json.load(fh)
+    assert data["schema"] == SCHEMA and JobRecord.from_dict(data).to_dict() == data
     assert stat.S_ISREG(os.stat(_record_path(tmp)).st_mode)

@@ -110,7 +110,7 @@ def test_hostile_lines_are_dropped_with_a_count_and_never_drain(tmp_path: Any) -
     assert user[1]["job"] == "42" and "uid" not in user[1]  # reserved fields are the epilog's
     end = [e for e in recs if e["event"] == "job-end"][0]
     dropped = len(HOSTILE_LINES) - 2
-    assert any(f"dropped {dropped} line(s)" in w for w in end.warnings), end.warnings
+    assert any(f"dropped {dropped} line(s)" in w for w in end["warnings"]), end["warnings"]
 
 
 def test_parse_line_never_raises_on_deep_nesting() -> None:
@@ -154,7 +154,7 @@ def test_events_file_that_is_not_the_jobs_regular_file_is_refused(tmp_path: Any,
     assert secret.read_text() == '{"event": "resume", "stolen": true}\n'
     end = [e for e in journal(tmp) if e["event"] == "job-end"][0]
     assert any("events file" in w and "refused" in w or "not a regular file" in w
-               for w in end.warnings), end.warnings
+               for w in end["warnings"]), end["warnings"]
 
 
 def test_job_fields_can_be_called_anything_without_breaking_the_journal(tmp_path: Any) -> None:
