@@ -307,8 +307,10 @@ class JobRecord:
     def to_dict(self) -> Dict[str, Any]:
         """The JSON form written to disk (schema :data:`SCHEMA`)."""
         out: Dict[str, Any] = dict(self.extra)
-        for name, (key, _kind, _default) in _SCALARS.items():
-            out[key] = getattr(self, name)
+        for name, (key, _kind, default) in _SCALARS.items():
+            value = getattr(self, name)
+            if value != "" or default != "":  # an empty optional text is left out, as in v1
+                out[key] = value
         out.update(
             schema=SCHEMA, status=self.status.value, gpus=list(self.gpus), env=dict(self.env),
             resources=[r.to_dict() for r in self.resources], claims=list(self.claims),
