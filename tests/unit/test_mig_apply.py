@@ -13,11 +13,11 @@ import pytest
 from slurmiso.config.model import MigGroup, MigLayout
 from slurmiso.gpu.profiles import MODELS
 from slurmiso.gpu.sim import SimBackend, init_state
-from slurmiso.state.record import JobRecord, RecordStatus
 from slurmiso.mig.apply import apply_plan, read_node
 from slurmiso.mig.claims import claimed_instances
 from slurmiso.mig.plan import MigPlanError, plan_layout
 from slurmiso.state import Journal, NodeState
+from slurmiso.state.record import JobRecord, RecordStatus
 
 H100 = MODELS["H100-80GB"]
 HALF = MigLayout("half", (
