@@ -20,7 +20,7 @@ Stdlib only (``enum`` is already loaded by ``re``).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 #: The version this code writes. 1: slurmiso 0.1's dict (same keys; status "released" was
 #: checked but never written). 2: typed, with separate record and resource states.
@@ -120,15 +120,25 @@ class Resource:
     log_dir: Optional[str]
     extra: Dict[str, Any]
 
-    def __init__(self, kind: str, state: ResourceState = ResourceState.PENDING,
-                 **fields: Any) -> None:
-        self.kind = kind
-        self.state = state
-        for name in _RES_INTS + _RES_STRS:
-            setattr(self, name, fields.pop(name, None))
-        self.extra = dict(fields.pop("extra", None) or {})
-        if fields:
-            raise TypeError(f"unknown resource field(s): {', '.join(sorted(fields))}")
+    def __init__(
+        self, kind: str, state: ResourceState = ResourceState.PENDING, *,
+        gpu: Optional[int] = None, gi: Optional[int] = None, ci: Optional[int] = None,
+        start: Optional[int] = None, uid: Optional[int] = None,
+        daemon_pid: Optional[int] = None, thread_percentage: Optional[int] = None,
+        memory_limit_mb: Optional[int] = None, gres_index: Optional[int] = None,
+        minor: Optional[int] = None, profile: Optional[str] = None,
+        uuid: Optional[str] = None, gpu_uuid: Optional[str] = None,
+        pipe_dir: Optional[str] = None, log_dir: Optional[str] = None,
+        extra: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        self.kind, self.state = kind, state
+        self.gpu, self.gi, self.ci, self.start = gpu, gi, ci, start
+        self.uid, self.daemon_pid = uid, daemon_pid
+        self.thread_percentage, self.memory_limit_mb = thread_percentage, memory_limit_mb
+        self.gres_index, self.minor = gres_index, minor
+        self.profile, self.uuid, self.gpu_uuid = profile, uuid, gpu_uuid
+        self.pipe_dir, self.log_dir = pipe_dir, log_dir
+        self.extra = dict(extra or {})
 
     @property
     def is_mig(self) -> bool:
@@ -231,24 +241,35 @@ class JobRecord:
     updated: Optional[float]
     extra: Dict[str, Any]
 
-    def __init__(self, job_id: str = "", status: RecordStatus = RecordStatus.PREPARING,
-                 **fields: Any) -> None:
-        self.job_id = job_id
-        self.status = status
-        for name, (_key, _kind, default) in _SCALARS.items():
-            if name != "job_id":
-                setattr(self, name, fields.pop(name, default))
-        self.gpus = list(fields.pop("gpus", ()))
-        self.env = dict(fields.pop("env", None) or {})
-        self.resources = list(fields.pop("resources", ()))
-        self.claims = list(fields.pop("claims", ()))
-        self.warnings = list(fields.pop("warnings", ()))
-        self.times = dict(fields.pop("times", None) or {})
-        self.fence = dict(fields.pop("fence", None) or {})
-        self.updated = fields.pop("updated", None)
-        self.extra = dict(fields.pop("extra", None) or {})
-        if fields:
-            raise TypeError(f"unknown record field(s): {', '.join(sorted(fields))}")
+    def __init__(
+        self, job_id: str = "", status: RecordStatus = RecordStatus.PREPARING, *,
+        uid: int = -1, user: str = "", node: str = "", partition: str = "",
+        account: str = "", qos: str = "", pool: str = "", mode: str = "",
+        job_class: str = "", class_reason: str = "", reason: str = "",
+        events_file: str = "", isolation_note: str = "", restart_count: int = 0,
+        late_epilogs: int = 0, gpus: Iterable[int] = (),
+        env: Optional[Mapping[str, str]] = None, resources: Iterable[Resource] = (),
+        claims: Iterable[str] = (), warnings: Iterable[str] = (),
+        times: Optional[Mapping[str, float]] = None,
+        fence: Optional[Mapping[str, Any]] = None, updated: Optional[float] = None,
+        extra: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.job_id, self.status = job_id, status
+        self.uid, self.user, self.node = uid, user, node
+        self.partition, self.account, self.qos = partition, account, qos
+        self.pool, self.mode = pool, mode
+        self.job_class, self.class_reason, self.reason = job_class, class_reason, reason
+        self.events_file, self.isolation_note = events_file, isolation_note
+        self.restart_count, self.late_epilogs = restart_count, late_epilogs
+        self.gpus = list(gpus)
+        self.env = dict(env or {})
+        self.resources = list(resources)
+        self.claims = list(claims)
+        self.warnings = list(warnings)
+        self.times = dict(times or {})
+        self.fence = dict(fence or {})
+        self.updated = updated
+        self.extra = dict(extra or {})
 
     def of_kind(self, kind: str) -> Iterator[Resource]:
         """This job's resources of ``kind`` (a pool mode's own), in record order."""
