@@ -63,11 +63,10 @@ def run_hook(
     backend_factory: Optional[Callable[[], Any]] = None,
 ) -> int:
     """Run the prolog or epilog for the job described by ``env``; return the exit status."""
-    from slurmiso.slurm.jobenv import JobEnv
+    from slurmiso.slurm.jobenv import HOOK_VARS, JobEnv, job_id
 
-    job_id = env.get("SLURM_JOB_ID", "?")
-    setup_logging(phase, job_id)
-    node = env.get("SLURMD_NODENAME", "")
+    setup_logging(phase, job_id(env) or "?")
+    node = env.get(HOOK_VARS["node"], "")
     try:
         from slurmiso.hooks.budget import lock_wait_s
 

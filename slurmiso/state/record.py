@@ -192,7 +192,7 @@ class Resource:
         return f"Resource({self.to_dict()!r})"
 
 
-#: Top-level fields: attribute -> (JSON key, JSON type, default factory).
+#: Top-level scalar fields: attribute -> (JSON key, JSON type, default).
 _SCALARS: Dict[str, Any] = {
     "job_id": ("job_id", str, ""), "uid": ("uid", int, -1), "user": ("user", str, ""),
     "node": ("node", str, ""), "partition": ("partition", str, ""),
