@@ -111,14 +111,16 @@ def test_round_trip_keeps_unknown_fields() -> None:
 
 def test_the_hooks_read_one_variable_per_fact() -> None:
     """The Prolog/Epilog restart count is SLURM_JOB_RESTART_COUNT only (the old reader fell
-    back to the step's SLURM_RESTART_COUNT), GPUs are SLURM_JOB_GPUS only, job id
-    SLURM_JOB_ID only."""
+    back to the step's SLURM_RESTART_COUNT), the job id SLURM_JOB_ID only; GPU indices are
+    SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES only where Slurm set no SLURM_JOB_GPUS (mps)."""
     base = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
-    job = JobEnv.from_env({**base, "SLURM_RESTART_COUNT": "4",
-                           "CUDA_VISIBLE_DEVICES": "0,1"})
-    assert (job.restart_count, job.gpus) == (0, ())
-    job = JobEnv.from_env({**base, "SLURM_JOB_RESTART_COUNT": "3", "SLURM_JOB_GPUS": "1"})
+    job = JobEnv.from_env({**base, "SLURM_RESTART_COUNT": "4", "CUDA_VISIBLE_DEVICES": "1"})
+    assert (job.restart_count, job.gpus) == (0, (1,))
+    job = JobEnv.from_env({**base, "SLURM_JOB_RESTART_COUNT": "3", "SLURM_JOB_GPUS": "1",
+                           "CUDA_VISIBLE_DEVICES": "0"})
     assert (job.job_id, job.node, job.restart_count, job.gpus) == ("7", "n1", 3, (1,))
+    with pytest.raises(Exception, match="not a Slurm job id"):
+        JobEnv.from_env({"SLURM_JOBID": "7"})
     assert HOOK_VARS["restart_count"] != STEP_VARS["restart_count"]
 
 
