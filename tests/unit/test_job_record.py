@@ -161,3 +161,25 @@ def test_the_record_module_imports_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True).stdout.strip()
     assert out == "[]"
+
+
+@pytest.mark.parametrize("status", ["ready", "released"])
+def test_a_job_started_before_the_upgrade_ends_cleanly_after_it(tmp_path: Any,
+                                                                status: str) -> None:
+    """The prolog of slurmiso 0.1 wrote schema 1; the epilog of this version releases it."""
+    from slurmiso.hooks.runner import run_hook
+    from tests.killrounds import NODE, hook_env, leftovers, setup_node
+    from tests.unit.test_hooks_runner import Drains
+
+    tmp = str(tmp_path)
+    cfg = setup_node(tmp)
+    env = hook_env(tmp, cfg, "42", 0, 0)
+    assert run_hook("prolog", env, cfg, Drains()) == 0
+    state = NodeState(f"{tmp}/state/{NODE}")
+    with open(state.job_path("42")) as fh:
+        data = json.load(fh)
+    data.update(schema=1, status=status, late_epilogs=0)
+    _write_raw(state, "42", data)
+    drains = Drains()
+    assert run_hook("epilog", env, cfg, drains) == 0 and drains.calls == []
+    assert leftovers(tmp) == []
