@@ -246,10 +246,10 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
 
 
 def _journal_facts(record: JobRecord, *more: str) -> Dict[str, Any]:
-    """The record's facts every journal line of a job carries (the audit reads them)."""
+    """The record's facts every journal line of a job carries (the audit reads them), under
+    their on-disk names; an empty text (no class yet) is left out of to_dict, so it is null."""
     rec = record.to_dict()
-    return {k: rec.get(k) or None if k == "class" else rec.get(k)
-            for k in ("class", "pool", "mode", "gpus", "uid", *more)}
+    return {k: rec.get(k) for k in ("class", "pool", "mode", "gpus", "uid", *more)}
 
 
 def _fence_facts(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
