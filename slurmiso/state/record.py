@@ -13,8 +13,9 @@ written as is). Anything it cannot trust raises :class:`RecordError`, which the 
 into the state-corruption error naming the file (the hooks drain with it).
 
 Plain classes with ``__slots__``, not dataclasses: every hook imports this module, and
-``dataclasses`` pulls in ``inspect`` (about 5 ms) and builds each class by ``exec`` at import.
-Stdlib only (``enum`` is already loaded by ``re``).
+``dataclasses`` costs about 7 ms to import (it pulls in ``inspect``) plus about 0.4 ms per
+class it builds by ``exec`` (measured on the dev machine). Executing this module costs about
+0.3 ms. Stdlib only (``enum`` is already loaded by ``re``).
 """
 
 from __future__ import annotations
