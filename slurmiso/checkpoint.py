@@ -16,8 +16,9 @@ the allocator); the program checks ``req.pending`` at a safe point. ``done()`` w
 marker file atomically, so a crash while saving leaves the previous checkpoint the one
 offered as ``SLURMISO_RESUME``. The contract for other languages is in docs/checkpoint.md.
 
-Standard library only, and no import of the rest of slurmiso: this file may be copied into a
-container that has no slurmiso installed.
+Standard library only at import; :func:`done` and :func:`restart_count` import two small
+slurmiso modules (``atomic``, ``slurm.jobenv``) when called, so a container that runs the
+program needs slurmiso importable (``pip install slurmiso``; it pulls in nothing for this).
 """
 
 from __future__ import annotations
@@ -156,9 +157,15 @@ def resume_step() -> Optional[int]:
 
 
 def restart_count() -> int:
-    """How many times Slurm has requeued this job (0 on the first run)."""
-    text = os.environ.get("SLURMISO_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT", "")
-    return int(text) if text.isdigit() else 0
+    """How many times Slurm has requeued this job (0 on the first run).
+
+    Read from Slurm's own ``SLURM_RESTART_COUNT`` by the same reader the wrapper uses
+    (:func:`slurmiso.slurm.jobenv.step_restart_count`), so the two never disagree; the
+    wrapper's ``SLURMISO_RESTART_COUNT`` is a copy for programs in other languages.
+    """
+    from slurmiso.slurm.jobenv import step_restart_count
+
+    return step_restart_count(os.environ)
 
 
 def ckpt_dir(default: str = ".") -> str:

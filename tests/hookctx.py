@@ -14,7 +14,7 @@ from slurmiso.config.model import Config
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.isolation.base import Context
 from slurmiso.slurm.jobenv import JobEnv
-from slurmiso.state import Journal, NodeState
+from slurmiso.state import JobRecord, Journal, NodeState
 
 
 def sim_config(tmp: str, mode: str, model: str = "H100-80GB", gpus: int = 2, **pool: Any) -> Config:
@@ -98,5 +98,5 @@ def make_context(
         state=state,
         journal=Journal(cfg.paths.journal),
         backend_factory=lambda: SimBackend(sim_path),
-        record={"job_id": job_id, "status": "preparing", "mode": mode, "gpus": list(gpus)},
+        record=JobRecord(job_id, mode=mode, gpus=list(gpus)),
     )

@@ -141,8 +141,8 @@ def run_rounds(tmp: str, rounds: int, delay_ms: int = 150, seed: int = 13,
             out.kills += 1
             out.made_before_kill += bool(sim.instances())
         rec = NodeState(f"{tmp}/state/{NODE}").read_job(job)
-        if rec and rec.get("events_file"):  # the job ran far enough to report something
-            with open(rec["events_file"], "a") as fh:
+        if rec and rec.events_file:  # the job ran far enough to report something
+            with open(rec.events_file, "a") as fh:
                 fh.write('{"event": "resume", "attempt": 1}\n')
         if _run_and_kill(epilog, env, rng.uniform(0.0, window_s)):
             out.kills += 1

@@ -48,7 +48,9 @@ See slurmiso-prolog(8).""",
 
 def missing_job(env: Mapping[str, str], phase: str) -> Optional[str]:
     """The one-line reason a hook cannot run, or None: slurmd always sets SLURM_JOB_ID."""
-    if env.get("SLURM_JOB_ID", "").strip():
+    from slurmiso.slurm.jobenv import job_id
+
+    if job_id(env).strip():
         return None
     return (f"slurmiso-{phase}: SLURM_JOB_ID is not set: slurmd runs this hook for a job; "
             f"nothing done (see slurmiso-{phase} --help)")

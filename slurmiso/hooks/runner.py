@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from slurmiso.errors import GpuError, JobProblem, NodeFault, SlurmError, SlurmisoError
 from slurmiso.isolation.base import PREPARING, READY, REFUSED, RELEASING, Context, handler_for
+from slurmiso.state.record import JobRecord
 
 log = logging.getLogger("slurmiso.hooks")
 
@@ -62,11 +63,10 @@ def run_hook(
     backend_factory: Optional[Callable[[], Any]] = None,
 ) -> int:
     """Run the prolog or epilog for the job described by ``env``; return the exit status."""
-    from slurmiso.slurm.jobenv import JobEnv
+    from slurmiso.slurm.jobenv import HOOK_VARS, JobEnv, job_id
 
-    job_id = env.get("SLURM_JOB_ID", "?")
-    setup_logging(phase, job_id)
-    node = env.get("SLURMD_NODENAME", "")
+    setup_logging(phase, job_id(env) or "?")
+    node = env.get(HOOK_VARS["node"], "")
     try:
         from slurmiso.hooks.budget import lock_wait_s
 
@@ -158,50 +158,46 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
 
     old = ctx.state.read_job(ctx.job_id)
     if (
-        old
-        and old.get("status") in (READY, REFUSED)
-        and old.get("restart_count") == ctx.env.restart_count
+        old is not None
+        and old.status in (READY, REFUSED)
+        and old.restart_count == ctx.env.restart_count
     ):
-        log.info("job %s already prepared (%s); nothing to do", ctx.job_id, old["status"])
+        log.info("job %s already prepared (%s); nothing to do", ctx.job_id, old.status.value)
         return
     # An earlier attempt's record whose epilog has not run yet: that epilog may still come,
     # after this prolog, and it carries the job's *current* restart count (measured on 22.05:
     # an epilog's SLURM_JOB_RESTART_COUNT is the count at the time it runs), so it cannot tell
-    # the attempts apart. The new record owes it one skip.
-    late = int(old is not None and old.get("status") in (READY, REFUSED, PREPARING)
-               and old.get("restart_count") != ctx.env.restart_count)
-    if old:  # a killed prolog, or an earlier run of a requeued job: clean it first
+    # the attempts apart. The new record owes it one skip (see epilog() for when it is void).
+    late = int(old is not None and old.status in (READY, REFUSED, PREPARING)
+               and old.restart_count != ctx.env.restart_count)
+    if old is not None:  # a killed prolog, or an earlier run of a requeued job: clean it first
         ctx.record = old
         from slurmiso.isolation.lifecycle import teardown
 
         teardown(ctx, why="stale record from an earlier prolog")
     started = time.time()
-    ctx.record = {
-        "job_id": ctx.job_id,
-        "uid": ctx.env.uid,
-        "user": ctx.env.user,
-        "node": ctx.env.node,
-        "partition": ctx.env.partition,
-        "account": ctx.env.account,
-        "pool": ctx.pool.name,
-        "mode": ctx.pool.mode,
-        "gpus": list(ctx.env.gpus),
-        "restart_count": ctx.env.restart_count,
-        "status": PREPARING,
-        "env": {},
-        "resources": [],
-        "claims": [],
-        "warnings": [],
-        "times": {"prolog_start": round(started, 3)},
-        "fence": _fence_facts(ctx, env),
-        "late_epilogs": late,
-    }
+    ctx.record = JobRecord(
+        ctx.job_id,
+        PREPARING,
+        uid=ctx.env.uid,
+        user=ctx.env.user,
+        node=ctx.env.node,
+        partition=ctx.env.partition,
+        account=ctx.env.account,
+        pool=ctx.pool.name,
+        mode=ctx.pool.mode,
+        gpus=list(ctx.env.gpus),
+        restart_count=ctx.env.restart_count,
+        times={"prolog_start": round(started, 3)},
+        fence=_fence_facts(ctx, env),
+        late_epilogs=late,
+    )
     handler = handler_for(ctx.pool.mode)
     _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
     try:
         _check_options(ctx)
         qos = _job_qos(ctx)
-        ctx.record["qos"] = qos
+        ctx.record.qos = qos
         cls, why = classify(
             ctx.config, qos, ctx.env.partition, ctx.env.account, ctx.env.spank.get("iso_class", "")
         )
@@ -211,7 +207,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
                 hint="submit with --qos=<class> or set default_class in slurmiso.yaml",
             )
         ctx.job_class = cls
-        ctx.record.update({"class": cls.name, "class_reason": why})
+        ctx.record.job_class, ctx.record.class_reason = cls.name, why
         from slurmiso.config.model import ISOLATION_STRENGTH, MODE_ISOLATION
 
         gives = MODE_ISOLATION[ctx.pool.mode]
@@ -233,20 +229,27 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         teardown_or_fault(ctx)
         raise NodeFault(str(err)) from None
     _fence(ctx, refused=False)
-    ctx.record["status"] = READY
-    ctx.record["times"]["prolog_end"] = round(time.time(), 3)
+    ctx.record.status = READY
+    ctx.record.times["prolog_end"] = round(time.time(), 3)
     ctx.save()
-    dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, ctx.record["resources"], True)
+    dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, ctx.record.resources, True)
     ctx.journal.append(
         "prolog",
         job=ctx.job_id,
         node=ctx.env.node,
         outcome="ready",
-        **{k: ctx.record.get(k) for k in ("class", "pool", "mode", "gpus", "uid", "restart_count")},
-        resources=ctx.record["resources"],
-        warnings=ctx.record["warnings"],
+        **_journal_facts(ctx.record, "restart_count"),
+        resources=[r.to_dict() for r in ctx.record.resources],
+        warnings=list(ctx.record.warnings),
         ms=round(1000 * (time.time() - started), 1),
     )
+
+
+def _journal_facts(record: JobRecord, *more: str) -> Dict[str, Any]:
+    """The record's facts every journal line of a job carries (the audit reads them), under
+    their on-disk names; an empty text (no class yet) is left out of to_dict, so it is null."""
+    rec = record.to_dict()
+    return {k: rec.get(k) for k in ("class", "pool", "mode", "gpus", "uid", *more)}
 
 
 def _fence_facts(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
@@ -289,7 +292,7 @@ def _open_events_file(ctx: Context) -> None:
     if path is None:
         ctx.warn("no events file for the job wrapper: Slurm gave no usable working directory")
         return
-    ctx.record["events_file"] = path
+    ctx.record.events_file = path
     ctx.set_env("SLURMISO_EVENTS_FILE", path)
 
 
@@ -298,8 +301,8 @@ def _fold_events(ctx: Context) -> None:
     names, scalar fields only, never passed as keyword arguments, marked ``source: user``."""
     from slurmiso.hooks import events
 
-    path = ctx.record.get("events_file")
-    if not isinstance(path, str) or not path:
+    path = ctx.record.events_file
+    if not path:
         return
     folded = events.fold(path, ctx.env.uid)
     for rec in folded.records:
@@ -329,7 +332,7 @@ def _refuse(ctx: Context, reason: str) -> None:
     from slurmiso.isolation.lifecycle import teardown_or_fault
 
     teardown_or_fault(ctx)
-    ctx.record.update(status=REFUSED, reason=reason, env={})
+    ctx.record.status, ctx.record.reason, ctx.record.env = REFUSED, reason, {}
     ctx.save()
     ctx.journal.append(
         "prolog",
@@ -337,7 +340,7 @@ def _refuse(ctx: Context, reason: str) -> None:
         node=ctx.env.node,
         outcome="refused",
         reason=reason,
-        **{k: ctx.record.get(k) for k in ("class", "pool", "mode", "gpus", "uid")},
+        **_journal_facts(ctx.record),
     )
 
 
@@ -350,19 +353,18 @@ def epilog(ctx: Context) -> None:
         log.info("job %s has no record on this node; nothing to undo", ctx.job_id)
         return
     ctx.record = record
-    if record.get("late_epilogs", 0) > 0:
-        # the previous attempt's epilog, run after this attempt's prolog (see prolog()):
+    if _earlier_attempts_epilog(ctx, record):
         # that attempt was torn down by this one's prolog; this attempt's record stays
-        record["late_epilogs"] -= 1
+        record.late_epilogs = max(0, record.late_epilogs - 1)
         ctx.save()
-        log.info("job %s: the previous attempt's epilog; attempt %s keeps its isolation",
-                 ctx.job_id, record.get("restart_count"))
+        log.info("job %s: an earlier attempt's epilog; attempt %s keeps its isolation",
+                 ctx.job_id, record.restart_count)
         return
     started = time.time()
-    resources = list(record.get("resources", []))
-    record["status"] = RELEASING
+    resources = [r.to_dict() for r in record.resources]
+    record.status = RELEASING
     ctx.save()
-    dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, resources, False)
+    dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, record.resources, False)
     from slurmiso.isolation.lifecycle import teardown
 
     teardown(ctx)
@@ -370,23 +372,70 @@ def epilog(ctx: Context) -> None:
     from slurmiso.isolation import fence
 
     fence.remove(ctx.state.state_dir, ctx.job_id)
-    times: Dict[str, Any] = dict(record.get("times", {}))
+    times: Dict[str, Any] = dict(record.times)
     times["epilog_end"] = round(time.time(), 3)
     ctx.journal.append(
         "job-end",
         job=ctx.job_id,
         node=ctx.env.node,
-        outcome=record.get("reason") and "refused" or "released",
-        **{
-            k: record.get(k)
-            for k in ("class", "pool", "mode", "gpus", "uid", "user", "restart_count")
-        },
+        outcome=record.reason and "refused" or "released",
+        **_journal_facts(record, "user", "restart_count"),
         resources=resources,
-        warnings=record.get("warnings", []),
+        warnings=list(record.warnings),
         times=times,
         epilog_ms=round(1000 * (time.time() - started), 1),
     )
     ctx.state.delete_job(ctx.job_id)
+
+
+def _earlier_attempts_epilog(ctx: Context, record: JobRecord) -> bool:
+    """Whether this epilog belongs to an attempt before the record's, and must leave it be.
+
+    The Epilog's restart count is the job's count when it runs (22.05, measured): a requeued
+    attempt's own epilog already shows the next count, a late epilog of the attempt before
+    the record's shows the record's count. So, with ``seen`` the epilog's count and ``mine``
+    the record's attempt:
+
+    * ``seen < mine``: an earlier attempt's epilog (a Slurm that shows each epilog its own
+      attempt): leave the record alone;
+    * ``seen > mine``: the job was requeued since the record's attempt began, so that attempt
+      is over, whatever skip the record still owes (the earlier epilog was lost): release;
+    * ``seen == mine`` with a skip owed: the earlier attempt's late epilog while this attempt
+      runs, or this attempt's own last epilog with the earlier one lost (slurmd died during
+      it). Only slurmctld knows: one bounded query, on this rare path only. Unknown keeps the
+      record (a running job's isolation is worth more than a leak reconcile cleans).
+    """
+    seen, mine = ctx.env.restart_count, record.restart_count
+    if seen != mine or record.late_epilogs <= 0:
+        return seen < mine
+    running = attempt_running(ctx.job_id, ctx.env.node, mine)
+    if running is None:
+        log.warning("job %s: cannot tell a late epilog of an earlier attempt from attempt %s's "
+                    "own; keeping its record (if the job has ended, 'slurmiso reconcile' or "
+                    "the next prolog on this node releases it)", ctx.job_id, mine)
+        return True
+    if not running:
+        log.info("job %s: attempt %s is over (slurmctld); the earlier attempt's epilog was "
+                 "lost, this one releases", ctx.job_id, mine)
+    return running
+
+
+def attempt_running(job_id: str, node: str, attempt: int) -> Optional[bool]:
+    """Whether slurmctld says attempt ``attempt`` of the job runs on ``node`` (None: unknown)."""
+    from slurmiso.hostlist import expand
+    from slurmiso.slurm.client import SlurmCli
+    from slurmiso.slurm.jobenv import whole_number
+
+    try:
+        info = SlurmCli(timeout=QOS_LOOKUP_TIMEOUT_S).show_job(job_id)
+    except SlurmError as exc:
+        log.warning("job %s: slurmctld did not say whether it still runs: %s", job_id, exc)
+        return None
+    restarts = whole_number(info.get("Restarts"), -1, 10**6)
+    if restarts < 0 or not info.get("JobState"):
+        return None
+    return (info["JobState"] in ("RUNNING", "SUSPENDED", "CONFIGURING")
+            and restarts == attempt and node in expand(info.get("NodeList", "")))
 
 
 def _check_nothing_left(ctx: Context) -> None:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, TextIO
+from typing import TYPE_CHECKING, List, Mapping, Optional, TextIO
+
+if TYPE_CHECKING:
+    from slurmiso.state.record import JobRecord
 
 _SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
@@ -28,7 +31,7 @@ def refusal_lines(job_id: str, reason: str) -> List[str]:
     ]
 
 
-def lines_for(record: Optional[Dict[str, Any]], job_id: str) -> List[str]:
+def lines_for(record: Optional[JobRecord], job_id: str) -> List[str]:
     """The TaskProlog output lines for a job record (pure, so it is unit-tested).
 
     ``None`` is a job the prolog left no record for (it failed before writing one, or the
@@ -36,17 +39,17 @@ def lines_for(record: Optional[Dict[str, Any]], job_id: str) -> List[str]:
     """
     if record is None:
         return refusal_lines(job_id, "the prolog left no isolation record for this job")
-    if record.get("status") != "ready":
-        reason = str(record.get("reason", "")) or f"isolation is {record.get('status')!r}"
+    if record.status != "ready":
+        reason = record.reason or f"isolation is {record.status.value!r}"
         return refusal_lines(job_id, reason)
     out = []
-    for name, value in sorted(record.get("env", {}).items()):
-        if set(name) <= _SAFE and "\n" not in str(value):
+    for name, value in sorted(record.env.items()):
+        if set(name) <= _SAFE and "\n" not in value:
             out.append(f"export {name}={value}")
-    if record.get("class"):
-        out.append(f"export SLURMISO_CLASS={record['class']}")
-    for w in record.get("warnings", []):
-        out.append(f"print slurmiso: warning: {' '.join(str(w).split())}")
+    if record.job_class:
+        out.append(f"export SLURMISO_CLASS={record.job_class}")
+    for w in record.warnings:
+        out.append(f"print slurmiso: warning: {' '.join(w.split())}")
     return out
 
 
@@ -56,22 +59,25 @@ class NotManaged(Exception):
 
 def read_record(
     env: Mapping[str, str], config_path: Optional[str] = None
-) -> Optional[Dict[str, Any]]:
+) -> Optional[JobRecord]:
     from slurmiso.config import load_config
+    from slurmiso.slurm.jobenv import JobEnvironment
     from slurmiso.state import NodeState
 
     cfg = load_config(config_path)
-    node = env.get("SLURMD_NODENAME", "")
-    if cfg.pool_for_node(node) is None:
-        raise NotManaged(node)
-    return NodeState(cfg.paths.state_dir_for(node)).read_job(env.get("SLURM_JOB_ID", ""))
+    job = JobEnvironment.from_env(env)  # the TaskProlog runs in the step's environment
+    if cfg.pool_for_node(job.node) is None:
+        raise NotManaged(job.node)
+    return NodeState(cfg.paths.state_dir_for(job.node)).read_job(job.job_id)
 
 
 def main(argv: Optional[List[str]] = None, out: Optional[TextIO] = None) -> int:
     """Never fails the task (a TaskProlog error would only hide the real cause from the
     user), but never lets an unreadable or missing record through either."""
     out = out or sys.stdout
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    from slurmiso.slurm.jobenv import job_id as slurm_job_id
+
+    job_id = slurm_job_id(os.environ)
     if not job_id:
         print("usage: slurmiso-task-prolog (run by Slurm's TaskProlog)", file=sys.stderr)
         return 0

@@ -18,9 +18,10 @@ import importlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol
 
 from slurmiso.errors import NodeFault
+from slurmiso.state.record import JobRecord, RecordStatus, Resource, ResourceState
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, JobClass, Pool
@@ -30,22 +31,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Record status values, in lifecycle order.
-PREPARING, READY, REFUSED, RELEASING, RELEASED = (
-    "preparing",
-    "ready",
-    "refused",
-    "releasing",
-    "released",
+#: Record status values, in lifecycle order (re-exported for the hooks).
+PREPARING, READY, REFUSED, RELEASING = (
+    RecordStatus.PREPARING,
+    RecordStatus.READY,
+    RecordStatus.REFUSED,
+    RecordStatus.RELEASING,
 )
+__all__ = ["PREPARING", "READY", "REFUSED", "RELEASING", "Context", "Isolation",
+           "ReconcileContext", "handler_for", "JobRecord", "Resource", "ResourceState"]
 
 
 @dataclass
 class Context:
     """Everything a handler may use for one job on one node. Built by the hooks.
 
-    ``record`` is the job's persisted record (a JSON dict); handlers add to
-    ``record["resources"]`` *before* acting on the GPU (intent) and complete the entry after,
+    ``record`` is the job's persisted :class:`JobRecord`; handlers add to
+    ``record.resources`` *before* acting on the GPU (intent) and complete the entry after,
     calling :meth:`save` in between, so a prolog killed halfway leaves enough for the epilog.
     """
 
@@ -56,7 +58,7 @@ class Context:
     state: NodeState
     journal: Journal
     backend_factory: Any  # () -> GpuBackend, so handlers that need no GPU never open one
-    record: Dict[str, Any] = field(default_factory=dict)
+    record: JobRecord = field(default_factory=JobRecord)
     _backend: Optional[GpuBackend] = None
 
     @property
@@ -71,23 +73,23 @@ class Context:
 
     def save(self) -> None:
         """Persist the record now (callers hold the node lock)."""
-        self.record["updated"] = round(time.time(), 3)
+        self.record.updated = round(time.time(), 3)
         self.state.write_job(self.job_id, self.record)
 
-    def add_resource(self, entry: Dict[str, Any]) -> Dict[str, Any]:
-        """Record a resource about to be created (``state: "pending"``) and persist it."""
-        entry = dict(entry, state="pending")
-        self.record.setdefault("resources", []).append(entry)
+    def add_resource(self, entry: Resource) -> Resource:
+        """Record a resource about to be created (state ``pending``) and persist it."""
+        entry.state = ResourceState.PENDING
+        self.record.resources.append(entry)
         self.save()
         return entry
 
     def set_env(self, name: str, value: str) -> None:
         """An environment variable the job must see (task prolog / ``slurmiso run`` export it)."""
-        self.record.setdefault("env", {})[name] = value
+        self.record.env[name] = value
 
     def warn(self, message: str) -> None:
         log.warning("job %s: %s", self.job_id, message)
-        self.record.setdefault("warnings", []).append(message)
+        self.record.warnings.append(message)
 
     def claim(self, key: str) -> None:
         """Mark node resource ``key`` (e.g. ``gpu/0``) as this job's in the allocation table.
@@ -103,7 +105,7 @@ class Context:
                 hint="Slurm and slurmiso disagree about who holds this GPU; "
                 "run 'slurmiso reconcile' after that job ends",
             )
-        claims = self.record.setdefault("claims", [])
+        claims = self.record.claims
         if key not in claims:  # intent first: a kill after this leaves nothing unnamed
             claims.append(key)
             self.save()
@@ -135,7 +137,7 @@ class Isolation(Protocol):
     mode: str
 
     def setup(self, ctx: Context) -> None:
-        """Give the job its share; set ``ctx.record["env"]``; raise JobProblem/NodeFault."""
+        """Give the job its share; set ``ctx.record.env``; raise JobProblem/NodeFault."""
 
     def teardown(self, ctx: Context) -> None:
         """Undo what ``ctx.record`` says setup did (or may have done)."""

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, Iterable, List
+from typing import Iterable, List
 
 from slurmiso.atomic import write_atomic
+from slurmiso.state.record import Resource, ResourceState
 
 log = logging.getLogger(__name__)
 
 
-def mapping_names(resources: Iterable[Dict[str, Any]]) -> List[str]:
+def mapping_names(resources: Iterable[Resource]) -> List[str]:
     """File names for a job's resources: the MIG UUID where there is one, else the GPU index."""
     names = []
     for r in resources:
-        if r.get("state") != "ready":
+        if r.state is not ResourceState.READY:
             continue
-        if r.get("kind", "").startswith("mig") and r.get("uuid"):
-            names.append(str(r["uuid"]))
-        elif "gpu" in r:
-            names.append(str(r["gpu"]))
+        if r.is_mig and r.uuid:
+            names.append(r.uuid)
+        elif r.gpu is not None:
+            names.append(str(r.gpu))
     return sorted(set(names))
 
 
@@ -44,7 +45,7 @@ def _rewrite(path: str, job_id: str, add: bool) -> None:
     write_atomic(path, "\n".join(jobs) + "\n", 0o644)
 
 
-def update(directory: str, job_id: str, resources: Iterable[Dict[str, Any]], add: bool) -> None:
+def update(directory: str, job_id: str, resources: Iterable[Resource], add: bool) -> None:
     """Add or remove ``job_id`` in the mapping files of ``resources`` (caller holds the lock).
 
     Best effort: telemetry labels are not worth failing a job over, so errors are logged.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import List
 
 from slurmiso.errors import NodeFault
-from slurmiso.isolation.base import Context, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext, Resource, ResourceState
 from slurmiso.isolation.processes import (
     clean_job_devices,
     foreign_processes,
@@ -59,13 +59,13 @@ class ExclusiveIsolation:
         for g in gpus:
             ctx.claim(f"gpu/{g}")
             dev = ctx.backend.device(g)
-            resources.append({"kind": "gpu", "gpu": g, "uuid": dev.uuid, "state": "ready"})
-        ctx.record["resources"] = resources
+            resources.append(Resource("gpu", ResourceState.READY, gpu=g, uuid=dev.uuid))
+        ctx.record.resources = resources
         if gpus:
             ctx.set_env("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in ctx.env.gpus))
 
     def teardown(self, ctx: Context) -> None:
-        gpus = [r["gpu"] for r in ctx.record.get("resources", []) if r.get("kind") == "gpu"]
+        gpus = [r.gpu for r in ctx.record.of_kind("gpu") if r.gpu is not None]
         if not gpus:
             return
         clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus)

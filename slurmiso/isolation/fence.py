@@ -22,9 +22,12 @@ import errno
 import os
 import platform
 import stat
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from slurmiso.state.record import JobRecord
 
 FENCE_DIR = "fence"
 NVIDIA_MAJOR = 195  # the driver's fixed major for /dev/nvidiaN and /dev/nvidiactl
@@ -176,14 +179,14 @@ def read_rules(state_dir: str, job_id: str, verb: str = "deny") -> Optional[List
 
 
 def job_fence(
-    record: Dict[str, object], refused: bool, dev_root: str, gpus_per_node: int,
+    record: JobRecord, refused: bool, dev_root: str, gpus_per_node: int,
     proc_root: str = "/proc",
 ) -> Tuple[str, List[str], List[str]]:
     """(why, deny rules, narrow rules) for a job's record: what its tasks must not open
     beyond Slurm's own fence (see :func:`render` for the two kinds)."""
     if refused:
         return "refused by slurmiso: no GPU device", deny_all_rules(dev_root, proc_root), []
-    mode = record.get("mode")
+    mode = record.mode
     if mode not in ("mig-dynamic", "mig-static"):
         return "Slurm's device constraint is the whole fence", [], []
     from slurmiso.mig.gres import read_mig_minors
@@ -195,15 +198,13 @@ def job_fence(
         return ("no nvidia-caps devices to fence a MIG instance with: no GPU device",
                 deny_all_rules(dev_root, proc_root), [])
     minors = read_mig_minors(proc_root) if dev_root == "/dev" else None
-    resources = record.get("resources") or []
     own: List[Tuple[int, int, int]] = []
-    for res in resources if isinstance(resources, list) else []:
-        if (isinstance(res, dict) and res.get("kind") == mode and res.get("gi") is not None
-                and res.get("ci") is not None):
-            minor = res.get("minor", res.get("gpu"))
+    for res in record.of_kind(mode):
+        if res.gi is not None and res.ci is not None:
+            minor = res.minor if res.minor is not None else res.gpu
             if minor is None:
                 continue  # no GPU named: nothing of it to leave open
-            own.append((int(minor), int(res["gi"]), int(res["ci"])))
+            own.append((minor, res.gi, res.ci))
     rules = mig_rules(major, node_cap_minors(range(gpus_per_node), minors),
                       own_cap_minors(own, minors))
     why = f"MIG capability devices other than the job's own ({len(own)} instance(s))"

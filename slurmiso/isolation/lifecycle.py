@@ -27,13 +27,13 @@ def teardown(ctx: Context, why: str = "") -> None:
     """
     if why:
         log.info("job %s: cleaning up (%s)", ctx.job_id, why)
-    if ctx.job_class is None and ctx.record.get("class"):
-        ctx.job_class = ctx.config.job_class(ctx.record["class"])
-    handler_for(ctx.record.get("mode") or ctx.pool.mode).teardown(ctx)
+    from slurmiso.state.record import ResourceState
+
+    if ctx.job_class is None and ctx.record.job_class:
+        ctx.job_class = ctx.config.job_class(ctx.record.job_class)
+    handler_for(ctx.record.mode or ctx.pool.mode).teardown(ctx)
     ctx.release_claims()
-    ctx.record["resources"] = [
-        r for r in ctx.record.get("resources", []) if r.get("state") == "kept"
-    ]
+    ctx.record.resources = [r for r in ctx.record.resources if r.state is ResourceState.KEPT]
 
 
 def teardown_or_fault(ctx: Context) -> None:
@@ -74,26 +74,19 @@ def reconcile_node(
                 if jid in live_jobs or jid.split("_")[0] in live_jobs:
                     continue
                 fixes.append(
-                    f"job {jid} ended but its record remained: undo {rec.get('mode')} setup"
+                    f"job {jid} ended but its record remained: undo {rec.mode} setup"
                 )
                 if dry_run:
                     continue
                 env = JobEnv(
-                    jid,
-                    int(rec.get("uid", -1)),
-                    rec.get("user", ""),
-                    node,
-                    rec.get("partition", ""),
-                    rec.get("account", ""),
-                    rec.get("qos", ""),
-                    tuple(rec.get("gpus", [])),
-                    int(rec.get("restart_count", 0)),
+                    jid, rec.uid, rec.user, node, rec.partition, rec.account, rec.qos,
+                    tuple(rec.gpus), rec.restart_count,
                 )
                 ctx = Context(
                     cfg,
                     env,
                     pool,
-                    cfg.job_class(rec.get("class") or ""),
+                    cfg.job_class(rec.job_class),
                     state,
                     journal,
                     lambda: backend,
@@ -136,14 +129,14 @@ def node_status(cfg: Config, node: str, with_gpus: bool) -> Dict[str, Any]:
         "jobs": [
             {
                 "job": jid,
-                "class": rec.get("class"),
-                "status": rec.get("status"),
-                "uid": rec.get("uid"),
-                "gpus": rec.get("gpus", []),
-                "resources": rec.get("resources", []),
-                "env": rec.get("env", {}),
-                "reason": rec.get("reason", ""),
-                "warnings": rec.get("warnings", []),
+                "class": rec.job_class or None,
+                "status": rec.status.value,
+                "uid": rec.uid,
+                "gpus": list(rec.gpus),
+                "resources": [r.to_dict() for r in rec.resources],
+                "env": dict(rec.env),
+                "reason": rec.reason,
+                "warnings": list(rec.warnings),
             }
             for jid, rec in sorted(jobs.items(), key=lambda kv: int(kv[0].split("_")[0]))
         ],

@@ -10,7 +10,7 @@ prolog killed halfway finds (and destroys) what may have been created.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound, JobProblem, NodeFault
 from slurmiso.gpu.backend import GpuBackend, MigInstance, create_mig_device, destroy_mig_device
@@ -19,10 +19,11 @@ from slurmiso.gpu.profiles import GpuModel, lookup_model
 from slurmiso.isolation import processes
 from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.mig.claims import claim_key, claimed_instances
+from slurmiso.state.record import JobRecord, Resource, ResourceState
 
 log = logging.getLogger(__name__)
 KIND = "mig-dynamic"
-READY, PENDING, RELEASED = "ready", "pending", "released"
+READY, PENDING, RELEASED = ResourceState.READY, ResourceState.PENDING, ResourceState.RELEASED
 
 
 def choose_profile(ctx: Context, model: GpuModel) -> str:
@@ -80,7 +81,7 @@ def _guarded_spots(state: Any, job_id: str) -> Tuple[Dict[Tuple[int, int], str],
     return claims, _others_pending(state.jobs(), job_id)
 
 
-def _find(ctx: Context, backend: GpuBackend, res: Dict[str, Any]) -> Optional[MigInstance]:
+def _find(ctx: Context, backend: GpuBackend, res: Resource) -> Optional[MigInstance]:
     """The live instance a ready resource names, by GPU instance id alone.
 
     Not by UUID: a GI whose compute instance is gone (an epilog killed between the two
@@ -88,11 +89,13 @@ def _find(ctx: Context, backend: GpuBackend, res: Dict[str, Any]) -> Optional[Mi
     with our gi is ours only if it sits where we made it and no other job claims it or is
     creating one there; otherwise ours is already gone.
     """
+    if res.gpu is None:
+        return None
     claims, others = _guarded_spots(ctx.state, ctx.job_id)
-    for inst in backend.instances(res["gpu"]):
-        if inst.gi_id != res.get("gi"):
+    for inst in backend.instances(res.gpu):
+        if inst.gi_id != res.gi:
             continue
-        if (inst.profile, inst.placement_start) != (res.get("profile"), res.get("start")):
+        if (inst.profile, inst.placement_start) != (res.profile, res.start):
             return None
         holder = claims.get((inst.gpu_index, inst.gi_id))
         if holder and holder != ctx.job_id:
@@ -118,9 +121,8 @@ class MigDynamic:
 
     def setup(self, ctx: Context) -> None:
         backend = ctx.backend
-        mine = [r for r in ctx.record.get("resources", [])
-                if r.get("kind") == KIND and r.get("state") != RELEASED]
-        if mine and all(r.get("state") == READY and _find(ctx, backend, r) for r in mine):
+        mine = [r for r in ctx.record.of_kind(KIND) if r.state is not RELEASED]
+        if mine and all(r.state is READY and _find(ctx, backend, r) for r in mine):
             return  # already set up
         if mine:  # a setup cut short: undo it, then start again
             self._release(ctx, backend, mine)
@@ -129,7 +131,7 @@ class MigDynamic:
                 "the job holds no GPU on this mig-dynamic node",
                 hint="request a GPU share with --gres=shard:N",
             )
-        made: List[Dict[str, Any]] = []
+        made: List[Resource] = []
         try:
             for gpu in ctx.env.gpus:
                 made.append(self._create(ctx, backend, gpu))
@@ -138,10 +140,10 @@ class MigDynamic:
             ctx.release_claims()
             ctx.save()
             raise
-        ctx.set_env("CUDA_VISIBLE_DEVICES", ",".join(r["uuid"] for r in made))
+        ctx.set_env("CUDA_VISIBLE_DEVICES", ",".join(r.uuid or "" for r in made))
         ctx.save()
 
-    def _create(self, ctx: Context, backend: GpuBackend, gpu: int) -> Dict[str, Any]:
+    def _create(self, ctx: Context, backend: GpuBackend, gpu: int) -> Resource:
         dev = backend.device(gpu)
         if not dev.mig_enabled:
             raise NodeFault(
@@ -156,38 +158,37 @@ class MigDynamic:
         start = best_placement(model, profile, _occupied(ctx, gpu, insts))
         if start is None:
             raise _no_fit(model, gpu, profile, insts)
-        res = ctx.add_resource({"kind": KIND, "gpu": gpu, "profile": profile, "start": start})
+        res = ctx.add_resource(Resource(KIND, gpu=gpu, profile=profile, start=start))
         try:
             with ctx.state.unlocked():  # the intent above keeps the spot ours meanwhile
                 inst = create_mig_device(backend, gpu, profile, start)
         except GpuInsufficientResources as err:
             # Someone outside slurmiso took the space first; nothing was created.
-            ctx.record["resources"].remove(res)
+            ctx.record.resources.remove(res)
             ctx.save()
             raise JobProblem(f"profile {profile} could not be created on GPU {gpu}: {err}",
                              hint="resubmit the job") from None
-        res.update(gi=inst.gi_id, ci=inst.ci_id, uuid=inst.uuid, state=READY)
+        res.gi, res.ci, res.uuid, res.state = inst.gi_id, inst.ci_id, inst.uuid, READY
         ctx.claim(claim_key(gpu, inst.gi_id))
         ctx.save()
         log.info("job %s: created %s on GPU %d", ctx.job_id, _describe(inst), gpu)
         return res
 
     def teardown(self, ctx: Context) -> None:
-        mine = [r for r in ctx.record.get("resources", [])
-                if r.get("kind") == KIND and r.get("state") != RELEASED]
+        mine = [r for r in ctx.record.of_kind(KIND) if r.state is not RELEASED]
         if mine:
             self._release(ctx, ctx.backend, mine)
         ctx.release_claims()
         ctx.save()
 
-    def _release(self, ctx: Context, backend: GpuBackend, resources: List[Dict[str, Any]]) -> None:
+    def _release(self, ctx: Context, backend: GpuBackend, resources: List[Resource]) -> None:
         """Destroy what each resource names; idempotent, and safe to kill at any point.
 
         A resource is marked released only after its instance is gone, so a rerun after a
         SIGKILL finds the instance again (by GI id alone, see :func:`_find`).
         """
         for res in resources:
-            if res.get("state") == READY:
+            if res.state is READY:
                 inst = _find(ctx, backend, res)
             else:
                 inst = self._pending_instance(ctx, backend, res)
@@ -209,17 +210,19 @@ class MigDynamic:
                     ) from None
                 log.info("job %s: destroyed %s on GPU %d", ctx.job_id, _describe(inst),
                          inst.gpu_index)
-            res["state"] = RELEASED
+            res.state = RELEASED
             ctx.save()
 
     def _pending_instance(
-        self, ctx: Context, backend: GpuBackend, res: Dict[str, Any]
+        self, ctx: Context, backend: GpuBackend, res: Resource
     ) -> Optional[MigInstance]:
         """The instance a prolog killed between intent and save may have made, if no other
         live job could own it."""
+        if res.gpu is None:
+            return None
         claims, others = _guarded_spots(ctx.state, ctx.job_id)
-        for inst in backend.instances(res["gpu"]):
-            if (inst.profile, inst.placement_start) != (res.get("profile"), res.get("start")):
+        for inst in backend.instances(res.gpu):
+            if (inst.profile, inst.placement_start) != (res.profile, res.start):
                 continue
             holder = claims.get((inst.gpu_index, inst.gi_id))
             if holder and holder != ctx.job_id:
@@ -233,7 +236,7 @@ class MigDynamic:
         """Destroy instances no live job record holds (unless dry-run; busy ones are kept)."""
         records = {
             j: r for j, r in ctx.state.jobs().items()
-            if r.get("status") != "released" and (ctx.live_jobs is None or j in ctx.live_jobs)
+            if ctx.live_jobs is None or j in ctx.live_jobs
         }
         held, spots = _held_and_spots(records.values())
         held |= {k for k, job in claimed_instances(ctx.state).items() if job in records}
@@ -257,16 +260,20 @@ class MigDynamic:
         return lines
 
 
-def _others_pending(records: Dict[str, Dict[str, Any]], job_id: str) -> Set[Tuple[int, int, str]]:
+def _others_pending(records: Dict[str, JobRecord], job_id: str) -> Set[Tuple[int, int, str]]:
     """(gpu, start, profile) of other jobs' pending resources: their epilogs clean those."""
-    out = set()
+    out: Set[Tuple[int, int, str]] = set()
     for jid, rec in records.items():
-        if jid == job_id or rec.get("status") == "released":
+        if jid == job_id:
             continue
-        for res in rec.get("resources", []):
-            if res.get("kind") == KIND and res.get("state") == PENDING:
-                out.add((res["gpu"], res["start"], res["profile"]))
+        out.update(_spot(res) for res in rec.of_kind(KIND) if res.state is PENDING)
     return out
+
+
+def _spot(res: Resource) -> Tuple[int, int, str]:
+    """(gpu, start, profile) of a mig-dynamic resource (the record validated they exist)."""
+    assert res.gpu is not None and res.start is not None and res.profile is not None
+    return res.gpu, res.start, res.profile
 
 
 HANDLER = MigDynamic()
@@ -290,18 +297,18 @@ def unaccounted_instances(state: Any, backend: GpuBackend, gpus: Iterable[int]) 
 
 
 def _held_and_spots(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[JobRecord],
 ) -> Tuple[Set[Tuple[int, int]], Set[Tuple[int, int, str]]]:
     """(gpu, gi) of the records' ready instances, and (gpu, start, profile) of the ones still
     being made (intent recorded, instance not confirmed): neither is an orphan."""
     held: Set[Tuple[int, int]] = set()
     spots: Set[Tuple[int, int, str]] = set()
     for rec in records:
-        for res in rec.get("resources", []):
-            if res.get("kind") != KIND or res.get("state") == RELEASED:
+        for res in rec.of_kind(KIND):
+            if res.state is RELEASED:
                 continue
-            if res.get("state") == READY:
-                held.add((res["gpu"], res["gi"]))
+            if res.state is READY and res.gpu is not None and res.gi is not None:
+                held.add((res.gpu, res.gi))
             else:
-                spots.add((res["gpu"], res["start"], res["profile"]))
+                spots.add(_spot(res))
     return held, spots

@@ -10,12 +10,12 @@ created or destroyed per job.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 from slurmiso.errors import NodeFault
 from slurmiso.gpu.profiles import lookup_model
 from slurmiso.isolation import processes
-from slurmiso.isolation.base import Context, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext, Resource, ResourceState
 from slurmiso.mig import gres
 from slurmiso.mig.apply import read_node
 from slurmiso.mig.claims import claim_key, claimed_instances
@@ -43,13 +43,11 @@ class MigStatic:
     mode = KIND
 
     def setup(self, ctx: Context) -> None:
-        mine = [r for r in ctx.record.get("resources", []) if r.get("kind") == KIND]
-        if mine and all(r.get("state") == "ready" for r in mine):
+        mine = list(ctx.record.of_kind(KIND))
+        if mine and all(r.state is ResourceState.READY for r in mine):
             return  # already set up: setup is idempotent
         # A setup killed halfway created nothing (static layout): start over cleanly.
-        ctx.record["resources"] = [
-            r for r in ctx.record.get("resources", []) if r.get("kind") != KIND
-        ]
+        ctx.record.resources = [r for r in ctx.record.resources if r.kind != KIND]
         backend = ctx.backend
         devices = backend.devices()
         # The mapping needs no device files: skip /proc (one failure mode fewer in the prolog).
@@ -88,7 +86,7 @@ class MigStatic:
                 )
         for entry in found:
             res = ctx.add_resource(_resource(entry))
-            res["state"] = "ready"
+            res.state = ResourceState.READY
             gi = entry.gi_id
             ctx.claim(claim_key(entry.gpu, gi) if gi is not None else f"gpu/{entry.gpu}")
         ctx.set_env("CUDA_VISIBLE_DEVICES", ",".join(e.uuid for e in found))
@@ -96,16 +94,16 @@ class MigStatic:
 
     def teardown(self, ctx: Context) -> None:
         backend = None
-        for res in ctx.record.get("resources", []):
-            if res.get("kind") != KIND or res.get("state") == "released":
+        for res in ctx.record.of_kind(KIND):
+            if res.state is ResourceState.RELEASED or res.gpu is None:
                 continue
             backend = backend or ctx.backend
-            uuids = [res["uuid"]] if res.get("profile") else []
+            uuids = [res.uuid] if res.profile and res.uuid else []
             processes.clean_job_devices(
-                backend, ctx.job_id, ctx.env.uid, gpus=[res["gpu"]], mig_uuids=uuids
+                backend, ctx.job_id, ctx.env.uid, gpus=[res.gpu], mig_uuids=uuids
             )
             left = processes.job_processes(
-                processes.on_devices(backend.processes(), [res["gpu"]], uuids),
+                processes.on_devices(backend.processes(), [res.gpu], uuids),
                 ctx.job_id, ctx.env.uid,
             )
             if left:
@@ -114,7 +112,7 @@ class MigStatic:
                     f"job {ctx.job_id}'s pid(s) {pids} survived SIGKILL on {_name_res(res)}",
                     hint="a process stuck in the driver; the GPU may need a reset",
                 )
-            res["state"] = "released"
+            res.state = ResourceState.RELEASED
         ctx.release_claims()
         ctx.save()
 
@@ -131,9 +129,9 @@ class MigStatic:
                 for line in plan.differences()]
 
 
-def _resource(e: gres.GresEntry) -> Dict[str, Any]:
-    return {"kind": KIND, "gpu": e.gpu, "gi": e.gi_id, "ci": e.ci_id, "uuid": e.uuid,
-            "profile": e.profile, "start": e.start, "gres_index": e.index}
+def _resource(e: gres.GresEntry) -> Resource:
+    return Resource(KIND, gpu=e.gpu, gi=e.gi_id, ci=e.ci_id, uuid=e.uuid,
+                    profile=e.profile, start=e.start, gres_index=e.index)
 
 
 def _name(e: gres.GresEntry) -> str:
@@ -142,10 +140,10 @@ def _name(e: gres.GresEntry) -> str:
     return f"MIG {e.profile} at slice {e.start} of GPU {e.gpu} (GI {e.gi_id})"
 
 
-def _name_res(res: Dict[str, Any]) -> str:
-    if not res.get("profile"):
-        return f"GPU {res.get('gpu')}"
-    return f"MIG {res.get('profile')} of GPU {res.get('gpu')} (GI {res.get('gi')})"
+def _name_res(res: Resource) -> str:
+    if not res.profile:
+        return f"GPU {res.gpu}"
+    return f"MIG {res.profile} of GPU {res.gpu} (GI {res.gi})"
 
 
 def _show(entries: List[gres.GresEntry]) -> str:

@@ -31,12 +31,12 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set
 
 from slurmiso.config.model import MpsShare
 from slurmiso.errors import JobProblem, NodeFault
 from slurmiso.gpu.backend import GpuBackend
-from slurmiso.isolation.base import RELEASED, Context, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.mps_daemon import MpsControl, mps_control_for
 from slurmiso.isolation.mps_dirs import (
     DAEMON_DIR_RE,
@@ -51,6 +51,7 @@ from slurmiso.isolation.mps_dirs import (
 )
 from slurmiso.isolation.processes import clean_job_devices
 from slurmiso.state import Journal, NodeState
+from slurmiso.state.record import JobRecord, Resource, ResourceState
 from slurmiso.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -80,16 +81,15 @@ def client_key(gpu: int, job_id: str) -> str:
     return f"mps/{gpu}/job/{job_id}"
 
 
-def entry_key(entry: Dict[str, Any], job_id: str) -> DaemonKey:
+def entry_key(entry: Resource, job_id: str) -> DaemonKey:
     """The daemon a record's ``mps`` resource names; NodeFault naming the job if it is corrupt."""
-    try:
-        key = DaemonKey(int(entry["gpu"]), int(entry["uid"]), int(entry["thread_percentage"]),
-                        int(entry.get("memory_limit_mb") or 0))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise NodeFault(f"job {job_id}'s record has a corrupt mps resource ({exc!r}): {entry}",
-                        hint="check the job record under the state dir's jobs/") from None
+    if entry.gpu is None or entry.uid is None or entry.thread_percentage is None:
+        raise NodeFault(f"job {job_id}'s record has a corrupt mps resource (no gpu, uid or "
+                        f"thread_percentage): {entry.to_dict()}",
+                        hint="check the job record under the state dir's jobs/")
+    key = DaemonKey(entry.gpu, entry.uid, entry.thread_percentage, entry.memory_limit_mb or 0)
     if min(key.gpu, key.uid, key.thread_percentage, key.memory_limit_mb) < 0:
-        raise NodeFault(f"job {job_id}'s record has a negative mps value: {entry}")
+        raise NodeFault(f"job {job_id}'s record has a negative mps value: {entry.to_dict()}")
     return key
 
 
@@ -138,16 +138,15 @@ def registered(state: NodeState) -> Dict[int, List[str]]:
     return out
 
 
-def _mps_entries(record: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    return [r for r in (record or {}).get("resources", []) if r.get("kind") == "mps"]
+def _mps_entries(record: Optional[JobRecord]) -> List[Resource]:
+    return list(record.of_kind("mps")) if record is not None else []
 
 
 def _job_live(state: NodeState, job_id: str, live_jobs: Optional[List[str]] = None) -> bool:
-    """A job counts while its record exists and is not released (and Slurm, if asked, agrees)."""
+    """A job counts while its record exists (and Slurm, if asked, agrees)."""
     if live_jobs is not None and job_id not in live_jobs and job_id.split("_")[0] not in live_jobs:
         return False
-    record = state.read_job(job_id)
-    return record is not None and record.get("status") != RELEASED
+    return state.read_job(job_id) is not None
 
 
 def live_clients(state: NodeState, gpu: int, exclude: str = "") -> List[Client]:
@@ -157,9 +156,9 @@ def live_clients(state: NodeState, gpu: int, exclude: str = "") -> List[Client]:
         if job_id == exclude:
             continue
         record = state.read_job(job_id)
-        if record is None or record.get("status") == RELEASED:
+        if record is None:
             continue
-        entry = next((r for r in _mps_entries(record) if r.get("gpu") == gpu), None)
+        entry = next((r for r in _mps_entries(record) if r.gpu == gpu), None)
         if entry is not None:  # registered before its resource was written: no daemon yet
             clients.append(Client(job_id, entry_key(entry, job_id)))
     return clients
@@ -182,9 +181,8 @@ def _warn_job(state: NodeState, job_id: str, message: str) -> None:
     record = state.read_job(job_id)
     if record is None:
         return
-    warnings = record.setdefault("warnings", [])
-    if message not in warnings:
-        warnings.append(message)
+    if message not in record.warnings:
+        record.warnings.append(message)
         state.write_job(job_id, record)
 
 
@@ -199,7 +197,7 @@ class MpsIsolation:
 
     def setup(self, ctx: Context) -> None:
         existing = _mps_entries(ctx.record)
-        if any(r.get("state") == "ready" for r in existing):
+        if any(r.state is ResourceState.READY for r in existing):
             return  # setup again on a ready record changes nothing
         gpu = self._job_gpu(ctx)
         dev = ctx.backend.device(gpu)
@@ -211,18 +209,18 @@ class MpsIsolation:
 
         key = DaemonKey(gpu, ctx.env.uid, share.thread_percentage, limit)
         paths = daemon_paths(ctx.state.state_dir, key)
-        entry = existing[0] if existing else ctx.add_resource({
-            "kind": "mps", "gpu": gpu, "gpu_uuid": dev.uuid, "uid": ctx.env.uid,
-            "pipe_dir": paths["pipe"], "log_dir": paths["log"], "daemon_pid": None,
-            "thread_percentage": share.thread_percentage, "memory_limit_mb": limit,
-        })
+        entry = existing[0] if existing else ctx.add_resource(Resource(
+            "mps", gpu=gpu, gpu_uuid=dev.uuid, uid=ctx.env.uid,
+            pipe_dir=paths["pipe"], log_dir=paths["log"],
+            thread_percentage=share.thread_percentage, memory_limit_mb=limit,
+        ))
         ctx.claim(client_key(gpu, ctx.job_id))
         ctx.save()
         pid = self._ensure_daemon(ctx, key, dev.uuid, paths,
                                   [c for c in others if c.key == key])
         self._report_other_users(ctx, gpu, others)
 
-        entry.update(daemon_pid=pid, state="ready")
+        entry.daemon_pid, entry.state = pid, ResourceState.READY
         # What the daemon enforces, repeated for the job: unsetting or raising these changes
         # nothing (a client's variables only narrow), lowering them narrows this job alone.
         ctx.set_env("CUDA_MPS_PIPE_DIRECTORY", paths["pipe"])
@@ -331,7 +329,7 @@ class MpsIsolation:
 
     def teardown(self, ctx: Context) -> None:
         for entry in _mps_entries(ctx.record):
-            if entry.get("state") == RELEASED:
+            if entry.state is ResourceState.RELEASED:
                 continue
             key = entry_key(entry, ctx.job_id)
             clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=[key.gpu])
@@ -341,7 +339,7 @@ class MpsIsolation:
                     self.control_factory(ctx.backend), ctx.journal, key,
                     daemon_paths(ctx.state.state_dir, key), f"last client job {ctx.job_id} ended",
                 )
-            entry["state"] = RELEASED
+            entry.state = ResourceState.RELEASED
         ctx.release_claims()
         if ctx.state.read_job(ctx.job_id) is not None:  # never resurrect a deleted record
             ctx.save()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List
 
-from slurmiso.isolation.base import Context, ReconcileContext
+from slurmiso.isolation.base import Context, ReconcileContext, Resource, ResourceState
 from slurmiso.isolation.exclusive import device_indices
 from slurmiso.isolation.processes import clean_job_devices
 
@@ -32,12 +32,12 @@ class TimesliceIsolation:
                     f"{headroom}% headroom: timeslice pools do not fence memory"
                 )
             ctx.claim(f"ts/{g}/job/{ctx.job_id}")
-            resources.append({"kind": "shared-gpu", "gpu": g, "uuid": dev.uuid, "state": "ready"})
-        ctx.record["resources"] = resources
-        ctx.record["isolation_note"] = "timeslice: shared GPU, no compute or memory fencing"
+            resources.append(Resource("shared-gpu", ResourceState.READY, gpu=g, uuid=dev.uuid))
+        ctx.record.resources = resources
+        ctx.record.isolation_note = "timeslice: shared GPU, no compute or memory fencing"
 
     def teardown(self, ctx: Context) -> None:
-        gpus = [r["gpu"] for r in ctx.record.get("resources", []) if r.get("kind") == "shared-gpu"]
+        gpus = [r.gpu for r in ctx.record.of_kind("shared-gpu") if r.gpu is not None]
         if gpus:
             clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus)
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from slurmiso.errors import SlurmisoError
 from slurmiso.monitor import telemetry as t
 from slurmiso.monitor.snapshot import GpuSample
+from slurmiso.state.record import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class NodeReport:
 
 
 def gather_node(
-    cfg: Any, node: str, backend: Any = None, records: Optional[Dict[str, Any]] = None,
+    cfg: Any, node: str, backend: Any = None, records: Optional[Dict[str, JobRecord]] = None,
     clock: Callable[[], float] = time.time,
 ) -> NodeReport:
     """Read ``node``'s GPUs (``backend``, else the configured one) and job records (``records``,
@@ -116,18 +117,18 @@ def gather_node(
             backend.close()
 
 
-def _owners(records: Dict[str, Any]) -> Dict[Tuple[str, str], set]:
+def _owners(records: Dict[str, JobRecord]) -> Dict[Tuple[str, str], set]:
     """(("gpu", index) | ("uuid", uuid) | ("gi", "gpu/gi")) -> {(job, class)} from records."""
     out: Dict[Tuple[str, str], set] = {}
     for job, rec in records.items():
-        who = (str(job), str(rec.get("class") or ""))
-        for res in rec.get("resources", []) or []:
-            if res.get("uuid"):
-                out.setdefault(("uuid", str(res["uuid"])), set()).add(who)
-            if res.get("gi") is not None and res.get("gpu") is not None:
-                out.setdefault(("gi", f"{res['gpu']}/{res['gi']}"), set()).add(who)
-            elif res.get("gpu") is not None and not str(res.get("kind", "")).startswith("mig"):
-                out.setdefault(("gpu", str(res["gpu"])), set()).add(who)
+        who = (str(job), rec.job_class)
+        for res in rec.resources:
+            if res.uuid:
+                out.setdefault(("uuid", res.uuid), set()).add(who)
+            if res.gi is not None and res.gpu is not None:
+                out.setdefault(("gi", f"{res.gpu}/{res.gi}"), set()).add(who)
+            elif res.gpu is not None and not res.is_mig:
+                out.setdefault(("gpu", str(res.gpu)), set()).add(who)
     return out
 
 

@@ -1,30 +1,103 @@
-"""The job as Slurm describes it to a Prolog/Epilog, parsed from the environment.
+"""The job as Slurm describes it in the environment: the one reader of Slurm's variables.
 
-Only values slurmd sets are read. ``SLURM_JOB_COMMENT``, the job's own environment and paths
-are user-controlled and never used for anything privileged. SPANK options arrive as
-``SPANK__SLURM_SPANK_OPTION_<plugin>_<option>`` (the raw option, Slurm 22.05+) or as
-``SPANK_SLURMISO_<OPTION>`` (set by slurmiso's plugin after it validated the value).
+The Prolog/Epilog hooks (:class:`JobEnv`), the TaskProlog, the ``slurmiso run`` wrapper
+(:class:`JobEnvironment`) and the checkpoint helper (:func:`step_restart_count`) all read
+the job's facts here, one variable per fact and context. Slurm sets different names in
+different places (slurmd builds the Prolog/Epilog environment from the job credential;
+slurmstepd gives tasks the job's own environment):
+
+============== ============================ ================================================
+fact           Prolog / Epilog (slurmd)     TaskProlog, batch script, step (slurmstepd)
+============== ============================ ================================================
+job id         ``SLURM_JOB_ID``             ``SLURM_JOB_ID`` (unique for array tasks too)
+node           ``SLURMD_NODENAME``          ``SLURMD_NODENAME``
+restart count  ``SLURM_JOB_RESTART_COUNT``  ``SLURM_RESTART_COUNT`` (absent on a first run)
+user id        ``SLURM_JOB_UID``            (the process's own uid)
+GPU indices    ``SLURM_JOB_GPUS`` [#]_      (not read: the record's ``env`` says what to see)
+partition      ``SLURM_JOB_PARTITION``      -
+account        ``SLURM_JOB_ACCOUNT``        -
+QoS            ``SLURM_JOB_QOS`` (newer Slurm; absent on 22.05: one ``scontrol`` query then)
+work dir       ``SLURM_JOB_WORK_DIR``       -
+task rank      -                            ``SLURM_PROCID``
+============== ============================ ================================================
+
+.. [#] The one exception to one variable per fact: a job holding only ``gres/mps`` may not
+   get ``SLURM_JOB_GPUS`` in its Prolog (Slurm's mps plugin sets ``CUDA_VISIBLE_DEVICES`` to
+   the GPU it shares; not measured per release), so an absent or empty ``SLURM_JOB_GPUS``
+   falls back to it, as slurmiso always did.
+
+The Epilog's ``SLURM_JOB_RESTART_COUNT`` is the job's count *when the Epilog runs* (measured
+on 22.05: a requeued attempt's Epilog already shows the next attempt's count); see
+``hooks/runner.epilog`` for what that means for late Epilogs. ``SLURM_JOB_COMMENT``, the
+job's own environment and paths are user-controlled and never used for anything privileged.
+SPANK options arrive as ``SPANK__SLURM_SPANK_OPTION_<plugin>_<option>`` (the raw option,
+Slurm 22.05+) or as ``SPANK_SLURMISO_<OPTION>`` (set by slurmiso's plugin after it validated
+the value).
+
+Plain classes, stdlib only at import: the hooks import this on every job start, and the
+checkpoint helper from inside the user's program.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
-
-from slurmiso.errors import JobProblem
 
 SPANK_PLUGIN = "slurmiso"
 _RAW_PREFIX = f"SPANK__SLURM_SPANK_OPTION_{SPANK_PLUGIN}_"
 _VALIDATED_PREFIX = "SPANK_SLURMISO_"
-#: Slurm writes uids as 32-bit unsigned; GRES indices are small.
+#: Slurm writes uids as 32-bit unsigned; GRES indices are small; restart counts are 16-bit.
 _UID_MAX = 2**32 - 2
 _MAX_GPU_INDEX = 4096
+_RESTART_MAX = 10**6
+
+#: The variable of each fact, per context (the table above, as data).
+HOOK_VARS = {
+    "job_id": "SLURM_JOB_ID", "node": "SLURMD_NODENAME",
+    "restart_count": "SLURM_JOB_RESTART_COUNT", "uid": "SLURM_JOB_UID",
+    "user": "SLURM_JOB_USER", "gpus": "SLURM_JOB_GPUS", "partition": "SLURM_JOB_PARTITION",
+    "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "work_dir": "SLURM_JOB_WORK_DIR",
+}
+#: Read for the GPU indices only when ``SLURM_JOB_GPUS`` is absent (an mps-only job; see [#]).
+MPS_ONLY_GPUS = "CUDA_VISIBLE_DEVICES"
+STEP_VARS = {
+    "job_id": "SLURM_JOB_ID", "node": "SLURMD_NODENAME",
+    "restart_count": "SLURM_RESTART_COUNT", "procid": "SLURM_PROCID",
+}
 
 
-@dataclass(frozen=True)
+def whole_number(text: Optional[str], default: int, most: int) -> int:
+    """A bounded ASCII whole number; anything else (sign, 300 digits, other scripts) is
+    ``default``."""
+    if not text or len(text) > 12 or not all("0" <= ch <= "9" for ch in text):
+        return default
+    value = int(text)
+    return value if value <= most else default
+
+
+def hook_restart_count(env: Mapping[str, str]) -> int:
+    """Slurm's restart count as a Prolog/Epilog sees it (0 when absent or malformed)."""
+    return whole_number(env.get(HOOK_VARS["restart_count"]), 0, _RESTART_MAX)
+
+
+def step_restart_count(env: Mapping[str, str]) -> int:
+    """Slurm's restart count inside the job (batch script, step, TaskProlog); 0 on the
+    first run, where Slurm does not set it."""
+    return whole_number(env.get(STEP_VARS["restart_count"]), 0, _RESTART_MAX)
+
+
+def job_id(env: Mapping[str, str]) -> str:
+    """The raw job id (unvalidated; "" outside Slurm)."""
+    return env.get("SLURM_JOB_ID", "")
+
+
 class JobEnv:
+    """The job as a Prolog/Epilog sees it (immutable by convention; built once per hook)."""
+
+    __slots__ = ("job_id", "uid", "user", "node", "partition", "account", "qos", "gpus",
+                 "restart_count", "spank", "option_problems", "work_dir")
+
     job_id: str
-    uid: int
+    uid: int  # -1: unknown
     user: str
     node: str
     partition: str
@@ -32,53 +105,106 @@ class JobEnv:
     qos: str  # "" when this Slurm version does not export it
     gpus: Tuple[int, ...]  # SLURM_JOB_GPUS: the job's GPU GRES indices on this node
     restart_count: int
-    spank: Dict[str, str] = field(default_factory=dict)
+    spank: Dict[str, str]
     #: One line per SPANK option value the validator refused: the prolog refuses the job
     #: with these (and a record), it never runs it without them.
-    option_problems: Tuple[str, ...] = ()
+    option_problems: Tuple[str, ...]
     #: SLURM_JOB_WORK_DIR: where the job's own files (its events file) belong; "" if unknown.
-    work_dir: str = ""
+    work_dir: str
+
+    def __init__(
+        self, job_id: str, uid: int, user: str, node: str, partition: str, account: str,
+        qos: str, gpus: Tuple[int, ...], restart_count: int,
+        spank: Optional[Dict[str, str]] = None, option_problems: Tuple[str, ...] = (),
+        work_dir: str = "",
+    ) -> None:
+        self.job_id = job_id
+        self.uid = uid
+        self.user = user
+        self.node = node
+        self.partition = partition
+        self.account = account
+        self.qos = qos
+        self.gpus = tuple(gpus)
+        self.restart_count = restart_count
+        self.spank = dict(spank or {})
+        self.option_problems = tuple(option_problems)
+        self.work_dir = work_dir
+
+    def __repr__(self) -> str:
+        return f"JobEnv(job {self.job_id} on {self.node}, attempt {self.restart_count})"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
-        from slurmiso.errors import StateError
+        """Read a Prolog/Epilog environment; JobProblem if it names no valid job."""
+        from slurmiso.errors import JobProblem, StateError
         from slurmiso.hostlist import node_name
         from slurmiso.state import validate_job_id
 
-        job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+        raw = job_id(env)
         try:
-            job_id = validate_job_id(job_id)
+            valid = validate_job_id(raw)
         except StateError:
             raise JobProblem(
-                f"SLURM_JOB_ID={job_id[:40]!r} is not a Slurm job id; run this from Slurm's "
+                f"SLURM_JOB_ID={raw[:40]!r} is not a Slurm job id; run this from Slurm's "
                 "Prolog"
             ) from None
         spank, problems = spank_options(env)
         return cls(
-            job_id=job_id,
-            uid=_int(env.get("SLURM_JOB_UID"), -1, _UID_MAX),
-            user=env.get("SLURM_JOB_USER", ""),
-            node=node_name(node),
-            partition=env.get("SLURM_JOB_PARTITION", ""),
-            account=env.get("SLURM_JOB_ACCOUNT", ""),
-            qos=env.get("SLURM_JOB_QOS", ""),
-            gpus=parse_gpu_list(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES", "")),
-            restart_count=_int(
-                env.get("SLURM_JOB_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT"), 0, 10**6
-            ),
+            job_id=valid,
+            uid=whole_number(env.get(HOOK_VARS["uid"]), -1, _UID_MAX),
+            user=env.get(HOOK_VARS["user"], ""),
+            node=node_name(node or env.get(HOOK_VARS["node"], "")),
+            partition=env.get(HOOK_VARS["partition"], ""),
+            account=env.get(HOOK_VARS["account"], ""),
+            qos=env.get(HOOK_VARS["qos"], ""),
+            gpus=parse_gpu_list(env.get(HOOK_VARS["gpus"]) or env.get(MPS_ONLY_GPUS, "")),
+            restart_count=hook_restart_count(env),
             spank=spank,
             option_problems=problems,
-            work_dir=env.get("SLURM_JOB_WORK_DIR", ""),
+            work_dir=env.get(HOOK_VARS["work_dir"], ""),
         )
 
 
-def _int(text: Optional[str], default: int, most: int) -> int:
-    """A bounded ASCII whole number; anything else (sign, 300 digits, other scripts) is
-    ``default``."""
-    if not text or len(text) > 12 or not all("0" <= ch <= "9" for ch in text):
-        return default
-    value = int(text)
-    return value if value <= most else default
+class JobEnvironment:
+    """The job as a task sees it (``slurmiso run``): what the wrapper needs, read once.
+
+    Like submitit's environment object, it is injected (tests describe a job with a dict).
+    """
+
+    __slots__ = ("job_id", "restart_count", "procid", "node")
+
+    def __init__(self, job_id: str = "", restart_count: int = 0, procid: int = 0,
+                 node: str = "") -> None:
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.procid = procid
+        self.node = node
+
+    def __repr__(self) -> str:
+        return (f"JobEnvironment(job_id={self.job_id!r}, restart_count={self.restart_count}, "
+                f"procid={self.procid}, node={self.node!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobEnvironment) and all(
+            getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def in_slurm(self) -> bool:
+        return bool(self.job_id)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobEnvironment:
+        """``SLURM_JOB_ID`` is unique even for array tasks, and is what ``scontrol requeue``
+        takes; the restart count is absent on a job's first run."""
+        return cls(
+            job_id=job_id(env),
+            restart_count=step_restart_count(env),
+            procid=whole_number(env.get(STEP_VARS["procid"]), 0, 10**7),
+            node=env.get(STEP_VARS["node"], ""),
+        )
 
 
 def parse_gpu_list(text: str) -> Tuple[int, ...]:

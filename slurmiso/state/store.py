@@ -16,7 +16,8 @@ Layout::
 
     state_dir/node.lock          the node lock
     state_dir/allocations.json   {"schema": 1, "allocations": {resource-key: job id}}
-    state_dir/jobs/<jobid>.json  one record per job (plain JSON dict, "schema": 1)
+    state_dir/jobs/<jobid>.json  one record per job (:class:`~slurmiso.state.record.JobRecord`,
+                                 "schema": 2; schema 1 files are migrated as they are read)
 
 Temp files (``.<name>.<pid>.<token>.tmp``) left by a killed writer are ignored by readers
 and removed by :meth:`NodeState.ensure` / :meth:`NodeState.cleanup_temp`.
@@ -37,13 +38,14 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, 
 from slurmiso.atomic import fsync_dir, write_atomic
 from slurmiso.errors import StateError
 from slurmiso.pids import pid_alive
-from slurmiso.state.record import record_problem
+from slurmiso.state.record import JobRecord, RecordError
 
 if TYPE_CHECKING:  # the lock module is imported lazily: hooks that only read state skip it
     from slurmiso.state.lock import FileLock
 
 log = logging.getLogger(__name__)
 
+#: Schema of the allocation table and node documents (job records: state.record.SCHEMA).
 SCHEMA = 1
 DIR_MODE = 0o755
 FILE_MODE = 0o644
@@ -349,26 +351,28 @@ class NodeState:
     def job_path(self, job_id: JobId) -> str:
         return os.path.join(self.jobs_dir, validate_job_id(job_id) + ".json")
 
-    def read_job(self, job_id: JobId) -> Optional[Dict[str, Any]]:
-        """The job's record, or None if this node has none (StateError if it is corrupt)."""
+    def read_job(self, job_id: JobId) -> Optional[JobRecord]:
+        """The job's record, or None if this node has none.
+
+        StateError naming the file if it is corrupt or of a schema this code does not read;
+        an older schema is migrated (the file itself is rewritten at the next save).
+        """
         self._verify_once()
         path = self.job_path(job_id)
         data = self._read_json(path)
-        if data is None:
-            return None
-        record = self._expect_dict(data, path)
-        why = record_problem(record)
-        if why:
-            raise self._corrupt(path, why)
-        return record
+        return None if data is None else self._record(data, path)
 
-    def write_job(self, job_id: JobId, record: Mapping[str, Any]) -> None:
-        """Atomically replace the job's record; adds ``"schema": 1`` if absent."""
+    def _record(self, data: Any, path: str) -> JobRecord:
+        try:
+            return JobRecord.from_dict(data)
+        except RecordError as exc:
+            raise self._corrupt(path, str(exc)) from None
+
+    def write_job(self, job_id: JobId, record: JobRecord) -> None:
+        """Atomically replace the job's record (written in the current schema)."""
         path = self.job_path(job_id)
-        data = dict(record)
-        data.setdefault("schema", SCHEMA)
         self._ensure_once()
-        self._write_json(path, data)
+        self._write_json(path, record.to_dict())
 
     def delete_job(self, job_id: JobId) -> None:
         """Remove the job's record; a missing record is fine (epilogs may run twice)."""
@@ -382,7 +386,7 @@ class NodeState:
             raise StateError(f"cannot remove state file {path}: {exc.strerror}") from None
         self._fsync_dir_or_raise(self.jobs_dir)
 
-    def jobs(self) -> Dict[str, Dict[str, Any]]:
+    def jobs(self) -> Dict[str, JobRecord]:
         """Every job record on this node, by job id; temp and foreign files are ignored."""
         self._verify_once()
         try:
@@ -391,7 +395,7 @@ class NodeState:
             return {}
         except OSError as exc:
             raise StateError(f"cannot list state directory {self.jobs_dir}: {exc}") from None
-        out: Dict[str, Dict[str, Any]] = {}
+        out: Dict[str, JobRecord] = {}
         for name in names:
             stem, ext = os.path.splitext(name)
             if ext != ".json" or not _JOB_ID_RE.fullmatch(stem):
@@ -401,11 +405,7 @@ class NodeState:
             path = os.path.join(self.jobs_dir, name)
             data = self._read_json(path)
             if data is not None:  # deleted between listdir and open
-                record = self._expect_dict(data, path)
-                why = record_problem(record)
-                if why:
-                    raise self._corrupt(path, why)
-                out[stem] = record
+                out[stem] = self._record(data, path)
         return out
 
     # -- allocations ----------------------------------------------------------------------

@@ -15,42 +15,16 @@ says so and runs the program as is; isolation itself is the prolog's job, not th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from slurmiso.errors import ConfigError, SlurmisoError, StateError
+from slurmiso.state.record import JobRecord, RecordStatus
+
+__all__ = ["JobRecord", "isolation_env", "load_config_quietly", "read_job_record", "refusal"]
 
 log = logging.getLogger(__name__)
 
 _SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """What the wrapper uses from the prolog's record."""
-
-    status: str
-    env: Dict[str, str] = field(default_factory=dict)
-    reason: str = ""
-    job_class: str = ""
-
-    @property
-    def refused(self) -> bool:
-        return self.status == "refused"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
-        env = data.get("env") or {}
-        return cls(
-            status=str(data.get("status", "")),
-            env={
-                str(k): str(v)
-                for k, v in (env.items() if isinstance(env, dict) else [])
-                if set(str(k)) <= _SAFE and "\n" not in str(v)
-            },
-            reason=" ".join(str(data.get("reason", "")).split()),
-            job_class=str(data.get("class") or ""),
-        )
 
 
 def load_config_quietly(config_path: Optional[str]) -> Any:
@@ -76,29 +50,29 @@ def read_job_record(config: Any, job_id: str, node: str) -> Optional[JobRecord]:
 
     state = NodeState(config.paths.state_dir_for(node))
     try:
-        data = state.read_job(job_id)
+        return state.read_job(job_id)
     except StateError as exc:
         raise SlurmisoError(
             f"cannot read this job's isolation record: {exc}",
             hint="ask the admin to check the slurmiso state dir on this node "
             "(it must be readable by job users)",
         ) from None
-    return JobRecord.from_dict(data) if data is not None else None
 
 
 def refusal(record: Optional[JobRecord], env: Mapping[str, str]) -> str:
     """Why this job must not start ("" when it may): the record, or the TaskProlog's mark."""
-    if record is not None and record.refused:
-        return record.reason or "refused by the slurmiso prolog (no reason recorded)"
+    if record is not None and record.status is RecordStatus.REFUSED:
+        reason = " ".join(record.reason.split())
+        return reason or "refused by the slurmiso prolog (no reason recorded)"
     marked = env.get("SLURMISO_REFUSED", "")
     return " ".join(marked.split())
 
 
 def isolation_env(record: Optional[JobRecord]) -> Dict[str, str]:
     """The variables to set in the program's environment (empty without a ready record)."""
-    if record is None or record.status != "ready":
+    if record is None or record.status is not RecordStatus.READY:
         return {}
-    out = dict(record.env)
+    out = {k: v for k, v in record.env.items() if set(k) <= _SAFE and "\n" not in v}
     if record.job_class:
         out["SLURMISO_CLASS"] = record.job_class
     return out

@@ -6,7 +6,8 @@ handler only stores the signal number; the supervisor's main loop acts on it. A 
 :func:`signal.set_wakeup_fd` wakes that loop at once, so forwarding costs no polling delay.
 
 Like submitit's ``SignalHandler``, the object is built on an injected :class:`JobEnvironment`
-(not on ``os.environ`` read deep inside), so tests describe a job with a plain dict.
+(read by :mod:`slurmiso.slurm.jobenv`, the one reader of Slurm's variables, not from
+``os.environ`` deep inside), so tests describe a job with a plain dict.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import logging
 import os
 import select
 import signal
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import UsageError
+from slurmiso.slurm.jobenv import JobEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -70,41 +71,6 @@ def parse_signal(name: str) -> signal.Signals:
             f"unknown signal {name!r}",
             hint="use a name such as USR1, USR2, TERM, INT, HUP or URG",
         ) from None
-
-
-@dataclass(frozen=True)
-class JobEnvironment:
-    """What the wrapper needs to know about the job, read once from the environment."""
-
-    job_id: str = ""
-    restart_count: int = 0
-    procid: int = 0
-    node: str = ""
-
-    @property
-    def in_slurm(self) -> bool:
-        return bool(self.job_id)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> JobEnvironment:
-        """Slurm's names; ``SLURM_RESTART_COUNT`` is absent on a job's first run.
-
-        ``SLURM_JOB_ID`` is unique even for array tasks, and is what ``scontrol requeue``
-        takes.
-        """
-        return cls(
-            job_id=env.get("SLURM_JOB_ID", ""),
-            restart_count=_int(env.get("SLURM_RESTART_COUNT"), 0),
-            procid=_int(env.get("SLURM_PROCID"), 0),
-            node=env.get("SLURMD_NODENAME", ""),
-        )
-
-
-def _int(text: Optional[str], default: int) -> int:
-    try:
-        return int(text) if text else default
-    except ValueError:
-        return default
 
 
 class SignalHandler:

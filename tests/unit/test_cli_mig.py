@@ -11,6 +11,7 @@ import yaml
 
 from slurmiso.cli.main import main
 from slurmiso.gpu.sim import SimBackend, init_state
+from slurmiso.state.record import JobRecord, RecordStatus
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def test_show_json_names_claiming_job(node: SimBackend, capsys: Any, tmp_path: A
 
     state = NodeState(str(tmp_path / "state"))
     gi = node.instances(1)[0].gi_id
-    state.write_job("55", {"status": "ready"})
+    state.write_job("55", JobRecord("55", RecordStatus.READY))
     state.set_allocations({f"mig/1/gi{gi}": "55"})
     code, out, _ = run(capsys, "mig", "show", "--json")
     data = json.loads(out)

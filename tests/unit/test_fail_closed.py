@@ -50,9 +50,9 @@ def test_qos_lookup_that_times_out_refuses_the_job_with_a_record(
     drains = Drains()
     assert run_hook("prolog", env, cfg, drains) == 0
     rec = state(tmp).read_job("42")
-    assert rec is not None and rec["status"] == "refused"
-    assert "cannot learn the job's QoS" in rec["reason"] and "did not answer" in rec["reason"]
-    assert rec["fence"] == {"uid": os.getuid(), "gpus": [0], "slurm_visible_devices": ""}
+    assert rec is not None and rec.status == "refused"
+    assert "cannot learn the job's QoS" in rec.reason and "did not answer" in rec.reason
+    assert rec.fence == {"uid": os.getuid(), "gpus": [0], "slurm_visible_devices": ""}
     assert task_prolog.lines_for(rec, "42")[0] == "export CUDA_VISIBLE_DEVICES="
     assert drains.calls == [] and state(tmp).allocations() == {}
 
@@ -171,6 +171,12 @@ CORRUPTIONS: List[Any] = [
     ("record a list", lambda t: _write(_record_path(t), "[1, 2]"), REC),
     ("record status a number", lambda t: _edit_json(_record_path(t), _set("status", 5)), REC),
     ("record unknown status", lambda t: _edit_json(_record_path(t), _set("status", "x")), REC),
+    ("record status released (never written)",
+     lambda t: _edit_json(_record_path(t), _set("status", "released")), REC),
+    ("record of a newer schema", lambda t: _edit_json(_record_path(t), _set("schema", 99)), REC),
+    ("record schema a string", lambda t: _edit_json(_record_path(t), _set("schema", "2")), REC),
+    ("resource state unknown",
+     lambda t: _edit_json(_record_path(t), _res("state", "gone")), REC),
     ("record resources a string",
      lambda t: _edit_json(_record_path(t), _set("resources", "x")), REC),
     ("record gpus not ints", lambda t: _edit_json(_record_path(t), _set("gpus", ["a"])), REC),
@@ -221,7 +227,7 @@ def test_corrupt_state_drains_with_a_reason_naming_the_file(
     cfg = mig_dynamic_config(tmp)
     assert run_hook("prolog", job_env(gpus="0"), cfg, Drains()) == 0
     rec = state(tmp).read_job("42")
-    assert rec is not None and rec["status"] == "ready", rec
+    assert rec is not None and rec.status == "ready", rec
     sim = SimBackend(f"{tmp}/sim/node1.json")
     assert len(sim.instances()) == 1
     corrupt(tmp)
@@ -245,12 +251,13 @@ def test_a_real_node_fault_still_drains_among_hostile_jobs(tmp_path: Any) -> Non
     assert len(drains.calls) == 1 and "GPU 1" in drains.calls[0][1]
 
 
-def test_record_problem_accepts_what_the_prolog_writes(tmp_path: Any) -> None:
-    from slurmiso.state.record import record_problem
+def test_the_record_reads_back_what_the_prolog_writes(tmp_path: Any) -> None:
+    from slurmiso.state.record import SCHEMA, JobRecord
 
     tmp = str(tmp_path)
     cfg = mig_dynamic_config(tmp)
     assert run_hook("prolog", job_env(gpus="0"), cfg, Drains()) == 0
     with open(_record_path(tmp)) as fh:
-        assert record_problem(json.load(fh)) == ""
+        data = json.load(fh)
+    assert data["schema"] == SCHEMA and JobRecord.from_dict(data).to_dict() == data
     assert stat.S_ISREG(os.stat(_record_path(tmp)).st_mode)

@@ -9,6 +9,7 @@ import pytest
 
 from slurmiso.isolation import fence
 from slurmiso.mig.gres import computed_cap_minor
+from slurmiso.state.record import JobRecord, RecordStatus, Resource
 
 
 @pytest.fixture
@@ -34,21 +35,20 @@ def test_majors_come_from_the_device_files(devroot):
 
 
 def test_refused_job_is_denied_every_nvidia_device(devroot):
-    why, rules, narrow = fence.job_fence({"mode": "exclusive"}, True, devroot, 2)
+    why, rules, narrow = fence.job_fence(JobRecord(mode="exclusive"), True, devroot, 2)
     assert "refused" in why and narrow == []
     assert rules == ["c 195:*", "c 237:*", "c 238:*"]
 
 
 @pytest.mark.parametrize("mode", ["exclusive", "mig-static", "mps", "timeslice"])
 def test_modes_slurm_fences_alone_need_no_rules(devroot, mode):
-    assert fence.job_fence({"mode": mode}, False, devroot, 2)[1] == []
+    assert fence.job_fence(JobRecord(mode=mode), False, devroot, 2)[1] == []
 
 
 def test_mig_static_narrows_to_its_own_caps_where_the_cgroup_can():
     """Slurm closes the other instances' caps (gres.conf); the monitor cap and cap files of
     no instance are closed too where cgroup v1 can, never at the price of the job."""
-    record = {"mode": "mig-static",
-              "resources": [{"kind": "mig-static", "gpu": 0, "gi": 1, "ci": 0}]}
+    record = JobRecord(mode="mig-static", resources=[Resource("mig-static", gpu=0, gi=1, ci=0)])
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,8 +62,8 @@ def test_mig_static_narrows_to_its_own_caps_where_the_cgroup_can():
 
 
 def test_mig_dynamic_denies_every_cap_but_its_own_instance(devroot):
-    record = {"mode": "mig-dynamic",
-              "resources": [{"kind": "mig-dynamic", "gpu": 1, "gi": 2, "ci": 0}]}
+    record = JobRecord(mode="mig-dynamic",
+                       resources=[Resource("mig-dynamic", gpu=1, gi=2, ci=0)])
     _why, rules, narrow = fence.job_fence(record, False, devroot, 2)
     assert narrow == []
     denied = {int(r.split(":")[1]) for r in rules}
@@ -76,7 +76,7 @@ def test_mig_dynamic_denies_every_cap_but_its_own_instance(devroot):
 
 
 def test_mig_dynamic_without_caps_devices_fails_closed(tmp_path):
-    _why, rules, _narrow = fence.job_fence({"mode": "mig-dynamic", "resources": []}, False,
+    _why, rules, _narrow = fence.job_fence(JobRecord(mode="mig-dynamic"), False,
                                            str(tmp_path), 2)
     assert rules == ["c 195:*"]
 
@@ -163,34 +163,6 @@ def test_prolog_that_dies_before_the_end_leaves_a_deny_all_fence(tmp_path, monke
     assert "c 195:*" in (fence.read_rules(f"{tmp}/state/node1", "42") or [])
 
 
-def test_late_epilog_of_an_earlier_attempt_keeps_the_new_attempts_isolation(tmp_path):
-    """Measured on 22.05: after a quick requeue slurmd runs attempt N's epilog only after
-    attempt N+1's prolog, with N+1's restart count. That epilog must not tear down N+1."""
-    from test_hooks_runner import Drains, job_env
-
-    from slurmiso.hooks.runner import run_hook
-
-    tmp = str(tmp_path)
-    cfg = _hook_world(tmp, "exclusive")
-    sd = f"{tmp}/state/node1"
-    assert run_hook("prolog", job_env(SLURM_JOB_RESTART_COUNT="0"), cfg, Drains()) == 0
-    # requeued; the next attempt's prolog comes first
-    assert run_hook("prolog", job_env(SLURM_JOB_RESTART_COUNT="1"), cfg, Drains()) == 0
-    from test_hooks_runner import state
-
-    assert state(tmp).read_job("42")["restart_count"] == 1
-    # attempt 0's epilog, with attempt 1's count: the record and the fence stay
-    assert run_hook("epilog", job_env(SLURM_JOB_RESTART_COUNT="1"), cfg, Drains()) == 0
-    rec = state(tmp).read_job("42")
-    assert rec is not None and rec["status"] == "ready" and rec["late_epilogs"] == 0
-    assert fence.read_rules(sd, "42") == []
-    assert state(tmp).allocations() == {"gpu/0": "42"}
-    # attempt 1's own epilog tears it down
-    assert run_hook("epilog", job_env(SLURM_JOB_RESTART_COUNT="1"), cfg, Drains()) == 0
-    assert state(tmp).read_job("42") is None and fence.read_rules(sd, "42") is None
-    assert state(tmp).allocations() == {}
-
-
 def test_a_prolog_rerun_of_the_same_attempt_owes_no_skip(tmp_path):
     from test_hooks_runner import Drains, job_env, state
 
@@ -200,10 +172,10 @@ def test_a_prolog_rerun_of_the_same_attempt_owes_no_skip(tmp_path):
     cfg = _hook_world(tmp, "exclusive")
     assert run_hook("prolog", job_env(), cfg, Drains()) == 0
     rec = state(tmp).read_job("42")
-    rec["status"] = "preparing"  # as a prolog killed half-way leaves it
+    rec.status = RecordStatus.PREPARING  # as a prolog killed half-way leaves it
     state(tmp).write_job("42", rec)
     assert run_hook("prolog", job_env(), cfg, Drains()) == 0
-    assert state(tmp).read_job("42")["late_epilogs"] == 0
+    assert state(tmp).read_job("42").late_epilogs == 0
     assert run_hook("epilog", job_env(), cfg, Drains()) == 0
     assert state(tmp).read_job("42") is None
 

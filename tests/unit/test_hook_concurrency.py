@@ -71,7 +71,7 @@ def test_32_concurrent_prologs_with_500ms_driver_calls_never_drain(tmp_path: Any
               for s in range(i.placement_start, i.placement_start + i.placement_size)]
     assert len(slices) == len(set(slices)), "two jobs got overlapping placements"
     records = NodeState(f"{tmp}/state").jobs()
-    assert sorted(r["status"] for r in records.values()) == ["ready"] * JOBS
+    assert sorted(r.status.value for r in records.values()) == ["ready"] * JOBS
     # (how much faster than the old serialised lock this is: bench/bench_hooks.py)
     assert _storm(tmp, cfg, "epilog/slurmiso-epilog", 500) == [0] * JOBS
     assert SimBackend(f"{tmp}/sim.json").instances() == []

@@ -25,7 +25,7 @@ def _prolog(tmp: str, work: str) -> str:
 def _events_path(tmp: str) -> str:
     rec = state(tmp).read_job("42")
     assert rec is not None
-    path: str = rec["env"]["SLURMISO_EVENTS_FILE"]
+    path: str = rec.env["SLURMISO_EVENTS_FILE"]
     return path
 
 
@@ -61,9 +61,9 @@ def test_no_work_dir_means_no_events_file_and_a_warning(tmp_path: Any) -> None:
     for bad in ("", "relative/dir", "/x\n/y"):
         assert run_hook("prolog", job_env(SLURM_JOB_WORK_DIR=bad), cfg, Drains()) == 0
         rec = state(tmp).read_job("42")
-        assert rec is not None and rec["status"] == "ready"
-        assert "SLURMISO_EVENTS_FILE" not in rec["env"]
-        assert any("no events file" in w for w in rec["warnings"])
+        assert rec is not None and rec.status == "ready"
+        assert "SLURMISO_EVENTS_FILE" not in rec.env
+        assert any("no events file" in w for w in rec.warnings)
         assert run_hook("epilog", job_env(), cfg, Drains()) == 0
 
 

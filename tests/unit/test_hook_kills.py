@@ -12,6 +12,7 @@ import pytest
 
 from slurmiso.gpu.sim import SimBackend
 from slurmiso.hooks.runner import run_hook
+from slurmiso.state.record import RecordStatus
 from tests.killrounds import NODE, hook_env, leftovers, run_rounds, setup_node
 from tests.unit.test_hooks_runner import Drains
 
@@ -66,8 +67,8 @@ def test_epilog_never_destroys_another_jobs_instance_that_reuses_the_gi(tmp_path
     assert run_hook("epilog", env7, cfg, Drains()) == 0
     assert run_hook("prolog", env8, cfg, Drains()) == 0
     [mine] = SimBackend(f"{tmp}/sim/{NODE}.json").instances()
-    assert mine.gi_id == stale["resources"][0]["gi"]  # same gi, another job
-    stale["status"] = "releasing"
+    assert mine.gi_id == stale.resources[0].gi  # same gi, another job
+    stale.status = RecordStatus.RELEASING
     st.write_job("7", stale)  # as if job 7's epilog had been killed before it deleted this
     assert run_hook("epilog", env7, cfg, Drains()) == 0
     assert [i.uuid for i in SimBackend(f"{tmp}/sim/{NODE}.json").instances()] == [mine.uuid]
@@ -86,8 +87,8 @@ def test_a_claim_the_record_does_not_name_is_still_released(tmp_path: Any) -> No
 
     st = NodeState(f"{tmp}/state/{NODE}")
     rec = st.read_job("7")
-    assert rec is not None and rec["claims"] == ["mig/0/gi1"]
-    rec["claims"] = []  # the record never learned of its claim
+    assert rec is not None and rec.claims == ["mig/0/gi1"]
+    rec.claims = []  # the record never learned of its claim
     st.write_job("7", rec)
     drains = Drains()
     assert run_hook("epilog", env, cfg, drains) == 0

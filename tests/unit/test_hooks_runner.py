@@ -73,8 +73,8 @@ def test_exclusive_job_round_trip(tmp_path: Any) -> None:
     before = SimBackend(f"{tmp}/sim/node1.json").state()
     assert run_hook("prolog", job_env(gpus="1"), cfg, drains) == 0
     rec = state(tmp).read_job("42")
-    assert rec is not None and rec["status"] == "ready" and rec["class"] == "debug"
-    assert rec["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert rec is not None and rec.status == "ready" and rec.job_class == "debug"
+    assert rec.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert state(tmp).allocations() == {"gpu/1": "42"}
     with open(f"{tmp}/dcgm/1") as fh:
         assert fh.read().split() == ["42"]
@@ -95,7 +95,7 @@ def test_prolog_twice_and_epilog_twice_are_harmless(tmp_path: Any) -> None:
     assert run_hook("prolog", job_env(), cfg, Drains()) == 0
     first = state(tmp).read_job("42")
     assert run_hook("prolog", job_env(), cfg, Drains()) == 0
-    assert state(tmp).read_job("42")["times"] == first["times"]  # type: ignore[index]
+    assert state(tmp).read_job("42").times == first.times
     assert run_hook("epilog", job_env(), cfg, Drains()) == 0
     assert run_hook("epilog", job_env(), cfg, Drains()) == 0
     assert [e["event"] for e in journal(tmp)] == ["prolog", "job-end"]
@@ -120,7 +120,7 @@ def test_job_problems_refuse_the_job_not_the_node(tmp_path: Any, mode: str, env:
     assert drains.calls == []
     rec = state(tmp).read_job("42")
     assert rec is not None, "a refused job must leave a record (no record is no isolation)"
-    assert rec["status"] == "refused" and reason in rec["reason"]
+    assert rec.status == "refused" and reason in rec.reason
     assert state(tmp).allocations() == {}
     lines = task_prolog.lines_for(rec, "42")
     assert lines[0] == "export CUDA_VISIBLE_DEVICES="
@@ -133,7 +133,7 @@ def test_comment_never_selects_a_class(tmp_path: Any) -> None:
     cfg = write_config(tmp, "exclusive")
     env = job_env(qos="batch", SLURM_JOB_COMMENT="class=debug", SLURMISO_CLASS="debug")
     assert run_hook("prolog", env, cfg, Drains()) == 0
-    assert state(tmp).read_job("42")["status"] == "refused"  # type: ignore[index]
+    assert state(tmp).read_job("42").status == "refused"
 
 
 def test_lost_gpu_drains_node_with_reason(tmp_path: Any) -> None:
@@ -207,7 +207,7 @@ def test_timeslice_headroom_warning(tmp_path: Any) -> None:
     SimBackend(f"{tmp}/sim/node1.json").set_load(0, memory_used_mb=70000)
     assert run_hook("prolog", job_env(qos="train"), cfg, Drains()) == 0
     rec = state(tmp).read_job("42")
-    assert rec["status"] == "ready" and "below the class's 30% headroom" in rec["warnings"][0]  # type: ignore[index]
+    assert rec.status == "ready" and "below the class's 30% headroom" in rec.warnings[0]
 
 
 def test_hook_executable_runs_without_path(tmp_path: Any) -> None:

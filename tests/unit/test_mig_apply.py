@@ -17,6 +17,7 @@ from slurmiso.mig.apply import apply_plan, read_node
 from slurmiso.mig.claims import claimed_instances
 from slurmiso.mig.plan import MigPlanError, plan_layout
 from slurmiso.state import Journal, NodeState
+from slurmiso.state.record import JobRecord, RecordStatus
 
 H100 = MODELS["H100-80GB"]
 HALF = MigLayout("half", (
@@ -90,7 +91,7 @@ def test_claimed_instance_is_never_destroyed(sim: SimBackend, tmp_path: Any) -> 
     sim.create_compute_instance(0, gi)
     state = NodeState(str(tmp_path / "state"))
     state.ensure()
-    state.write_job("77", {"status": "ready"})
+    state.write_job("77", JobRecord("77", RecordStatus.READY))
     state.set_allocations({f"mig/0/gi{gi}": "77"})
     p = plan(sim, state)
     assert any("job 77" in prob for prob in p.problems)

@@ -22,6 +22,7 @@ from slurmiso.isolation.mig_static import HANDLER as STATIC
 from slurmiso.mig import gres
 from slurmiso.mig.apply import apply_plan, read_node
 from slurmiso.mig.plan import plan_layout
+from slurmiso.state.record import Resource
 from tests.hookctx import make_context
 
 H100 = MODELS["H100-80GB"]
@@ -79,16 +80,16 @@ def static_ctx(tmp: str, gpus: Tuple[int, ...], job: str = "100", record: bool =
 def test_static_maps_gres_indices(tmp_path: Any, gpus: Any, expect: Any, record: bool) -> None:
     ctx = static_ctx(str(tmp_path), gpus, record=record)
     STATIC.setup(ctx)
-    res = ctx.record["resources"]
-    assert [(r["gpu"], r["profile"], r["start"]) for r in res] == expect
-    assert all(r["state"] == "ready" and r["kind"] == "mig-static" for r in res)
+    res = ctx.record.resources
+    assert [(r.gpu, r.profile, r.start) for r in res] == expect
+    assert all(r.state == "ready" and r.kind == "mig-static" for r in res)
     by_place = {(i.gpu_index, i.placement_start): i for i in sim_of(ctx).instances()}
     uuids = [by_place[(g, s)].uuid for g, _, s in expect]
-    assert ctx.record["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert ctx.record.env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids)
     assert sorted(ctx.state.allocations()) == sorted(
         f"mig/{g}/gi{by_place[(g, s)].gi_id}" for g, _, s in expect)
     STATIC.setup(ctx)  # idempotent
-    assert len(ctx.record["resources"]) == len(expect)
+    assert len(ctx.record.resources) == len(expect)
 
 
 def test_static_missing_index_is_node_fault(tmp_path: Any) -> None:
@@ -124,7 +125,7 @@ def test_static_teardown_ends_job_processes_and_releases(tmp_path: Any, job_proc
     ctx = static_ctx(str(tmp_path), (1,))
     STATIC.setup(ctx)
     sim = sim_of(ctx)
-    uuid = ctx.record["resources"][0]["uuid"]
+    uuid = ctx.record.resources[0].uuid
     mine = job_proc("100")
     sim.add_process(0, mine.pid, 10, uuid)
     before = spans(sim)
@@ -160,11 +161,11 @@ def test_dynamic_create_and_teardown_restore_state(tmp_path: Any) -> None:
     sim = sim_of(ctx)
     before = sim.state()["gpus"]
     DYN.setup(ctx)
-    res = ctx.record["resources"][0]
-    assert (res["kind"], res["profile"], res["state"]) == ("mig-dynamic", "1g.10gb", "ready")
-    assert ctx.record["env"]["CUDA_VISIBLE_DEVICES"] == res["uuid"]
-    assert ctx.state.allocations() == {f"mig/0/gi{res['gi']}": "100"}
-    assert [i.uuid for i in sim.instances()] == [res["uuid"]]
+    res = ctx.record.resources[0]
+    assert (res.kind, res.profile, res.state) == ("mig-dynamic", "1g.10gb", "ready")
+    assert ctx.record.env["CUDA_VISIBLE_DEVICES"] == res.uuid
+    assert ctx.state.allocations() == {f"mig/0/gi{res.gi}": "100"}
+    assert [i.uuid for i in sim.instances()] == [res.uuid]
     DYN.teardown(ctx)
     assert sim.state()["gpus"] == before
     assert ctx.state.allocations() == {}
@@ -184,7 +185,7 @@ def test_dynamic_uses_best_placement(tmp_path: Any, existing: Any, profile: str)
     for prof, start in existing:
         create_mig_device(sim, 0, prof, start)
     DYN.setup(ctx)
-    assert ctx.record["resources"][0]["start"] == best_placement(H100, profile, existing)
+    assert ctx.record.resources[0].start == best_placement(H100, profile, existing)
 
 
 def test_dynamic_does_not_fit_is_job_problem_and_leaves_nothing(tmp_path: Any) -> None:
@@ -197,7 +198,7 @@ def test_dynamic_does_not_fit_is_job_problem_and_leaves_nothing(tmp_path: Any) -
         DYN.setup(ctx)
     assert sim.state()["gpus"] == before
     assert ctx.state.allocations() == {}
-    assert all(r["state"] == "released" for r in ctx.record.get("resources", []))
+    assert all(r.state == "released" for r in ctx.record.resources)
 
 
 def test_dynamic_second_gpu_not_fitting_rolls_back_the_first(tmp_path: Any) -> None:
@@ -223,7 +224,7 @@ def test_dynamic_profile_choice(tmp_path: Any, cls: str, spank: Any, outcome: st
     ctx = dyn_ctx(str(tmp_path), cls=cls, spank=spank)
     if "." in outcome and " " not in outcome:
         DYN.setup(ctx)
-        assert ctx.record["resources"][0]["profile"] == outcome
+        assert ctx.record.resources[0].profile == outcome
     else:
         with pytest.raises(JobProblem, match=outcome):
             DYN.setup(ctx)
@@ -233,9 +234,9 @@ def test_dynamic_profile_choice(tmp_path: Any, cls: str, spank: Any, outcome: st
 def test_dynamic_setup_twice_is_idempotent(tmp_path: Any) -> None:
     ctx = dyn_ctx(str(tmp_path))
     DYN.setup(ctx)
-    first = dict(ctx.record["resources"][0])
+    first = Resource.from_dict(ctx.record.resources[0].to_dict())
     DYN.setup(ctx)
-    assert ctx.record["resources"] == [first]
+    assert ctx.record.resources == [first]
     assert len(sim_of(ctx).instances()) == 1
 
 
@@ -244,16 +245,16 @@ def test_dynamic_pending_after_kill_is_cleaned(tmp_path: Any) -> None:
     sim = sim_of(ctx)
     other = dyn_ctx(str(tmp_path), job="201", gpus=(0,))
     DYN.setup(other)  # another job's instance must survive
-    theirs = other.record["resources"][0]
+    theirs = other.record.resources[0]
     # the prolog recorded intent, created the device, and was killed before saving
-    start = best_placement(H100, "1g.10gb", [("1g.10gb", theirs["start"])])
-    ctx.add_resource({"kind": "mig-dynamic", "gpu": 0, "profile": "1g.10gb", "start": start})
+    start = best_placement(H100, "1g.10gb", [("1g.10gb", theirs.start)])
+    ctx.add_resource(Resource("mig-dynamic", gpu=0, profile="1g.10gb", start=start))
     create_mig_device(sim, 0, "1g.10gb", start)
     assert len(sim.instances()) == 2
     record = ctx.state.read_job("200")
-    assert record is not None and record["resources"][0]["state"] == "pending"
+    assert record is not None and record.resources[0].state == "pending"
     DYN.teardown(ctx)
-    assert [i.uuid for i in sim.instances()] == [theirs["uuid"]]
+    assert [i.uuid for i in sim.instances()] == [theirs.uuid]
     DYN.teardown(ctx)
     assert len(sim.instances()) == 1
 
@@ -261,12 +262,12 @@ def test_dynamic_pending_after_kill_is_cleaned(tmp_path: Any) -> None:
 def test_dynamic_pending_never_takes_another_jobs_instance(tmp_path: Any) -> None:
     other = dyn_ctx(str(tmp_path), job="301")
     DYN.setup(other)
-    spot = other.record["resources"][0]
+    spot = other.record.resources[0]
     ctx = dyn_ctx(str(tmp_path), job="300")
-    ctx.add_resource({"kind": "mig-dynamic", "gpu": 0, "profile": spot["profile"],
-                      "start": spot["start"]})  # killed before creating anything
+    ctx.add_resource(Resource("mig-dynamic", gpu=0, profile=spot.profile,
+                              start=spot.start))  # killed before creating anything
     DYN.teardown(ctx)
-    assert [i.uuid for i in sim_of(ctx).instances()] == [spot["uuid"]]
+    assert [i.uuid for i in sim_of(ctx).instances()] == [spot.uuid]
 
 
 class _Wrap:
@@ -289,7 +290,7 @@ def test_dynamic_race_lost_is_job_problem(tmp_path: Any) -> None:
                          GpuInsufficientResources("taken"))
     with pytest.raises(JobProblem, match="could not be created"):
         DYN.setup(ctx)
-    assert ctx.record.get("resources") == [] and sim_of(ctx).instances() == []
+    assert ctx.record.resources == [] and sim_of(ctx).instances() == []
 
 
 def test_dynamic_gpu_error_propagates(tmp_path: Any) -> None:
@@ -312,7 +313,7 @@ def test_dynamic_teardown_ends_job_processes(tmp_path: Any, job_proc: Any) -> No
     ctx = dyn_ctx(str(tmp_path))
     DYN.setup(ctx)
     mine = job_proc("100")
-    sim_of(ctx).add_process(0, mine.pid, 100, ctx.record["resources"][0]["uuid"])
+    sim_of(ctx).add_process(0, mine.pid, 100, ctx.record.resources[0].uuid)
     DYN.teardown(ctx)
     assert mine.wait(timeout=10) is not None
     assert sim_of(ctx).instances() == []
@@ -335,7 +336,7 @@ def test_dynamic_reconcile_removes_orphans(tmp_path: Any, job_proc: Any) -> None
     DYN.reconcile(rctx)
     left = {i.uuid for i in sim.instances()}
     assert orphan.uuid not in left and busy.uuid in left
-    assert ctx.record["resources"][0]["uuid"] in left  # the live job's device stays
+    assert ctx.record.resources[0].uuid in left  # the live job's device stays
 
 
 def _concurrent_setup(args: Tuple[str, str, int]) -> Tuple[str, str, Any]:
@@ -346,8 +347,8 @@ def _concurrent_setup(args: Tuple[str, str, int]) -> Tuple[str, str, Any]:
             DYN.setup(ctx)
     except JobProblem as err:
         return job, "refused", str(err)
-    res = ctx.record["resources"][0]
-    return job, "ok", (res["gpu"], res["start"], res["gi"], res["uuid"])
+    res = ctx.record.resources[0]
+    return job, "ok", (res.gpu, res.start, res.gi, res.uuid)
 
 
 @pytest.mark.slow

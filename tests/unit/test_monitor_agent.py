@@ -11,6 +11,7 @@ from slurmiso.gpu.backend import create_mig_device
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.monitor import telemetry as t
 from slurmiso.monitor.agent import NodeCollector, gather_node
+from slurmiso.state.record import JobRecord
 
 
 def _node(tmp: str) -> SimBackend:
@@ -28,13 +29,13 @@ def _node(tmp: str) -> SimBackend:
 def test_collector_exports_gpus_instances_jobs(tmp_path: os.PathLike[str]) -> None:
     backend = _node(str(tmp_path))
     inst = backend.instances(0)[0]
-    records = {
+    records = {j: JobRecord.from_dict(r) for j, r in {
         "41": {"class": "infer", "resources": [{"kind": "mig-static", "gpu": 0,
                                                 "gi": inst.gi_id, "uuid": inst.uuid}]},
         "42": {"class": "train", "resources": [{"kind": "shared-gpu", "gpu": 1,
                                                 "uuid": backend.device(1).uuid}]},
         "43": {"class": "train", "resources": [{"kind": "shared-gpu", "gpu": 1}]},
-    }
+    }.items()}
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(
         lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 123.0),
@@ -69,7 +70,8 @@ def test_no_job_label_by_default_and_dcgm_names(tmp_path: os.PathLike[str]) -> N
     labels are there for existing dashboards: FB in MiB, SM as a ratio, GPU_UTIL in %."""
     backend = _node(str(tmp_path))
     inst = backend.instances(0)[0]
-    records = {"42": {"class": "train", "resources": [{"kind": "shared-gpu", "gpu": 1}]}}
+    records = {"42": JobRecord.from_dict(
+        {"class": "train", "resources": [{"kind": "shared-gpu", "gpu": 1}]})}
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(
         lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0),

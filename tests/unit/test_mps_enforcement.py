@@ -88,7 +88,7 @@ def start(node: str, job_id: str, cls: str = "train", spank: Optional[Dict[str, 
 
 def job_env(ctx: Context, **changes: Optional[str]) -> Dict[str, str]:
     """The environment the job was given, then changed by the job: None unsets a variable."""
-    env = dict(ctx.record["env"])
+    env = dict(ctx.record.env)
     for name, value in changes.items():
         if value is None:
             env.pop(name, None)
@@ -137,7 +137,7 @@ def test_classes_and_lowered_limits_of_one_user_get_daemons_of_their_own(node: s
     train, infer = start(node, "101"), start(node, "102", cls="infer")
     low = start(node, "103", spank={"iso_mps_mem": "4G"})
     same = start(node, "104", spank={"iso_mps_mem": "4G"})
-    pipes = [t.record["env"]["CUDA_MPS_PIPE_DIRECTORY"] for t in (train, infer, low, same)]
+    pipes = [t.record.env["CUDA_MPS_PIPE_DIRECTORY"] for t in (train, infer, low, same)]
     assert len(set(pipes)) == 3 and pipes[2] == pipes[3]
     limits = {}
     for ctx in (train, infer, low):
@@ -153,8 +153,8 @@ def test_classes_and_lowered_limits_of_one_user_get_daemons_of_their_own(node: s
 @needs_root
 def test_another_uid_cannot_reach_the_daemon(node: str) -> None:
     train = start(node, "101")
-    pipe = train.record["env"]["CUDA_MPS_PIPE_DIRECTORY"]
-    pid = train.record["resources"][0]["daemon_pid"]
+    pipe = train.record.env["CUDA_MPS_PIPE_DIRECTORY"]
+    pid = train.record.resources[0].daemon_pid
     for command in ("quit", "set_default_active_thread_percentage 100", "get_server_list"):
         got = as_uid(STRANGER_UID, lambda c=command: mps_sim.send_command(pipe, c))
         assert got == {"error": "PermissionError", "errno": 13}, (command, got)
@@ -174,8 +174,8 @@ def test_another_uid_cannot_reach_the_daemon(node: str) -> None:
 @needs_root
 def test_two_users_on_one_gpu_cannot_reach_each_others_daemon(node: str) -> None:
     mine, theirs = start(node, "101"), start(node, "102", uid=STRANGER_UID)
-    my_pipe = mine.record["env"]["CUDA_MPS_PIPE_DIRECTORY"]
-    their_pipe = theirs.record["env"]["CUDA_MPS_PIPE_DIRECTORY"]
+    my_pipe = mine.record.env["CUDA_MPS_PIPE_DIRECTORY"]
+    their_pipe = theirs.record.env["CUDA_MPS_PIPE_DIRECTORY"]
     assert my_pipe != their_pipe
     assert as_uid(JOB_UID, lambda: mps_sim.send_command(their_pipe, "quit"))["error"] == (
         "PermissionError")

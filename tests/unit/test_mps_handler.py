@@ -24,7 +24,7 @@ from slurmiso.isolation.mps import (
     gpu_dir,
 )
 from slurmiso.isolation.mps_daemon import SimMpsControl
-from slurmiso.state import Journal
+from slurmiso.state import JobRecord, Journal, Resource
 from tests.hookctx import make_context
 
 H100_MB = 81559
@@ -69,8 +69,8 @@ def job(tmp: Any, job_id: str, uid: Optional[int] = None, cls: str = "train",
     return ctx
 
 
-def mps_entry(ctx: Context) -> Dict[str, Any]:
-    (entry,) = [r for r in ctx.record["resources"] if r["kind"] == "mps"]
+def mps_entry(ctx: Context) -> Resource:
+    (entry,) = [r for r in ctx.record.resources if r.kind == "mps"]
     return entry
 
 
@@ -91,7 +91,7 @@ def daemon_pid(tmp: Any, gpu: int = 0, uid: Optional[int] = None,
     return SimMpsControl().running(pipe_dir(tmp, gpu, uid, limits))
 
 
-def on_disk(ctx: Context, job_id: str) -> Dict[str, Any]:
+def on_disk(ctx: Context, job_id: str) -> JobRecord:
     record = ctx.state.read_job(job_id)
     assert record is not None
     return record
@@ -124,10 +124,10 @@ def test_two_jobs_of_one_user_share_one_daemon(tmp_path: Any) -> None:
     HANDLER.setup(a)
     HANDLER.setup(b)
     pid = running_pid(tmp_path)
-    assert mps_entry(a)["daemon_pid"] == mps_entry(b)["daemon_pid"] == pid
-    assert mps_entry(a)["state"] == "ready"
+    assert mps_entry(a).daemon_pid == mps_entry(b).daemon_pid == pid
+    assert mps_entry(a).state == "ready"
     assert mps_keys(a) == [client_key(0, "101"), client_key(0, "102")]
-    assert "warnings" not in b.record  # same uid: no serialisation
+    assert b.record.warnings == []  # same uid: no serialisation
     assert len(events(a, "mps-daemon-started")) == 1
     for name in ("pipe", "log"):  # the job's user and root only (was 1777: anyone could quit)
         st = os.stat(paths(tmp_path)[name])
@@ -140,7 +140,7 @@ def test_job_env_and_record(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101")
     HANDLER.setup(ctx)
     where = paths(tmp_path)
-    assert ctx.record["env"] == {
+    assert ctx.record.env == {
         "CUDA_MPS_PIPE_DIRECTORY": where["pipe"],
         "CUDA_MPS_LOG_DIRECTORY": where["log"],
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60",
@@ -148,24 +148,24 @@ def test_job_env_and_record(tmp_path: Any) -> None:
         "CUDA_VISIBLE_DEVICES": "0",
     }
     entry = mps_entry(ctx)
-    assert {k: entry[k] for k in ("kind", "gpu", "thread_percentage", "memory_limit_mb")} == {
+    assert {k: getattr(entry, k) for k in ("kind", "gpu", "thread_percentage", "memory_limit_mb")} == {
         "kind": "mps", "gpu": 0, "thread_percentage": 60, "memory_limit_mb": 30720}
-    assert on_disk(ctx, "101")["resources"][0]["state"] == "ready"  # persisted
+    assert on_disk(ctx, "101").resources[0].state == "ready"  # persisted
 
 
 def test_infer_class_gets_its_own_share(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101", cls="infer")
     HANDLER.setup(ctx)
-    assert ctx.record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
-    assert ctx.record["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert ctx.record.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert ctx.record.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
 
 
 def test_setup_twice_changes_nothing(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101")
     HANDLER.setup(ctx)
-    before = dict(ctx.record)
+    before = JobRecord.from_dict(ctx.record.to_dict())
     HANDLER.setup(ctx)
-    assert ctx.record["resources"] == before["resources"]
+    assert ctx.record.resources == before.resources
     assert len(events(ctx, "mps-daemon-started")) == 1
 
 
@@ -174,30 +174,30 @@ def test_second_user_gets_own_daemon_and_conflict_warning_on_both_jobs(tmp_path:
     a, b = job(tmp_path, "101"), job(tmp_path, "102", uid=OTHER_UID)
     HANDLER.setup(a)
     HANDLER.setup(b)
-    assert mps_entry(a)["daemon_pid"] != mps_entry(b)["daemon_pid"]
+    assert mps_entry(a).daemon_pid != mps_entry(b).daemon_pid
     assert os.stat(pipe_dir(tmp_path, uid=OTHER_UID)).st_uid == OTHER_UID
-    assert any("time-sliced" in w and "101" in w for w in b.record["warnings"])
+    assert any("time-sliced" in w and "101" in w for w in b.record.warnings)
     a_disk = on_disk(a, "101")
-    assert any("time-sliced" in w and "102" in w for w in a_disk["warnings"])
+    assert any("time-sliced" in w and "102" in w for w in a_disk.warnings)
     (ev,) = events(a, "mps-user-conflict")
     assert (ev["job"], ev["uid"], ev["other_jobs"], ev["other_uids"]) == (
         "102", OTHER_UID, ["101"], [os.getuid()])
-    assert mps_entry(b)["state"] == "ready"  # warned, not refused
+    assert mps_entry(b).state == "ready"  # warned, not refused
 
 
 @pytest.mark.parametrize("option, limit", [("10G", 10240), ("512M", 512), ("30G", 30720)])
 def test_iso_mps_mem_may_lower_the_limit(tmp_path: Any, option: str, limit: int) -> None:
     ctx = job(tmp_path, "101", spank={"iso_mps_mem": option})
     HANDLER.setup(ctx)
-    assert ctx.record["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={limit}M"
-    assert mps_entry(ctx)["memory_limit_mb"] == limit
+    assert ctx.record.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={limit}M"
+    assert mps_entry(ctx).memory_limit_mb == limit
 
 
 def test_iso_mps_mem_above_class_limit_is_refused_and_leaves_nothing(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101", spank={"iso_mps_mem": "31G"})
     with pytest.raises(JobProblem, match=r"31744 MiB\) is above the class limit of 30720 MiB"):
         HANDLER.setup(ctx)
-    assert "resources" not in ctx.record and mps_keys(ctx) == []
+    assert ctx.record.resources == [] and mps_keys(ctx) == []
     assert daemon_pid(tmp_path) is None
 
 
@@ -205,12 +205,12 @@ def test_no_class_limit_and_no_option_sets_no_pinned_limit(tmp_path: Any) -> Non
     ctx = job(tmp_path, "101")
     with_class(ctx, mps=MpsShare(thread_percentage=50))
     HANDLER.setup(ctx)
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in ctx.record["env"]
-    assert ctx.record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in ctx.record.env
+    assert ctx.record.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     other = job(tmp_path, "102", spank={"iso_mps_mem": "8G"})
     other.job_class = ctx.job_class
     HANDLER.setup(other)  # no class limit: the user may still volunteer one
-    assert other.record["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    assert other.record.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
 
 
 def test_pinned_memory_overflow_is_refused_with_the_numbers(tmp_path: Any) -> None:
@@ -222,7 +222,7 @@ def test_pinned_memory_overflow_is_refused_with_the_numbers(tmp_path: Any) -> No
         HANDLER.setup(c)
     msg = str(err.value)
     assert "2 job(s) already pin 61440 MiB" in msg and f"92160 MiB > {H100_MB} MiB" in msg
-    assert "resources" not in c.record and client_key(0, "103") not in mps_keys(c)
+    assert c.record.resources == [] and client_key(0, "103") not in mps_keys(c)
     assert daemon_pid(tmp_path) == pid
 
 
@@ -263,14 +263,14 @@ def test_second_gpu_gets_its_own_daemon(tmp_path: Any) -> None:
 def test_killed_daemon_is_restarted_with_a_warning(tmp_path: Any) -> None:
     a, b = job(tmp_path, "101"), job(tmp_path, "102")
     HANDLER.setup(a)
-    old = mps_entry(a)["daemon_pid"]
+    old = mps_entry(a).daemon_pid
     os.kill(old, signal.SIGKILL)
     assert wait_gone(old)
     HANDLER.setup(b)
     new = daemon_pid(tmp_path)
-    assert new is not None and new != old and mps_entry(b)["daemon_pid"] == new
-    assert any("had died" in w and "using it: 101" in w for w in b.record["warnings"])
-    assert any("had died" in w for w in on_disk(a, "101")["warnings"])
+    assert new is not None and new != old and mps_entry(b).daemon_pid == new
+    assert any("had died" in w and "using it: 101" in w for w in b.record.warnings)
+    assert any("had died" in w for w in on_disk(a, "101").warnings)
     (ev,) = events(b, "mps-daemon-restarted")
     assert ev["clients"] == ["101"]
 
@@ -297,10 +297,10 @@ def test_last_job_out_stops_the_daemon(tmp_path: Any) -> None:
 def test_teardown_twice_is_harmless(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101")
     HANDLER.setup(ctx)
-    pid = mps_entry(ctx)["daemon_pid"]
+    pid = mps_entry(ctx).daemon_pid
     HANDLER.teardown(ctx)
     HANDLER.teardown(ctx)
-    assert wait_gone(pid) and mps_entry(ctx)["state"] == "released"
+    assert wait_gone(pid) and mps_entry(ctx).state == "released"
     assert len(events(ctx, "mps-daemon-stopped")) == 1
 
 
@@ -328,8 +328,8 @@ def test_teardown_after_setup_killed_between_daemon_start_and_save(tmp_path: Any
         MpsIsolation(control_factory=lambda backend: _DiesAfterStart()).setup(ctx)
     pid = running_pid(tmp_path)  # the daemon exists, the record does not know its pid
     saved = on_disk(ctx, "101")
-    assert saved["resources"][0]["state"] == "pending"
-    assert saved["resources"][0]["daemon_pid"] is None
+    assert saved.resources[0].state == "pending"
+    assert saved.resources[0].daemon_pid is None
     epilog = make_context(str(tmp_path), "mps", job_id="101")
     epilog.record = saved
     HANDLER.teardown(epilog)
@@ -399,25 +399,27 @@ def test_reconcile_trusts_slurm_when_it_says_the_job_is_gone(tmp_path: Any) -> N
 def test_reconcile_removes_dirs_of_a_dead_daemon(tmp_path: Any) -> None:
     ctx = job(tmp_path, "101")
     HANDLER.setup(ctx)
-    os.kill(mps_entry(ctx)["daemon_pid"], signal.SIGKILL)
-    wait_gone(mps_entry(ctx)["daemon_pid"])
+    os.kill(mps_entry(ctx).daemon_pid, signal.SIGKILL)
+    wait_gone(mps_entry(ctx).daemon_pid)
     ctx.state.delete_job("101")
     fixes = HANDLER.reconcile(reconcile_ctx(ctx))
     assert not any(f.startswith("stop") for f in fixes)
     assert fixes[-1].startswith("remove stale MPS directory")
 
 
-@pytest.mark.parametrize("damage", [{"uid": None}, {"thread_percentage": "x"}, {"gpu": -1}])
+@pytest.mark.parametrize("damage", [{"uid": None}, {"thread_percentage": None}, {"gpu": -1}])
 def test_a_corrupt_mps_resource_is_a_node_fault_naming_the_job(
     tmp_path: Any, damage: Dict[str, Any]
 ) -> None:
     ctx = job(tmp_path, "101")
     HANDLER.setup(ctx)
     assert entry_key(mps_entry(ctx), "101") == key_of()
-    mps_entry(ctx).update(damage)
+    for name, value in damage.items():
+        setattr(mps_entry(ctx), name, value)
     with pytest.raises(NodeFault, match="job 101's record has a"):
         HANDLER.teardown(ctx)
-    mps_entry(ctx).update(gpu=0, uid=os.getuid(), thread_percentage=60)
+    entry = mps_entry(ctx)
+    entry.gpu, entry.uid, entry.thread_percentage = 0, os.getuid(), 60
     HANDLER.teardown(ctx)
     assert daemon_pid(tmp_path) is None
 
@@ -443,7 +445,7 @@ def test_a_daemon_that_does_not_confirm_its_limits_is_stopped_and_drains(tmp_pat
         handler.setup(ctx)
     assert daemon_pid(tmp_path) is None  # no job ever reaches an unlimited daemon
     assert not os.path.exists(paths(tmp_path)["base"])
-    assert "CUDA_MPS_PIPE_DIRECTORY" not in ctx.record.get("env", {})
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in ctx.record.env
 
 
 def test_reconcile_stops_a_daemon_of_the_old_shared_layout(tmp_path: Any) -> None:

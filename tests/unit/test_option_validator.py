@@ -252,13 +252,13 @@ def test_prolog_refuses_every_hostile_value_with_a_record(
         assert rec is not None, f"--{name}={value[:40]!r}: no record"
         lines = task_prolog.lines_for(rec, job)
         if (name, value) in VALID:
-            assert rec["status"] == "ready", (name, value, rec.get("reason"))
+            assert rec.status == "ready", (name, value, rec.reason)
         else:
-            assert rec["status"] == "refused", (name, value)
-            assert f"--{name.replace('_', '-')}=" in rec["reason"]
+            assert rec.status == "refused", (name, value)
+            assert f"--{name.replace('_', '-')}=" in rec.reason
             assert lines[0] == "export CUDA_VISIBLE_DEVICES="
             assert all(ln.isprintable() for ln in lines)
-            assert rec["fence"]["uid"] == os.getuid() and rec["fence"]["gpus"] == [i % 2]
+            assert rec.fence["uid"] == os.getuid() and rec.fence["gpus"] == [i % 2]
         assert run_hook("epilog", env, cfg_path, drains) == 0
         assert state(tmp).read_job(job) is None
     assert drains.calls == []
@@ -336,5 +336,5 @@ io.write(slurm_job_submit(job, {}, 0), "\\t", said)
                   SPANK__SLURM_SPANK_OPTION_slurmiso_iso_mps_mem="900G")
     assert run_hook("prolog", env, cfg_path, Drains()) == 0
     rec = state(tmp).read_job("900")
-    assert rec is not None and rec["status"] == "refused" and "passed twice" in rec["reason"]
+    assert rec is not None and rec.status == "refused" and "passed twice" in rec.reason
     assert run_hook("epilog", env, cfg_path, Drains()) == 0

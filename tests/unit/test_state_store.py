@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from slurmiso.errors import StateError
-from slurmiso.state import NodeState
+from slurmiso.state import JobRecord, NodeState
 from slurmiso.state import store as store_mod
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -61,16 +61,21 @@ def test_reads_of_missing_state_are_empty(state: NodeState) -> None:
     assert not os.path.exists(state.state_dir)
 
 
+def _rec(**fields: Any) -> JobRecord:
+    return JobRecord.from_dict(fields)
+
+
 def test_job_round_trip(state: NodeState) -> None:
-    record = {"class": "infer", "gpus": [0, 1], "mig": {"gi": 3}}
+    record = _rec(**{"class": "infer", "gpus": [0, 1], "mig": {"gi": 3}})
     state.write_job("1234", record)
-    state.write_job(77, {"class": "train", "schema": 1})
-    state.write_job("1234_5", {"class": "train"})
-    assert "schema" not in record  # the caller's dict is not changed
-    assert state.read_job("1234") == {**record, "schema": 1}
+    state.write_job(77, _rec(**{"class": "train"}))
+    state.write_job("1234_5", _rec(**{"class": "train"}))
+    assert state.read_job("1234") == record
+    assert state.read_job("1234").job_class == "infer"  # type: ignore[union-attr]
+    assert state.read_job("1234").extra == {"mig": {"gi": 3}}  # type: ignore[union-attr]
     assert set(state.jobs()) == {"1234", "77", "1234_5"}
-    state.write_job("1234", {"class": "train"})
-    assert state.read_job("1234") == {"class": "train", "schema": 1}
+    state.write_job("1234", _rec(**{"class": "train"}))
+    assert state.read_job("1234") == _rec(**{"class": "train"})
     state.delete_job("1234")
     assert state.read_job("1234") is None
     assert set(state.jobs()) == {"77", "1234_5"}
@@ -87,7 +92,7 @@ def test_ensure_sets_modes_despite_umask(state: NodeState) -> None:
     old = os.umask(0o077)
     try:
         state.ensure()
-        state.write_job("5", {})
+        state.write_job("5", JobRecord("5"))
     finally:
         os.umask(old)
     for d in (state.state_dir, state.jobs_dir):
@@ -103,7 +108,7 @@ BAD_IDS = ["../etc/passwd", "1;rm", "", "1/2", "1_", "_1", "1\n", "1.json", "-1"
 @pytest.mark.parametrize("job_id", BAD_IDS)
 def test_job_id_injection_refused(state: NodeState, job_id: str) -> None:
     for call in (
-        lambda: state.write_job(job_id, {}),
+        lambda: state.write_job(job_id, JobRecord()),
         lambda: state.read_job(job_id),
         lambda: state.delete_job(job_id),
         lambda: state.set_allocations({"gpu0": job_id}),
@@ -120,7 +125,7 @@ def test_symlinked_state_dir_refused(tmp_path: Path) -> None:
     with pytest.raises(StateError, match="symlink"):
         st.ensure()
     with pytest.raises(StateError, match="symlink"):
-        st.write_job("1", {})
+        st.write_job("1", JobRecord("1"))
     if os.geteuid() == 0:
         with pytest.raises(StateError, match="symlink"):
             st.read_job("1")
@@ -180,13 +185,13 @@ def test_symlinked_job_file_is_not_followed(state: NodeState, tmp_path: Path) ->
     os.symlink(victim, state.job_path("7"))
     with pytest.raises(StateError, match="symlink"):
         state.read_job("7")
-    state.write_job("7", {"new": 1})  # replaces the link, never writes through it
+    state.write_job("7", _rec(new=1))  # replaces the link, never writes through it
     assert victim.read_text() == '{"keep": 1}'
-    assert state.read_job("7") == {"new": 1, "schema": 1}
+    assert state.read_job("7") == _rec(new=1)
 
 
 def test_corrupt_file_names_file_and_fix(state: NodeState) -> None:
-    state.write_job("9", {"a": 1})
+    state.write_job("9", _rec(a=1))
     Path(state.job_path("9")).write_text('{"a": 1, "b"')
     with pytest.raises(StateError) as info:
         state.read_job("9")
@@ -199,14 +204,14 @@ def test_corrupt_file_names_file_and_fix(state: NodeState) -> None:
 
 
 def test_temp_files_ignored_and_cleaned(state: NodeState) -> None:
-    state.write_job("3", {"a": 1})
+    state.write_job("3", _rec(a=1))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stray = os.path.join(state.jobs_dir, f".3.json.{dead.pid}.deadbeef.tmp")
     live = os.path.join(state.jobs_dir, f".4.json.{os.getpid()}.cafe.tmp")
     for path in (stray, live):
         Path(path).write_text('{"half')
-    assert state.jobs() == {"3": {"a": 1, "schema": 1}}
+    assert state.jobs() == {"3": _rec(a=1)}
     NodeState(state.state_dir).ensure()
     assert not os.path.exists(stray)
     assert os.path.exists(live)  # its writer is alive: it is about to be renamed
@@ -256,8 +261,11 @@ def test_lock_timeout_names_lock_and_holder(state: NodeState) -> None:
 # -- kill -9 mid-write ---------------------------------------------------------------------
 
 VERSIONS = """
+from slurmiso.state.record import JobRecord
+
 def job_version(tag):
-    return {"tag": tag, "blob": tag * 400_000, "items": [tag + str(i) for i in range(20_000)]}
+    return JobRecord.from_dict(
+        {"tag": tag, "blob": tag * 400_000, "items": [tag + str(i) for i in range(20_000)]})
 
 def alloc_version(jobid):
     return {f"gpu{g}/mig/gi{i}": jobid for g in range(8) for i in range(2_000)}
@@ -306,7 +314,7 @@ def test_kill_9_mid_write_leaves_a_complete_version(
     state: NodeState, writers: List[subprocess.Popen]
 ) -> None:
     ns = _versions()
-    jobs = [dict(ns["job_version"](tag), schema=1) for tag in "AB"]
+    jobs = [ns["job_version"](tag) for tag in "AB"]
     allocs = [ns["alloc_version"](job_id) for job_id in ("1001", "2002")]
     state.write_job("42", jobs[0])
     state.set_allocations(allocs[0])
@@ -330,12 +338,12 @@ def test_kill_9_mid_write_leaves_a_complete_version(
         assert job in jobs, f"round {round_}: job record is neither complete version"
         assert state.allocations() in allocs, f"round {round_}: allocations torn"
         assert job is not None
-        seen_tags.add(job["tag"])
+        seen_tags.add(job.extra["tag"])
         if _temp_files(state):
             leftovers += 1
             state.cleanup_temp()
             assert _temp_files(state) == []
-    assert json.loads(Path(state.job_path("42")).read_text())["schema"] == 1
+    assert json.loads(Path(state.job_path("42")).read_text())["schema"] == 2
     # The test only proves something if kills landed mid-write and both versions were seen.
     assert leftovers > 0, "no kill landed mid-write"
     assert seen_tags == {"A", "B"}, f"only saw {seen_tags}"

@@ -314,7 +314,8 @@ def test_helper_request_flag_and_report(tmp_path, monkeypatch) -> None:
 def test_helper_resume_values(monkeypatch) -> None:
     monkeypatch.setenv("SLURMISO_RESUME", "/c/step-3.pt")
     monkeypatch.setenv("SLURMISO_RESUME_STEP", "3")
-    monkeypatch.setenv("SLURMISO_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURMISO_RESTART_COUNT", "9")  # the wrapper's copy, for other languages
     assert checkpoint.resume_path() == "/c/step-3.pt"
     assert (checkpoint.resume_step(), checkpoint.restart_count()) == (3, 2)
     monkeypatch.setenv("SLURMISO_RESUME", "")
