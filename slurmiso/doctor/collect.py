@@ -106,7 +106,7 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
 
 def _fence_kernel() -> Dict[str, Any]:
     """Can this node's kernel take slurmiso_fence.so's cgroup v2 fence (doctor/fences.py)?"""
-    from slurmiso.isolation.fence import bpf_device_support, cgroup2_mount
+    from slurmiso.isolation.bpf_probe import bpf_device_support, cgroup2_mount
 
     ok, detail = bpf_device_support()
     return {"cgroup2": cgroup2_mount(), "bpf_device": ok, "detail": detail}

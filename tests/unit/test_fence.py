@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from slurmiso.isolation import fence
+from slurmiso.isolation import bpf_probe, fence
 from slurmiso.mig.gres import computed_cap_minor
 from slurmiso.state.record import JobRecord, RecordStatus, Resource
 
@@ -198,7 +198,7 @@ def _kernel_config():
 
 def test_bpf_device_support_is_measured_as_root_and_unknown_otherwise(monkeypatch):
     """doctor's cgroup v2 fact: this kernel loads the program type the v2 fence needs."""
-    ok, detail = fence.bpf_device_support()
+    ok, detail = bpf_probe.bpf_device_support()
     config = _kernel_config()
     if os.geteuid() != 0:
         assert ok is None and "root" in detail
@@ -206,8 +206,8 @@ def test_bpf_device_support_is_measured_as_root_and_unknown_otherwise(monkeypatc
         assert ok is ("CONFIG_CGROUP_BPF=y" in config.splitlines()), detail
     else:
         assert ok is not None, detail
-    monkeypatch.setattr(fence.platform, "machine", lambda: "vax")
-    assert fence.bpf_device_support() == (None, "bpf(2) number unknown for vax")
+    monkeypatch.setattr(bpf_probe.platform, "machine", lambda: "vax")
+    assert bpf_probe.bpf_device_support() == (None, "bpf(2) number unknown for vax")
 
 
 def test_cgroup2_mount_read_from_mountinfo(tmp_path):
@@ -215,7 +215,7 @@ def test_cgroup2_mount_read_from_mountinfo(tmp_path):
     info.write_text(
         "30 25 0:26 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro,mode=755\n"
         "34 30 0:29 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw\n")
-    assert fence.cgroup2_mount(str(info)) == "/sys/fs/cgroup/unified"
+    assert bpf_probe.cgroup2_mount(str(info)) == "/sys/fs/cgroup/unified"
     info.write_text("30 25 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs ro\n")
-    assert fence.cgroup2_mount(str(info)) is None
-    assert fence.cgroup2_mount(str(tmp_path / "absent")) is None
+    assert bpf_probe.cgroup2_mount(str(info)) is None
+    assert bpf_probe.cgroup2_mount(str(tmp_path / "absent")) is None

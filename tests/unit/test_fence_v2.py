@@ -31,6 +31,7 @@ import pytest
 
 from slurmiso.isolation import fence
 from slurmiso.mig.gres import computed_cap_minor
+from slurmiso.state.record import JobRecord, Resource
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = os.path.join(REPO, "spank", "slurmiso_fence.c")
@@ -195,8 +196,7 @@ def reached(result: Dict[str, str]) -> Set[str]:
 
 
 def migd_fence(gpu: int, gi: int, gpus_per_node: int, dev: str) -> List[str]:
-    record = {"mode": "mig-dynamic",
-              "resources": [{"kind": "mig-dynamic", "gpu": gpu, "gi": gi, "ci": 0}]}
+    record = JobRecord(mode="mig-dynamic", resources=[Resource("mig-dynamic", gpu=gpu, gi=gi, ci=0)])
     _why, rules, _narrow = fence.job_fence(record, False, dev, gpus_per_node)
     return rules
 
