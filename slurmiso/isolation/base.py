@@ -17,10 +17,10 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol
 
 from slurmiso.errors import NodeFault
+from slurmiso.values import Value, field
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, JobClass, Pool
@@ -40,8 +40,7 @@ PREPARING, READY, REFUSED, RELEASING, RELEASED = (
 )
 
 
-@dataclass
-class Context:
+class Context(Value, frozen=False):
     """Everything a handler may use for one job on one node. Built by the hooks.
 
     ``record`` is the job's persisted record (a JSON dict); handlers add to
@@ -144,8 +143,7 @@ class Isolation(Protocol):
         """Remove this mode's orphans (no live job record); return one line per fix."""
 
 
-@dataclass
-class ReconcileContext:
+class ReconcileContext(Value, frozen=False):
     """What ``slurmiso reconcile`` hands each handler: the node, no particular job."""
 
     config: Config

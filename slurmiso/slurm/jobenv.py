@@ -8,10 +8,10 @@ are user-controlled and never used for anything privileged. SPANK options arrive
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
 from slurmiso.errors import JobProblem
+from slurmiso.values import Value, field
 
 SPANK_PLUGIN = "slurmiso"
 _RAW_PREFIX = f"SPANK__SLURM_SPANK_OPTION_{SPANK_PLUGIN}_"
@@ -21,8 +21,7 @@ _UID_MAX = 2**32 - 2
 _MAX_GPU_INDEX = 4096
 
 
-@dataclass(frozen=True)
-class JobEnv:
+class JobEnv(Value, eq=True):
     job_id: str
     uid: int
     user: str
