@@ -15,6 +15,7 @@ A leaf module: no slurmiso imports, and only ``typing`` names at run time.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Tuple, TypeVar
 
 if TYPE_CHECKING:
@@ -58,7 +59,9 @@ class Value:
 
     def __init_subclass__(cls, frozen: bool = True, eq: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("__annotations__", {})
+        own = cls.__dict__.get("__annotations__")
+        if own is None:  # none of its own; Python 3.14 builds them on first access (PEP 649)
+            own = cls.__annotations__ if sys.version_info >= (3, 10) else {}
         names = [n for n, kind in own.items() if "ClassVar" not in str(kind)]
         defaults = dict(cls._defaults)
         for name in names:
