@@ -1,4 +1,4 @@
-"""Configuration: one strict, versioned YAML file loaded into frozen dataclasses."""
+"""Configuration: one strict, versioned YAML file loaded into frozen value classes."""
 
 from slurmiso.config.loader import DEFAULT_PATH, config_path, load_config, parse_config
 from slurmiso.config.model import Config, JobClass, MigLayout, Pool

@@ -77,15 +77,12 @@ def store(src: str, data: Any) -> None:
         text = json.dumps({"key": key, "data": data})
     except (TypeError, ValueError):  # YAML dates and the like: not worth a cache
         return
+    from slurmiso.atomic import write_atomic
+
     try:
         os.makedirs(folder, 0o700, exist_ok=True)
         if not _safe_dir(folder):
             return
-        path = _path(folder, src)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        write_atomic(_path(folder, src), text, 0o600)
     except OSError as exc:
         log.debug("config cache not written: %s", exc)

@@ -1,15 +1,17 @@
-"""The configuration as frozen dataclasses: loaded once, validated, then only read.
+"""The configuration as frozen value classes: loaded once, validated, then only read.
 
 Everything here is plain data with small lookups; parsing and validation live in
 :mod:`slurmiso.config.loader`. Durations are seconds, memory sizes MiB, percentages 0..100.
+The classes are :class:`~slurmiso.values.Value`, not dataclasses: every prolog and epilog
+builds all of them, and a dataclass costs about a millisecond to define.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
 from slurmiso.hostlist import expand_node
+from slurmiso.values import Value
 
 ISOLATIONS = ("exclusive", "mig", "mps", "timeslice")
 POOL_MODES = ("exclusive", "mig-static", "mig-dynamic", "mps", "timeslice")
@@ -27,8 +29,7 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT")
 SEVERITIES = ("info", "warning", "error")
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Match:
+class Match(Value):
     """How a job is recognised: any listed QoS, partition or account, or the SPANK option."""
 
     qos: Tuple[str, ...] = ()
@@ -37,22 +38,19 @@ class Match:
     spank_class: str = ""
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class MpsShare:
+class MpsShare(Value):
     thread_percentage: int = 100
     memory_limit_mb: int = 0  # 0 = no pinned-memory limit
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Checkpoint:
+class Checkpoint(Value):
     signal: str = "USR2"
     grace_s: int = 120
     max_requeues: int = 20
     warn_before_limit_s: int = 300  # --signal lead time before the time limit
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class QosSpec:
+class QosSpec(Value):
     """What ``qos apply`` makes of a class in ``sacctmgr``."""
 
     name: str
@@ -63,8 +61,7 @@ class QosSpec:
     accounts: Tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class JobClass:
+class JobClass(Value):
     name: str
     description: str
     match: Match
@@ -83,8 +80,7 @@ class JobClass:
         return table.get(model) or table.get("*", "")
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Pool:
+class Pool(Value):
     name: str
     nodes: str  # hostlist expression as written
     node_names: Tuple[str, ...]
@@ -98,8 +94,7 @@ class Pool:
     shards_per_gpu: int = 7
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class MigGroup:
+class MigGroup(Value):
     """One entry of a mig-parted config: which devices, MIG on/off, how many of each profile."""
 
     devices: Optional[Tuple[int, ...]]  # None = all
@@ -113,8 +108,7 @@ class MigGroup:
         return dict(self.mig_devices)
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class MigLayout:
+class MigLayout(Value):
     name: str
     groups: Tuple[MigGroup, ...]
 
@@ -126,8 +120,7 @@ class MigLayout:
         return None
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Paths:
+class Paths(Value):
     state_dir: str = "/run/slurmiso"
     journal: str = "/var/log/slurmiso/%n.jsonl"  # one per node: a shared dir serves the audit
     dcgm_job_mapping_dir: str = ""
@@ -145,29 +138,25 @@ class Paths:
         return expand_node(self.journal, node)
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class GpuSettings:
+class GpuSettings(Value):
     backend: str = "auto"
     sim_state: str = "/var/lib/slurmiso/sim/%n.json"
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Thresholds:
+class Thresholds(Value):
     memory_used_pct: int = 75
     sm_active_pct: int = 85
     hysteresis_pct: int = 10
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Stagger:
+class Stagger(Value):
     max_starts: int = 4
     interval_s: int = 60
     #: A backlog of held training jobs is released within about this long.
     backlog_drain_s: int = 3600
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Limits:
+class Limits(Value):
     """Per-hour limits of the monitor's actions (so a bursty queue never makes it flap)."""
 
     partition_updates_per_hour: int = 6
@@ -175,8 +164,7 @@ class Limits:
     gate_opens_per_hour: int = 2
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class TelemetrySource:
+class TelemetrySource(Value):
     source: str = "agents"
     agent_port: int = 9810
     prometheus_url: str = ""
@@ -188,16 +176,14 @@ class TelemetrySource:
     deadline_s: int = 0
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Slo:
+class Slo(Value):
     class_name: str
     max_queue_wait_s: Optional[int] = None
     p99_latency_ms: Optional[float] = None
     latency_query: str = ""
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Relayout:
+class Relayout(Value):
     """How a MIG re-layout empties its node: ``wait`` for every job, or ``preempt-training``
     (requeue the training jobs on it once it has drained ``preempt_after_s``; never inference)."""
 
@@ -205,35 +191,32 @@ class Relayout:
     preempt_after_s: int = 0
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class MonitorSettings:
+class MonitorSettings(Value):
     interval_s: int = 30
     dry_run: bool = False
-    thresholds: Thresholds = field(default_factory=Thresholds)
+    thresholds: Thresholds = Thresholds()
     min_dwell_s: int = 300
-    stagger: Stagger = field(default_factory=Stagger)
-    telemetry: TelemetrySource = field(default_factory=TelemetrySource)
+    stagger: Stagger = Stagger()
+    telemetry: TelemetrySource = TelemetrySource()
     slo: Tuple[Slo, ...] = ()
     #: ``nodes`` (recommended): keep pending training off hot or unknown nodes with the job's
     #: ExcNodeList; ``hold`` (default, as before) pending training jobs, or ``qos-limit``: cap
     #: the training QoS's GrpTRES at what training uses now (jobs wait with reason
     #: QOSGrpGRES; none is held).
     admission: str = "hold"
-    relayout: Relayout = field(default_factory=Relayout)
+    relayout: Relayout = Relayout()
     #: Unknown or stale telemetry admits training as if calm (default: it admits none).
     unknown_admits: bool = False
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = Limits()
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class AuditSettings:
+class AuditSettings(Value):
     severity: str = "warning"
     long_infer_job_s: int = 4 * 3600
     repeated_preemptions: int = 3
 
 
-@dataclass(frozen=True, eq=False)  # eq unused; halves class-creation cost at start-up
-class Config:
+class Config(Value):
     """A validated slurmiso configuration. ``source`` is the file it came from."""
 
     version: int

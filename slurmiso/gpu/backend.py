@@ -1,22 +1,44 @@
-"""The one interface between slurmiso and GPUs.
+"""The one interface between slurmiso and GPUs: what a backend returns, and its protocols.
 
 Hooks, wrapper, agent and monitor talk to a :class:`GpuBackend`; two implementations exist:
 ``nvml`` (pynvml, real hardware) and ``sim`` (a file-backed simulated node shared by separate
 processes). Both raise only :mod:`slurmiso.errors` ``Gpu*`` errors, translated from NVML's codes
 where the backend calls NVML, so callers can apply one failure policy.
+
+The protocols themselves (:class:`GpuBackend` and its narrow parts) live in
+:mod:`slurmiso.gpu.protocols` and are re-exported here on first use: a ``typing.Protocol``
+costs milliseconds to define, and the hooks, which build a backend on every job start, only
+ever name them in annotations. The value classes are :class:`~slurmiso.values.Value`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Tuple, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from slurmiso.errors import GpuError
-from slurmiso.gpu.profiles import MigProfile
+from slurmiso.values import Value, as_dict, field
+
+if TYPE_CHECKING:
+    from slurmiso.gpu.protocols import GpuBackend as GpuBackend
+    from slurmiso.gpu.protocols import GpuInventory as GpuInventory
+    from slurmiso.gpu.protocols import GpuTelemetry as GpuTelemetry
+    from slurmiso.gpu.protocols import MigControl as MigControl
+    from slurmiso.gpu.protocols import MigModeSetter as MigModeSetter
+
+#: Names this module re-exports from :mod:`slurmiso.gpu.protocols` when first asked for.
+PROTOCOLS = ("GpuBackend", "GpuInventory", "GpuTelemetry", "MigControl", "MigModeSetter")
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
+def __getattr__(name: str) -> Any:
+    """The protocols, imported on first use (``isinstance(b, GpuBackend)``, not annotations)."""
+    if name in PROTOCOLS:
+        from slurmiso.gpu import protocols
+
+        return getattr(protocols, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class DeviceInfo(Value, eq=True):
     """A physical GPU as the backend sees it now."""
 
     index: int
@@ -32,11 +54,10 @@ class DeviceInfo:
     mig_pending: bool
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
 
-@dataclass(frozen=True)
-class MigInstance:
+class MigInstance(Value, eq=True):
     """A MIG GPU instance and, when created, its (single, full-size) compute instance.
 
     ``uuid`` is the MIG device UUID (``MIG-...``) that goes into ``CUDA_VISIBLE_DEVICES``; it
@@ -54,11 +75,10 @@ class MigInstance:
     memory_used_mb: int = 0
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(Value, eq=True):
     """A process holding a GPU context (compute), with its memory on that GPU/MIG device."""
 
     pid: int
@@ -68,11 +88,10 @@ class GpuProcess:
     name: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
 
-@dataclass(frozen=True)
-class Telemetry:
+class Telemetry(Value, eq=True):
     """Per-GPU activity numbers the agent exports (0.0..1.0 ratios, as DCGM's PROF fields).
     ``sm_active`` None = not measured (no GPM/DCGM): unknown, never 0; ``sm_source`` says
     where it came from ("gpm", "dcgm"); ``gr_engine_active`` is graphics-engine busy time."""
@@ -87,8 +106,7 @@ class Telemetry:
     sm_occupancy: Optional[float] = None
 
 
-@dataclass(frozen=True)
-class Capabilities:
+class Capabilities(Value, eq=True):
     """What a backend can do beyond its protocols, declared by the backend itself: callers
     read these flags and never probe for methods or compare backend names."""
 
@@ -97,86 +115,6 @@ class Capabilities:
     set_mig_mode: bool = False
     #: The GPUs are simulated, so what runs beside them (MPS daemons) is simulated too.
     simulated: bool = False
-
-
-_B = TypeVar("_B")
-
-
-class GpuInventory(Protocol):
-    """Which GPUs the node has and who uses them; a context manager that closes the session.
-
-    Instances are cheap to create and must not touch hardware in ``__init__`` (hooks build one
-    on every job start); the first method call connects. Index arguments are NVML indices.
-    """
-
-    name: str
-    capabilities: Capabilities
-
-    def devices(self) -> List[DeviceInfo]:
-        """All GPUs of the node, by index."""
-
-    def device(self, index: int) -> DeviceInfo:
-        """One GPU; :class:`~slurmiso.errors.GpuNotFound` if there is none at ``index``."""
-
-    def processes(self, index: Optional[int] = None) -> List[GpuProcess]:
-        """Compute processes on one GPU (including its MIG devices), or on all."""
-
-    def close(self) -> None:
-        """Release the backend (NVML shutdown); idempotent."""
-
-    def __enter__(self: _B) -> _B: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-class MigControl(Protocol):
-    """MIG instances: read, create and destroy (MIG mode itself is an admin action)."""
-
-    def mig_mode(self, index: int) -> Tuple[bool, bool]:
-        """(current, pending) MIG mode of a GPU."""
-
-    def profiles(self, index: int) -> List[MigProfile]:
-        """MIG GPU-instance profiles the GPU supports (empty if it has no MIG)."""
-
-    def free_placements(self, index: int, profile: str) -> List[int]:
-        """Start slices where ``profile`` could be created now."""
-
-    def create_gpu_instance(
-        self, index: int, profile: str, placement: Optional[int] = None
-    ) -> MigInstance:
-        """Create a GPU instance; NVML picks the placement when ``placement`` is None."""
-
-    def create_compute_instance(self, index: int, gi_id: int) -> MigInstance:
-        """Create the full-size compute instance of a GPU instance; returns it with its UUID."""
-
-    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
-        """Destroy a compute instance (:class:`GpuInUse` while processes use it)."""
-
-    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
-        """Destroy a GPU instance (:class:`GpuInUse` while it has compute instances)."""
-
-    def instances(self, index: Optional[int] = None) -> List[MigInstance]:
-        """MIG instances of one GPU, or of all GPUs."""
-
-
-class MigModeSetter(Protocol):
-    """Backends whose :class:`Capabilities` declare ``set_mig_mode``."""
-
-    def set_mig_mode(self, index: int, enabled: bool) -> None:
-        """Switch MIG mode of an idle GPU."""
-
-
-class GpuTelemetry(Protocol):
-    """Activity figures the agent exports."""
-
-    def telemetry(self, index: int) -> Telemetry:
-        """Activity figures for a GPU; a figure the driver does not give is None."""
-
-
-@runtime_checkable
-class GpuBackend(GpuInventory, MigControl, GpuTelemetry, Protocol):
-    """A node's GPUs: inventory, MIG and telemetry, what :func:`slurmiso.gpu.open_backend`
-    returns. Code that needs one concern takes the narrow protocol."""
 
 
 def create_mig_device(

@@ -9,12 +9,12 @@ occupies ``[s, s+size)``. Compute slices (7 or 4) are a second budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
+from slurmiso.values import Value
 
-@dataclass(frozen=True)
-class MigProfile:
+
+class MigProfile(Value, eq=True):
     """One GPU instance profile as NVML describes it."""
 
     name: str  # e.g. "3g.40gb"
@@ -31,8 +31,7 @@ class MigProfile:
         return self.compute_slices / 7.0
 
 
-@dataclass(frozen=True)
-class GpuModel:
+class GpuModel(Value, eq=True):
     """A GPU model: identity, memory and its MIG catalogue (empty when MIG is unsupported)."""
 
     name: str  # canonical short name used in configs: "H100-80GB"

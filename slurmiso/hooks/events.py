@@ -26,8 +26,9 @@ import logging
 import math
 import os
 import stat
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+from slurmiso.values import Value, field
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +52,13 @@ _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 
 )
 
 
-@dataclass(frozen=True)
-class UserEvent:
+class UserEvent(Value, eq=True):
     event: str
     ts: Optional[str]
     fields: Dict[str, Any]
 
 
-@dataclass
-class Folded:
+class Folded(Value, frozen=False):
     records: List[UserEvent] = field(default_factory=list)
     dropped: int = 0
     why: str = ""

@@ -17,11 +17,11 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Protocol
 
 from slurmiso.errors import NodeFault
 from slurmiso.state.record import JobRecord, RecordStatus, Resource, ResourceState
+from slurmiso.values import Value, field
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, JobClass, Pool
@@ -42,8 +42,7 @@ __all__ = ["PREPARING", "READY", "REFUSED", "RELEASING", "Context", "Isolation",
            "ReconcileContext", "handler_for", "JobRecord", "Resource", "ResourceState"]
 
 
-@dataclass
-class Context:
+class Context(Value, frozen=False):
     """Everything a handler may use for one job on one node. Built by the hooks.
 
     ``record`` is the job's persisted :class:`JobRecord`; handlers add to
@@ -146,8 +145,7 @@ class Isolation(Protocol):
         """Remove this mode's orphans (no live job record); return one line per fix."""
 
 
-@dataclass
-class ReconcileContext:
+class ReconcileContext(Value, frozen=False):
     """What ``slurmiso reconcile`` hands each handler: the node, no particular job."""
 
     config: Config

@@ -10,16 +10,19 @@ prolog killed halfway finds (and destroys) what may have been created.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from slurmiso.errors import GpuInsufficientResources, GpuInUse, GpuNotFound, JobProblem, NodeFault
-from slurmiso.gpu.backend import GpuBackend, MigInstance, create_mig_device, destroy_mig_device
+from slurmiso.gpu.backend import MigInstance, create_mig_device, destroy_mig_device
 from slurmiso.gpu.placement import best_placement, capacity
 from slurmiso.gpu.profiles import GpuModel, lookup_model
 from slurmiso.isolation import processes
 from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.mig.claims import claim_key, claimed_instances
 from slurmiso.state.record import JobRecord, Resource, ResourceState
+
+if TYPE_CHECKING:  # the protocols are costly to define; hooks only annotate with them
+    from slurmiso.gpu.protocols import GpuBackend
 
 log = logging.getLogger(__name__)
 KIND = "mig-dynamic"

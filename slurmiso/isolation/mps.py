@@ -31,11 +31,10 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set
 
 from slurmiso.config.model import MpsShare
 from slurmiso.errors import JobProblem, NodeFault
-from slurmiso.gpu.backend import GpuBackend
 from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.mps_daemon import MpsControl, mps_control_for
 from slurmiso.isolation.mps_dirs import (
@@ -53,6 +52,9 @@ from slurmiso.isolation.processes import clean_job_devices
 from slurmiso.state import Journal, NodeState
 from slurmiso.state.record import JobRecord, Resource, ResourceState
 from slurmiso.units import parse_size
+
+if TYPE_CHECKING:  # the protocols are costly to define; hooks only annotate with them
+    from slurmiso.gpu.protocols import GpuBackend
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,13 @@ import logging
 import os
 import re
 import time
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence
 
-from slurmiso.gpu.backend import GpuBackend, GpuProcess
+from slurmiso.gpu.backend import GpuProcess
 from slurmiso.pids import pid_alive
+
+if TYPE_CHECKING:  # the protocols are costly to define; hooks only annotate with them
+    from slurmiso.gpu.protocols import GpuBackend
 
 log = logging.getLogger(__name__)
 _CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import MigLayout, Pool
@@ -27,6 +26,7 @@ from slurmiso.errors import GpuError, StateError
 from slurmiso.gpu.backend import DeviceInfo, MigInstance
 from slurmiso.gpu.placement import pack
 from slurmiso.gpu.profiles import GpuModel
+from slurmiso.values import Value, as_dict
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,7 @@ _GI_SLOTS = 15
 _PER_GI = 9  # GI access + 8 CI slots
 
 
-@dataclass(frozen=True)
-class GresEntry:
+class GresEntry(Value, eq=True):
     """One ``Name=gpu`` record; ``index`` is its position = its ``SLURM_JOB_GPUS`` value."""
 
     index: int
@@ -71,7 +70,7 @@ class GresEntry:
         return f"Name=gpu Type={gpu_type} File={self.files[0]}"
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        return as_dict(self)
 
 
 # ------------------------------------------------------------------------- cap minors

@@ -225,8 +225,6 @@ def spank_options(env: Mapping[str, str]) -> Tuple[Dict[str, str], Tuple[str, ..
     A refused value is reported, not raised: the prolog must write a refusal record for it,
     because no record would let the job start on the raw GPU.
     """
-    from slurmiso.submit.options import OPTIONS, problem
-
     out: Dict[str, str] = {}
     problems = []
     for key, value in env.items():
@@ -238,6 +236,8 @@ def spank_options(env: Mapping[str, str]) -> Tuple[Dict[str, str], Tuple[str, ..
                 name = "iso_" + name
         else:
             continue
+        from slurmiso.submit.options import OPTIONS, problem  # only jobs with options need it
+
         if name not in OPTIONS:
             continue
         why = problem(name, value)

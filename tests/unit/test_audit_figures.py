@@ -345,19 +345,18 @@ def test_sacct_down_exits_2_as_documented(tmp_path, capsys, monkeypatch):
 def test_shipped_journal_path_reads_every_node_on_a_sacct_host(tmp_path, monkeypatch):
     """The shipped config's journal has %n, so a host with the shared directory reads each
     node's file instead of warning that 'journal.jsonl' is missing every day."""
-    import dataclasses
-
     from slurmiso.audit.collect import journal_paths
     from slurmiso.config import load_config
+    from slurmiso.values import replace
 
     cfg = load_config(os.path.join(ROOT, "etc", "slurmiso.yaml"))
     assert "%n" in cfg.paths.journal
     shared = str(tmp_path)
     for node in ("gpu001", "gpu033"):
         open(os.path.join(shared, f"{node}.jsonl"), "w").close()
-    local = dataclasses.replace(cfg.paths, journal=cfg.paths.journal.replace(
+    local = replace(cfg.paths, journal=cfg.paths.journal.replace(
         os.path.dirname(cfg.paths.journal), shared))
-    found = journal_paths(dataclasses.replace(cfg, paths=local), [])
+    found = journal_paths(replace(cfg, paths=local), [])
     assert sorted(os.path.basename(j["path"]) for j in found) == ["gpu001.jsonl", "gpu033.jsonl"]
     assert not any(j["missing"] for j in found)
 

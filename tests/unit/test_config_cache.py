@@ -56,3 +56,27 @@ def test_cached_config_is_still_validated(tmp_path: Any, monkeypatch: Any) -> No
 
     with pytest.raises(ConfigError, match="150"):
         load_config(str(cfg_path))
+
+
+def test_the_cache_is_written_by_the_one_atomic_write(tmp_path: Any, monkeypatch: Any) -> None:
+    """store() goes through slurmiso.atomic.write_atomic (fsync of file and directory, an
+    exclusive random temp name), owner-only, and leaves no temp file behind."""
+    from slurmiso import atomic
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SLURMISO_CACHE_DIR", str(folder))
+    calls = []
+    real = atomic.write_atomic
+
+    def spy(path: str, data: Any, mode: Any = None) -> None:
+        calls.append((path, mode))
+        real(path, data, mode)
+
+    monkeypatch.setattr(atomic, "write_atomic", spy)
+    cfg_path = tmp_path / "c.yaml"
+    shutil.copy(EXAMPLE, cfg_path)
+    load_config(str(cfg_path))
+    (entry,) = list(folder.iterdir())
+    assert calls == [(str(entry), 0o600)]
+    assert os.stat(entry).st_mode & 0o777 == 0o600
+    assert cache.lookup(str(cfg_path)) is not None

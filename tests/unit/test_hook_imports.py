@@ -40,6 +40,11 @@ NOT_ON_PATH = (
     "hashlib",  # loads OpenSSL
     "platform",
     "psutil",
+    "dataclasses",  # value classes are slurmiso.values.Value: no code generated per class
+    "inspect",  # what dataclasses imports (with ast, dis, tokenize's callers)
+    "ast",
+    "slurmiso.gpu.protocols",  # typing.Protocol classes: only annotations name them here
+    "slurmiso.submit",  # SPANK option rules: only for a job that passed options
     "slurmiso.cli",
     "slurmiso.gpu.nvml",
     "slurmiso.config.schema",
@@ -111,6 +116,42 @@ def test_prolog_and_epilog_with_a_fresh_cache_import_nothing_heavy(tmp_path: Any
         assert "slurmiso.hooks.runner" in mods and "slurmiso.config.loader" in mods
         heavy = [name for name in NOT_ON_PATH if _loaded(mods, name)]
         assert heavy == [], f"{phase} imported {heavy} with a fresh config cache"
+    assert SimBackend(f"{tmp}/sim.json").instances() == []  # the hooks did their work
+
+
+ENTRY = """
+import gc, sys
+from slurmiso.hooks.prolog import main
+phase, how = sys.argv[1:]
+sys.argv = ["slurmiso-" + phase]  # as slurmd runs the console script: no arguments
+before = gc.get_freeze_count()
+rc = main(None if how == "entry" else [], phase)
+sys.stdout.write(f"{rc} {before} {gc.get_freeze_count()}\\n")
+"""
+
+
+@root_only
+def test_the_process_entry_spares_the_exit_collection(tmp_path: Any) -> None:
+    """main() as a process's entry point (no argv: the script and the console script) freezes
+    the heap, so the interpreter's exit skips a last full collection; called with an argv (as
+    tests and other code do) it leaves the caller's collector alone."""
+    tmp = str(tmp_path)
+    cfg = _node(tmp)
+    env = {"PYTHONPATH": os.pathsep.join([ROOT, YAML_DIR]), "SLURMISO_CONFIG": cfg,
+           "SLURMISO_CACHE_DIR": f"{tmp}/cache", "SLURM_JOB_UID": str(os.getuid()),
+           "SLURMD_NODENAME": "n1", "SLURM_JOB_QOS": "train", "SLURM_JOB_GPUS": "1",
+           "SLURM_JOB_PARTITION": "p", "PATH": os.environ.get("PATH", "")}
+    seen = {}
+    for job, (phase, how) in enumerate([("prolog", "entry"), ("epilog", "entry"),
+                                        ("prolog", "call"), ("epilog", "call")]):
+        proc = subprocess.run([sys.executable, "-S", "-B", "-c", ENTRY, phase, how],
+                              env=dict(env, SLURM_JOB_ID=str(5 + job // 2)),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        seen[phase, how] = [int(x) for x in proc.stdout.split()]
+    for (phase, how), (rc, before, after) in seen.items():
+        assert rc == 0 and before == 0, (phase, how, rc, before)
+        assert (after > 1000) if how == "entry" else (after == 0), (phase, how, after)
     assert SimBackend(f"{tmp}/sim.json").instances() == []  # the hooks did their work
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
@@ -25,6 +24,7 @@ from slurmiso.isolation.mps import (
 )
 from slurmiso.isolation.mps_daemon import SimMpsControl
 from slurmiso.state import JobRecord, Journal, Resource
+from slurmiso.values import replace
 from tests.hookctx import make_context
 
 H100_MB = 81559
@@ -99,7 +99,7 @@ def on_disk(ctx: Context, job_id: str) -> JobRecord:
 
 def with_class(ctx: Context, **changes: Any) -> None:
     assert ctx.job_class is not None
-    ctx.job_class = dataclasses.replace(ctx.job_class, **changes)
+    ctx.job_class = replace(ctx.job_class, **changes)
 
 
 def running_pid(tmp: Any, gpu: int = 0) -> int:
