@@ -16,9 +16,12 @@ the record path holds a record back: the order of every float sum is the same.
 
 from __future__ import annotations
 
+import heapq
 import itertools
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from slurmiso.audit.analyze import _MAX_IDS, _TOP, Aggregator, ClassStats, Who
+from slurmiso.audit.jobset import MAX_BIT_ID
 from slurmiso.audit.quantiles import EXACT, LogHistogram
 from slurmiso.audit.sacct import (
     NO_TIME,
@@ -37,11 +40,11 @@ from slurmiso.audit.sacct import (
     problem,
 )
 
-if TYPE_CHECKING:
-    from slurmiso.audit.analyze import Aggregator
-
 _CACHE = 10_000  # entries per string cache (hostile input cannot grow them without bound)
 _MINUTES = 200_000  # a year and a half of distinct minutes
+#: The seconds of a timestamp whose minute is cached; anything else (a torn or odd stamp)
+#: takes the record path, which decides what it means.
+_SECONDS = {f"{s:02d}": s for s in range(100)}
 
 
 def util_of(text: str) -> Optional[float]:
@@ -103,8 +106,6 @@ def _header(it: Iterable[str], stats: ParseStats) -> Tuple[int, List[str], Dict[
 def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> None:
     """Fold ``sacct -P`` output (header first) into ``agg``: what
     ``agg.add_all(parse_parsable(lines, stats))`` does, with the same ``stats``."""
-    from slurmiso.audit.analyze import ClassStats, Who
-
     stats.format = stats.format or "parsable"
     it = iter(lines)
     number, header, idx, first = _header(it, stats)
@@ -114,33 +115,37 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     ncol = len(header)
     make = _record_maker(idx, ncol)
 
-    def at(name: str) -> int:  # a column the header lacks reads the "" appended to each row
+    def at(name: str) -> int:  # a column the header lacks reads the "" appended to the row
         return idx.get(name, ncol)
 
     i_job, i_state = idx["JobID"], idx["State"]
     i_user, i_acct, i_part, i_qos = at("User"), at("Account"), at("Partition"), at("QOS")
     i_submit, i_elig, i_start, i_end = at("Submit"), at("Eligible"), at("Start"), at("End")
     i_elapsed, i_tres, i_nodes = at("ElapsedRaw"), at("AllocTRES"), at("NodeList")
-    i_limit = at("TimelimitRaw")
     i_ave, i_tot, i_restarts = at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts")
+    i_limit = at("TimelimitRaw")
+    pad = ncol in (i_user, i_acct, i_part, i_qos, i_submit, i_elig, i_start, i_end, i_elapsed,
+                   i_tres, i_nodes, i_ave, i_tot, i_restarts, i_limit)
 
     minutes: Dict[str, float] = {}
-    minute = minutes.get
+    minute, second = minutes.get, _SECONDS
     tres_cache: Dict[str, Tuple[float, int, int, bool]] = {}
     states: Dict[str, str] = {}
-    named_pool: Dict[str, Tuple[str, float, float]] = {}  # partitions that name a pool
-    pool_keys: Dict[str, str] = {}
+    place = _Places(agg)
+    where = place.combos.get
+    wait_buckets: Dict[float, int] = {}
 
-    # the aggregator's state, bound once (all mutable containers; scalars stay on agg)
+    # the aggregator's state, bound once (its containers; first/last time kept here)
     since, until, bucket_s = agg.since, agg.until, agg.bucket_s
     digest = agg.digest
     job_class = digest.job_class
-    class_cache = agg._class_cache
-    classes, pools, series, multi = agg.classes, agg.pools, agg.series, agg.multi
-    restarted, preempted, users, accounts = agg.restarted, agg.preempted, agg.users, agg.accounts
-    seen_add = agg.seen.add
-    slo_wait, long_classes, long_s = agg._slo_wait, agg._long_classes, agg._long_s
+    multi, restarted = agg.multi, agg.restarted
+    users, accounts, inefficient = agg.users, agg.accounts, agg.inefficient
+    seen = agg.seen
+    seen_add, bits = seen.add, seen._bits
+    long_s = agg._long_s
     bucket = LogHistogram.bucket
+    first_time, last_time = agg.first_time, agg.last_time
 
     records = steps = 0
     pkey: Optional[str] = None  # the job held back for its steps; None: none
@@ -168,7 +173,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     parts = repaired
                 if line[-1:] != "\n":  # sacct ends every line; a last line without one was cut
                     stats.truncated = True
-            parts.append("")
+            if pad:
+                parts.append("")
             job_id = parts[i_job]
 
             if "." in job_id:  # a step: its GPU usage is its job's
@@ -178,9 +184,21 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 if key == pkey:
                     ave, tot = parts[i_ave], parts[i_tot]
                     if "gres/gpu" in ave or "gres/gpu" in tot:
-                        util = util_of(ave) if "gres/gpu" in ave else None
-                        if util is None and "gres/gpu" in tot:
-                            util = util_of(tot)
+                        util = None
+                        for text in (ave, tot):  # Ave, else Tot; util_of, inline
+                            if "gres/gpu" in text:
+                                i = text.rfind("gres/gpuutil=")
+                                if i < 0:
+                                    continue
+                                if i and text[i - 1] != ",":
+                                    util = gpu_usage(text)[0]
+                                else:
+                                    j = text.find(",", i)
+                                    value = text[i + 13 :] if j < 0 else text[i + 13 : j]
+                                    util = (float(value) if value.isdigit() and value.isascii()
+                                            else _number(value))
+                                if util is not None:
+                                    break
                         if util is not None and (putil is None or util > putil):
                             putil = util
                     steps += 1
@@ -192,8 +210,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             if pkey is not None:
                 records += 1
                 if prec is not None:
+                    agg.first_time, agg.last_time = first_time, last_time
                     agg.add(prec._replace(gpu_util=putil))
-                else:  # == Aggregator.add, inline
+                    first_time, last_time = agg.first_time, agg.last_time
+                else:  # == Aggregator.add, inline (see there for what each step means)
                     ran = pstart is not None and pn != "None assigned"
                     if ran:
                         lo: Optional[float] = pstart
@@ -207,24 +227,16 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         agg.outside_window += 1
                     else:
                         if lo is not None:
-                            if agg.first_time is None or lo < agg.first_time:
-                                agg.first_time = lo
-                            if agg.last_time is None or hi > agg.last_time:  # type: ignore[operator]
-                                agg.last_time = hi
-                        cls = job_class.get(pj) if job_class else None
-                        if cls is None:
-                            cls = class_cache.get((pq, ppart, pa))
-                            if cls is None or (pq in ("", "Unknown") and pj in preempted):
-                                cls = agg.class_for(pj, pq, ppart, pa)
-                        cs = classes.get(cls)
-                        if cs is None:
-                            cs = classes[cls] = ClassStats()
-                        hit = named_pool.get(ppart)
-                        if hit is None:
-                            hit = agg._pool(ppart, pn)
-                            if len(named_pool) < _CACHE and agg._partition_pool(ppart):
-                                named_pool[ppart] = hit
-                        pool, mps_per_gpu, shards_per_gpu = hit
+                            if first_time is None or lo < first_time:
+                                first_time = lo
+                            if last_time is None or hi > last_time:  # type: ignore[operator]
+                                last_time = hi
+                        spot = (where((pq, ppart, pa))
+                                if not (job_class and pj in job_class) else None)
+                        if spot is None:
+                            spot = place.find(pj, pq, ppart, pa, pn)
+                        (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu,
+                         shards_per_gpu, pool_row, pairs) = spot
                         gpus = pg
                         if pm:
                             gpus += pm / mps_per_gpu
@@ -241,32 +253,47 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 b0 = int(clo // bucket_s)
                                 b1 = int((chi - 1e-9) // bucket_s) if chi > clo else b0  # type: ignore[operator]
                                 if b0 == b1:
-                                    pk = pool_keys.get(pool)
-                                    if pk is None:
-                                        pk = pool_keys[pool] = "pool:" + pool
-                                    point = series.get((b0, cls))
-                                    if point is None:
-                                        point = series[(b0, cls)] = [0.0, 0.0, 0.0, 0.0]
-                                    point[0] += gh
-                                    point = series.get((b0, pk))
-                                    if point is None:
-                                        point = series[(b0, pk)] = [0.0, 0.0, 0.0, 0.0]
-                                    point[0] += gh
-                                else:
-                                    agg._spread(clo, chi, gh, cls, pool)  # type: ignore[arg-type]
+                                    pair = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
+                                    pair[0][0] += gh
+                                    pair[1][0] += gh
+                                elif b1 == b0 + 1:  # Aggregator._spread's two-bucket case
+                                    cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)  # type: ignore[operator]
+                                    pair = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
+                                    pair[0][0] += cut
+                                    pair[1][0] += cut
+                                    cut = gh - cut
+                                    pair = pairs.get(b1) or place.pair(pairs, b1, cls, pool)
+                                    pair[0][0] += cut
+                                    pair[1][0] += cut
+                                else:  # ... and its general case, the same arithmetic
+                                    rate = gh / (chi - clo)  # type: ignore[operator]
+                                    for k in range(b0, b1 + 1):
+                                        cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[type-var]
+                                                      - max(clo, k * bucket_s))  # type: ignore[type-var]
+                                        pair = pairs.get(k) or place.pair(pairs, k, cls, pool)
+                                        pair[0][0] += cut
+                                        pair[1][0] += cut
                         cs.gpu_hours += gh
-                        p = pools.get(pool)
-                        if p is None:
-                            p = pools[pool] = [0, 0.0]
-                        p[1] += gh
-                        p[0] += 1
+                        pool_row[1] += gh
+                        pool_row[0] += 1
                         cs.attempts += 1
-                        if seen_add(pj):
+                        new_job = None  # JobSet.add, inline for a plain id within the bitmap
+                        if pj.isdigit():
+                            n = int(pj)
+                            if n < MAX_BIT_ID and (n >> 3) < len(bits):
+                                mask = 1 << (n & 7)
+                                if bits[n >> 3] & mask:
+                                    new_job = False
+                                else:
+                                    bits[n >> 3] |= mask
+                                    seen.count += 1
+                                    new_job = True
+                        if new_job is None:
+                            new_job = seen_add(pj)
+                        if new_job:
                             cs.jobs += 1
-                            new_job = True
                         else:
                             multi[pj] = multi.get(pj, 1) + 1
-                            new_job = False
                         if prest > 0:
                             restarted[pj] = max(prest, restarted.get(pj, 0))
                         who_u = users.get(pu)
@@ -286,32 +313,47 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             if waited_from is not None:
                                 wait = pstart - waited_from if pstart > waited_from else 0.0  # type: ignore
                                 hist = cs.wait  # LogHistogram.add, inline
-                                b = int(wait) if 0 < wait < EXACT else bucket(wait)
+                                if 0 < wait < EXACT:
+                                    b = int(wait)
+                                else:
+                                    b = wait_buckets.get(wait)  # type: ignore[assignment]
+                                    if b is None:
+                                        b = bucket(wait)
+                                        if len(wait_buckets) < _CACHE:
+                                            wait_buckets[wait] = b
                                 counts = hist.counts
                                 counts[b] = counts.get(b, 0) + 1
                                 hist.n += 1
                                 hist.total += wait
                                 if wait > hist.max:
                                     hist.max = wait
-                                limit = slo_wait.get(cls)
-                                if limit is not None and wait <= limit:
+                                if slo_limit is not None and wait <= slo_limit:
                                     cs.wait_slo_met += 1
-                                wkey = (int(pstart // bucket_s), cls)  # type: ignore[operator]
-                                point = series.get(wkey)
-                                if point is None:
-                                    point = series[wkey] = [0.0, 0.0, 0.0, 0.0]
+                                b = int(pstart // bucket_s)  # type: ignore[operator]
+                                point = cls_points.get(b) or place.point(b, cls)
                                 point[1] += wait
                                 point[2] += 1
                                 if wait > point[3]:
                                     point[3] = wait
-                        if putil is not None and gpus:
-                            idle = agg._usage(putil, pj, pu, cs, gpus, gh, cls)
-                            if idle:
-                                who_u.idle_gpu_hours += idle
-                                who_a.idle_gpu_hours += idle
-                        if pelap > long_s and cls in long_classes:
+                        if putil is not None and gpus:  # Aggregator._usage, inline
+                            cs.util_gpu_hours += gh
+                            per_gpu = putil / gpus if putil > 100 and gpus > 1 else putil
+                            wasted = gh * (1.0 - max(0.0, min(1.0, per_gpu / 100.0)))
+                            if wasted > 0 and (len(inefficient) < _TOP
+                                               or wasted >= inefficient[0][0]):
+                                item = (wasted, pj, pu, round(putil, 1), gh, cls)
+                                if len(inefficient) < _TOP:
+                                    heapq.heappush(inefficient, item)
+                                elif item > inefficient[0]:
+                                    heapq.heapreplace(inefficient, item)
+                            if putil <= 0:
+                                cs.idle_gpu_hours += gh
+                                if gh:
+                                    who_u.idle_gpu_hours += gh
+                                    who_a.idle_gpu_hours += gh
+                        if pelap > long_s and long_class:
                             cs.long_jobs += 1
-                            if len(cs.long_job_ids) < 50:
+                            if len(cs.long_job_ids) < _MAX_IDS:
                                 cs.long_job_ids.append(pj)
                         if pst == "PREEMPTED":
                             lost = agg._preemption(pj, pu, cls, cs, gpus, lo, hi)
@@ -328,26 +370,25 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             rec: Optional[JobRecord] = None
             why: Optional[str] = None
             if "+" not in job_id:
-                try:
+                try:  # a KeyError or ValueError: the record path reads the row instead
                     text = parts[i_start]
                     base = minute(text[:16])
-                    start = (base + int(text[17:19]) if base is not None and len(text) == 19
+                    start = (base + second[text[17:]] if base is not None
                              else _slow_time(text, minutes))
                     text = parts[i_end]
                     base = minute(text[:16])
-                    end = (base + int(text[17:19]) if base is not None and len(text) == 19
+                    end = (base + second[text[17:]] if base is not None
                            else _slow_time(text, minutes))
                     text = parts[i_submit]
                     base = minute(text[:16])
-                    submit = (base + int(text[17:19]) if base is not None and len(text) == 19
+                    submit = (base + second[text[17:]] if base is not None
                               else _slow_time(text, minutes))
                     if parts[i_elig] == text:
                         eligible = submit
                     else:
                         text = parts[i_elig]
                         base = minute(text[:16])
-                        eligible = (base + int(text[17:19])
-                                    if base is not None and len(text) == 19
+                        eligible = (base + second[text[17:]] if base is not None
                                     else _slow_time(text, minutes))
                     raw = parts[i_elapsed]
                     elapsed = (float(int(raw)) if raw else end - start
@@ -366,9 +407,9 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if len(states) < _CACHE:
                             states[text] = state
                     if not parts[i_limit].isascii():
-                        raise ValueError("the record path decides what int() makes of it")
+                        raise ValueError("what int() makes of it")
                     text = parts[i_restarts]
-                    restarts = int(text) if text.isdigit() else 0
+                    restarts = 0 if text == "0" else int(text) if text.isdigit() else 0
                     nodes = parts[i_nodes]
                     waited = eligible if eligible is not None else submit
                     if (elapsed < 0 or tres[3]
@@ -376,11 +417,11 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 and (end < start or elapsed > end - start + SLACK_S))
                             or (start is not None and waited is not None
                                 and nodes != "None assigned" and start < waited - SLACK_S)):
-                        raise ValueError("let the record path name the problem")
-                except ValueError:
+                        raise ValueError("a problem the record path names")
+                except (ValueError, KeyError):
                     pass
                 else:
-                    pkey, pj = job_id, job_id
+                    pkey = pj = job_id
                     pu, pa, ppart, pq = parts[i_user], parts[i_acct], parts[i_part], parts[i_qos]
                     pst, psub, pel, pstart, pend, pelap = (
                         state, submit, eligible, start, end, elapsed)
@@ -389,6 +430,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     putil = row_util(ave, tot) if ave or tot else None
                     continue
             # the record path's own code for this row
+            if not pad:
+                parts.append("")
             key = job_id.split("+", 1)[0] if "+" in job_id else job_id
             try:
                 rec = make(parts, key)
@@ -402,6 +445,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 continue
             assert rec is not None
             pkey, prec, putil = key, rec, rec.gpu_util
+        agg.first_time, agg.last_time = first_time, last_time
         if pkey is not None:  # the last job
             records += 1
             agg.add(prec._replace(gpu_util=putil) if prec is not None else JobRecord(
@@ -411,3 +455,60 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
         stats.records += records
         stats.steps += steps
         stats.lines = number
+
+
+class _Places:
+    """What a job's (QOS, partition, account) decides, looked up once per distinct triple:
+    its class and the class's figures, its pool and the pool's, and the time-series points
+    of both (cached per bucket; the points themselves live in ``Aggregator.series``)."""
+
+    def __init__(self, agg: Aggregator) -> None:
+        self.agg = agg
+        self.combos: Dict[Tuple[str, str, str], Tuple[Any, ...]] = {}
+        self.points: Dict[str, Dict[int, List[float]]] = {}
+        self.pairs: Dict[Tuple[str, str], Dict[int, Tuple[List[float], List[float]]]] = {}
+
+    def find(self, job: str, qos: str, partition: str, account: str, nodes: str
+             ) -> Tuple[Any, ...]:
+        """The entry for a job; cached where only the triple decides it (no journal class,
+        a QOS, a partition that names its pool)."""
+        agg = self.agg
+        journal = agg.digest.job_class.get(job) if agg.digest.job_class else None
+        cls = journal
+        if cls is None:
+            cls = agg._class_cache.get((qos, partition, account))
+            if cls is None or (qos in ("", "Unknown") and job in agg.preempted):
+                cls = agg.class_for(job, qos, partition, account)
+        cs = agg.classes.get(cls)
+        if cs is None:
+            cs = agg.classes[cls] = ClassStats()
+        pool, mps_per_gpu, shards_per_gpu = agg._pool(partition, nodes)
+        row = agg.pools.get(pool)
+        if row is None:
+            row = agg.pools[pool] = [0, 0.0]
+        spot = (cls, cs, self.points.setdefault(cls, {}), agg._slo_wait.get(cls),
+                cls in agg._long_classes, pool, mps_per_gpu, shards_per_gpu, row,
+                self.pairs.setdefault((cls, pool), {}))
+        if (journal is None and qos not in ("", "Unknown") and len(self.combos) < _CACHE
+                and agg._partition_pool(partition)):
+            self.combos[(qos, partition, account)] = spot
+        return spot
+
+    def pair(self, pairs: Dict[int, Tuple[List[float], List[float]]], b: int, cls: str,
+             pool: str) -> Tuple[List[float], List[float]]:
+        """The points of (bucket, class) and (bucket, pool), made in that order when new."""
+        pair = (self.point(b, cls), self.point(b, "pool:" + pool))
+        if len(pairs) < _CACHE * 10:
+            pairs[b] = pair
+        return pair
+
+    def point(self, b: int, name: str) -> List[float]:
+        """The series point of (bucket, class or ``pool:`` name), made when new."""
+        series = self.agg.series
+        point = series.get((b, name))
+        if point is None:
+            point = series[(b, name)] = [0.0, 0.0, 0.0, 0.0]
+        cache = self.points.setdefault(name, {})
+        if len(cache) < _CACHE * 10:
+            cache[b] = point
+        return point
