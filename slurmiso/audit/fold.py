@@ -16,11 +16,10 @@ the record path holds a record back: the order of every float sum is the same.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from slurmiso.audit.analyze import _MAX_IDS, _TOP, Aggregator, ClassStats, Who
+from slurmiso.audit.analyze import _MAX_IDS, Aggregator, ClassStats, Who
 from slurmiso.audit.jobset import MAX_BIT_ID
 from slurmiso.audit.quantiles import EXACT, LogHistogram
 from slurmiso.audit.sacct import (
@@ -140,20 +139,22 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     digest = agg.digest
     job_class = digest.job_class
     multi, restarted = agg.multi, agg.restarted
-    users, accounts, inefficient = agg.users, agg.accounts, agg.inefficient
+    users, accounts = agg.users, agg.accounts
     seen = agg.seen
     seen_add, bits = seen.add, seen._bits
     long_s = agg._long_s
     bucket = LogHistogram.bucket
     first_time, last_time = agg.first_time, agg.last_time
 
-    records = steps = 0
-    pkey: Optional[str] = None  # the job held back for its steps; None: none
+    records = steps = new_ids = 0
+    pkey: Optional[str] = None  # the job whose steps may follow; None: none
     prec: Optional[JobRecord] = None  # ... as a record, when it took the record path
-    pj = pu = pa = ppart = pq = pst = pn = ""
-    psub = pel = pstart = pend = putil = None  # type: Optional[float]
-    pelap = pg = 0.0
-    pm = psh = prest = 0
+    putil: Optional[float] = None  # ... its GPU utilisation (the max over its steps)
+    # ... and what folding that in needs (pgpus 0: nothing to fold)
+    pgpus = pgh = 0.0
+    pcls = ""
+    pcs = ClassStats()
+    pwho: Tuple[str, Who, Who] = ("", Who(), Who())
     try:
         for line in it:
             number += 1
@@ -206,167 +207,23 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     stats.orphan_steps += 1
                 continue
 
-            # a job row: first fold the job held back (all its steps have been seen)
+            # a job row. First what waited for the steps of the job before it: all of a job
+            # taken on the record path, else the part that needs its steps' GPU utilisation
             if pkey is not None:
                 records += 1
                 if prec is not None:
                     agg.first_time, agg.last_time = first_time, last_time
                     agg.add(prec._replace(gpu_util=putil))
                     first_time, last_time = agg.first_time, agg.last_time
-                else:  # == Aggregator.add, inline (see there for what each step means)
-                    ran = pstart is not None and pn != "None assigned"
-                    if ran:
-                        lo: Optional[float] = pstart
-                        hi: Optional[float] = pend if pend is not None else pstart + pelap  # type: ignore[operator]
-                    else:
-                        lo = hi = None
-                    earliest = lo if lo is not None else (pel or psub)
-                    if ((since is not None and pend is not None and pend < since)
-                            or (until is not None and earliest is not None
-                                and earliest >= until)):
-                        agg.outside_window += 1
-                    else:
-                        if lo is not None:
-                            if first_time is None or lo < first_time:
-                                first_time = lo
-                            if last_time is None or hi > last_time:  # type: ignore[operator]
-                                last_time = hi
-                        spot = (where((pq, ppart, pa))
-                                if not (job_class and pj in job_class) else None)
-                        if spot is None:
-                            spot = place.find(pj, pq, ppart, pa, pn)
-                        (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu,
-                         shards_per_gpu, pool_row, pairs) = spot
-                        gpus = pg
-                        if pm:
-                            gpus += pm / mps_per_gpu
-                        if psh:
-                            gpus += psh / shards_per_gpu
-                        gh = 0.0
-                        if lo is not None and gpus:
-                            clo = since if since is not None and lo < since else lo
-                            chi = until if until is not None and hi > until else hi  # type: ignore[operator]
-                            seconds = (pelap if (clo == lo and chi == hi)
-                                       else min(pelap, chi - clo))  # type: ignore[operator]
-                            if seconds > 0:
-                                gh = gpus * seconds / 3600.0
-                                b0 = int(clo // bucket_s)
-                                b1 = int((chi - 1e-9) // bucket_s) if chi > clo else b0  # type: ignore[operator]
-                                if b0 == b1:
-                                    pair = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
-                                    pair[0][0] += gh
-                                    pair[1][0] += gh
-                                elif b1 == b0 + 1:  # Aggregator._spread's two-bucket case
-                                    cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)  # type: ignore[operator]
-                                    pair = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
-                                    pair[0][0] += cut
-                                    pair[1][0] += cut
-                                    cut = gh - cut
-                                    pair = pairs.get(b1) or place.pair(pairs, b1, cls, pool)
-                                    pair[0][0] += cut
-                                    pair[1][0] += cut
-                                else:  # ... and its general case, the same arithmetic
-                                    rate = gh / (chi - clo)  # type: ignore[operator]
-                                    for k in range(b0, b1 + 1):
-                                        cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[type-var]
-                                                      - max(clo, k * bucket_s))  # type: ignore[type-var]
-                                        pair = pairs.get(k) or place.pair(pairs, k, cls, pool)
-                                        pair[0][0] += cut
-                                        pair[1][0] += cut
-                        cs.gpu_hours += gh
-                        pool_row[1] += gh
-                        pool_row[0] += 1
-                        cs.attempts += 1
-                        new_job = None  # JobSet.add, inline for a plain id within the bitmap
-                        if pj.isdigit():
-                            n = int(pj)
-                            if n < MAX_BIT_ID and (n >> 3) < len(bits):
-                                mask = 1 << (n & 7)
-                                if bits[n >> 3] & mask:
-                                    new_job = False
-                                else:
-                                    bits[n >> 3] |= mask
-                                    seen.count += 1
-                                    new_job = True
-                        if new_job is None:
-                            new_job = seen_add(pj)
-                        if new_job:
-                            cs.jobs += 1
-                        else:
-                            multi[pj] = multi.get(pj, 1) + 1
-                        if prest > 0:
-                            restarted[pj] = max(prest, restarted.get(pj, 0))
-                        who_u = users.get(pu)
-                        if who_u is None:
-                            who_u = users[pu] = Who()
-                        who_a = accounts.get(pa)
-                        if who_a is None:
-                            who_a = accounts[pa] = Who()
-                        if new_job:
-                            who_u.jobs += 1
-                            who_a.jobs += 1
-                        who_u.gpu_hours += gh
-                        who_a.gpu_hours += gh
-                        if ran and (since is None or pstart >= since):  # type: ignore[operator]
-                            cs.started += 1
-                            waited_from = pel if pel is not None else psub
-                            if waited_from is not None:
-                                wait = pstart - waited_from if pstart > waited_from else 0.0  # type: ignore
-                                hist = cs.wait  # LogHistogram.add, inline
-                                if 0 < wait < EXACT:
-                                    b = int(wait)
-                                else:
-                                    b = wait_buckets.get(wait)  # type: ignore[assignment]
-                                    if b is None:
-                                        b = bucket(wait)
-                                        if len(wait_buckets) < _CACHE:
-                                            wait_buckets[wait] = b
-                                counts = hist.counts
-                                counts[b] = counts.get(b, 0) + 1
-                                hist.n += 1
-                                hist.total += wait
-                                if wait > hist.max:
-                                    hist.max = wait
-                                if slo_limit is not None and wait <= slo_limit:
-                                    cs.wait_slo_met += 1
-                                b = int(pstart // bucket_s)  # type: ignore[operator]
-                                point = cls_points.get(b) or place.point(b, cls)
-                                point[1] += wait
-                                point[2] += 1
-                                if wait > point[3]:
-                                    point[3] = wait
-                        if putil is not None and gpus:  # Aggregator._usage, inline
-                            cs.util_gpu_hours += gh
-                            per_gpu = putil / gpus if putil > 100 and gpus > 1 else putil
-                            wasted = gh * (1.0 - max(0.0, min(1.0, per_gpu / 100.0)))
-                            if wasted > 0 and (len(inefficient) < _TOP
-                                               or wasted >= inefficient[0][0]):
-                                item = (wasted, pj, pu, round(putil, 1), gh, cls)
-                                if len(inefficient) < _TOP:
-                                    heapq.heappush(inefficient, item)
-                                elif item > inefficient[0]:
-                                    heapq.heapreplace(inefficient, item)
-                            if putil <= 0:
-                                cs.idle_gpu_hours += gh
-                                if gh:
-                                    who_u.idle_gpu_hours += gh
-                                    who_a.idle_gpu_hours += gh
-                        if pelap > long_s and long_class:
-                            cs.long_jobs += 1
-                            if len(cs.long_job_ids) < _MAX_IDS:
-                                cs.long_job_ids.append(pj)
-                        if pst == "PREEMPTED":
-                            lost = agg._preemption(pj, pu, cls, cs, gpus, lo, hi)
-                            who_u.preemptions += 1
-                            who_u.lost_gpu_hours += lost
-                            who_a.preemptions += 1
-                            who_a.lost_gpu_hours += lost
-                        elif (pst == "REQUEUED" and pstart is not None and pend is not None
-                              and digest.preempted_within(pj, pstart, pend)):
-                            cs.preemptions_user_reported += 1
-                pkey = prec = None
+                    prec = None
+                elif putil is not None and pgpus:
+                    idle = agg._usage(putil, pkey, pwho[0], pcs, pgpus, pgh, pcls)
+                    if idle:
+                        pwho[1].idle_gpu_hours += idle
+                        pwho[2].idle_gpu_hours += idle
+                pkey = None
 
-            # ... then read this one
+            # ... then this one: read, checked, and folded in but for its utilisation
             rec: Optional[JobRecord] = None
             why: Optional[str] = None
             if "+" not in job_id:
@@ -400,34 +257,166 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         tres = (g, m, s, g < 0 or m < 0 or s < 0)
                         if len(tres_cache) < _CACHE:
                             tres_cache[text] = tres
+                    if not parts[i_limit].isascii():
+                        raise ValueError("what int() makes of it")
+                    text = parts[i_restarts]
+                    restarts = 0 if text == "0" else int(text) if text.isdigit() else 0
+                    waited_from = eligible if eligible is not None else submit
+                    ran = start is not None and parts[i_nodes] != "None assigned"
+                    if (elapsed < 0 or tres[3]
+                            or (start is not None and end is not None
+                                and (end < start or elapsed > end - start + SLACK_S))
+                            or (ran and waited_from is not None
+                                and start < waited_from - SLACK_S)):  # type: ignore[operator]
+                        raise ValueError("a problem the record path names")
+                except (ValueError, KeyError):
+                    pass
+                else:  # == Aggregator.add, inline (see there for what each step means)
+                    pkey = job_id
+                    ave, tot = parts[i_ave], parts[i_tot]
+                    putil = row_util(ave, tot) if ave or tot else None
+                    pgpus = 0.0  # no usage to fold unless it is inside the window
+                    if ran:
+                        lo: Optional[float] = start
+                        hi: Optional[float] = end if end is not None else start + elapsed  # type: ignore[operator]
+                    else:
+                        lo = hi = None
+                    earliest = lo if lo is not None else (eligible or submit)
+                    if ((since is not None and end is not None and end < since)
+                            or (until is not None and earliest is not None
+                                and earliest >= until)):
+                        agg.outside_window += 1
+                        continue
+                    if lo is not None:
+                        if first_time is None or lo < first_time:
+                            first_time = lo
+                        if last_time is None or hi > last_time:  # type: ignore[operator]
+                            last_time = hi
+                    qos, partition, account = parts[i_qos], parts[i_part], parts[i_acct]
+                    spot = (where((qos, partition, account))
+                            if not (job_class and job_id in job_class) else None)
+                    if spot is None:
+                        spot = place.find(job_id, qos, partition, account, parts[i_nodes])
+                    (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu,
+                     shards_per_gpu, pool_row, pairs) = spot
+                    gpus = tres[0]
+                    if tres[1]:
+                        gpus += tres[1] / mps_per_gpu
+                    if tres[2]:
+                        gpus += tres[2] / shards_per_gpu
+                    gh = 0.0
+                    if lo is not None and gpus:
+                        clo = since if since is not None and lo < since else lo
+                        chi = until if until is not None and hi > until else hi  # type: ignore[operator]
+                        seconds = (elapsed if (clo == lo and chi == hi)
+                                   else min(elapsed, chi - clo))  # type: ignore[operator]
+                        if seconds > 0:
+                            gh = gpus * seconds / 3600.0
+                            b0 = int(clo // bucket_s)
+                            b1 = int((chi - 1e-9) // bucket_s) if chi > clo else b0  # type: ignore[operator]
+                            if b0 == b1:
+                                cp, pp = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
+                                cp[0] += gh
+                                pp[0] += gh
+                            elif b1 == b0 + 1:  # Aggregator._spread's two-bucket case
+                                cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)  # type: ignore[operator]
+                                cp, pp = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
+                                cp[0] += cut
+                                pp[0] += cut
+                                cut = gh - cut
+                                cp, pp = pairs.get(b1) or place.pair(pairs, b1, cls, pool)
+                                cp[0] += cut
+                                pp[0] += cut
+                            else:  # ... and its general case, the same arithmetic
+                                rate = gh / (chi - clo)  # type: ignore[operator]
+                                for k in range(b0, b1 + 1):
+                                    cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[type-var]
+                                                  - max(clo, k * bucket_s))  # type: ignore[type-var]
+                                    cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
+                                    cp[0] += cut
+                                    pp[0] += cut
+                    cs.gpu_hours += gh
+                    pool_row[1] += gh
+                    pool_row[0] += 1
+                    cs.attempts += 1
+                    new_job = None  # JobSet.add, inline for a plain id within the bitmap
+                    if job_id.isdigit():
+                        n = int(job_id)
+                        if n < MAX_BIT_ID and (n >> 3) < len(bits):
+                            mask = 1 << (n & 7)
+                            if bits[n >> 3] & mask:
+                                new_job = False
+                            else:
+                                bits[n >> 3] |= mask
+                                new_ids += 1
+                                new_job = True
+                    if new_job is None:
+                        new_job = seen_add(job_id)
+                    if new_job:
+                        cs.jobs += 1
+                    else:
+                        multi[job_id] = multi.get(job_id, 1) + 1
+                    if restarts > 0:
+                        restarted[job_id] = max(restarts, restarted.get(job_id, 0))
+                    user = parts[i_user]
+                    who_u = users.get(user)
+                    if who_u is None:
+                        who_u = users[user] = Who()
+                    who_a = accounts.get(account)
+                    if who_a is None:
+                        who_a = accounts[account] = Who()
+                    if new_job:
+                        who_u.jobs += 1
+                        who_a.jobs += 1
+                    who_u.gpu_hours += gh
+                    who_a.gpu_hours += gh
+                    if ran and (since is None or start >= since):  # type: ignore[operator]
+                        cs.started += 1
+                        if waited_from is not None:
+                            wait = start - waited_from if start > waited_from else 0.0  # type: ignore
+                            hist = cs.wait  # LogHistogram.add, inline
+                            if 0 < wait < EXACT:
+                                b = int(wait)
+                            else:
+                                b = wait_buckets.get(wait)  # type: ignore[assignment]
+                                if b is None:
+                                    b = bucket(wait)
+                                    if len(wait_buckets) < _CACHE:
+                                        wait_buckets[wait] = b
+                            counts = hist.counts
+                            counts[b] = counts.get(b, 0) + 1
+                            hist.n += 1
+                            hist.total += wait
+                            if wait > hist.max:
+                                hist.max = wait
+                            if slo_limit is not None and wait <= slo_limit:
+                                cs.wait_slo_met += 1
+                            b = int(start // bucket_s)  # type: ignore[operator]
+                            point = cls_points.get(b) or place.point(b, cls)
+                            point[1] += wait
+                            point[2] += 1
+                            if wait > point[3]:
+                                point[3] = wait
+                    if elapsed > long_s and long_class:
+                        cs.long_jobs += 1
+                        if len(cs.long_job_ids) < _MAX_IDS:
+                            cs.long_job_ids.append(job_id)
                     text = parts[i_state]
                     state = states.get(text)
                     if state is None:
                         state = text.split(" ", 1)[0].upper() if text else "UNKNOWN"
                         if len(states) < _CACHE:
                             states[text] = state
-                    if not parts[i_limit].isascii():
-                        raise ValueError("what int() makes of it")
-                    text = parts[i_restarts]
-                    restarts = 0 if text == "0" else int(text) if text.isdigit() else 0
-                    nodes = parts[i_nodes]
-                    waited = eligible if eligible is not None else submit
-                    if (elapsed < 0 or tres[3]
-                            or (start is not None and end is not None
-                                and (end < start or elapsed > end - start + SLACK_S))
-                            or (start is not None and waited is not None
-                                and nodes != "None assigned" and start < waited - SLACK_S)):
-                        raise ValueError("a problem the record path names")
-                except (ValueError, KeyError):
-                    pass
-                else:
-                    pkey = pj = job_id
-                    pu, pa, ppart, pq = parts[i_user], parts[i_acct], parts[i_part], parts[i_qos]
-                    pst, psub, pel, pstart, pend, pelap = (
-                        state, submit, eligible, start, end, elapsed)
-                    pg, pm, psh, pn, prest = tres[0], tres[1], tres[2], nodes, restarts
-                    ave, tot = parts[i_ave], parts[i_tot]
-                    putil = row_util(ave, tot) if ave or tot else None
+                    if state == "PREEMPTED":
+                        lost = agg._preemption(job_id, user, cls, cs, gpus, lo, hi)
+                        who_u.preemptions += 1
+                        who_u.lost_gpu_hours += lost
+                        who_a.preemptions += 1
+                        who_a.lost_gpu_hours += lost
+                    elif (state == "REQUEUED" and start is not None and end is not None
+                          and digest.preempted_within(job_id, start, end)):
+                        cs.preemptions_user_reported += 1
+                    pgpus, pgh, pcls, pcs, pwho = gpus, gh, cls, cs, (user, who_u, who_a)
                     continue
             # the record path's own code for this row
             if not pad:
@@ -445,13 +434,20 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 continue
             assert rec is not None
             pkey, prec, putil = key, rec, rec.gpu_util
-        agg.first_time, agg.last_time = first_time, last_time
         if pkey is not None:  # the last job
             records += 1
-            agg.add(prec._replace(gpu_util=putil) if prec is not None else JobRecord(
-                pj, "", pu, pa, ppart, pq, pst, psub, pel, pstart, pend, pelap, None, pg,
-                pm, psh, pn, putil, 0, 0, prest, None))
+            if prec is not None:
+                agg.first_time, agg.last_time = first_time, last_time
+                agg.add(prec._replace(gpu_util=putil))
+                first_time, last_time = agg.first_time, agg.last_time
+            elif putil is not None and pgpus:
+                idle = agg._usage(putil, pkey, pwho[0], pcs, pgpus, pgh, pcls)
+                if idle:
+                    pwho[1].idle_gpu_hours += idle
+                    pwho[2].idle_gpu_hours += idle
     finally:
+        agg.first_time, agg.last_time = first_time, last_time
+        seen.count += new_ids
         stats.records += records
         stats.steps += steps
         stats.lines = number
