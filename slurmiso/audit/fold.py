@@ -142,6 +142,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     users, accounts = agg.users, agg.accounts
     seen = agg.seen
     seen_add, bits = seen.add, seen._bits
+    in_bits = min(MAX_BIT_ID, len(bits) << 3)  # ids below this are a bit of ``bits``
     long_s = agg._long_s
     bucket = LogHistogram.bucket
     first_time, last_time = agg.first_time, agg.last_time
@@ -312,24 +313,25 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                    else min(elapsed, chi - clo))  # type: ignore[operator]
                         if seconds > 0:
                             gh = gpus * seconds / 3600.0
-                            b0 = int(clo // bucket_s)
-                            b1 = int((chi - 1e-9) // bucket_s) if chi > clo else b0  # type: ignore[operator]
+                            # bucket numbers as floats: a float equal to an int finds its key
+                            b0 = clo // bucket_s
+                            b1 = (chi - 1e-9) // bucket_s if chi > clo else b0  # type: ignore[operator]
                             if b0 == b1:
-                                cp, pp = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
+                                cp, pp = pairs.get(b0) or place.pair(pairs, int(b0), cls, pool)
                                 cp[0] += gh
                                 pp[0] += gh
                             elif b1 == b0 + 1:  # Aggregator._spread's two-bucket case
                                 cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)  # type: ignore[operator]
-                                cp, pp = pairs.get(b0) or place.pair(pairs, b0, cls, pool)
+                                cp, pp = pairs.get(b0) or place.pair(pairs, int(b0), cls, pool)
                                 cp[0] += cut
                                 pp[0] += cut
                                 cut = gh - cut
-                                cp, pp = pairs.get(b1) or place.pair(pairs, b1, cls, pool)
+                                cp, pp = pairs.get(b1) or place.pair(pairs, int(b1), cls, pool)
                                 cp[0] += cut
                                 pp[0] += cut
                             else:  # ... and its general case, the same arithmetic
                                 rate = gh / (chi - clo)  # type: ignore[operator]
-                                for k in range(b0, b1 + 1):
+                                for k in range(int(b0), int(b1) + 1):
                                     cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[type-var]
                                                   - max(clo, k * bucket_s))  # type: ignore[type-var]
                                     cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
@@ -342,7 +344,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     new_job = None  # JobSet.add, inline for a plain id within the bitmap
                     if job_id.isdigit():
                         n = int(job_id)
-                        if n < MAX_BIT_ID and (n >> 3) < len(bits):
+                        if n < in_bits:
                             mask = 1 << (n & 7)
                             if bits[n >> 3] & mask:
                                 new_job = False
@@ -352,6 +354,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 new_job = True
                     if new_job is None:
                         new_job = seen_add(job_id)
+                        in_bits = min(MAX_BIT_ID, len(bits) << 3)
                     if new_job:
                         cs.jobs += 1
                     else:
@@ -391,8 +394,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 hist.max = wait
                             if slo_limit is not None and wait <= slo_limit:
                                 cs.wait_slo_met += 1
-                            b = int(start // bucket_s)  # type: ignore[operator]
-                            point = cls_points.get(b) or place.point(b, cls)
+                            b = start // bucket_s  # type: ignore[operator]
+                            point = cls_points.get(b) or place.point(int(b), cls)
                             point[1] += wait
                             point[2] += 1
                             if wait > point[3]:
