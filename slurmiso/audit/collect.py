@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from datetime import datetime, timezone
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from slurmiso.audit.sacct import (
     SACCT_FIELDS,
@@ -93,7 +93,7 @@ def sacct_argv(since: float, until: Optional[float], as_json: bool = False,
     return args + ["-P", "--format=" + ",".join(fields or SACCT_FIELDS)]
 
 
-def records_from(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+def records_from(fh: IO[str], stats: ParseStats) -> Iterable[JobRecord]:
     """Records from a sacct output stream of either format (detected from its first byte)."""
     head = fh.read(64)
     if head.startswith("\ufeff"):  # a UTF-8 byte order mark (Windows editors, some tools)
@@ -111,7 +111,7 @@ class ParsableSource:
     (what :meth:`Aggregator.add_all` does), which makes none (:mod:`slurmiso.audit.fold`)."""
 
     def __init__(self, lines: _Prefixed, stats: ParseStats) -> None:
-        self._lines = lines
+        self._lines: Any = lines  # a text stream to parse_parsable
         self._stats = stats
         self.close: Optional[Callable[[], None]] = None  # called when read to the end or failed
 
@@ -132,7 +132,7 @@ class ParsableSource:
                 self.close()
 
 
-def read_sacct_file(path: str, stats: ParseStats) -> Iterator[JobRecord]:
+def read_sacct_file(path: str, stats: ParseStats) -> Iterable[JobRecord]:
     """Stream records from a saved ``sacct -P`` or ``sacct --json`` output."""
     stats.source = path
     try:
@@ -203,7 +203,7 @@ def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
     return out
 
 
-def _closing(fh: IO[str], records: Iterator[JobRecord]) -> Iterator[JobRecord]:
+def _closing(fh: IO[str], records: Iterable[JobRecord]) -> Iterator[JobRecord]:
     try:
         yield from records
     finally:

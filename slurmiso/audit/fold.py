@@ -10,8 +10,11 @@ that lacks a column) goes through the record path's own code for that row, so a 
 the same message and every figure the same value. ``tests/unit/test_audit_fold.py`` checks
 that on randomised dumps against the record path.
 
-The job's aggregation waits for its steps (their ``gres/gpuutil`` is the job's), exactly as
-the record path holds a record back: the order of every float sum is the same.
+A job row is folded in as it is read, but for its GPU utilisation: that is the max over its
+steps' ``gres/gpuutil``, so that part waits for the next job row (the record path holds the
+whole record back; each figure still receives its values in the same order, so every float
+sum is the same). Where the record path did something per row that the report does not
+depend on (the order of a histogram's buckets), the fold may differ; nothing else.
 """
 
 from __future__ import annotations
@@ -44,17 +47,6 @@ _MINUTES = 200_000  # a year and a half of distinct minutes
 #: The seconds of a timestamp whose minute is cached; anything else (a torn or odd stamp)
 #: takes the record path, which decides what it means.
 _SECONDS = {f"{s:02d}": s for s in range(100)}
-
-
-def util_of(text: str) -> Optional[float]:
-    """``gpu_usage(text)[0]`` without splitting the string: the last ``gres/gpuutil=`` item."""
-    i = text.rfind("gres/gpuutil=")
-    if i < 0:
-        return None
-    if i and text[i - 1] != ",":  # inside another item: let the full parser decide
-        return gpu_usage(text)[0]
-    j = text.find(",", i)
-    return _number(text[i + 13 :] if j < 0 else text[i + 13 : j])
 
 
 def row_util(ave: str, tot: str) -> Optional[float]:
@@ -187,7 +179,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     ave, tot = parts[i_ave], parts[i_tot]
                     if "gres/gpu" in ave or "gres/gpu" in tot:
                         util = None
-                        for text in (ave, tot):  # Ave, else Tot; util_of, inline
+                        # gpu_usage(Ave)[0], else gpu_usage(Tot)[0]: the last gres/gpuutil item
+                        for text in (ave, tot):
                             if "gres/gpu" in text:
                                 i = text.rfind("gres/gpuutil=")
                                 if i < 0:
@@ -332,8 +325,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             else:  # ... and its general case, the same arithmetic
                                 rate = gh / (chi - clo)  # type: ignore[operator]
                                 for k in range(int(b0), int(b1) + 1):
-                                    cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[type-var]
-                                                  - max(clo, k * bucket_s))  # type: ignore[type-var]
+                                    cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[operator,type-var]
+                                                  - max(clo, k * bucket_s))
                                     cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
                                     cp[0] += cut
                                     pp[0] += cut
@@ -394,8 +387,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 hist.max = wait
                             if slo_limit is not None and wait <= slo_limit:
                                 cs.wait_slo_met += 1
-                            b = start // bucket_s  # type: ignore[operator]
-                            point = cls_points.get(b) or place.point(int(b), cls)
+                            at_b = start // bucket_s  # type: ignore[operator]
+                            point = cls_points.get(at_b) or place.point(int(at_b), cls)
                             point[1] += wait
                             point[2] += 1
                             if wait > point[3]:

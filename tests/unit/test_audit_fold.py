@@ -22,7 +22,7 @@ from slurmiso.audit.analyze import Aggregator
 from slurmiso.audit.collect import ParsableSource, records_from
 from slurmiso.audit.digest import JournalDigest
 from slurmiso.audit.findings import input_findings, job_findings
-from slurmiso.audit.fold import fold_parsable, util_of
+from slurmiso.audit.fold import fold_parsable
 from slurmiso.audit.report import build_report
 from slurmiso.audit.sacct import SACCT_FIELDS, AuditInputError, ParseStats, gpu_usage
 from slurmiso.config import load_config
@@ -238,9 +238,22 @@ def test_fold_without_a_header_line_is_the_same_error(utc: None) -> None:  # noq
         assert stats.lines == text.count("\n")
 
 
-@pytest.mark.parametrize("text", _USAGE + ["gres/gpuutil=5", "a=1,gres/gpuutil=9",
-                                           "gres/gpuutil=9,b=2", "gres/gpuutil=1,xgres/gpuutil=2",
-                                           "gres/gpuutil=3.5M,gres/gpuutil=4"])
-def test_util_of_is_gpu_usage_util(text: str) -> None:
-    assert util_of(text) == gpu_usage(text)[0] or (
-        util_of(text) != util_of(text) and gpu_usage(text)[0] != gpu_usage(text)[0])  # nan
+@pytest.mark.parametrize("usage", _USAGE + [
+    "gres/gpuutil=5", "a=1,gres/gpuutil=9", "gres/gpuutil=9,b=2", "gres/gpuutil=1,xgres/gpuutil=2",
+    "gres/gpuutil=3.5M,gres/gpuutil=4", "gres/gpuutil=\u00b2", "gres/gpuutil=\u0663"])
+def test_a_steps_utilisation_is_read_as_gpu_usage_reads_it(usage: str, utc: None  # noqa: F811
+                                                           ) -> None:
+    header = list(SACCT_FIELDS)
+    job = ["7", "n", "u", "a", "train", "train", "COMPLETED", "2024-04-25T10:00:00",
+           "2024-04-25T10:00:00", "2024-04-25T10:00:05", "2024-04-25T11:00:05", "3600", "60",
+           "gres/gpu=2", "gpu033", "", "", "0"]
+    text = "|".join(header) + "\n" + "|".join(job) + "\n"
+    for column in ("TRESUsageInAve", "TRESUsageInTot"):
+        step = job[:]
+        step[0] = "7.0"
+        step[header.index(column)] = usage
+        text += "|".join(step) + "\n"
+    (ref, ref_stats), (got, got_stats) = both(text, 0, None, None)
+    assert state(got, got_stats) == state(ref, ref_stats)
+    util = gpu_usage(usage)[0]
+    assert ref.classes["train"].util_gpu_hours == (2.0 if util is not None else 0.0)
