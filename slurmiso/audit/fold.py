@@ -115,8 +115,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     i_elapsed, i_tres, i_nodes = at("ElapsedRaw"), at("AllocTRES"), at("NodeList")
     i_ave, i_tot, i_restarts = at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts")
     i_limit = at("TimelimitRaw")
-    pad = ncol in (i_user, i_acct, i_part, i_qos, i_submit, i_elig, i_start, i_end, i_elapsed,
-                   i_tres, i_nodes, i_ave, i_tot, i_restarts, i_limit)
+    read = (i_job, i_state, i_user, i_acct, i_part, i_qos, i_submit, i_elig, i_start, i_end,
+            i_elapsed, i_tres, i_nodes, i_ave, i_tot, i_restarts, i_limit)
+    pad = ncol in read
+    strip = ncol - 1 in read
 
     minutes: Dict[str, float] = {}
     minute, second = minutes.get, _SECONDS
@@ -148,11 +150,13 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     pcls = ""
     pcs = ClassStats()
     pwho: Tuple[str, Who, Who] = ("", Who(), Who())
+    first_number = number + 1
     try:
-        for line in it:
-            number += 1
-            parts = line.rstrip("\r\n").split("|")
+        for number, line in enumerate(it, first_number):
+            # the line end stays on the last field unless the fast path reads that field
+            parts = line.rstrip("\r\n").split("|") if strip else line.split("|")
             if len(parts) != ncol or line[-1:] != "\n":
+                parts[-1] = parts[-1].rstrip("\r\n")
                 if len(parts) == 1 and (not parts[0] or parts[0].isspace()):
                     continue  # a blank line
                 if len(parts) != ncol:
@@ -176,26 +180,23 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 if "+" in key:
                     key = key.split("+", 1)[0]
                 if key == pkey:
-                    ave, tot = parts[i_ave], parts[i_tot]
-                    if "gres/gpu" in ave or "gres/gpu" in tot:
-                        util = None
-                        # gpu_usage(Ave)[0], else gpu_usage(Tot)[0]: the last gres/gpuutil item
-                        for text in (ave, tot):
-                            if "gres/gpu" in text:
-                                i = text.rfind("gres/gpuutil=")
-                                if i < 0:
-                                    continue
-                                if i and text[i - 1] != ",":
-                                    util = gpu_usage(text)[0]
-                                else:
-                                    j = text.find(",", i)
-                                    value = text[i + 13 :] if j < 0 else text[i + 13 : j]
-                                    util = (float(value) if value.isdigit() and value.isascii()
-                                            else _number(value))
-                                if util is not None:
-                                    break
-                        if util is not None and (putil is None or util > putil):
-                            putil = util
+                    # gpu_usage(Ave)[0], else gpu_usage(Tot)[0]: the last item that starts
+                    # with gres/gpuutil= (one inside another item: gpu_usage decides)
+                    util = None
+                    for text in (parts[i_ave], parts[i_tot]):
+                        i = text.rfind("gres/gpuutil=")
+                        if i >= 0:
+                            if i and text[i - 1] != ",":
+                                util = gpu_usage(text)[0]
+                            else:
+                                j = text.find(",", i)
+                                value = text[i + 13 :] if j < 0 else text[i + 13 : j]
+                                util = (float(value) if value.isdigit() and value.isascii()
+                                        else _number(value))
+                            if util is not None:
+                                break
+                    if util is not None and (putil is None or util > putil):
+                        putil = util
                     steps += 1
                 else:
                     stats.orphan_steps += 1
@@ -415,6 +416,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     pgpus, pgh, pcls, pcs, pwho = gpus, gh, cls, cs, (user, who_u, who_a)
                     continue
             # the record path's own code for this row
+            parts[ncol - 1] = parts[ncol - 1].rstrip("\r\n")
             if not pad:
                 parts.append("")
             key = job_id.split("+", 1)[0] if "+" in job_id else job_id
