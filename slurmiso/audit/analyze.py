@@ -142,15 +142,19 @@ class Aggregator:
     def class_of(self, rec: JobRecord) -> str:
         """The prolog's classifier on what sacct recorded; the journal's class wins where the
         prolog saw more (a SPANK ``--iso-class``, a QoS 22.05 does not show the prolog)."""
-        journal = self.digest.job_class.get(rec.job)
+        return self.class_for(rec.job, rec.qos, rec.partition, rec.account)
+
+    def class_for(self, job: str, qos: str, partition: str, account: str) -> str:
+        """:meth:`class_of` on the fields themselves (the fused -P reader has no record)."""
+        journal = self.digest.job_class.get(job)
         if journal is not None:
             return journal
-        if rec.qos in ("", "Unknown") and rec.job in self.preempted:
-            return self.preempted[rec.job].cls  # 22.05 records a cancelled requeue without QoS
-        key = (rec.qos, rec.partition, rec.account)
+        if qos in ("", "Unknown") and job in self.preempted:
+            return self.preempted[job].cls  # 22.05 records a cancelled requeue without QoS
+        key = (qos, partition, account)
         hit = self._class_cache.get(key)
         if hit is None:
-            hit = classify_fields(self.cfg, rec.qos, rec.partition, rec.account)
+            hit = classify_fields(self.cfg, qos, partition, account)
             if len(self._class_cache) < 10_000:
                 self._class_cache[key] = hit
         return hit
@@ -158,6 +162,12 @@ class Aggregator:
     # -- records -------------------------------------------------------------------------
 
     def add_all(self, records: Iterable[JobRecord]) -> None:
+        """Fold every record in; a source that can fold itself (``sacct -P``, see
+        :mod:`slurmiso.audit.fold`) does so without making the records."""
+        fold = getattr(records, "fold_into", None)
+        if fold is not None:
+            fold(self)
+            return
         add = self.add
         for rec in records:
             add(rec)
@@ -216,7 +226,7 @@ class Aggregator:
         p[1] += gpu_hours
         if component:  # another component of a het job: same job, same attempt
             if util is not None and gpus:
-                self._usage(rec, stats, gpus, gpu_hours, cls)
+                self._usage(util, job, user, stats, gpus, gpu_hours, cls)
             return
         p[0] += 1
         stats.attempts += 1
@@ -251,7 +261,7 @@ class Aggregator:
                     stats.wait_slo_met += 1
                 self._wait_point(start, cls, wait)  # type: ignore[arg-type]
         if util is not None and gpus:
-            idle = self._usage(rec, stats, gpus, gpu_hours, cls)
+            idle = self._usage(util, job, user, stats, gpus, gpu_hours, cls)
             if idle:
                 who_u.idle_gpu_hours += idle
                 who_a.idle_gpu_hours += idle
@@ -260,7 +270,7 @@ class Aggregator:
             if len(stats.long_job_ids) < _MAX_IDS:
                 stats.long_job_ids.append(job)
         if state == "PREEMPTED":
-            lost = self._preemption(rec, cls, stats, gpus, lo, hi)
+            lost = self._preemption(job, user, cls, stats, gpus, lo, hi)
             for who in (who_u, who_a):
                 who.preemptions += 1
                 who.lost_gpu_hours += lost
@@ -275,17 +285,15 @@ class Aggregator:
             hi = self.until
         return lo, hi
 
-    def _usage(self, rec: JobRecord, stats: ClassStats, gpus: float, gpu_hours: float,
-               cls: str) -> float:
-        """Account GPU utilisation; returns the idle GPU-hours of this record (0 if busy)."""
-        util = rec.gpu_util
-        if util is None or not gpus:
-            return 0.0
+    def _usage(self, util: float, job: str, user: str, stats: ClassStats, gpus: float,
+               gpu_hours: float, cls: str) -> float:
+        """Account GPU utilisation (``util`` not None, ``gpus`` > 0); returns the idle
+        GPU-hours of this record (0 if busy)."""
         stats.util_gpu_hours += gpu_hours
         eff = efficiency(util, gpus)
         wasted = gpu_hours * (1.0 - eff)
         if wasted > 0:
-            item = (wasted, rec.job, rec.user, round(util, 1), gpu_hours, cls)
+            item = (wasted, job, user, round(util, 1), gpu_hours, cls)
             if len(self.inefficient) < _TOP:
                 heapq.heappush(self.inefficient, item)
             elif item > self.inefficient[0]:
@@ -295,20 +303,20 @@ class Aggregator:
             return gpu_hours
         return 0.0
 
-    def _preemption(self, rec: JobRecord, cls: str, stats: ClassStats, gpus: float,
+    def _preemption(self, job: str, user: str, cls: str, stats: ClassStats, gpus: float,
                     lo: Optional[float], hi: Optional[float]) -> float:
         stats.preemptions += 1
-        entry = self.preempted.get(rec.job)
+        entry = self.preempted.get(job)
         if entry is None:
-            entry = self.preempted[rec.job] = Preempted(cls, rec.user)
+            entry = self.preempted[job] = Preempted(cls, user)
         entry.preemptions += 1
         if lo is None or hi is None:
             return 0.0
-        ckpt = self.digest.last_checkpoint(rec.job, lo, hi)
+        ckpt = self.digest.last_checkpoint(job, lo, hi)
         lost_lo, lost_hi = self._clip(ckpt if ckpt is not None else lo, hi)
         lost = gpus * max(0.0, lost_hi - lost_lo) / 3600.0
         entry.lost_hours += lost
-        if ckpt is not None or rec.job in self.digest.checkpointing_jobs:
+        if ckpt is not None or job in self.digest.checkpointing_jobs:
             stats.lost_gpu_hours += lost
         else:
             stats.lost_gpu_hours_estimated += lost

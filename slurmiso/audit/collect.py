@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import logging
 import os
 import subprocess
 import time
 from datetime import datetime, timezone
-from typing import IO, Any, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from slurmiso.audit.sacct import (
     SACCT_FIELDS,
@@ -92,7 +93,7 @@ def sacct_argv(since: float, until: Optional[float], as_json: bool = False,
     return args + ["-P", "--format=" + ",".join(fields or SACCT_FIELDS)]
 
 
-def records_from(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+def records_from(fh: IO[str], stats: ParseStats) -> Iterable[JobRecord]:
     """Records from a sacct output stream of either format (detected from its first byte)."""
     head = fh.read(64)
     if head.startswith("\ufeff"):  # a UTF-8 byte order mark (Windows editors, some tools)
@@ -102,17 +103,47 @@ def records_from(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         from slurmiso.audit.sacct_json import parse_json
 
         return parse_json(rest, stats)
-    return parse_parsable(rest, stats)
+    return ParsableSource(rest, stats)
 
 
-def read_sacct_file(path: str, stats: ParseStats) -> Iterator[JobRecord]:
+class ParsableSource:
+    """``sacct -P`` records: iterate for :class:`JobRecord` s, or ``fold_into`` an aggregator
+    (what :meth:`Aggregator.add_all` does), which makes none (:mod:`slurmiso.audit.fold`)."""
+
+    def __init__(self, lines: _Prefixed, stats: ParseStats) -> None:
+        self._lines: Any = lines  # a text stream to parse_parsable
+        self._stats = stats
+        self.close: Optional[Callable[[], None]] = None  # called when read to the end or failed
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        try:
+            yield from parse_parsable(self._lines, self._stats)
+        finally:
+            if self.close is not None:
+                self.close()
+
+    def fold_into(self, agg: Any) -> None:
+        from slurmiso.audit.fold import fold_parsable
+
+        try:
+            fold_parsable(self._lines.lines(), self._stats, agg)
+        finally:
+            if self.close is not None:
+                self.close()
+
+
+def read_sacct_file(path: str, stats: ParseStats) -> Iterable[JobRecord]:
     """Stream records from a saved ``sacct -P`` or ``sacct --json`` output."""
     stats.source = path
     try:
         fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - generator closes
     except OSError as exc:
         raise AuditInputError(f"cannot read sacct file {path}: {exc.strerror}") from None
-    return _closing(fh, records_from(fh, stats))
+    records = records_from(fh, stats)
+    if isinstance(records, ParsableSource):
+        records.close = fh.close
+        return records
+    return _closing(fh, records)
 
 
 def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
@@ -172,7 +203,7 @@ def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
     return out
 
 
-def _closing(fh: IO[str], records: Iterator[JobRecord]) -> Iterator[JobRecord]:
+def _closing(fh: IO[str], records: Iterable[JobRecord]) -> Iterator[JobRecord]:
     try:
         yield from records
     finally:
@@ -193,10 +224,13 @@ class _Prefixed(io.TextIOBase):
         return head + self._fh.read(max(0, size - len(head))) if head else self._fh.read(size)
 
     def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+        return self.lines()
+
+    def lines(self) -> Iterator[str]:
+        """The lines, the head's first (a plain iterator: no generator frame per line)."""
         head, self._head = self._head, None
         it = iter(self._fh)
-        if head:
-            first = head if head.endswith("\n") else head + next(it, "")
-            lines = first.splitlines(keepends=True)
-            yield from lines
-        yield from it
+        if not head:
+            return it
+        first = head if head.endswith("\n") else head + next(it, "")
+        return itertools.chain(first.splitlines(keepends=True), it)
