@@ -80,6 +80,11 @@ class JobEnvironment:
     restart_count: int = 0
     procid: int = 0
     node: str = ""
+    #: The events file slurmiso's prolog named (``SLURMISO_EVENTS_FILE``): its epilog folds it.
+    events_file: str = ""
+    #: The prolog declared that its epilog requeues a job whose wrapper asks for it in that
+    #: file (``SLURMISO_EPILOG_REQUEUE=1``; see wrapper/requeue.py for why it matters).
+    epilog_requeue: bool = False
 
     @property
     def in_slurm(self) -> bool:
@@ -97,6 +102,8 @@ class JobEnvironment:
             restart_count=_int(env.get("SLURM_RESTART_COUNT"), 0),
             procid=_int(env.get("SLURM_PROCID"), 0),
             node=env.get("SLURMD_NODENAME", ""),
+            events_file=env.get("SLURMISO_EVENTS_FILE", ""),
+            epilog_requeue=env.get("SLURMISO_EPILOG_REQUEUE", "") == "1",
         )
 
 
