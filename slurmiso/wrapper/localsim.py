@@ -214,7 +214,8 @@ class LocalSlurm:
             time.sleep(self.poll_s)
         rc = proc.returncode
         att.exit_code = 128 - rc if rc < 0 else rc
-        if self.epilog_requeue and not requeued and self._epilog_asked(events_before, restart_count):
+        asked = self.epilog_requeue and self._epilog_asked(events_before, restart_count)
+        if asked and not requeued:
             self.epilog_requeues += 1
             with open(self.requests, "a", encoding="utf-8") as fh:
                 fh.write(f"requeue {self.job_id}\n")  # the epilog's scontrol requeue (root)

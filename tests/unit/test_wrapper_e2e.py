@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -261,7 +261,7 @@ def test_requeue_does_not_wait_for_the_program_to_finish_exiting(tmp_path) -> No
 # -- where slurmiso's epilog requeues (issue 14): the wrapper only asks, then exits ----------
 
 
-def _epilog_job(tmp: str, *extra: str) -> "tuple[LocalSlurm, str]":
+def _epilog_job(tmp: str, *extra: str) -> Tuple[LocalSlurm, str]:
     log = os.path.join(tmp, "steps.log")
     argv = [sys.executable, "-m", "slurmiso", "run", "--grace", "3", "--ckpt-dir",
             os.path.join(tmp, "ckpt"), *extra, "--", sys.executable, WORKLOAD, "--log", log,
