@@ -167,6 +167,11 @@ class Logs:
             return []
 
 
+WRAPPER_EVENTS = {
+    "preempt-signal": "wrapper got SIGTERM",
+    "checkpoint-end": "wrapper saw the report",
+    "requeue": "wrapper asked for the requeue",
+}
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\] (.*)$")
 
 
@@ -219,8 +224,7 @@ def timeline(logs: Logs, train: str, infer: str, out: str) -> Dict[str, float]:
             continue
         job, ev = rec.get("job"), rec.get("event")
         if rec.get("source") == "user" and job == train:
-            name = {"preempt-signal": "wrapper got SIGTERM", "checkpoint-end": "wrapper saw the report",
-                    "requeue": "wrapper asked for the requeue"}.get(ev)
+            name = WRAPPER_EVENTS.get(ev)
             if name:
                 t[name] = _iso(rec.get("job_ts"))
         elif ev == "job-end" and job == train:
@@ -236,7 +240,10 @@ def timeline(logs: Logs, train: str, infer: str, out: str) -> Dict[str, float]:
     return {k: v for k, v in t.items() if v is not None}
 
 
-def preempt_once(work: str, n: int, wrapped: bool) -> Optional[Tuple[float, float, Dict[str, float]]]:
+Run = Tuple[float, float, Dict[str, float]]
+
+
+def preempt_once(work: str, n: int, wrapped: bool) -> Optional[Run]:
     """(submit -> infer program start, program's own time, timeline) of one run, or None."""
     out = os.path.join(work, f"p{n}")
     prog = f"{PYTHON} {work}/prog.py {out} {STEP_S}"
@@ -311,7 +318,7 @@ def main() -> bool:
     with open(os.path.join(work, "prog.py"), "w") as fh:
         fh.write(PROGRAM)
     os.chmod(os.path.join(work, "prog.py"), 0o644)
-    got: Dict[bool, List[Tuple[float, float, Dict[str, float]]]] = {False: [], True: []}
+    got: Dict[bool, List[Run]] = {False: [], True: []}
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for n in range(RUNS):
@@ -329,8 +336,8 @@ def main() -> bool:
     own = statistics.median(o for runs in got.values() for _, o, _ in runs)
     matched = {w: [t - o + own for t, o, _ in runs] for w, runs in got.items()}
     print(f"program's own time (rest of its step + save), median of all: {own:.3f} s")
-    print(f"baseline: bare Slurm, hooks off, srun prog: raw {_spread([t for t, _, _ in got[False]])}"
-          f"; own time matched {_spread(matched[False])}")
+    print(f"baseline: bare Slurm, hooks off, srun prog: raw "
+          f"{_spread([t for t, _, _ in got[False]])}; own time matched {_spread(matched[False])}")
     print(f"slurmiso: hooks on, srun slurmiso run -- prog: raw "
           f"{_spread([t for t, _, _ in got[True]])}; own time matched {_spread(matched[True])}")
     _print_timeline("bare", [tl for _, _, tl in got[False]])
