@@ -205,6 +205,12 @@ def timeline(logs: Logs, train: str, infer: str, out: str) -> Dict[str, float]:
         "ctld: training job complete": _log_time(
             ctld, rf"_job_complete: JobId={train} done|Requeuing JobId={train}\b"),
         "ctld: infer allocated": _log_time(ctld, rf"Allocate JobId={infer}\b"),
+        "slurmd: infer launch request (Prolog starts)": _log_time(
+            slurmd, rf"batch_request: {infer}$"),
+        "infer extern step up (Contain)": _log_time(slurmd, rf"\[{infer}\.extern\] task/cgroup"),
+        "slurmd: infer batch launched (Prolog done)": _log_time(
+            slurmd, rf"Launching batch job {infer}\b"),
+        "infer batch step up": _log_time(slurmd, rf"\[{infer}\.batch\] task/cgroup"),
     }
     try:
         with open(out) as fh:
@@ -306,6 +312,43 @@ def _print_timeline(name: str, tls: List[Dict[str, float]]) -> None:
         print(f"  {statistics.median(vs):7.3f}  {k}  [{min(vs):.3f} .. {max(vs):.3f}]")
 
 
+#: Consecutive segments (from, to) whose per-run lengths are compared; a label says whose.
+SEGMENTS = [
+    ("Slurm: preemption decision", "infer submitted", "preempt signal (step cancelled)"),
+    ("program: rest of step + save (own time)", "program got its stop signal", "program saved"),
+    ("program saved -> training step ended (wrapper: report, request, exit)", "program saved",
+     "training step ended"),
+    ("training step ended -> ctld: job complete", "training step ended",
+     "ctld: training job complete"),
+    ("job complete -> training Epilog end", "ctld: training job complete",
+     "epilog (training) end"),
+    ("job complete -> ctld: infer allocated (Epilog + ctld's scheduler pass)",
+     "ctld: training job complete", "ctld: infer allocated"),
+    ("allocated -> slurmd launch request", "ctld: infer allocated",
+     "slurmd: infer launch request (Prolog starts)"),
+    ("Prolog (infer), whole process", "slurmd: infer launch request (Prolog starts)",
+     "slurmd: infer batch launched (Prolog done)"),
+    ("batch launched -> batch step up", "slurmd: infer batch launched (Prolog done)",
+     "infer batch step up"),
+    ("batch step up -> program's first line (TaskProlog, SPANK, bash)", "infer batch step up",
+     "infer program's first line"),
+    ("preempt signal -> infer program's first line", "preempt signal (step cancelled)",
+     "infer program's first line"),
+]
+
+
+def _print_segments(runs: Dict[str, List[Dict[str, float]]]) -> None:
+    print(f"{'segment (median per run, seconds; [min .. max])':<72} " +
+          " ".join(f"{m:>22}" for m in runs))
+    for label, a, b in SEGMENTS:
+        cells = []
+        for tls in runs.values():
+            d = [tl[b] - tl[a] for tl in tls if a in tl and b in tl]
+            cells.append(f"{statistics.median(d):6.3f} [{min(d):.2f}..{max(d):.2f}]"
+                         if d else "not seen")
+        print(f"  {label:<70} " + " ".join(f"{c:>22}" for c in cells))
+
+
 def main() -> bool:
     why = skip_reason()
     if why:
@@ -342,6 +385,17 @@ def main() -> bool:
           f"{_spread([t for t, _, _ in got[True]])}; own time matched {_spread(matched[True])}")
     _print_timeline("bare", [tl for _, _, tl in got[False]])
     _print_timeline("slurmiso", [tl for _, _, tl in got[True]])
+    _print_segments({"bare": [tl for _, _, tl in got[False]],
+                     "slurmiso": [tl for _, _, tl in got[True]]})
+    # Without Slurm's preemption decision (before slurmiso takes any part; its phase against
+    # slurmctld's scheduler varies run to run), own time matched as above:
+    after = {w: [tl["infer program's first line"] - tl["preempt signal (step cancelled)"] - o
+                 + own for _, o, tl in runs
+                 if "preempt signal (step cancelled)" in tl and "infer program's first line" in tl]
+             for w, runs in got.items()}
+    if after[False] and after[True]:
+        print(f"preempt signal -> infer start, own time matched: bare {_spread(after[False])}; "
+              f"slurmiso {_spread(after[True])}")
     b, w = statistics.median(matched[False]), statistics.median(matched[True])
     shutil.rmtree(work, ignore_errors=True)
     return report("sbatch --qos=infer -> infer program starts", f"+{w - b:.2f} s", w / b,
