@@ -249,7 +249,7 @@ def timeline(logs: Logs, train: str, infer: str, out: str) -> Dict[str, float]:
 Run = Tuple[float, float, Dict[str, float]]
 
 
-def preempt_once(work: str, n: int, wrapped: bool) -> Optional[Run]:
+def preempt_once(work: str, n: int, wrapped: bool, phase: float) -> Optional[Run]:
     """(submit -> infer program start, program's own time, timeline) of one run, or None."""
     out = os.path.join(work, f"p{n}")
     prog = f"{PYTHON} {work}/prog.py {out} {STEP_S}"
@@ -270,7 +270,11 @@ def preempt_once(work: str, n: int, wrapped: bool) -> Optional[Run]:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
-        time.sleep(0.3)
+        # slurmctld decides preemptions and starts jobs on its own ~1 s passes; a submission
+        # at a fixed delay after the training job's start would sample one phase of them,
+        # and a different one per mode (their start-up differs). The same random phase for
+        # both runs of a pair spreads both over every phase alike.
+        time.sleep(0.3 + phase)
         logs = Logs()
         t0 = time.time()
         infer = _run("sbatch", "--parsable", "--qos=infer", "-p", "gpu", "--gres=gpu:1",
@@ -362,15 +366,19 @@ def main() -> bool:
         fh.write(PROGRAM)
     os.chmod(os.path.join(work, "prog.py"), 0o644)
     got: Dict[bool, List[Run]] = {False: [], True: []}
+    import random
+
+    rng = random.Random(14)
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for n in range(RUNS):
+            phase = rng.uniform(0.0, 1.0)
             for wrapped in ((False, True) if n % 2 == 0 else (True, False)):
                 if wrapped:
-                    res = preempt_once(work, 2 * n + 1, True)
+                    res = preempt_once(work, 2 * n + 1, True, phase)
                 else:
                     with hooks_off():
-                        res = preempt_once(work, 2 * n, False)
+                        res = preempt_once(work, 2 * n, False, phase)
                 if res is not None:
                     got[wrapped].append(res)
     if not got[False] or not got[True]:
