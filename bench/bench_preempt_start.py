@@ -290,6 +290,11 @@ def preempt_once(work: str, n: int, wrapped: bool, phase: float) -> Optional[Run
             time.sleep(0.1)
         tl = timeline(logs, train, infer, out)
         tl.setdefault("infer submitted", t0)
+        if wrapped:  # the measured path must be the real one: the job went back to the queue
+            shown = _run("scontrol", "show", "job", "-o", train)
+            if "Restarts=1" not in shown:
+                print(f"run {n}: training job {train} was not requeued; run not counted")
+                return None
         with open(out) as fh:
             got, saved = (float(x) for x in fh.read().split())
         return started - t0, saved - got, tl
