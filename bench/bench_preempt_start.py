@@ -119,9 +119,21 @@ def _swap(path: str, text: str) -> Tuple[bytes, int]:
     return old, mode
 
 
+def _wait_node_idle(timeout: float = 120.0) -> None:
+    """No job on n1, completing ones included: a job whose Prolog ran with the hooks and whose
+    Epilog runs without them would leave its record and claims behind (the next Prolog then
+    drains the node: seen once, when another session's job spanned a swap)."""
+    deadline = time.monotonic() + timeout
+    while _run("squeue", "-h", "-w", "n1", "-t", "R,CG,CF,S", "-o", "%i").strip():
+        if time.monotonic() > deadline:
+            raise SystemExit("node n1 of the sandbox never went idle; not switching its hooks")
+        time.sleep(0.2)
+
+
 @contextmanager
 def hooks_off() -> Iterator[None]:
     saved: Dict[str, Tuple[bytes, int]] = {}
+    _wait_node_idle()
     try:
         for name in HOOKS:
             path = os.path.join(SANDBOX, "bin", name)
@@ -130,6 +142,7 @@ def hooks_off() -> Iterator[None]:
         saved[plug] = _swap(plug, "# bench_preempt_start: no SPANK plugins for a bare run\n")
         yield
     finally:
+        _wait_node_idle()
         for path, (data, mode) in saved.items():
             tmp = path + ".bench-tmp"
             with open(tmp, "wb") as fh:

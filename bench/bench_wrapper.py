@@ -4,11 +4,12 @@
    20, against the same signal sent to the program directly (baseline, same run).
 2. Stop latency, no Slurm needed: a well-behaved program that, on its stop signal, finishes
    its current 0.25 s step, saves a checkpoint and exits. Bare, the signal is SIGTERM; under
-   ``slurmiso run`` (with a stand-in ``scontrol``, so the requeue path runs) it is the
-   wrapper's checkpoint signal. Measured: SIGTERM to every process (as Slurm does) -> the
+   ``slurmiso run`` it is the wrapper's checkpoint signal, with the environment slurmiso's
+   prolog exports (the wrapper writes the requeue request for the epilog, its path on a
+   cluster with slurmiso's hooks). Measured: SIGTERM to every process (as Slurm does) -> the
    last one gone. The program's own time (waiting for the step, saving) is taken out of both
    and replaced by their common median, so the figure is what the wrapper adds: forwarding,
-   the marker, the requeue call, its exit.
+   the marker, the job-state query, the request, its exit.
 3. Preemption (only as root with the sandbox up; takes the sandbox lock): the infer job's
    start while a training job holds every GPU of partition gpu, bare Slurm (hooks off,
    ``srun prog``) against slurmiso (``srun slurmiso run -- prog``), with a timeline. Lives in
@@ -163,9 +164,11 @@ def _one_stop(wrapped: bool, tmp: str, n: int, phase: float) -> Tuple[float, flo
     prog = [sys.executable, "-c", STEPPED, out, str(STEP_S)]
     argv = ([sys.executable, "-m", "slurmiso", "run", "--grace", "30",
              "--ckpt-dir", os.path.join(tmp, f"ckpt{n}"), "--", *prog] if wrapped else prog)
-    sim = LocalSlurm(argv, env=python_env(), workdir=os.path.join(tmp, f"job{n}-{int(wrapped)}"))
-    env = sim.env_for(0)  # SLURM_JOB_ID and a stand-in scontrol: the requeue path runs
-    env.pop("SLURMISO_EVENTS_FILE", None)
+    # SLURM_JOB_ID, a stand-in scontrol, and what slurmiso's prolog exports: the wrapper
+    # leaves the requeue to the epilog, its path on a cluster with slurmiso's hooks
+    sim = LocalSlurm(argv, env=python_env(), workdir=os.path.join(tmp, f"job{n}-{int(wrapped)}"),
+                     epilog_requeue=True)
+    env = sim.env_for(0)
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     try:
         _wait_file(out + ".ready")
@@ -182,8 +185,9 @@ def _one_stop(wrapped: bool, tmp: str, n: int, phase: float) -> Tuple[float, flo
         gone = time.monotonic() - t0
         with open(out) as fh:
             got, saved = (float(x) for x in fh.read().split())
-        if wrapped and not os.path.exists(sim.requests):
-            raise SystemExit("the wrapper did not requeue: the measured path is not the real one")
+        if wrapped and not sim.epilog_asked(0, 0):
+            raise SystemExit("the wrapper did not ask for the requeue: the measured path is not "
+                             "the real one")
         return gone, saved - got
     finally:
         for pid in _tree(proc.pid):
