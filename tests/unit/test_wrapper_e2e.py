@@ -292,3 +292,15 @@ def test_events_the_user_redirected_mean_the_wrapper_requeues_itself(tmp_path) -
     assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"]
     recs = [json.loads(x) for x in (tmp_path / "mine.jsonl").read_text().splitlines()]
     assert [r["by"] for r in recs if r["event"] == "requeue"] == ["slurmiso"]
+
+
+def test_a_request_that_cannot_be_written_is_a_requeue_by_the_wrapper(tmp_path) -> None:
+    """The epilog acts only on what it can read: if the request cannot be written, the
+    wrapper requeues itself rather than lose the job."""
+    sim, log = _epilog_job(str(tmp_path))
+    (tmp_path / "blocker").write_text("")  # a file where the events file's directory would be
+    sim.events_file = str(tmp_path / "blocker" / "events.jsonl")
+    started = lambda e: Path(log).exists()  # noqa: E731
+    attempts = sim.run(preempt=[started], max_attempts=1)
+    assert attempts[0].state == "PREEMPTED" and sim.epilog_requeues == 0
+    assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"]
