@@ -214,7 +214,7 @@ class LocalSlurm:
             time.sleep(self.poll_s)
         rc = proc.returncode
         att.exit_code = 128 - rc if rc < 0 else rc
-        asked = self.epilog_requeue and self._epilog_asked(events_before, restart_count)
+        asked = self.epilog_requeue and self.epilog_asked(events_before, restart_count)
         if asked and not requeued:
             self.epilog_requeues += 1
             with open(self.requests, "a", encoding="utf-8") as fh:
@@ -235,7 +235,7 @@ class LocalSlurm:
         except OSError:
             return 0
 
-    def _epilog_asked(self, offset: int, restart_count: int) -> bool:
+    def epilog_asked(self, offset: int, restart_count: int) -> bool:
         """Whether this run's events ask the epilog to requeue (hooks/requeue.py decides)."""
         from slurmiso.hooks.events import parse_line
         from slurmiso.hooks.requeue import requested

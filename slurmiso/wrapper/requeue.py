@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
 from slurmiso.errors import SlurmError
+from slurmiso.hooks.requeue import BY_EPILOG  # the epilog's half reads what this one writes
 from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT
 
 log = logging.getLogger(__name__)
 
 BY_WRAPPER = "slurmiso"
-BY_EPILOG = "epilog"  # slurmiso's epilog runs scontrol requeue once the job's steps ended
 REQUEUE_TIMEOUT_S = 5.0
 
 

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import UsageError
+from slurmiso.hooks.requeue import ENV_FLAG as EPILOG_REQUEUE_FLAG
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class JobEnvironment:
             procid=_int(env.get("SLURM_PROCID"), 0),
             node=env.get("SLURMD_NODENAME", ""),
             events_file=env.get("SLURMISO_EVENTS_FILE", ""),
-            epilog_requeue=env.get("SLURMISO_EPILOG_REQUEUE", "") == "1",
+            epilog_requeue=env.get(EPILOG_REQUEUE_FLAG, "") == "1",
         )
 
 
