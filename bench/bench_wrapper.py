@@ -4,16 +4,16 @@
    20, against the same signal sent to the program directly (baseline, same run).
 2. Stop latency, no Slurm needed: a well-behaved program that, on its stop signal, finishes
    its current 0.25 s step, saves a checkpoint and exits. Bare, the signal is SIGTERM; under
-   ``slurmiso run`` (with a stand-in ``scontrol``, so the requeue path runs) it is the
-   wrapper's checkpoint signal. Measured: SIGTERM to every process (as Slurm does) -> the
+   ``slurmiso run`` it is the wrapper's checkpoint signal, with the environment slurmiso's
+   prolog exports (the wrapper writes the requeue request for the epilog, its path on a
+   cluster with slurmiso's hooks). Measured: SIGTERM to every process (as Slurm does) -> the
    last one gone. The program's own time (waiting for the step, saving) is taken out of both
    and replaced by their common median, so the figure is what the wrapper adds: forwarding,
-   the marker, the requeue call, its exit.
-3. Preemption (only when the sandbox is up; takes the sandbox lock): ``sbatch --qos=infer`` ->
-   RUNNING while a training job holds every GPU of partition gpu, with that same program as a
-   job step: bare (``srun prog``, exits at its next step on SIGTERM) against
-   ``srun slurmiso run -- prog`` (checkpoint at its next step, requeue). Target: at most
-   0.3 s more than bare.
+   the marker, the job-state query, the request, its exit.
+3. Preemption (only as root with the sandbox up; takes the sandbox lock): the infer job's
+   start while a training job holds every GPU of partition gpu, bare Slurm (hooks off,
+   ``srun prog``) against slurmiso (``srun slurmiso run -- prog``), with a timeline. Lives in
+   bench_preempt_start.py. Target: at most 0.3 s more than bare.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 from common import ROOT, median_ms, python_env, report
 
@@ -164,9 +164,11 @@ def _one_stop(wrapped: bool, tmp: str, n: int, phase: float) -> Tuple[float, flo
     prog = [sys.executable, "-c", STEPPED, out, str(STEP_S)]
     argv = ([sys.executable, "-m", "slurmiso", "run", "--grace", "30",
              "--ckpt-dir", os.path.join(tmp, f"ckpt{n}"), "--", *prog] if wrapped else prog)
-    sim = LocalSlurm(argv, env=python_env(), workdir=os.path.join(tmp, f"job{n}-{int(wrapped)}"))
-    env = sim.env_for(0)  # SLURM_JOB_ID and a stand-in scontrol: the requeue path runs
-    env.pop("SLURMISO_EVENTS_FILE", None)
+    # SLURM_JOB_ID, a stand-in scontrol, and what slurmiso's prolog exports: the wrapper
+    # leaves the requeue to the epilog, its path on a cluster with slurmiso's hooks
+    sim = LocalSlurm(argv, env=python_env(), workdir=os.path.join(tmp, f"job{n}-{int(wrapped)}"),
+                     epilog_requeue=True)
+    env = sim.env_for(0)
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     try:
         _wait_file(out + ".ready")
@@ -183,8 +185,9 @@ def _one_stop(wrapped: bool, tmp: str, n: int, phase: float) -> Tuple[float, flo
         gone = time.monotonic() - t0
         with open(out) as fh:
             got, saved = (float(x) for x in fh.read().split())
-        if wrapped and not os.path.exists(sim.requests):
-            raise SystemExit("the wrapper did not requeue: the measured path is not the real one")
+        if wrapped and not sim.epilog_asked(0, 0):
+            raise SystemExit("the wrapper did not ask for the requeue: the measured path is not "
+                             "the real one")
         return gone, saved - got
     finally:
         for pid in _tree(proc.pid):
@@ -227,108 +230,11 @@ def stop_latency() -> bool:
 # -- preemption in the sandbox ------------------------------------------------------------
 
 
-def _events(path: str) -> List[dict]:
-    import json
+def preemption() -> bool:
+    """Infer start under preemption, bare Slurm vs slurmiso: bench_preempt_start.py."""
+    import bench_preempt_start
 
-    try:
-        with open(path) as fh:
-            return [json.loads(x) for x in fh if x.strip()]
-    except FileNotFoundError:
-        return []
-
-
-def _sandbox_up() -> bool:
-    conf = os.path.join(SANDBOX, "etc", "slurm.conf")
-    if os.geteuid() != 0 or not os.path.exists(conf):
-        return False
-    env = dict(os.environ, SLURM_CONF=conf)
-    cp = subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True)
-    return cp.returncode == 0 and "UP" in cp.stdout
-
-
-def _slurm(*argv: str) -> str:
-    env = dict(os.environ, SLURM_CONF=os.path.join(SANDBOX, "etc", "slurm.conf"),
-               SLURMISO_CONFIG=os.path.join(SANDBOX, "etc", "slurmiso.yaml"))
-    return subprocess.run(list(argv), env=env, capture_output=True, text=True, check=True).stdout
-
-
-def _state(job: str) -> str:
-    out = _slurm("squeue", "-h", "-j", job, "-o", "%T")
-    return out.strip() or "GONE"
-
-
-def _preempt_once(script: str, work: str, n: int) -> Optional[float]:
-    """Submit the training script on all GPUs, then an infer job; seconds until it runs."""
-    path = os.path.join(work, f"train-{time.monotonic_ns()}.sh")
-    ready = os.path.join(work, f"p{n}.ready")
-    with open(path, "w") as fh:
-        fh.write(script.replace("OUT", os.path.join(work, f"p{n}")))
-    os.chmod(path, 0o755)
-    train = _slurm("sbatch", "--parsable", "--qos=train", "--requeue", "-p", "gpu",
-                   "--gres=gpu:2", f"--chdir={work}", "-o", os.path.join(work, "t-%j.out"),
-                   path).strip()
-    infer = ""
-    try:
-        deadline = time.monotonic() + 60
-        while _state(train) != "RUNNING" or not os.path.exists(ready):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.1)
-        t0 = time.monotonic()
-        infer = _slurm("sbatch", "--parsable", "--qos=infer", "-p", "gpu", "--gres=gpu:1",
-                       "-o", "/dev/null", "--wrap", "sleep 1").strip()
-        while _state(infer) not in ("RUNNING", "COMPLETING", "GONE"):
-            if time.monotonic() - t0 > 120:
-                return None
-            time.sleep(0.05)
-        return time.monotonic() - t0
-    finally:
-        _slurm("scancel", train, *([infer] if infer else []))
-        while _state(train) != "GONE":
-            time.sleep(0.2)
-
-
-def preemption(runs: int = 3) -> bool:
-    if not _sandbox_up():
-        print("preemption benchmark skipped: the sandbox is not up (make sandbox)")
-        return True
-    import fcntl
-
-    work = tempfile.mkdtemp(prefix="bench-wrapper-", dir="/tmp")
-    os.chmod(work, 0o1777)
-    py = sys.executable
-    prog_path = os.path.join(work, "prog.py")
-    with open(prog_path, "w") as fh:
-        fh.write(STEPPED)
-    prog = f"{py} {prog_path} OUT {STEP_S}"
-    bare = f"#!/bin/bash\nsrun {prog}\n"
-    wrapped = (f"#!/bin/bash\nexport PYTHONPATH={ROOT}\n"
-               f"srun {py} -m slurmiso run --ckpt-dir {work}/ckpt --events {work}/ev.jsonl "
-               f"-- {prog}\n")
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        bare_s: List[float] = []
-        wrap_s: List[float] = []
-        n = 0
-        for _ in range(runs):
-            for script, out in ((bare, bare_s), (wrapped, wrap_s)):
-                n += 1
-                got = _preempt_once(script, work, n)
-                if got is not None:
-                    out.append(got)
-    if not bare_s or not wrap_s:
-        print("preemption benchmark: the sandbox did not run the jobs in time; no figure")
-        return True
-    b, w = statistics.median(bare_s), statistics.median(wrap_s)
-    ckpt = [e for e in _events(os.path.join(work, "ev.jsonl")) if e["event"] == "checkpoint-end"]
-    if ckpt:
-        waits = statistics.median(e["duration_s"] for e in ckpt)
-        print(f"of which waiting on the checkpoint (checkpoint-end duration_s): {waits:.3f} s")
-    print(f"baseline: bare job step, exits at its next {STEP_S:g} s step on SIGTERM, median of "
-          f"{len(bare_s)}: {b:.2f} s ({' / '.join(f'{x:.2f}' for x in bare_s)})")
-    print(f"slurmiso run: {' / '.join(f'{x:.2f}' for x in wrap_s)} s")
-    return report("sbatch --qos=infer -> RUNNING (slurmiso run)", f"+{w - b:.2f} s", w / b,
-                  "of the bare job step", (b + 0.3) / b)
+    return bench_preempt_start.main()
 
 
 def main() -> bool:

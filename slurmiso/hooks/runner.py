@@ -294,16 +294,21 @@ def _open_events_file(ctx: Context) -> None:
         return
     ctx.record.events_file = path
     ctx.set_env("SLURMISO_EVENTS_FILE", path)
+    from slurmiso.hooks.requeue import ENV_FLAG
+
+    ctx.set_env(ENV_FLAG, "1")  # this epilog requeues on the wrapper's request (hooks/requeue.py)
 
 
-def _fold_events(ctx: Context) -> None:
+def _fold_events(ctx: Context) -> bool:
     """Copy the job's own report into the journal, as user data: bounded, allow-listed event
-    names, scalar fields only, never passed as keyword arguments, marked ``source: user``."""
+    names, scalar fields only, never passed as keyword arguments, marked ``source: user``.
+    Returns whether the job's wrapper asked the epilog to requeue this attempt."""
     from slurmiso.hooks import events
+    from slurmiso.hooks.requeue import requested
 
     path = ctx.record.events_file
     if not path:
-        return
+        return False
     folded = events.fold(path, ctx.env.uid)
     for rec in folded.records:
         fields = dict(rec.fields)
@@ -311,6 +316,7 @@ def _fold_events(ctx: Context) -> None:
         ctx.journal.append_fields(rec.event, fields)
     if folded.dropped:
         ctx.warn(f"dropped {folded.dropped} line(s) of the job's events file: {folded.why}")
+    return requested(folded.records, ctx.record.restart_count)
 
 
 def _fence(ctx: Context, refused: bool) -> None:
@@ -365,10 +371,19 @@ def epilog(ctx: Context) -> None:
     record.status = RELEASING
     ctx.save()
     dcgm.update(ctx.config.paths.dcgm_job_mapping_dir, ctx.job_id, record.resources, False)
+    # The requeue a preempted job's wrapper asked for, before the teardown: a teardown that
+    # fails (node fault) must not also lose the job (see hooks/requeue.py).
+    requeue: Dict[str, Any] = {}
+    if _fold_events(ctx):
+        from slurmiso.hooks.requeue import requeue_job
+
+        why = requeue_job(ctx.job_id)
+        requeue = {"requeue": "failed" if why else "done"}
+        if why:
+            ctx.warn(f"the job's wrapper asked for a requeue and it failed: {why}")
     from slurmiso.isolation.lifecycle import teardown
 
     teardown(ctx)
-    _fold_events(ctx)
     from slurmiso.isolation import fence
 
     fence.remove(ctx.state.state_dir, ctx.job_id)
@@ -384,6 +399,7 @@ def epilog(ctx: Context) -> None:
         warnings=list(record.warnings),
         times=times,
         epilog_ms=round(1000 * (time.time() - started), 1),
+        **requeue,
     )
     ctx.state.delete_job(ctx.job_id)
 

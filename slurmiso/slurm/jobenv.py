@@ -59,6 +59,10 @@ HOOK_VARS = {
 }
 #: Read for the GPU indices only when ``SLURM_JOB_GPUS`` is absent (an mps-only job; see [#]).
 MPS_ONLY_GPUS = "CUDA_VISIBLE_DEVICES"
+#: Set by slurmiso's prolog for the job's tasks: the job's events file, and "1" when the
+#: epilog requeues on the wrapper's request (hooks/requeue.py).
+EVENTS_FILE = "SLURMISO_EVENTS_FILE"
+EPILOG_REQUEUE = "SLURMISO_EPILOG_REQUEUE"
 STEP_VARS = {
     "job_id": "SLURM_JOB_ID", "node": "SLURMD_NODENAME",
     "restart_count": "SLURM_RESTART_COUNT", "procid": "SLURM_PROCID",
@@ -170,20 +174,26 @@ class JobEnvironment:
     """The job as a task sees it (``slurmiso run``): what the wrapper needs, read once.
 
     Like submitit's environment object, it is injected (tests describe a job with a dict).
+    ``events_file`` is the file slurmiso's prolog named (its epilog folds it);
+    ``epilog_requeue`` says that epilog requeues a job whose wrapper asks for it there
+    (hooks/requeue.py says why that matters).
     """
 
-    __slots__ = ("job_id", "restart_count", "procid", "node")
+    __slots__ = ("job_id", "restart_count", "procid", "node", "events_file", "epilog_requeue")
 
     def __init__(self, job_id: str = "", restart_count: int = 0, procid: int = 0,
-                 node: str = "") -> None:
+                 node: str = "", events_file: str = "", epilog_requeue: bool = False) -> None:
         self.job_id = job_id
         self.restart_count = restart_count
         self.procid = procid
         self.node = node
+        self.events_file = events_file
+        self.epilog_requeue = epilog_requeue
 
     def __repr__(self) -> str:
         return (f"JobEnvironment(job_id={self.job_id!r}, restart_count={self.restart_count}, "
-                f"procid={self.procid}, node={self.node!r})")
+                f"procid={self.procid}, node={self.node!r}, events_file={self.events_file!r}, "
+                f"epilog_requeue={self.epilog_requeue})")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, JobEnvironment) and all(
@@ -204,6 +214,8 @@ class JobEnvironment:
             restart_count=step_restart_count(env),
             procid=whole_number(env.get(STEP_VARS["procid"]), 0, 10**7),
             node=env.get(STEP_VARS["node"], ""),
+            events_file=env.get(EVENTS_FILE, ""),
+            epilog_requeue=env.get(EPILOG_REQUEUE, "") == "1",
         )
 
 

@@ -12,7 +12,11 @@ This one imitates what slurmctld/slurmstepd do to a batch job:
   the limit; at the limit SIGTERM to all, SIGKILL after ``kill_wait_s`` (state TIMEOUT);
 * ``scontrol requeue``: a fake ``scontrol`` (found first through ``SLURMISO_SLURM_BIN``)
   writes the request to a file; the controller then ends the run (SIGTERM, SIGKILL after
-  ``kill_wait_s``) and starts it again, count + 1.
+  ``kill_wait_s``) and starts it again, count + 1;
+* with ``epilog_requeue=True``, what slurmiso's prolog and epilog add: the job gets
+  ``SLURMISO_EVENTS_FILE`` and ``SLURMISO_EPILOG_REQUEUE=1``, and once a run has ended the
+  controller reads that run's events as the epilog does and requeues the job when its
+  wrapper asked for it (a requeue of an ended job, as Slurm allows).
 
 It drives the real ``slurmiso run`` process, so only Slurm is simulated.
 """
@@ -92,6 +96,7 @@ class LocalSlurm:
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
         poll_s: float = 0.02,
+        epilog_requeue: bool = False,
     ) -> None:
         self.argv = list(argv)
         self.job_id = job_id
@@ -102,6 +107,9 @@ class LocalSlurm:
         self.poll_s = poll_s
         self.bin_dir = os.path.join(self.workdir, "bin")
         self.requests = os.path.join(self.workdir, "scontrol-requests")
+        self.epilog_requeue = epilog_requeue
+        self.events_file = os.path.join(self.workdir, f".slurmiso-events.{job_id}.jsonl")
+        self.epilog_requeues = 0  # requeues the simulated epilog ran
         self._fake_scontrol()
 
     def _fake_scontrol(self) -> None:
@@ -120,6 +128,8 @@ class LocalSlurm:
             SLURMISO_SIM_REQUESTS=self.requests,
         )
         env.setdefault("SLURMISO_CONFIG", os.path.join(self.workdir, "no-config.yaml"))
+        if self.epilog_requeue:
+            env.update(SLURMISO_EVENTS_FILE=self.events_file, SLURMISO_EPILOG_REQUEUE="1")
         if restart_count:
             env["SLURM_RESTART_COUNT"] = str(restart_count)  # Slurm sets it after a requeue
         else:
@@ -167,6 +177,7 @@ class LocalSlurm:
         timeout_s: float = 120.0,
     ) -> Attempt:
         requests_before = self._request_count()
+        events_before = self._events_size()
         requeued = False
         t0 = time.monotonic()
         proc = subprocess.Popen(self.argv, env=self.env_for(restart_count), cwd=self.workdir)
@@ -203,6 +214,11 @@ class LocalSlurm:
             time.sleep(self.poll_s)
         rc = proc.returncode
         att.exit_code = 128 - rc if rc < 0 else rc
+        asked = self.epilog_requeue and self.epilog_asked(events_before, restart_count)
+        if asked and not requeued:
+            self.epilog_requeues += 1
+            with open(self.requests, "a", encoding="utf-8") as fh:
+                fh.write(f"requeue {self.job_id}\n")  # the epilog's scontrol requeue (root)
         requeued = requeued or self._request_count() > requests_before
         if ending is None and requeued:
             ending = "REQUEUED"
@@ -212,6 +228,26 @@ class LocalSlurm:
         att.seconds = round(time.monotonic() - t0, 3)
         log.info("attempt %d: %s (exit %d)", restart_count, att.state, att.exit_code)
         return att
+
+    def _events_size(self) -> int:
+        try:
+            return os.path.getsize(self.events_file)
+        except OSError:
+            return 0
+
+    def epilog_asked(self, offset: int, restart_count: int) -> bool:
+        """Whether this run's events ask the epilog to requeue (hooks/requeue.py decides)."""
+        from slurmiso.hooks.events import parse_line
+        from slurmiso.hooks.requeue import requested
+
+        try:
+            with open(self.events_file, "rb") as fh:
+                fh.seek(offset)
+                lines = fh.read().splitlines()
+        except OSError:
+            return False
+        records = [r for r in (parse_line(ln) for ln in lines if ln.strip()) if r is not None]
+        return requested(records, restart_count)
 
     def _request_count(self) -> int:
         try:

@@ -8,7 +8,8 @@
              journal preempt-signal -> checkpoint signal to the group -> (while it saves)
              ask Slurm the job's state -> wait for the marker or the program's exit, up to
              grace minus a margin -> requeue decision (with its reason) -> scontrol requeue
-             -> let the program exit briefly, else SIGKILL the group -> exit 143
+             (or, where slurmiso's epilog requeues, the request in the events file) -> let
+             the program exit briefly, else SIGKILL the group -> exit 143
     exit:    on every path, nothing of the program outlives the wrapper: SIGTERM, then
              SIGKILL after a bound, to the group and to every adopted orphan
 
@@ -20,7 +21,8 @@ Latency on preemption is what an inference job waits for, so from the report on 
 sleeps: the marker is polled every few milliseconds while a checkpoint is awaited, the
 program's exit wakes the loop through SIGCHLD, and the requeue is issued before the program
 has finished exiting (Slurm frees the GPUs only once every process of the job is gone, so
-both proceed together).
+both proceed together). Where the epilog requeues (wrapper/requeue.py says why that is
+faster under srun), nothing is called at all: the request is one line in the events file.
 """
 
 from __future__ import annotations
@@ -81,15 +83,22 @@ class Events:
         self.journal = journal
         self._failed = False
 
-    def emit(self, event: str, **fields: Any) -> None:
+    @property
+    def path(self) -> str:
+        return str(getattr(self.journal, "path", "")) if self.journal is not None else ""
+
+    def emit(self, event: str, **fields: Any) -> bool:
+        """Append one event; whether it was written."""
         if self.journal is None:
-            return
+            return False
         try:
             self.journal.append(event, **fields)
         except OSError as exc:
             if not self._failed:
                 log.warning("cannot write the job's events file %s: %s", self.journal.path, exc)
             self._failed = True
+            return False
+        return True
 
 
 class Supervisor:
@@ -375,7 +384,17 @@ class Supervisor:
             checkpoint_ok=checkpoint_ok,
             program_status=program_status,
             slurm_state=slurm_state,
+            epilog=self._epilog_requeues(),
         )
+        if decision.requeue and decision.by == requeue.BY_EPILOG:
+            # the request the epilog acts on; if it cannot be written, requeue here
+            if self.events.emit(
+                "requeue", job=self.job.job_id, reason=cause, count=decision.count,
+                by=decision.by,
+            ):
+                log.info("requeue requested: %s", decision.reason)
+                return False
+            decision = requeue.Decision(True, decision.reason, requeue.BY_WRAPPER, decision.count)
         if decision.requeue:
             error = requeue.scontrol_requeue(self.slurm(), self.job.job_id)
             if error is None:
@@ -402,6 +421,15 @@ class Supervisor:
         if cause == TIME_LIMIT or self.job.in_slurm:
             log.warning("not requeued: %s", decision.reason)
         return False
+
+    def _epilog_requeues(self) -> bool:
+        """slurmiso's epilog will requeue on request: the prolog declared it, and the events
+        go to the file that epilog reads (not one the user chose with ``--events``)."""
+        return bool(
+            self.job.epilog_requeue
+            and self.job.events_file
+            and self.events.path == self.job.events_file
+        )
 
     def _wait_for_slurm(self) -> None:
         """Stay alive (the program is gone) so Slurm, not an early exit, decides the job's

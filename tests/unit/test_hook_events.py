@@ -171,3 +171,90 @@ def test_a_file_of_tiny_garbage_lines_is_examined_only_up_to_the_line_cap(tmp_pa
     folded = events.fold(str(path), os.getuid())
     assert folded.records == [] and folded.dropped == events.MAX_BYTES // 2
     assert "lines" in folded.why and not path.exists()
+
+
+# -- the requeue a preempted job's wrapper leaves to the epilog (issue 14) -----------------
+
+
+def _fake_scontrol(tmp: str, monkeypatch: Any, fail: bool = False) -> str:
+    """A scontrol that records its arguments (and fails like a refused requeue if asked)."""
+    bin_dir = os.path.join(tmp, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    calls = os.path.join(tmp, "scontrol-calls")
+    script = os.path.join(bin_dir, "scontrol")
+    with open(script, "w") as fh:
+        fh.write(f'#!/bin/sh\necho "$@" >> {calls}\n')
+        if fail:
+            fh.write('echo "scontrol: error: Requested operation is presently disabled" >&2\n'
+                     "exit 1\n")
+    os.chmod(script, 0o755)
+    monkeypatch.setenv("SLURMISO_SLURM_BIN", bin_dir)
+    return calls
+
+
+def _calls(path: str) -> List[str]:
+    try:
+        with open(path) as fh:
+            return fh.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def test_prolog_declares_that_its_epilog_requeues(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    _prolog(tmp, str(tmp_path / "w"))
+    rec = state(tmp).read_job("42")
+    assert rec is not None and rec["env"]["SLURMISO_EPILOG_REQUEUE"] == "1"
+
+
+def test_epilog_requeues_the_job_its_wrapper_asked_for(tmp_path: Any, monkeypatch: Any) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    calls = _fake_scontrol(tmp, monkeypatch)
+    cfg = _prolog(tmp, work)
+    # as the wrapper writes it (restart count 0 -> the next run is count 1); "job" is the
+    # file's claim and is ignored: the epilog requeues Slurm's job id only
+    Journal(_events_path(tmp)).append("requeue", job="999", reason="preempted", count=1,
+                                      by="epilog")
+    _epilog(tmp, cfg, work)
+    assert _calls(calls) == ["requeue 42"]
+    (end,) = [e for e in journal(tmp) if e["event"] == "job-end"]
+    assert end["requeue"] == "done" and end["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"event": "requeue", "reason": "preempted", "count": 1, "by": "slurmiso"}',  # done
+        '{"event": "requeue", "reason": "preempted", "count": 3, "by": "epilog"}',  # stale
+        '{"event": "requeue", "reason": "preempted", "count": "1", "by": "epilog"}',
+        '{"event": "requeue", "reason": "preempted", "count": true, "by": "epilog"}',
+        '{"event": "requeue-declined", "count": 1, "by": "epilog"}',
+    ],
+)
+def test_epilog_requeues_only_on_this_attempts_request(
+    tmp_path: Any, monkeypatch: Any, line: str
+) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    calls = _fake_scontrol(tmp, monkeypatch)
+    cfg = _prolog(tmp, work)
+    with open(_events_path(tmp), "w") as fh:
+        fh.write(line + "\n")
+    _epilog(tmp, cfg, work)
+    assert _calls(calls) == []
+    (end,) = [e for e in journal(tmp) if e["event"] == "job-end"]
+    assert "requeue" not in end
+
+
+def test_a_failed_epilog_requeue_is_a_warning_never_a_drain(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    calls = _fake_scontrol(tmp, monkeypatch, fail=True)
+    cfg = _prolog(tmp, work)
+    Journal(_events_path(tmp)).append("requeue", reason="preempted", count=1, by="epilog")
+    _epilog(tmp, cfg, work)  # asserts exit 0 and no drain
+    assert _calls(calls) == ["requeue 42"]
+    (end,) = [e for e in journal(tmp) if e["event"] == "job-end"]
+    assert end["requeue"] == "failed"
+    assert any("presently disabled" in w for w in end["warnings"])
+    assert state(tmp).read_job("42") is None  # the teardown still ran to the end

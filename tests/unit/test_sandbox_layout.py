@@ -234,7 +234,7 @@ def test_task_prolog_uses_the_interpreter_job_users_can_run():
     site = L.Site(root="/srv/sbx", host="h", python="/root/.pyenv/bin/python", prolog="/p",
                   epilog="/e", task_python="/usr/bin/python3")
     wrappers = L.hook_wrappers(site)
-    assert "exec /usr/bin/python3 -m slurmiso task-prolog" in wrappers["slurmiso-task-prolog"]
+    assert "exec /usr/bin/python3 -m slurmiso.hooks.task_prolog" in wrappers["slurmiso-task-prolog"]
     assert "exec /root/.pyenv/bin/python /p" in wrappers["slurmiso-prolog"]
 
 

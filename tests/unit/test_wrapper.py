@@ -359,3 +359,24 @@ def test_cli_passes_the_exit_status_through(tmp_path, monkeypatch) -> None:
 def test_a_stop_signal_the_wrapper_cannot_catch_is_a_usage_error(name: str) -> None:
     with pytest.raises(UsageError, match=f"SIG{name} cannot be the signal that stops the job"):
         SignalHandler(JobEnvironment(), {TERM: PREEMPTED, int(parse_signal(name)): TIME_LIMIT})
+
+
+def test_preempted_job_is_left_to_the_epilog_only_where_it_requeues() -> None:
+    """Issue 14: a requeue from inside the step costs the preempting job 2.3 s (see
+    wrapper/requeue.py); where slurmiso's epilog requeues, the wrapper only asks."""
+    common = dict(job_id="7", restart_count=2, max_requeues=20, checkpoint_ok=True)
+    d = requeue.decide(PREEMPTED, slurm_state="RUNNING", epilog=True, **common)  # type: ignore[arg-type]
+    assert (d.requeue, d.by, d.count) == (True, requeue.BY_EPILOG, 3)
+    d = requeue.decide(PREEMPTED, slurm_state="RUNNING", **common)  # type: ignore[arg-type]
+    assert (d.requeue, d.by) == (True, requeue.BY_WRAPPER)
+    d = requeue.decide(PREEMPTED, slurm_state="CANCELLED", epilog=True, **common)  # type: ignore[arg-type]
+    assert not d.requeue and "cancelled" in d.reason
+    d = requeue.decide(TIME_LIMIT, epilog=True, **common)  # type: ignore[arg-type]
+    assert d.by == requeue.BY_WRAPPER  # nobody else requeues before a time limit
+
+
+def test_job_environment_reads_the_epilog_requeue_declaration() -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURMISO_EVENTS_FILE": "/w/.e", "SLURMISO_EPILOG_REQUEUE": "1"}
+    job = JobEnvironment.from_env(env)
+    assert (job.events_file, job.epilog_requeue) == ("/w/.e", True)
+    assert not JobEnvironment.from_env({**env, "SLURMISO_EPILOG_REQUEUE": "yes"}).epilog_requeue

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -255,4 +255,52 @@ def test_requeue_does_not_wait_for_the_program_to_finish_exiting(tmp_path) -> No
     attempts = sim.run(preempt=[started], max_attempts=1)
     assert attempts[0].exit_code == 143
     assert (tmp_path / "exit-saw").read_text() == "requeued"
+    assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"]
+
+
+# -- where slurmiso's epilog requeues (issue 14): the wrapper only asks, then exits ----------
+
+
+def _epilog_job(tmp: str, *extra: str) -> Tuple[LocalSlurm, str]:
+    log = os.path.join(tmp, "steps.log")
+    argv = [sys.executable, "-m", "slurmiso", "run", "--grace", "3", "--ckpt-dir",
+            os.path.join(tmp, "ckpt"), *extra, "--", sys.executable, WORKLOAD, "--log", log,
+            "--steps", "60", "--step-time", "0.01"]
+    return LocalSlurm(argv, env=ENV, workdir=tmp, grace_s=3.0, epilog_requeue=True), log
+
+
+def test_preempted_under_an_epilog_that_requeues_the_wrapper_only_asks(tmp_path) -> None:
+    """No scontrol requeue from inside the step (it would kill srun before the step ends):
+    the request goes to the events file, and the epilog's requeue brings the job back."""
+    sim, log = _epilog_job(str(tmp_path))
+    steps = lambda: len(re.findall(r"^step=", Path(log).read_text(), re.M)) if Path(log).exists() else 0  # noqa: E731
+    attempts = sim.run(preempt=[lambda e: steps() >= 20, lambda e: steps() >= 40])
+    assert [a.state for a in attempts] == ["PREEMPTED", "PREEMPTED", "COMPLETED"]
+    assert all(a.exit_code == 143 and not a.killed for a in attempts[:2])
+    assert sim.epilog_requeues == 2  # every requeue was the epilog's ...
+    assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"] * 2  # ... none else
+    found = [int(m) for m in re.findall(r"^step=(\d+) ", Path(log).read_text(), re.M)]
+    assert sorted(found) == list(range(1, 61))  # none lost, none twice
+
+
+def test_events_the_user_redirected_mean_the_wrapper_requeues_itself(tmp_path) -> None:
+    """The epilog reads only the file the prolog named: a request elsewhere would be lost."""
+    sim, log = _epilog_job(str(tmp_path), "--events", str(tmp_path / "mine.jsonl"))
+    started = lambda e: Path(log).exists()  # noqa: E731
+    attempts = sim.run(preempt=[started], max_attempts=1)
+    assert attempts[0].state == "PREEMPTED" and sim.epilog_requeues == 0
+    assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"]
+    recs = [json.loads(x) for x in (tmp_path / "mine.jsonl").read_text().splitlines()]
+    assert [r["by"] for r in recs if r["event"] == "requeue"] == ["slurmiso"]
+
+
+def test_a_request_that_cannot_be_written_is_a_requeue_by_the_wrapper(tmp_path) -> None:
+    """The epilog acts only on what it can read: if the request cannot be written, the
+    wrapper requeues itself rather than lose the job."""
+    sim, log = _epilog_job(str(tmp_path))
+    (tmp_path / "blocker").write_text("")  # a file where the events file's directory would be
+    sim.events_file = str(tmp_path / "blocker" / "events.jsonl")
+    started = lambda e: Path(log).exists()  # noqa: E731
+    attempts = sim.run(preempt=[started], max_attempts=1)
+    assert attempts[0].state == "PREEMPTED" and sim.epilog_requeues == 0
     assert Path(sim.requests).read_text().splitlines() == ["requeue 4242"]

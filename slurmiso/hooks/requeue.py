@@ -1,0 +1,70 @@
+"""The epilog's half of a preempted job's requeue (the wrapper's half: wrapper/requeue.py).
+
+Run from inside the job's step, ``scontrol requeue`` kills the batch step (and the ``srun``
+in it) before the step has ended; that step's slurmstepd then retries its task-exit message
+to the dead srun for 2.3 s and the preempting job waits for it. So the prolog declares
+``SLURMISO_EPILOG_REQUEUE=1``, the wrapper writes its request in the job's events file and
+exits, the job ends as a bare one does, and the epilog (root) requeues it here. Slurm
+requeues a COMPLETING batch job (it goes PENDING once the epilog is done), and the node's
+release is not held up by it.
+
+The request is user data (the events file): it can only ever requeue *this* job (the id is
+Slurm's, never the file's), which the job's owner may do with ``scontrol requeue`` anyway,
+and only for this attempt (``count`` must be the restart count plus one).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from slurmiso.slurm.jobenv import EPILOG_REQUEUE
+
+log = logging.getLogger(__name__)
+
+#: ``by`` in the wrapper's ``requeue`` event when the epilog is to run the requeue.
+BY_EPILOG = "epilog"
+#: The environment variable the prolog sets to say this epilog honours the request.
+ENV_FLAG = EPILOG_REQUEUE
+TIMEOUT_S = 5.0
+
+Runner = Callable[[str, Sequence[str]], Any]
+
+
+def requested(records: Iterable[Any], restart_count: Any) -> bool:
+    """Whether the job's own events (``UserEvent``s) ask for this attempt to be requeued."""
+    if isinstance(restart_count, bool) or not isinstance(restart_count, int):
+        return False
+    for rec in records:
+        fields = getattr(rec, "fields", {})
+        count = fields.get("count")
+        if (
+            getattr(rec, "event", "") == "requeue"
+            and fields.get("by") == BY_EPILOG
+            and isinstance(count, int)
+            and not isinstance(count, bool)
+            and count == restart_count + 1
+        ):
+            return True
+    return False
+
+
+def requeue_job(job_id: str, run: Optional[Runner] = None) -> Optional[str]:
+    """``scontrol requeue JOB`` (bounded); None when done, else why not (never raises)."""
+    from slurmiso.errors import SlurmError
+
+    if not job_id.isdigit():
+        return f"not a job id: {job_id!r}"
+    if run is None:
+        from slurmiso.slurm.client import SlurmCli
+
+        cli = SlurmCli(timeout=TIMEOUT_S)
+
+        def run(cmd: str, args: Sequence[str]) -> Any:
+            return cli.run(cmd, args)
+
+    try:
+        run("scontrol", ["requeue", job_id])
+    except SlurmError as exc:
+        return f"scontrol requeue {job_id} failed: {exc}"
+    return None
