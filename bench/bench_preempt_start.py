@@ -18,7 +18,7 @@ the infer job's submission) comes from slurmctld's and slurmd's logs (millisecon
 slurmiso's journal (hooks, and the wrapper's folded events) and the programs' own stamps.
 
 Needs root and the sandbox up (``slurmiso sandbox up``); otherwise it says why and skips.
-Takes the sandbox lock (/tmp/slurmiso-sandbox-tests.lock).
+Takes the sandbox session lock the tests and the demo take (``<sandbox dir>.tests.lock``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from common import ROOT, report
 
 SANDBOX = os.environ.get("SLURMISO_SANDBOX_DIR", "/var/lib/slurmiso-sandbox")
-LOCK = "/tmp/slurmiso-sandbox-tests.lock"
 USER = "sbxuser"
 PYTHON = "/usr/bin/python3"  # the job's user cannot reach root's interpreters
 STEP_S = 0.25
@@ -376,7 +375,6 @@ def main() -> bool:
     if why:
         print(f"preemption benchmark skipped: {why}")
         return True
-    import fcntl
 
     work = tempfile.mkdtemp(prefix="bench-preempt-", dir="/tmp")
     os.chmod(work, 0o1777)
@@ -387,8 +385,9 @@ def main() -> bool:
     import random
 
     rng = random.Random(14)
-    with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    from slurmiso_sandbox.client import session_lock
+
+    with session_lock(SANDBOX):  # the tests' and the demo's lock: one session per sandbox
         for n in range(RUNS):
             phase = rng.uniform(0.0, 1.0)
             for wrapped in ((False, True) if n % 2 == 0 else (True, False)):

@@ -30,7 +30,6 @@ from typing import List, Tuple
 from common import ROOT, median_ms, python_env, report
 
 RUNS = 20
-LOCK = "/tmp/slurmiso-sandbox-tests.lock"
 SANDBOX = os.environ.get("SLURMISO_SANDBOX_DIR", "/var/lib/slurmiso-sandbox")
 
 # The program: on USR2 (the checkpoint signal) it appends the monotonic time to a file.
