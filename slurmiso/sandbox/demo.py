@@ -332,9 +332,10 @@ def _queue(sbx: SandboxClient, jobs: List[str]) -> Dict[str, Dict[str, str]]:
     out = {}
     for job in jobs:
         f = sbx.job_fields(job)
+        comment = sbx.cmd("squeue", "-h", "-j", job, "-o", "%k", check=False).strip()
         out[job] = {"state": f.get("JobState", ""), "node": f.get("NodeList", ""),
                     "reason": f.get("Reason", ""), "exclude": f.get("ExcNodeList", ""),
-                    "comment": f.get("Comment", "")}
+                    "comment": "" if comment == "(null)" else comment}
     return out
 
 
@@ -353,8 +354,9 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
     GPU's worth) wait for the monitor's cycle (a begin time: what arrives between cycles).
     The cycle keeps them off n4 (ExcNodeList, comment); once free to start, two run on n5
     (all its shards) and the third waits although n4 is free, its comment saying why. When
-    n4 is calm again a cycle restores the job's own list and it starts on n4. Slurm fills
-    nodes in order, so without the exclusion n4 takes the first job."""
+    n4 is calm again a cycle restores the job's own list and it starts on n4. A control job
+    submitted with both nodes calm and free shows n4 is Slurm's own first choice, so the
+    jobs on n5 were the exclusion's doing."""
     from slurmiso.gpu.sim import SimBackend
 
     config = monitor_config(sbx, folder)
@@ -365,14 +367,14 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
     hot = SimBackend(sbx.path("sim", "n4.json"))
     out: Dict[str, Any] = {"hot_node": "n4", "calm_node": "n5", "partition": PERNODE_PART}
     jobs: List[str] = []
-    sbx.cmd("scontrol", "create", "partition", f"PartitionName={PERNODE_PART}", "Nodes=n4,n5",
+    sbx.cmd("scontrol", "create", f"PartitionName={PERNODE_PART}", "Nodes=n4,n5",
             "State=UP", "MaxTime=INFINITE", "Default=NO")
     try:
         hot.set_load(0, util=95, sm_active=95, memory_used_mb=72 * 1024)  # of 80 GB
         script = f"#!/bin/bash\necho ran on $SLURMD_NODENAME\nsleep {hold_s}\n"
         jobs = [sbx.submit(script, "-p", PERNODE_PART, "--qos=train", "--gres=shard:4",
                            "--begin=now+600", "-J", f"train-{n}") for n in (1, 2, 3)]
-        out["jobs"] = jobs
+        out["jobs"] = list(jobs)
         out["hot"] = run_monitor(sbx, config, folder)
         out["after_hot_cycle"] = _queue(sbx, jobs)
         _say("  after one monitor cycle (n4 hot, jobs not yet eligible):")
@@ -394,6 +396,13 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
             sbx.wait_for(job, timeout=hold_s + 60)
         out["ran_on"] = {j: sbx.job_output(j).strip() for j in jobs}
         _wait_released(sbx, "n4", jobs[2:])
+        # the control: with both nodes calm and free, Slurm's own first choice
+        control = sbx.submit("#!/bin/bash\necho ran on $SLURMD_NODENAME\n", "-p",
+                             PERNODE_PART, "--qos=train", "--gres=shard:4", "-J", "train-control")
+        jobs.append(control)
+        sbx.wait_for(control, timeout=60)
+        out["control"] = sbx.job_output(control).strip()
+        _wait_released(sbx, "n4", [control])
     finally:
         hot.clear_load(0)
         for job in jobs:
@@ -410,9 +419,9 @@ def step_pernode(sbx: SandboxClient) -> str:
     folder = tempfile.mkdtemp(prefix="monitor-pernode-", dir=sbx.jobs_dir)
     before = _gpu_state(sbx, "n4")
     r = pernode_admission_scenario(sbx, folder)
-    j1, j2, j3 = r["jobs"]
+    j1, j2, j3 = r["jobs"][:3]
     first, hot, after = r["after_hot_cycle"], r["while_hot"], r["after_calm"]
-    if not all(first[j]["exclude"] == "n4" for j in r["jobs"]):
+    if not all(first[j]["exclude"] == "n4" for j in (j1, j2, j3)):
         raise SandboxError(f"the hot cycle did not keep the training jobs off n4: {first}")
     if [hot[j]["node"] for j in (j1, j2)] != ["n5", "n5"]:
         raise SandboxError(f"new training did not land on the calm node n5: {hot}")
@@ -421,13 +430,16 @@ def step_pernode(sbx: SandboxClient) -> str:
         raise SandboxError(f"job {j3} does not wait with a reason in words: {waiting}")
     if after[j3]["node"] != "n4" or after[j3]["exclude"] not in ("", "(null)"):
         raise SandboxError(f"job {j3} did not start on n4 once it calmed: {after[j3]}")
-    if [r["ran_on"][j] for j in r["jobs"]] != ["ran on n5", "ran on n5", "ran on n4"]:
+    if [r["ran_on"][j] for j in (j1, j2, j3)] != ["ran on n5", "ran on n5", "ran on n4"]:
         raise SandboxError(f"jobs ran on {r['ran_on']}")
+    if r["control"] != "ran on n4":  # else n5 may have been Slurm's choice anyway
+        raise SandboxError(f"with both nodes calm the control job {r['control']}, not on n4")
     if _gpu_state(sbx, "n4") != before:
         raise SandboxError("n4's GPUs changed after the demo's jobs ended")
     return (f"n4 hot: training {j1}, {j2} ran on n5 of the same partition, {j3} waited "
             f"with n4 free ({waiting['reason']}; comment '{waiting['comment'][:60]}...'); "
-            f"n4 calm: {j3} started on n4; partition and load removed")
+            f"n4 calm: {j3} started on n4, as does a control job (Slurm's first choice); "
+            "partition and load removed")
 
 
 STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
