@@ -125,9 +125,8 @@ def main() -> bool:
         t = measure(release, suite, port_base, runs)
         base = statistics.median(t["baseline"])
         label = f"vs python3 -c pass {base * 1000:.0f} ms"
-        for kind, what in (("cold", "cold (root cached, cluster down)"),
-                           ("warm", "warm (all running)"), ("first", "first (empty dir)"),
-                           ("down", "down")):
+        for kind, what in (("cold", "cold (after down)"), ("warm", "warm (all up)"),
+                           ("first", "first (empty dir)"), ("down", "down")):
             if t[kind]:
                 secs = statistics.median(t[kind])
                 report(f"sandbox up {release} {what}" if kind != "down"
