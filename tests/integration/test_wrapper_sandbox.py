@@ -28,9 +28,9 @@ def test_train_job_preempted_three_times_loses_nothing(sandbox) -> None:
     assert sorted(steps) == list(range(1, STEPS + 1)), "a step was lost or counted twice"
     assert not [s for s, c in Counter(steps).items() if c > 1]
     assert r["restarts"] == "3" and r["finished"] and r["exit_code"] == "0:0"
-    # 24.05+: the finished job is named PREEMPTED (Slurm's grace mark; versions.py
-    # grace_preempt_sticky), before: COMPLETED
-    assert r["state"] == r["final_states"][-1], r["state"]
+    # before 24.05: COMPLETED; from 24.05 (the wrapper turned Requeue off) PREEMPTED where
+    # Slurm kept its grace mark (24.11.5, measured), COMPLETED where it did not
+    assert r["state"] in r["final_states"], r["state"]
     recs = r["events"]
     ends = [e for e in recs if e["event"] == "checkpoint-end"]
     assert len(ends) == 3 and all(e["ok"] for e in ends), ends
@@ -68,6 +68,6 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     # last attempt PREEMPTED (its grace mark, versions.py grace_preempt_sticky), exit 0:0
     assert r["exit_code"] == "0:0"
     assert train["preemptions"] == (1 if r["state"] == "PREEMPTED" else 0), train
-    assert r["state"] == r["final_states"][-1], r["state"]
+    assert r["state"] in r["final_states"], r["state"]
     assert train["lost_gpu_hours_estimated"] == 0, train  # every preemption had a checkpoint
     assert 0 <= train["lost_gpu_hours"] < 0.01, train
