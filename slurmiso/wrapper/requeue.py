@@ -5,8 +5,9 @@ The decision is pure (:func:`decide`) and always carries a reason, including whe
 ``scontrol requeue``, goes through an injected Slurm client.
 
 * Preemption: Slurm requeues a preempted job only if it is still running when the GraceTime
-  ends (a job that exits earlier ends FAILED: seen on Slurm 22.05), and until then the
-  preemptor waits. So once the checkpoint is taken the wrapper runs
+  ends (a job that exits earlier ends FAILED: seen on Slurm 22.05; from 24.05 it is requeued
+  but counts towards MaxBatchRequeue, default 5, then held - Slurm's source), and until then
+  the preemptor waits. So once the checkpoint is taken the wrapper runs
   ``scontrol requeue $SLURM_JOB_ID`` itself: the job is requeued and the GPUs are free at
   once. Not bounded by ``max_requeues``: a preemption is not the job's doing, and Slurm would
   requeue it anyway. ``scancel`` also starts with SIGTERM, and ``scontrol requeue`` would
