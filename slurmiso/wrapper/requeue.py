@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Protocol, Sequence, Tuple
 
 from slurmiso.errors import SlurmError
-from slurmiso.slurm import versions
 from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT
 
 log = logging.getLogger(__name__)
@@ -125,6 +124,7 @@ def slurm_job_state(client: SlurmRunner, job_id: str) -> str:
 def slurm_version(client: SlurmRunner, env: Mapping[str, str]) -> Optional[Version]:
     """``SLURM_VERSION`` from the job's environment, else ``scontrol --version``; None when
     neither answers in time."""
+    from slurmiso.slurm import versions
     from slurmiso.slurm.client import parse_version
 
     found = versions.from_env(env)
@@ -140,6 +140,8 @@ def slurm_version(client: SlurmRunner, env: Mapping[str, str]) -> Optional[Versi
 def needs_close(version: Optional[Version]) -> bool:
     """Whether a program's own end must turn the job's Requeue off (unknown: yes; a rerun of
     finished work costs more than a requeue flag turned off at the job's end)."""
+    from slurmiso.slurm import versions  # at a program's end only: not on the start path
+
     return versions.has("grace_preempt_sticky", version) is not False
 
 
