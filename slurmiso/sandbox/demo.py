@@ -147,7 +147,7 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise SandboxError(f"timed out waiting for {what}")
 
 
-def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float = 0.05,
+def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float = 0.05,
                         preemptions: int = 3) -> Dict[str, Any]:
     """A ``train`` job counting steps under ``srun slurmiso run`` on both GPUs of n1, preempted
     ``preemptions`` times by ``infer`` jobs; returns what happened (steps logged, restarts,
@@ -202,7 +202,12 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
         sbx.wait_for(infer, timeout=60)
 
         def requeued(n: int = n) -> bool:
-            return sum(e["event"] == "requeue" for e in records()) > n
+            if sum(e["event"] == "requeue" for e in records()) > n:
+                return True
+            if len(set(logged())) >= steps:  # each attempt runs 20 steps + the preemption's delay
+                raise SandboxError(f"the training job finished its {steps} steps before "
+                                   f"preemption {n + 1}: give it more steps")
+            return False
 
         _wait(requeued, 30, f"requeue {n + 1} of the training job")
     final = final_states(sbx)
