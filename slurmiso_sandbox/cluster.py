@@ -357,7 +357,17 @@ def stop(svcs: List[Service], timeout: float = 20) -> List[str]:
 
 
 def alive(svc: Service) -> Callable[[], bool]:
-    return lambda: svc.pid() is not None
+    """Whether the daemon still runs. Slurm's daemons rewrite their pid file at start
+    (open with O_TRUNC, then write): read in between it is empty, so look again before
+    calling the daemon dead (a 24.11 sync-gres once failed on that)."""
+    def check() -> bool:
+        for _ in range(3):
+            if svc.pid() is not None:
+                return True
+            time.sleep(0.1)
+        return False
+
+    return check
 
 
 # --- steps -----------------------------------------------------------------------------

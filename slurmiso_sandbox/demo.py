@@ -147,7 +147,7 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise SandboxError(f"timed out waiting for {what}")
 
 
-def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float = 0.05,
+def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float = 0.05,
                         preemptions: int = 3) -> Dict[str, Any]:
     """A ``train`` job counting steps under ``srun slurmiso run`` on both GPUs of n1, preempted
     ``preemptions`` times by ``infer`` jobs; returns what happened (steps logged, restarts,
@@ -202,21 +202,43 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 240, step_time: float =
         sbx.wait_for(infer, timeout=60)
 
         def requeued(n: int = n) -> bool:
-            return sum(e["event"] == "requeue" for e in records()) > n
+            if sum(e["event"] == "requeue" for e in records()) > n:
+                return True
+            if len(set(logged())) >= steps:  # each attempt runs 20 steps + the preemption's delay
+                raise SandboxError(f"the training job finished its {steps} steps before "
+                                   f"preemption {n + 1}: give it more steps")
+            return False
 
         _wait(requeued, 30, f"requeue {n + 1} of the training job")
-    sbx.wait_for(job, timeout=steps * step_time + 150)
+    final = final_states(sbx)
+    state = sbx.wait_for(job, final, timeout=steps * step_time + 150)
     with open(log) as fh:
         text = fh.read()
+    fields = sbx.job_fields(job)
     return {
         "job": job,
         "steps": logged(),
         "target": steps,
-        "restarts": sbx.job_fields(job).get("Restarts"),
+        "restarts": fields.get("Restarts"),
+        "state": state,
+        "exit_code": fields.get("ExitCode"),
+        "final_states": final,
         "finished": f"# finished steps={steps}" in text,
         "events": records(),
         "infer_waits_s": waits,
     }
+
+
+def final_states(sbx: SandboxClient) -> Tuple[str, ...]:
+    """How a training job that was preempted and requeued ends once its program finishes.
+
+    From Slurm 24.05 a job signalled for a preemption grace keeps that mark through
+    ``scontrol requeue``; ``slurmiso run`` turns its requeue off when the program ends, and
+    Slurm then names the finished job PREEMPTED (exit code 0:0) instead of COMPLETED
+    (measured on 24.11.5; versions table ``grace_preempt_sticky``)."""
+    from slurmiso.wrapper.requeue import needs_close
+
+    return ("COMPLETED", "PREEMPTED") if needs_close(sbx.slurm_version()) else ("COMPLETED",)
 
 
 def step_preemption(sbx: SandboxClient) -> str:
@@ -227,10 +249,12 @@ def step_preemption(sbx: SandboxClient) -> str:
          + f"; inference waited {r['infer_waits_s']} s to start")
     if sorted(r["steps"]) != list(range(1, r["target"] + 1)):
         raise SandboxError("a training step was lost or counted twice")
-    if r["restarts"] != "3" or not r["finished"]:
-        raise SandboxError(f"expected 3 restarts and a finished run, got {r['restarts']}")
+    if r["restarts"] != "3" or not r["finished"] or r["exit_code"] != "0:0":
+        raise SandboxError(f"expected 3 restarts and a finished run, got {r['restarts']} "
+                           f"restarts, exit code {r['exit_code']}")
     return (f"train job preempted 3 times by infer jobs; all {r['target']} steps counted once, "
-            f"restart count 3, inference started within {max(r['infer_waits_s'])} s")
+            f"restart count 3, ended {r['state']} (exit 0), inference started within "
+            f"{max(r['infer_waits_s'])} s")
 
 
 def monitor_config(sbx: SandboxClient, folder: str, extra_layouts: str = "") -> str:
@@ -305,6 +329,124 @@ def step_monitor(sbx: SandboxClient) -> str:
             f"then {r['pending_state']}")
 
 
+PERNODE_PART = "slurmiso-demo-pernode"
+
+
+def _queue(sbx: SandboxClient, jobs: List[str]) -> Dict[str, Dict[str, str]]:
+    """Each job's state, node, reason, ExcNodeList and comment, as squeue/scontrol show."""
+    out = {}
+    for job in jobs:
+        f = sbx.job_fields(job)
+        comment = sbx.cmd("squeue", "-h", "-j", job, "-o", "%k", check=False).strip()
+        out[job] = {"state": f.get("JobState", ""), "node": f.get("NodeList", ""),
+                    "reason": f.get("Reason", ""), "exclude": f.get("ExcNodeList", ""),
+                    "comment": "" if comment == "(null)" else comment}
+    return out
+
+
+def _say_queue(sbx: SandboxClient, jobs: List[str]) -> None:
+    text = sbx.cmd("squeue", "-j", ",".join(jobs), "-o", "%.9i %.9T %.6N %.12R %k",
+                   check=False)
+    for line in text.splitlines():
+        _say(f"    {line}")
+
+
+def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25,
+                               ) -> Dict[str, Any]:
+    """``admission: nodes`` on one partition of two shared nodes (a temporary one: n4, n5).
+
+    GPU 0 of n4 runs hot (simulated load); three training jobs of 4 shards each (a whole
+    GPU's worth) wait for the monitor's cycle (a begin time: what arrives between cycles).
+    The cycle keeps them off n4 (ExcNodeList, comment); once free to start, two run on n5
+    (all its shards) and the third waits although n4 is free, its comment saying why. When
+    n4 is calm again a cycle restores the job's own list and it starts on n4. A control job
+    submitted with both nodes calm and free shows n4 is Slurm's own first choice, so the
+    jobs on n5 were the exclusion's doing."""
+    from slurmiso.gpu.sim import SimBackend
+
+    config = monitor_config(sbx, folder)
+    with open(config) as fh:
+        text = fh.read()
+    with open(config, "w") as fh:
+        fh.write(text.replace("\nmonitor:\n", "\nmonitor:\n  admission: nodes\n", 1))
+    hot = SimBackend(sbx.path("sim", "n4.json"))
+    out: Dict[str, Any] = {"hot_node": "n4", "calm_node": "n5", "partition": PERNODE_PART}
+    jobs: List[str] = []
+    sbx.cmd("scontrol", "create", f"PartitionName={PERNODE_PART}", "Nodes=n4,n5",
+            "State=UP", "MaxTime=INFINITE", "Default=NO")
+    try:
+        hot.set_load(0, util=95, sm_active=95, memory_used_mb=72 * 1024)  # of 80 GB
+        script = f"#!/bin/bash\necho ran on $SLURMD_NODENAME\nsleep {hold_s}\n"
+        jobs = [sbx.submit(script, "-p", PERNODE_PART, "--qos=train", "--gres=shard:4",
+                           "--begin=now+600", "-J", f"train-{n}") for n in (1, 2, 3)]
+        out["jobs"] = list(jobs)
+        out["hot"] = run_monitor(sbx, config, folder)
+        out["after_hot_cycle"] = _queue(sbx, jobs)
+        _say("  after one monitor cycle (n4 hot, jobs not yet eligible):")
+        _say_queue(sbx, jobs)
+        sbx.cmd("scontrol", "update", f"JobId={','.join(jobs)}", "StartTime=now")
+        for job in jobs[:2]:
+            sbx.wait_for(job, {"RUNNING"}, timeout=60)
+        time.sleep(3.0)  # a scheduling pass with n4 free and the third job eligible
+        out["while_hot"] = _queue(sbx, jobs)
+        _say("  once eligible, n4 still hot:")
+        _say_queue(sbx, jobs)
+        hot.clear_load(0)
+        out["calm"] = run_monitor(sbx, config, folder)
+        sbx.wait_for(jobs[2], {"RUNNING", "COMPLETED"}, timeout=60)
+        out["after_calm"] = _queue(sbx, jobs)
+        _say("  n4 calm again, one monitor cycle later:")
+        _say_queue(sbx, jobs)
+        for job in jobs:
+            sbx.wait_for(job, timeout=hold_s + 60)
+        out["ran_on"] = {j: sbx.job_output(j).strip() for j in jobs}
+        _wait_released(sbx, "n4", jobs[2:])
+        # the control: with both nodes calm and free, Slurm's own first choice
+        control = sbx.submit("#!/bin/bash\necho ran on $SLURMD_NODENAME\n", "-p",
+                             PERNODE_PART, "--qos=train", "--gres=shard:4", "-J", "train-control")
+        jobs.append(control)
+        sbx.wait_for(control, timeout=60)
+        out["control"] = sbx.job_output(control).strip()
+        _wait_released(sbx, "n4", [control])
+    finally:
+        hot.clear_load(0)
+        for job in jobs:
+            sbx.cmd("scancel", job, check=False)
+        for _ in range(50):  # a partition with jobs in it cannot be deleted
+            if not sbx.cmd("squeue", "-h", "-p", PERNODE_PART, check=False).strip():
+                break
+            time.sleep(0.5)
+        sbx.cmd("scontrol", "delete", f"PartitionName={PERNODE_PART}", check=False)
+    return out
+
+
+def step_pernode(sbx: SandboxClient) -> str:
+    folder = tempfile.mkdtemp(prefix="monitor-pernode-", dir=sbx.jobs_dir)
+    before = _gpu_state(sbx, "n4")
+    r = pernode_admission_scenario(sbx, folder)
+    j1, j2, j3 = r["jobs"][:3]
+    first, hot, after = r["after_hot_cycle"], r["while_hot"], r["after_calm"]
+    if not all(first[j]["exclude"] == "n4" for j in (j1, j2, j3)):
+        raise SandboxError(f"the hot cycle did not keep the training jobs off n4: {first}")
+    if [hot[j]["node"] for j in (j1, j2)] != ["n5", "n5"]:
+        raise SandboxError(f"new training did not land on the calm node n5: {hot}")
+    waiting = hot[j3]
+    if waiting["state"] != "PENDING" or "kept off n4" not in waiting["comment"]:
+        raise SandboxError(f"job {j3} does not wait with a reason in words: {waiting}")
+    if after[j3]["node"] != "n4" or after[j3]["exclude"] not in ("", "(null)"):
+        raise SandboxError(f"job {j3} did not start on n4 once it calmed: {after[j3]}")
+    if [r["ran_on"][j] for j in (j1, j2, j3)] != ["ran on n5", "ran on n5", "ran on n4"]:
+        raise SandboxError(f"jobs ran on {r['ran_on']}")
+    if r["control"] != "ran on n4":  # else n5 may have been Slurm's choice anyway
+        raise SandboxError(f"with both nodes calm the control job {r['control']}, not on n4")
+    if _gpu_state(sbx, "n4") != before:
+        raise SandboxError("n4's GPUs changed after the demo's jobs ended")
+    return (f"n4 hot: training {j1}, {j2} ran on n5 of the same partition, {j3} waited "
+            f"with n4 free ({waiting['reason']}; comment '{waiting['comment'][:60]}...'); "
+            f"n4 calm: {j3} started on n4, as does a control job (Slurm's first choice); "
+            "partition and load removed")
+
+
 STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("the classes' QoS applied to slurmdbd", step_qos),
     ("a job on a simulated GPU", step_exclusive),
@@ -313,6 +455,8 @@ STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("a job slurmiso cannot isolate is refused, the node is not", step_refusal),
     ("training preempted three times by inference loses nothing", step_preemption),
     ("the monitor holds training while a GPU runs hot, releases it when calm", step_monitor),
+    ("per-node admission: a hot node takes no new training, a calm one in the same "
+     "partition does", step_pernode),
 ]
 
 

@@ -269,7 +269,9 @@ class Aggregator:
             stats.long_jobs += 1
             if len(stats.long_job_ids) < _MAX_IDS:
                 stats.long_job_ids.append(job)
-        if state == "PREEMPTED":
+        if state == "PREEMPTED" and not (
+                start is not None and end is not None
+                and self.digest.ended_by_itself_within(job, start, end)):
             lost = self._preemption(job, user, cls, stats, gpus, lo, hi)
             for who in (who_u, who_a):
                 who.preemptions += 1

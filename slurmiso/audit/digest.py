@@ -31,8 +31,8 @@ from slurmiso.state.journal import parse_ts
 #: Journal events the audit reads (passed to ``read_journals`` so the rest is skipped early).
 EVENTS = {
     "prolog", "job-end", "reconcile", "mps-user-conflict", "preempt-signal",
-    "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined", "resume",
-    "monitor-action",
+    "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined", "requeue-closed",
+    "resume", "monitor-action",
 }
 _MAX_IDS = 50
 #: event -> the only ``source`` it may carry (None: the hooks, which write no source).
@@ -40,7 +40,7 @@ WRITER: Dict[str, Optional[str]] = {
     "prolog": None, "job-end": None, "reconcile": None, "mps-user-conflict": None,
     "monitor-action": "monitor",
     "preempt-signal": "job", "checkpoint-start": "job", "checkpoint-end": "job",
-    "requeue": "job", "requeue-declined": "job", "resume": "job",
+    "requeue": "job", "requeue-declined": "job", "requeue-closed": "job", "resume": "job",
 }
 
 
@@ -77,6 +77,9 @@ class JournalDigest:
     preempt_signals: Counter = field(default_factory=Counter)
     #: job -> sorted Unix times the wrapper saw a *preemption* signal (not a time limit)
     preempted_at: Dict[str, List[float]] = field(default_factory=dict)
+    #: job -> sorted Unix times its program ended by itself after a requeue (the wrapper's
+    #: requeue-closed: Slurm 24.05+ names such a finished attempt PREEMPTED)
+    ended_at: Dict[str, List[float]] = field(default_factory=dict)
     requeues: Counter = field(default_factory=Counter)  # by reason
     requeued_jobs: set = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
@@ -131,6 +134,8 @@ class JournalDigest:
         elif event == "requeue":
             self.requeues[str(rec.get("reason", "?"))] += 1
             self.requeued_jobs.add(job)
+        elif event == "requeue-closed":
+            bisect.insort(self.ended_at.setdefault(job, []), _ts(rec))
         elif event == "requeue-declined":
             if len(self.requeue_declined) < _MAX_IDS:
                 self.requeue_declined.append((job, str(rec.get("reason", ""))))
@@ -212,12 +217,12 @@ class JournalDigest:
     def preempted_within(self, job: str, start: float, end: float) -> bool:
         """Whether the wrapper saw ``job`` preempted during ``[start, end]`` (an attempt the
         wrapper requeued itself shows REQUEUED in sacct, not PREEMPTED)."""
-        times = self.preempted_at.get(job)
-        if not times:
-            return False
-        i = bisect.bisect_left(times, start)
-        # sacct's End is whole seconds (truncated); the wrapper's signal time has ms
-        return i < len(times) and times[i] <= end + _SACCT_SLACK_S
+        return _within(self.preempted_at.get(job), start, end)
+
+    def ended_by_itself_within(self, job: str, start: float, end: float) -> bool:
+        """Whether ``job``'s program ended by itself during ``[start, end]`` (Slurm 24.05+
+        names that attempt PREEMPTED when an earlier one was preempted: not a preemption)."""
+        return _within(self.ended_at.get(job), start, end)
 
     def made_progress(self, job: str) -> bool:
         """Whether journals show the job moving forward across its attempts."""
@@ -225,6 +230,14 @@ class JournalDigest:
             return True
         steps = [s for s in self.resume_steps.get(job, ()) if isinstance(s, (int, float))]
         return len(steps) >= 2 and steps[-1] > steps[0]
+
+
+def _within(times: Optional[List[float]], start: float, end: float) -> bool:
+    if not times:
+        return False
+    i = bisect.bisect_left(times, start)
+    # sacct's End is whole seconds (truncated); the wrapper's times have ms
+    return i < len(times) and times[i] <= end + _SACCT_SLACK_S
 
 
 def _ts(rec: Dict[str, Any]) -> float:

@@ -404,7 +404,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         state = text.split(" ", 1)[0].upper() if text else "UNKNOWN"
                         if len(states) < _CACHE:
                             states[text] = state
-                    if state == "PREEMPTED":
+                    if state == "PREEMPTED" and not (
+                            start is not None and end is not None
+                            and digest.ended_by_itself_within(job_id, start, end)):
+                        # (24.05+ names an attempt that ended by itself PREEMPTED: digest.py)
                         lost = agg._preemption(job_id, user, cls, cs, gpus, lo, hi)
                         who_u.preemptions += 1
                         who_u.lost_gpu_hours += lost

@@ -80,6 +80,19 @@ DIFFERENCES: Tuple[Difference, ...] = (
         "cgroup/v1 asks systemd for a scope unless cgroup.conf has IgnoreSystemd=yes "
         "(24.11.5); 26.05.5 also logs that cgroup/v1 is deprecated",
         "the sandbox writes IgnoreSystemd=yes; sites on v1 without systemd must too"),
+    Difference(
+        "grace_preempt_sticky", (24, 5, 0),
+        "a job requeued by 'scontrol requeue' during its preemption GraceTime ends its next "
+        "attempt as that attempt's program ends (22.05.8: 3 preemptions, restart count 3)",
+        "slurmctld marks a job signalled for a preemption GraceTime (GRACE_PREEMPT, Slurm "
+        "24.05, bug 16263) and clears the mark only when it requeues the job itself, not on "
+        "'scontrol requeue': the next attempt's batch completion, exit 0 included, is taken "
+        "for that preemption and requeued ('_job_complete: requeue ... per user/system "
+        "request', sacct PREEMPTED; 24.11.5: a 4th restart redid the steps after the last "
+        "checkpoint)",
+        "'slurmiso run' turns the job's Requeue off ('scontrol update JobId= Requeue=0') "
+        "when its program ends by itself after a requeue, from 24.05 on (and when the "
+        "version is unknown)"),
 )
 
 _BY_KEY: Dict[str, Difference] = {d.key: d for d in DIFFERENCES}

@@ -12,11 +12,16 @@ This one imitates what slurmctld/slurmstepd do to a batch job:
   the limit; at the limit SIGTERM to all, SIGKILL after ``kill_wait_s`` (state TIMEOUT);
 * ``scontrol requeue``: a fake ``scontrol`` (found first through ``SLURMISO_SLURM_BIN``)
   writes the request to a file; the controller then ends the run (SIGTERM, SIGKILL after
-  ``kill_wait_s``) and starts it again, count + 1;
+  ``kill_wait_s``) and starts it again, count + 1; ``scontrol update JobId=J Requeue=0`` is
+  recorded the same way and turns the job's requeue off;
 * with ``epilog_requeue=True``, what slurmiso's prolog and epilog add: the job gets
   ``SLURMISO_EVENTS_FILE`` and ``SLURMISO_EPILOG_REQUEUE=1``, and once a run has ended the
   controller reads that run's events as the epilog does and requeues the job when its
-  wrapper asked for it (a requeue of an ended job, as Slurm allows).
+  wrapper asked for it (a requeue of an ended job, as Slurm allows);
+* with ``release`` 24.05 or later (``scontrol --version`` answers it), what slurmctld does
+  since then: a job signalled for a preemption grace keeps that mark through ``scontrol
+  requeue``, and a later attempt that ends by itself is requeued for it (state PREEMPTED),
+  as is a job that exits inside the grace - unless its requeue was turned off.
 
 It drives the real ``slurmiso run`` process, so only Slurm is simulated.
 """
@@ -31,7 +36,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,10 @@ FAKE_SCONTROL = """#!/bin/sh
 # scontrol stand-in for slurmiso's local controller. 'show job' answers with the state the
 # controller wrote; 'requeue' is recorded and succeeds (or fails the way a site that forbids
 # users 'scontrol requeue' does).
+if [ "$1" = --version ]; then
+    echo "slurm $SLURMISO_SIM_VERSION"
+    exit 0
+fi
 if [ "$1" = show ]; then
     state=$(cat "$SLURMISO_SIM_REQUESTS.state" 2>/dev/null || echo RUNNING)
     echo "JobId=$SLURM_JOB_ID JobName=sim JobState=$state"
@@ -97,6 +106,7 @@ class LocalSlurm:
         workdir: Optional[str] = None,
         poll_s: float = 0.02,
         epilog_requeue: bool = False,
+        release: Tuple[int, int, int] = (22, 5, 8),
     ) -> None:
         self.argv = list(argv)
         self.job_id = job_id
@@ -110,6 +120,8 @@ class LocalSlurm:
         self.epilog_requeue = epilog_requeue
         self.events_file = os.path.join(self.workdir, f".slurmiso-events.{job_id}.jsonl")
         self.epilog_requeues = 0  # requeues the simulated epilog ran
+        self.release = tuple(release)
+        self.grace_mark = False  # slurmctld's GRACE_PREEMPT (24.05+)
         self._fake_scontrol()
 
     def _fake_scontrol(self) -> None:
@@ -126,6 +138,7 @@ class LocalSlurm:
             SLURM_PROCID="0",
             SLURMISO_SLURM_BIN=self.bin_dir,
             SLURMISO_SIM_REQUESTS=self.requests,
+            SLURMISO_SIM_VERSION=".".join(map(str, self.release)),
         )
         env.setdefault("SLURMISO_CONFIG", os.path.join(self.workdir, "no-config.yaml"))
         if self.epilog_requeue:
@@ -191,6 +204,7 @@ class LocalSlurm:
             if ending is None:
                 if trigger is not None and trigger(elapsed):
                     ending, kill_at = "PREEMPTED", now + self.grace_s
+                    self.grace_mark = self.release >= (24, 5, 0)
                     self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
                 elif self._request_count() > requests_before:
                     ending, kill_at = "REQUEUED", now + self.kill_wait_s
@@ -220,10 +234,14 @@ class LocalSlurm:
             with open(self.requests, "a", encoding="utf-8") as fh:
                 fh.write(f"requeue {self.job_id}\n")  # the epilog's scontrol requeue (root)
         requeued = requeued or self._request_count() > requests_before
+        # 24.05+: a completion while the grace mark is on is taken for the preemption
+        taken_for_preemption = self.grace_mark and self._requeue_on()
         if ending is None and requeued:
             ending = "REQUEUED"
+        elif ending in (None, "PREEMPTED") and not requeued and taken_for_preemption:
+            ending, self.grace_mark = "PREEMPTED", False  # the only place it is cleared
         elif ending == "PREEMPTED" and not requeued:
-            ending = "FAILED"  # exited inside the grace and nobody requeued it
+            ending = "FAILED"  # exited inside the grace and nobody requeued it (22.05)
         att.state = ending or ("COMPLETED" if att.exit_code == 0 else "FAILED")
         att.seconds = round(time.monotonic() - t0, 3)
         log.info("attempt %d: %s (exit %d)", restart_count, att.state, att.exit_code)
@@ -248,6 +266,15 @@ class LocalSlurm:
             return False
         records = [r for r in (parse_line(ln) for ln in lines if ln.strip()) if r is not None]
         return requested(records, restart_count)
+
+    def _requeue_on(self) -> bool:
+        """False once the job's Requeue was turned off (``scontrol update ... Requeue=0``)."""
+        try:
+            with open(self.requests, encoding="utf-8") as fh:
+                return not any(line.startswith("update ") and "Requeue=0" in line
+                               for line in fh)
+        except FileNotFoundError:
+            return True
 
     def _request_count(self) -> int:
         try:

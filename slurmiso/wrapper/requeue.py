@@ -5,8 +5,9 @@ The decision is pure (:func:`decide`) and always carries a reason, including whe
 ``scontrol requeue``, goes through an injected Slurm client.
 
 * Preemption: Slurm requeues a preempted job only if it is still running when the GraceTime
-  ends (a job that exits earlier ends FAILED: seen on Slurm 22.05), and until then the
-  preemptor waits. So once the checkpoint is taken the wrapper runs
+  ends (a job that exits earlier ends FAILED: seen on Slurm 22.05; from 24.05 it is requeued
+  but counts towards MaxBatchRequeue, default 5, then held - Slurm's source), and until then
+  the preemptor waits. So once the checkpoint is taken the wrapper runs
   ``scontrol requeue $SLURM_JOB_ID`` itself: the job is requeued and the GPUs are free at
   once. Not bounded by ``max_requeues``: a preemption is not the job's doing, and Slurm would
   requeue it anyway. ``scancel`` also starts with SIGTERM, and ``scontrol requeue`` would
@@ -17,6 +18,14 @@ The decision is pure (:func:`decide`) and always carries a reason, including whe
 * Time-limit warning (``--signal``): nobody requeues unless the wrapper does; bounded by the
   class's ``max_requeues`` against ``SLURM_RESTART_COUNT``, and only after a checkpoint -
   requeuing without one would repeat the same work until the count runs out.
+
+* The program ended by itself after a requeue: from Slurm 24.05 on, a job once signalled for
+  a preemption GraceTime keeps that mark through ``scontrol requeue`` (slurmctld clears it
+  only when it requeues a job itself), and the next attempt's batch completion - even exit 0
+  - is taken for the preemption and requeued (sacct: PREEMPTED; seen on 24.11.5: a fourth
+  restart that redid the steps after the last checkpoint). The wrapper then turns the job's
+  ``Requeue`` off (:func:`close_requeue`) so the job ends with its program. Versions table
+  key ``grace_preempt_sticky``.
 
 Who runs ``scontrol requeue`` on preemption matters to the preempting job. Run by the wrapper
 while its step is alive, the requeue kills the batch step first (bash dies on SIGTERM, and
@@ -36,7 +45,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Mapping, Optional, Protocol, Sequence, Tuple
 
 from slurmiso.errors import SlurmError
 from slurmiso.hooks.requeue import BY_EPILOG  # the epilog's half reads what this one writes
@@ -46,6 +55,7 @@ log = logging.getLogger(__name__)
 
 BY_WRAPPER = "slurmiso"
 REQUEUE_TIMEOUT_S = 5.0
+Version = Tuple[int, int, int]
 
 
 class SlurmRunner(Protocol):
@@ -134,6 +144,40 @@ def slurm_job_state(client: SlurmRunner, job_id: str) -> str:
         return ""
     line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
     return parse_kv_line(line).get("JobState", "") if line else ""
+
+
+def slurm_version(client: SlurmRunner, env: Mapping[str, str]) -> Optional[Version]:
+    """``SLURM_VERSION`` from the job's environment, else ``scontrol --version``; None when
+    neither answers in time."""
+    from slurmiso.slurm import versions
+    from slurmiso.slurm.client import parse_version
+
+    found = versions.from_env(env)
+    if found is not None:
+        return found
+    try:
+        return parse_version(client.run("scontrol", ["--version"], REQUEUE_TIMEOUT_S))
+    except SlurmError as exc:
+        log.info("cannot learn Slurm's version (%s)", exc)
+        return None
+
+
+def needs_close(version: Optional[Version]) -> bool:
+    """Whether a program's own end must turn the job's Requeue off (unknown: yes; a rerun of
+    finished work costs more than a requeue flag turned off at the job's end)."""
+    from slurmiso.slurm import versions  # at a program's end only: not on the start path
+
+    return versions.has("grace_preempt_sticky", version) is not False
+
+
+def close_requeue(client: SlurmRunner, job_id: str) -> Optional[str]:
+    """``scontrol update JobId=JOB Requeue=0`` (a job's owner may); None on success, else
+    why it failed."""
+    try:
+        client.run("scontrol", ["update", f"JobId={job_id}", "Requeue=0"], REQUEUE_TIMEOUT_S)
+    except SlurmError as exc:
+        return f"scontrol update JobId={job_id} Requeue=0 failed: {exc}"
+    return None
 
 
 def scontrol_requeue(client: SlurmRunner, job_id: str) -> Optional[str]:

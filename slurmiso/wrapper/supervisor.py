@@ -217,6 +217,8 @@ class Supervisor:
             if status is not None:
                 if self.designated:
                     self._take_report(watcher, requested=False)
+                if self.job.restart_count > 0:
+                    self._close_requeue(status)
                 return status
 
     @staticmethod
@@ -316,6 +318,8 @@ class Supervisor:
             if self.designated:
                 self._take_report(watcher, requested=False)
             self._requeue(cause, checkpoint_ok=False, program_status=early)
+            if early == 0:  # finished: Slurm (24.05+) would requeue it as preempted
+                self._close_requeue(early)
             return early
         if self.designated:
             self.events.emit(
@@ -430,6 +434,30 @@ class Supervisor:
             and self.job.events_file
             and self.events.path == self.job.events_file
         )
+
+    def _close_requeue(self, status: int) -> None:
+        """The program ended by itself: make this the job's end where Slurm would requeue it
+        for a preemption already dealt with (:mod:`slurmiso.wrapper.requeue`, 24.05+)."""
+        if not (self.designated and self.job.in_slurm):
+            return
+        client = self.slurm()
+        version = requeue.slurm_version(client, self.base_env)
+        if not requeue.needs_close(version):
+            return
+        error = requeue.close_requeue(client, self.job.job_id)
+        self.events.emit(
+            "requeue-closed",
+            job=self.job.job_id,
+            restart_count=self.job.restart_count,
+            status=status,
+            ok=error is None,
+            **({"reason": error} if error else {}),
+        )
+        if error:
+            log.warning("%s: Slurm may run this finished job again", error)
+        else:
+            log.info("program ended (status %d): job Requeue turned off so Slurm ends the "
+                     "job with it", status)
 
     def _wait_for_slurm(self) -> None:
         """Stay alive (the program is gone) so Slurm, not an early exit, decides the job's

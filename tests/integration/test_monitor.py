@@ -151,7 +151,7 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
         sandbox: Any, submit: Any, wait_for: Any, tmp_path: Any) -> None:
     """admission: qos-limit. Training holds 2 shards of n5 and runs GPU 0 hot; a training job
     that becomes eligible then waits with reason QOSGrpGRES under the cap the monitor set
-    (nothing is held); calm: the cap is raised by that job's shard and it runs; nothing waits:
+    (nothing is held); calm: the cap is raised by that job's shards and it runs; nothing waits:
     the cap is removed."""
     from slurmiso_sandbox.demo import monitor_config, run_monitor
 
@@ -178,8 +178,11 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
                       "-p", "tslice", "--qos=train", "--gres=shard:2")
         wait_for(load, {"RUNNING"}, timeout=40)
         _wait(lambda: "loaded" in sandbox.job_output(load), 30, "the load to start")
+        # 3 shards: more than the cap of 2 even once the load has ended and freed its 2, so
+        # the job waits on the cap until the monitor raises it (with 1 shard it started as
+        # soon as the load ended, before the calm cycle: a race seen on 24.11.5)
         later = submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
-                       "--gres=shard:1", "--begin=now+15")
+                       "--gres=shard:3", "--begin=now+15")
         out = run_monitor(sandbox, cfg, str(tmp_path))
         assert "did qos-limit train: training capped at what it uses: n5 GPU 0" in out, out
         assert sorted(grp_tres().split(",")) == ["gres/gpu=0", "gres/mps=0", "gres/shard=2"]
