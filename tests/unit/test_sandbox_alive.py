@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from slurmiso.sandbox import cluster
+from slurmiso_sandbox import cluster
 
 
 class Flicker:
