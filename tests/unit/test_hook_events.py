@@ -204,7 +204,7 @@ def test_prolog_declares_that_its_epilog_requeues(tmp_path: Any) -> None:
     tmp = str(tmp_path)
     _prolog(tmp, str(tmp_path / "w"))
     rec = state(tmp).read_job("42")
-    assert rec is not None and rec["env"]["SLURMISO_EPILOG_REQUEUE"] == "1"
+    assert rec is not None and rec.env["SLURMISO_EPILOG_REQUEUE"] == "1"
 
 
 def test_epilog_requeues_the_job_its_wrapper_asked_for(tmp_path: Any, monkeypatch: Any) -> None:

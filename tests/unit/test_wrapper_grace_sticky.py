@@ -22,7 +22,7 @@ from slurmiso.wrapper import requeue
 from slurmiso.wrapper.localsim import LocalSlurm, Trigger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOAD = os.path.join(ROOT, "slurmiso", "sandbox", "train_counter.py")
+WORKLOAD = os.path.join(ROOT, "slurmiso_sandbox", "train_counter.py")
 ENV = {k: v for k, v in os.environ.items()
        if k not in ("SLURMISO_EVENTS_FILE", "SLURMISO_CKPT_DIR", "SLURM_VERSION")}
 ENV["PYTHONPATH"] = ROOT
