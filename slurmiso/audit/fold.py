@@ -4,7 +4,7 @@ The record path (:func:`~slurmiso.audit.sacct.parse_parsable` yields a
 :class:`~slurmiso.audit.sacct.JobRecord`, :meth:`Aggregator.add` folds it) costs about four
 times a plain ``csv`` pass over the same file. This loop does the same work with no record,
 no generator and no method call per row for the common case: a job row whose timestamps
-hit a per-minute cache, whose TRES, state and class are cached per distinct string, followed
+hit a per-hour cache, whose TRES, state and class are cached per distinct string, followed
 by its steps. Anything else (het components, ``Unknown`` times, a torn or bad row, a header
 that lacks a column) goes through the record path's own code for that row, so a bad row gets
 the same message and every figure the same value. ``tests/unit/test_audit_fold.py`` checks
@@ -20,9 +20,10 @@ depend on (the order of a histogram's buckets), the fold may differ; nothing els
 from __future__ import annotations
 
 import itertools
+from heapq import heappush, heapreplace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from slurmiso.audit.analyze import _MAX_IDS, Aggregator, ClassStats, Who
+from slurmiso.audit.analyze import _MAX_IDS, _TOP, Aggregator, ClassStats, Who, efficiency
 from slurmiso.audit.jobset import MAX_BIT_ID
 from slurmiso.audit.quantiles import EXACT, LogHistogram
 from slurmiso.audit.sacct import (
@@ -43,10 +44,11 @@ from slurmiso.audit.sacct import (
 )
 
 _CACHE = 10_000  # entries per string cache (hostile input cannot grow them without bound)
-_MINUTES = 200_000  # a year and a half of distinct minutes
-#: The seconds of a timestamp whose minute is cached; anything else (a torn or odd stamp)
-#: takes the record path, which decides what it means.
-_SECONDS = {f"{s:02d}": s for s in range(100)}
+_HOURS = 100_000  # eleven years of distinct hours
+#: ``:MM:SS`` -> seconds into the hour, for a timestamp whose hour (``text[:13]``) is cached:
+#: ``parse_time`` is the hour's base plus these, so the sum is the same float. Anything else
+#: (a torn or odd stamp) takes the record path, which decides what it means.
+_MMSS = {f":{m:02d}:{s:02d}": m * 60 + s for m in range(60) for s in range(60)}
 
 
 def row_util(ave: str, tot: str) -> Optional[float]:
@@ -62,16 +64,18 @@ def row_util(ave: str, tot: str) -> Optional[float]:
     return util
 
 
-def _slow_time(text: str, minutes: Dict[str, float]) -> Optional[float]:
-    """A time the minute cache missed; learns its minute. Raises ValueError when bad (the
+def _slow_time(text: str, hours: Dict[str, float]) -> Optional[float]:
+    """A time the hour cache missed; learns its hour. Raises ValueError when bad (the
     caller then lets the record path name the problem)."""
     if text in NO_TIME:
         return None
     value = parse_time(text)
     if value is None:
         raise ValueError(text)
-    if len(text) == 19 and len(minutes) < _MINUTES:
-        minutes[text[:16]] = value - int(text[17:19])
+    if len(text) == 19 and len(hours) < _HOURS:
+        into = _MMSS.get(text[13:])
+        if into is not None:
+            hours[text[:13]] = value - into  # exact: whole seconds well below 2**53
     return value
 
 
@@ -120,8 +124,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     pad = ncol in read
     strip = ncol - 1 in read
 
-    minutes: Dict[str, float] = {}
-    minute, second = minutes.get, _SECONDS
+    hours: Dict[str, float] = {}
+    hour, mmss = hours.get, _MMSS
     tres_cache: Dict[str, Tuple[float, int, int, bool]] = {}
     states: Dict[str, str] = {}
     place = _Places(agg)
@@ -140,6 +144,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     long_s = agg._long_s
     bucket = LogHistogram.bucket
     first_time, last_time = agg.first_time, agg.last_time
+    inefficient = agg.inefficient  # a heap, changed in place by Aggregator.add too
 
     records = steps = new_ids = 0
     pkey: Optional[str] = None  # the job whose steps may follow; None: none
@@ -211,11 +216,22 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     agg.add(prec._replace(gpu_util=putil))
                     first_time, last_time = agg.first_time, agg.last_time
                     prec = None
-                elif putil is not None and pgpus:
-                    idle = agg._usage(putil, pkey, pwho[0], pcs, pgpus, pgh, pcls)
-                    if idle:
-                        pwho[1].idle_gpu_hours += idle
-                        pwho[2].idle_gpu_hours += idle
+                elif putil is not None and pgpus:  # Aggregator._usage, inline
+                    pcs.util_gpu_hours += pgh
+                    wasted = pgh * (1.0 - efficiency(putil, pgpus))
+                    # the heap's item is built only when it may go in (item > top needs
+                    # wasted >= top's)
+                    if wasted > 0 and (len(inefficient) < _TOP or wasted >= inefficient[0][0]):
+                        item = (wasted, pkey, pwho[0], round(putil, 1), pgh, pcls)
+                        if len(inefficient) < _TOP:
+                            heappush(inefficient, item)
+                        elif item > inefficient[0]:
+                            heapreplace(inefficient, item)
+                    if putil <= 0:
+                        pcs.idle_gpu_hours += pgh
+                        if pgh:
+                            pwho[1].idle_gpu_hours += pgh
+                            pwho[2].idle_gpu_hours += pgh
                 pkey = None
 
             # ... then this one: read, checked, and folded in but for its utilisation
@@ -224,24 +240,24 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             if "+" not in job_id:
                 try:  # a KeyError or ValueError: the record path reads the row instead
                     text = parts[i_start]
-                    base = minute(text[:16])
-                    start = (base + second[text[17:]] if base is not None
-                             else _slow_time(text, minutes))
+                    base = hour(text[:13])
+                    start = (base + mmss[text[13:]] if base is not None
+                             else _slow_time(text, hours))
                     text = parts[i_end]
-                    base = minute(text[:16])
-                    end = (base + second[text[17:]] if base is not None
-                           else _slow_time(text, minutes))
+                    base = hour(text[:13])
+                    end = (base + mmss[text[13:]] if base is not None
+                           else _slow_time(text, hours))
                     text = parts[i_submit]
-                    base = minute(text[:16])
-                    submit = (base + second[text[17:]] if base is not None
-                              else _slow_time(text, minutes))
+                    base = hour(text[:13])
+                    submit = (base + mmss[text[13:]] if base is not None
+                              else _slow_time(text, hours))
                     if parts[i_elig] == text:
                         eligible = submit
                     else:
                         text = parts[i_elig]
-                        base = minute(text[:16])
-                        eligible = (base + second[text[17:]] if base is not None
-                                    else _slow_time(text, minutes))
+                        base = hour(text[:13])
+                        eligible = (base + mmss[text[13:]] if base is not None
+                                    else _slow_time(text, hours))
                     raw = parts[i_elapsed]
                     elapsed = (float(int(raw)) if raw else end - start
                                if start is not None and end is not None else 0.0)
