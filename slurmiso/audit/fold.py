@@ -48,7 +48,8 @@ _HOURS = 100_000  # eleven years of distinct hours
 #: ``:MM:SS`` -> seconds into the hour, for a timestamp whose hour (``text[:13]``) is cached:
 #: ``parse_time`` is the hour's base plus these, so the sum is the same float. Anything else
 #: (a torn or odd stamp) takes the record path, which decides what it means.
-_MMSS = {f":{m:02d}:{s:02d}": m * 60 + s for m in range(60) for s in range(60)}
+_TWO = [f"{n:02d}" for n in range(60)]
+_MMSS = {":" + m + ":" + s: i * 60 + j for i, m in enumerate(_TWO) for j, s in enumerate(_TWO)}
 
 
 def row_util(ave: str, tot: str) -> Optional[float]:
@@ -134,6 +135,9 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
 
     # the aggregator's state, bound once (its containers; first/last time kept here)
     since, until, bucket_s = agg.since, agg.until, agg.bucket_s
+    # a whole number of seconds (3600): a bucket a run covers from edge to edge gets exactly
+    # rate * bucket_s, what min/max compute there (k*b and (k+1)*b are exact integers)
+    whole_s = bucket_s if type(bucket_s) is int and bucket_s > 0 else 0
     digest = agg.digest
     job_class = digest.job_class
     multi, restarted = agg.multi, agg.restarted
@@ -341,7 +345,20 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 pp[0] += cut
                             else:  # ... and its general case, the same arithmetic
                                 rate = gh / (chi - clo)  # type: ignore[operator]
-                                for k in range(int(b0), int(b1) + 1):
+                                first, last = int(b0), int(b1)
+                                if whole_s:  # inside buckets: min/max pick the bucket's edges
+                                    cut = rate * ((first + 1) * bucket_s - clo)  # clo >= k*b
+                                    cp, pp = (pairs.get(first)
+                                              or place.pair(pairs, first, cls, pool))
+                                    cp[0] += cut
+                                    pp[0] += cut
+                                    cut = rate * whole_s  # (k+1)*b - k*b, exactly
+                                    for k in range(first + 1, last):
+                                        cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
+                                        cp[0] += cut
+                                        pp[0] += cut
+                                    first = last
+                                for k in range(first, last + 1):
                                     cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[operator,type-var]
                                                   - max(clo, k * bucket_s))
                                     cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
