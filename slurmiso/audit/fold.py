@@ -126,11 +126,11 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     strip = ncol - 1 in read
 
     hours: Dict[str, float] = {}
-    hour, mmss = hours.get, _MMSS
+    mmss = _MMSS
     tres_cache: Dict[str, Tuple[float, int, int, bool]] = {}
     states: Dict[str, str] = {}
     place = _Places(agg)
-    where = place.combos.get
+    combos = place.combos
     wait_buckets: Dict[float, int] = {}
 
     # the aggregator's state, bound once (its containers; first/last time kept here)
@@ -244,30 +244,35 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             if "+" not in job_id:
                 try:  # a KeyError or ValueError: the record path reads the row instead
                     text = parts[i_start]
-                    base = hour(text[:13])
-                    start = (base + mmss[text[13:]] if base is not None
-                             else _slow_time(text, hours))
+                    try:
+                        start = hours[text[:13]] + mmss[text[13:]]
+                    except KeyError:
+                        start = _slow_time(text, hours)
                     text = parts[i_end]
-                    base = hour(text[:13])
-                    end = (base + mmss[text[13:]] if base is not None
-                           else _slow_time(text, hours))
+                    try:
+                        end = hours[text[:13]] + mmss[text[13:]]
+                    except KeyError:
+                        end = _slow_time(text, hours)
                     text = parts[i_submit]
-                    base = hour(text[:13])
-                    submit = (base + mmss[text[13:]] if base is not None
-                              else _slow_time(text, hours))
+                    try:
+                        submit = hours[text[:13]] + mmss[text[13:]]
+                    except KeyError:
+                        submit = _slow_time(text, hours)
                     if parts[i_elig] == text:
                         eligible = submit
                     else:
                         text = parts[i_elig]
-                        base = hour(text[:13])
-                        eligible = (base + mmss[text[13:]] if base is not None
-                                    else _slow_time(text, hours))
+                        try:
+                            eligible = hours[text[:13]] + mmss[text[13:]]
+                        except KeyError:
+                            eligible = _slow_time(text, hours)
                     raw = parts[i_elapsed]
                     elapsed = (float(int(raw)) if raw else end - start
                                if start is not None and end is not None else 0.0)
                     text = parts[i_tres]
-                    tres = tres_cache.get(text)
-                    if tres is None:
+                    try:
+                        tres = tres_cache[text]
+                    except KeyError:
                         g, m, s = parse_tres(text)
                         tres = (g, m, s, g < 0 or m < 0 or s < 0)
                         if len(tres_cache) < _CACHE:
@@ -308,9 +313,11 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if last_time is None or hi > last_time:  # type: ignore[operator]
                             last_time = hi
                     qos, partition, account = parts[i_qos], parts[i_part], parts[i_acct]
-                    spot = (where((qos, partition, account))
-                            if not (job_class and job_id in job_class) else None)
-                    if spot is None:
+                    try:
+                        if job_class and job_id in job_class:
+                            raise KeyError(job_id)
+                        spot = combos[(qos, partition, account)]
+                    except KeyError:
                         spot = place.find(job_id, qos, partition, account, parts[i_nodes])
                     (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu,
                      shards_per_gpu, pool_row, pairs) = spot
