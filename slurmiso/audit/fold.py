@@ -338,16 +338,25 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             b0 = clo // bucket_s
                             b1 = (chi - 1e-9) // bucket_s if chi > clo else b0  # type: ignore[operator]
                             if b0 == b1:
-                                cp, pp = pairs.get(b0) or place.pair(pairs, int(b0), cls, pool)
+                                try:
+                                    cp, pp = pairs[b0]
+                                except KeyError:
+                                    cp, pp = place.pair(pairs, int(b0), cls, pool)
                                 cp[0] += gh
                                 pp[0] += gh
                             elif b1 == b0 + 1:  # Aggregator._spread's two-bucket case
                                 cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)  # type: ignore[operator]
-                                cp, pp = pairs.get(b0) or place.pair(pairs, int(b0), cls, pool)
+                                try:
+                                    cp, pp = pairs[b0]
+                                except KeyError:
+                                    cp, pp = place.pair(pairs, int(b0), cls, pool)
                                 cp[0] += cut
                                 pp[0] += cut
                                 cut = gh - cut
-                                cp, pp = pairs.get(b1) or place.pair(pairs, int(b1), cls, pool)
+                                try:
+                                    cp, pp = pairs[b1]
+                                except KeyError:
+                                    cp, pp = place.pair(pairs, int(b1), cls, pool)
                                 cp[0] += cut
                                 pp[0] += cut
                             else:  # ... and its general case, the same arithmetic
@@ -355,20 +364,28 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 first, last = int(b0), int(b1)
                                 if whole_s:  # inside buckets: min/max pick the bucket's edges
                                     cut = rate * ((first + 1) * bucket_s - clo)  # clo >= k*b
-                                    cp, pp = (pairs.get(first)
-                                              or place.pair(pairs, first, cls, pool))
+                                    try:
+                                        cp, pp = pairs[first]
+                                    except KeyError:
+                                        cp, pp = place.pair(pairs, first, cls, pool)
                                     cp[0] += cut
                                     pp[0] += cut
                                     cut = rate * whole_s  # (k+1)*b - k*b, exactly
                                     for k in range(first + 1, last):
-                                        cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
+                                        try:
+                                            cp, pp = pairs[k]
+                                        except KeyError:
+                                            cp, pp = place.pair(pairs, k, cls, pool)
                                         cp[0] += cut
                                         pp[0] += cut
                                     first = last
                                 for k in range(first, last + 1):
                                     cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[operator,type-var]
                                                   - max(clo, k * bucket_s))
-                                    cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
+                                    try:
+                                        cp, pp = pairs[k]
+                                    except KeyError:
+                                        cp, pp = place.pair(pairs, k, cls, pool)
                                     cp[0] += cut
                                     pp[0] += cut
                     cs.gpu_hours += gh
@@ -396,11 +413,13 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     if restarts > 0:
                         restarted[job_id] = max(restarts, restarted.get(job_id, 0))
                     user = parts[i_user]
-                    who_u = users.get(user)
-                    if who_u is None:
+                    try:
+                        who_u = users[user]
+                    except KeyError:
                         who_u = users[user] = Who()
-                    who_a = accounts.get(account)
-                    if who_a is None:
+                    try:
+                        who_a = accounts[account]
+                    except KeyError:
                         who_a = accounts[account] = Who()
                     if new_job:
                         who_u.jobs += 1
@@ -421,7 +440,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                     if len(wait_buckets) < _CACHE:
                                         wait_buckets[wait] = b
                             counts = hist.counts
-                            counts[b] = counts.get(b, 0) + 1
+                            try:
+                                counts[b] += 1
+                            except KeyError:
+                                counts[b] = 1
                             hist.n += 1
                             hist.total += wait
                             if wait > hist.max:
@@ -429,7 +451,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             if slo_limit is not None and wait <= slo_limit:
                                 cs.wait_slo_met += 1
                             at_b = start // bucket_s  # type: ignore[operator]
-                            point = cls_points.get(at_b) or place.point(int(at_b), cls)
+                            try:
+                                point = cls_points[at_b]
+                            except KeyError:
+                                point = place.point(int(at_b), cls)
                             point[1] += wait
                             point[2] += 1
                             if wait > point[3]:
@@ -439,8 +464,9 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if len(cs.long_job_ids) < _MAX_IDS:
                             cs.long_job_ids.append(job_id)
                     text = parts[i_state]
-                    state = states.get(text)
-                    if state is None:
+                    try:
+                        state = states[text]
+                    except KeyError:
                         state = text.split(" ", 1)[0].upper() if text else "UNKNOWN"
                         if len(states) < _CACHE:
                             states[text] = state
