@@ -48,6 +48,7 @@ _HOURS = 100_000  # eleven years of distinct hours
 #: ``:MM:SS`` -> seconds into the hour, for a timestamp whose hour (``text[:13]``) is cached:
 #: ``parse_time`` is the hour's base plus these, so the sum is the same float. Anything else
 #: (a torn or odd stamp) takes the record path, which decides what it means.
+_MASKS = (1, 2, 4, 8, 16, 32, 64, 128)  # 1 << (n & 7)
 _TWO = [f"{n:02d}" for n in range(60)]
 _MMSS = {":" + m + ":" + s: i * 60 + j for i, m in enumerate(_TWO) for j, s in enumerate(_TWO)}
 
@@ -158,7 +159,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     pgpus = pgh = 0.0
     pcls = ""
     pcs = ClassStats()
-    pwho: Tuple[str, Who, Who] = ("", Who(), Who())
+    puser = ""
+    pwho_u = pwho_a = Who()
     first_number = number + 1
     try:
         for number, line in enumerate(it, first_number):
@@ -226,7 +228,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     # the heap's item is built only when it may go in (item > top needs
                     # wasted >= top's)
                     if wasted > 0 and (len(inefficient) < _TOP or wasted >= inefficient[0][0]):
-                        item = (wasted, pkey, pwho[0], round(putil, 1), pgh, pcls)
+                        item = (wasted, pkey, puser, round(putil, 1), pgh, pcls)
                         if len(inefficient) < _TOP:
                             heappush(inefficient, item)
                         elif item > inefficient[0]:
@@ -234,8 +236,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     if putil <= 0:
                         pcs.idle_gpu_hours += pgh
                         if pgh:
-                            pwho[1].idle_gpu_hours += pgh
-                            pwho[2].idle_gpu_hours += pgh
+                            pwho_u.idle_gpu_hours += pgh
+                            pwho_a.idle_gpu_hours += pgh
                 pkey = None
 
             # ... then this one: read, checked, and folded in but for its utilisation
@@ -392,18 +394,18 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     pool_row[1] += gh
                     pool_row[0] += 1
                     cs.attempts += 1
-                    new_job = None  # JobSet.add, inline for a plain id within the bitmap
-                    if job_id.isdigit():
-                        n = int(job_id)
-                        if n < in_bits:
-                            mask = 1 << (n & 7)
-                            if bits[n >> 3] & mask:
-                                new_job = False
-                            else:
-                                bits[n >> 3] |= mask
-                                new_ids += 1
-                                new_job = True
-                    if new_job is None:
+                    # JobSet.add, inline for a plain id within the bitmap
+                    n = int(job_id) if job_id.isdigit() else in_bits
+                    if n < in_bits:
+                        byte = bits[n >> 3]
+                        mask = _MASKS[n & 7]
+                        if byte & mask:
+                            new_job = False
+                        else:
+                            bits[n >> 3] = byte | mask
+                            new_ids += 1
+                            new_job = True
+                    else:
                         new_job = seen_add(job_id)
                         in_bits = min(MAX_BIT_ID, len(bits) << 3)
                     if new_job:
@@ -479,7 +481,13 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     elif (state == "REQUEUED" and start is not None and end is not None
                           and digest.preempted_within(job_id, start, end)):
                         cs.preemptions_user_reported += 1
-                    pgpus, pgh, pcls, pcs, pwho = gpus, gh, cls, cs, (user, who_u, who_a)
+                    pgpus = gpus
+                    pgh = gh
+                    pcls = cls
+                    pcs = cs
+                    puser = user
+                    pwho_u = who_u
+                    pwho_a = who_a
                     continue
             # the record path's own code for this row
             parts[ncol - 1] = parts[ncol - 1].rstrip("\r\n")
@@ -505,10 +513,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 agg.add(prec._replace(gpu_util=putil))
                 first_time, last_time = agg.first_time, agg.last_time
             elif putil is not None and pgpus:
-                idle = agg._usage(putil, pkey, pwho[0], pcs, pgpus, pgh, pcls)
+                idle = agg._usage(putil, pkey, puser, pcs, pgpus, pgh, pcls)
                 if idle:
-                    pwho[1].idle_gpu_hours += idle
-                    pwho[2].idle_gpu_hours += idle
+                    pwho_u.idle_gpu_hours += idle
+                    pwho_a.idle_gpu_hours += idle
     finally:
         agg.first_time, agg.last_time = first_time, last_time
         seen.count += new_ids
