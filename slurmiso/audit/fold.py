@@ -151,6 +151,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     first_time, last_time = agg.first_time, agg.last_time
     inefficient = agg.inefficient  # a heap, changed in place by Aggregator.add too
 
+    start: Optional[float]
+    end: Optional[float]
+    submit: Optional[float]
+    eligible: Optional[float]
     records = steps = new_ids = 0
     pkey: Optional[str] = None  # the job whose steps may follow; None: none
     prec: Optional[JobRecord] = None  # ... as a record, when it took the record path
@@ -363,25 +367,25 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                 pp[0] += cut
                             else:  # ... and its general case, the same arithmetic
                                 rate = gh / (chi - clo)  # type: ignore[operator]
-                                first, last = int(b0), int(b1)
+                                k0, last = int(b0), int(b1)
                                 if whole_s:  # inside buckets: min/max pick the bucket's edges
-                                    cut = rate * ((first + 1) * bucket_s - clo)  # clo >= k*b
+                                    cut = rate * ((k0 + 1) * bucket_s - clo)  # clo >= k*b
                                     try:
-                                        cp, pp = pairs[first]
+                                        cp, pp = pairs[k0]
                                     except KeyError:
-                                        cp, pp = place.pair(pairs, first, cls, pool)
+                                        cp, pp = place.pair(pairs, k0, cls, pool)
                                     cp[0] += cut
                                     pp[0] += cut
                                     cut = rate * whole_s  # (k+1)*b - k*b, exactly
-                                    for k in range(first + 1, last):
+                                    for k in range(k0 + 1, last):
                                         try:
                                             cp, pp = pairs[k]
                                         except KeyError:
                                             cp, pp = place.pair(pairs, k, cls, pool)
                                         cp[0] += cut
                                         pp[0] += cut
-                                    first = last
-                                for k in range(first, last + 1):
+                                    k0 = last
+                                for k in range(k0, last + 1):
                                     cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[operator,type-var]
                                                   - max(clo, k * bucket_s))
                                     try:
