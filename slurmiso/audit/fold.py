@@ -125,6 +125,11 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             i_elapsed, i_tres, i_nodes, i_ave, i_tot, i_restarts, i_limit)
     pad = ncol in read
     strip = ncol - 1 in read
+    # split a row only as far as the last column read (the rest stays one string whose "|"
+    # are counted): 14 fewer strings a row for the 32-field dump; not when a column is
+    # missing (its "" is appended after the row) or the last column is read
+    upto = max(read) + 1 if not pad and max(read) < ncol - 2 else 0
+    rest_bars = ncol - 1 - upto
 
     hours: Dict[str, float] = {}
     mmss = _MMSS
@@ -169,8 +174,18 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     try:
         for number, line in enumerate(it, first_number):
             # the line end stays on the last field unless the fast path reads that field
-            parts = line.rstrip("\r\n").split("|") if strip else line.split("|")
-            if len(parts) != ncol or line[-1:] != "\n":
+            if upto:
+                parts = line.split("|", upto)
+                if (len(parts) != upto + 1 or parts[upto].count("|") != rest_bars
+                        or line[-1:] != "\n"):  # odd: the whole row, read as below
+                    parts = line.split("|")
+                    regular = False
+                else:
+                    regular = True
+            else:
+                parts = line.rstrip("\r\n").split("|") if strip else line.split("|")
+                regular = len(parts) == ncol and line[-1:] == "\n"
+            if not regular:
                 parts[-1] = parts[-1].rstrip("\r\n")
                 if len(parts) == 1 and (not parts[0] or parts[0].isspace()):
                     continue  # a blank line
@@ -494,6 +509,8 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     pwho_a = who_a
                     continue
             # the record path's own code for this row
+            if upto and len(parts) == upto + 1:  # a regular row split only so far
+                parts[upto:] = parts[upto].split("|")
             parts[ncol - 1] = parts[ncol - 1].rstrip("\r\n")
             if not pad:
                 parts.append("")
