@@ -3,12 +3,13 @@
 The record path (:func:`~slurmiso.audit.sacct.parse_parsable` yields a
 :class:`~slurmiso.audit.sacct.JobRecord`, :meth:`Aggregator.add` folds it) costs about four
 times a plain ``csv`` pass over the same file. This loop does the same work with no record,
-no generator and no method call per row for the common case: a job row whose timestamps
-hit a per-hour cache, whose TRES, state and class are cached per distinct string, followed
-by its steps. Anything else (het components, ``Unknown`` times, a torn or bad row, a header
-that lacks a column) goes through the record path's own code for that row, so a bad row gets
-the same message and every figure the same value. ``tests/unit/test_audit_fold.py`` checks
-that on randomised dumps against the record path.
+no generator and no method call per row for the common case: a job row, split only as far
+as the last column read, whose timestamps hit a per-hour cache, whose TRES, state and class
+are cached per distinct string (read by subscript: a miss is the rare KeyError), followed by
+its steps. Anything else (het components, a torn or bad row, a header that lacks a column)
+goes through the record path's own code for that row, so a bad row gets the same message
+and every figure the same value. ``tests/unit/test_audit_fold.py`` checks that on randomised
+dumps against the record path.
 
 A job row is folded in as it is read, but for its GPU utilisation: that is the max over its
 steps' ``gres/gpuutil``, so that part waits for the next job row (the record path holds the
