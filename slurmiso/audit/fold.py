@@ -335,12 +335,13 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if last_time is None or hi > last_time:  # type: ignore[operator]
                             last_time = hi
                     qos, partition, account = parts[i_qos], parts[i_part], parts[i_acct]
-                    try:
-                        if job_class and job_id in job_class:
-                            raise KeyError(job_id)
-                        spot = combos[(qos, partition, account)]
-                    except KeyError:
+                    if job_class and job_id in job_class:  # the journal's class wins
                         spot = place.find(job_id, qos, partition, account, parts[i_nodes])
+                    else:
+                        try:
+                            spot = combos[(qos, partition, account)]
+                        except KeyError:
+                            spot = place.find(job_id, qos, partition, account, parts[i_nodes])
                     (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu,
                      shards_per_gpu, pool_row, pairs) = spot
                     gpus = tres[0]
