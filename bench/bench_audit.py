@@ -6,16 +6,20 @@ people add to ``--format``), 1,000,000 rows in all: job allocations and their ``
 steps, arrays, het jobs, typed GPU TRES, MPS/shard jobs, preempted and requeued attempts,
 ``gres/gpuutil`` in ``TRESUsageInTot``. The baseline, run in the same sitting on the same file,
 is a plain ``csv`` reader that only counts rows per QOS: the least any tool reading the file
-must do. Both run in fresh processes (interpreter start-up and imports included), interleaved,
-best of N. Target: audit <= 2x the baseline.
+must do. Both run in fresh processes (interpreter start-up and imports included, with the
+package's bytecode compiled first, as an install has it), interleaved, best of N. Target:
+audit <= 2x the baseline.
 
 Where the audit's time goes (``slurmiso/audit/fold.py``; CPU seconds per 100,000 rows of this
-dump, 75,000 job rows and 25,000 steps, Python 3.11): the csv pass 0.25; the fold 0.55, of
-which reading lines, splitting them and the steps 0.16, reading and checking a job row 0.11
-(1.4 us), folding it into the figures 0.29 (3.8 us: GPU-hours spread over hourly buckets
-1.15 us, the job-id bitmap 0.43 us, the wait histogram and series 0.35 us, classes, pools,
-users, accounts and the rest 1.9 us). Start-up (imports, config) adds 0.2 s that the csv pass
-does not have. The record path the fold replaced took 4.1x; the fold about 2.4x.
+dump, 75,000 job rows and 25,000 steps, Python 3.11, on a loaded 2-core box where the csv pass
+takes 0.25-0.3; measured by cutting the loop short at each stage, +-0.02): splitting the
+rows (as far as the last column read) 0.08, the job row's four timestamps 0.075, ElapsedRaw
+and TRES 0.02, the other checks and the steps' gres/gpuutil 0.065, window and class/pool
+lookup 0.03, GPU-hours spread over hourly buckets 0.10, class/pool counters and the job-id
+bitmap 0.045, users and accounts 0.025, the wait histogram and series 0.055, the rest 0.01.
+Start-up (imports, config) adds about 0.07 s that the csv pass does not have, once the
+package's bytecode is compiled (see above). The record path the fold replaced took 4.1x; the
+first fold 2.23-2.37x, this one 2.06-2.34x (2.06, 2.09, 2.16, 2.34) in the same hour.
 
 (b) Memory. 5,000,000 distinct job ids streamed to ``slurmiso audit --sacct-file -`` from a
 generator process (no 1 GB file on disk); peak RSS (``ru_maxrss``) of the audit process alone.
@@ -150,9 +154,15 @@ def measure(argv: List[str], env: Dict[str, str], feed: str = "-") -> Tuple[int,
 
 
 def main() -> bool:
-    env = python_env({"TZ": "UTC"})
     config = os.path.join(ROOT, "etc", "slurmiso.yaml")
     with tempfile.TemporaryDirectory(prefix="slurmiso-bench-audit-") as tmp:
+        # as installed: pip compiles the package's bytecode, as Debian does the stdlib's that
+        # the csv pass imports; a PYTHONDONTWRITEBYTECODE shell would otherwise charge the
+        # audit a compile of every module it imports (about 0.1 s) on each run
+        env = python_env({"TZ": "UTC", "PYTHONPYCACHEPREFIX": os.path.join(tmp, "pycache")})
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ROOT, "slurmiso")],
+                       env=env, check=True, stdout=subprocess.DEVNULL)
         path = os.path.join(tmp, "sacct.txt")
         journal = os.path.join(tmp, "journal.jsonl")
         open(journal, "w").close()

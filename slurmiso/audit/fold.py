@@ -3,12 +3,13 @@
 The record path (:func:`~slurmiso.audit.sacct.parse_parsable` yields a
 :class:`~slurmiso.audit.sacct.JobRecord`, :meth:`Aggregator.add` folds it) costs about four
 times a plain ``csv`` pass over the same file. This loop does the same work with no record,
-no generator and no method call per row for the common case: a job row whose timestamps
-hit a per-minute cache, whose TRES, state and class are cached per distinct string, followed
-by its steps. Anything else (het components, ``Unknown`` times, a torn or bad row, a header
-that lacks a column) goes through the record path's own code for that row, so a bad row gets
-the same message and every figure the same value. ``tests/unit/test_audit_fold.py`` checks
-that on randomised dumps against the record path.
+no generator and no method call per row for the common case: a job row, split only as far
+as the last column read, whose timestamps hit a per-hour cache, whose TRES, state and class
+are cached per distinct string (read by subscript: a miss is the rare KeyError), followed by
+its steps. Anything else (het components, a torn or bad row, a header that lacks a column)
+goes through the record path's own code for that row, so a bad row gets the same message
+and every figure the same value. ``tests/unit/test_audit_fold.py`` checks that on randomised
+dumps against the record path.
 
 A job row is folded in as it is read, but for its GPU utilisation: that is the max over its
 steps' ``gres/gpuutil``, so that part waits for the next job row (the record path holds the
@@ -20,9 +21,10 @@ depend on (the order of a histogram's buckets), the fold may differ; nothing els
 from __future__ import annotations
 
 import itertools
+from heapq import heappush, heapreplace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from slurmiso.audit.analyze import _MAX_IDS, Aggregator, ClassStats, Who
+from slurmiso.audit.analyze import _MAX_IDS, _TOP, Aggregator, ClassStats, Who, efficiency
 from slurmiso.audit.jobset import MAX_BIT_ID
 from slurmiso.audit.quantiles import EXACT, LogHistogram
 from slurmiso.audit.sacct import (
@@ -43,10 +45,13 @@ from slurmiso.audit.sacct import (
 )
 
 _CACHE = 10_000  # entries per string cache (hostile input cannot grow them without bound)
-_MINUTES = 200_000  # a year and a half of distinct minutes
-#: The seconds of a timestamp whose minute is cached; anything else (a torn or odd stamp)
-#: takes the record path, which decides what it means.
-_SECONDS = {f"{s:02d}": s for s in range(100)}
+_HOURS = 100_000  # eleven years of distinct hours
+#: ``:MM:SS`` -> seconds into the hour, for a timestamp whose hour (``text[:13]``) is cached:
+#: ``parse_time`` is the hour's base plus these, so the sum is the same float. Anything else
+#: (a torn or odd stamp) takes the record path, which decides what it means.
+_MASKS = (1, 2, 4, 8, 16, 32, 64, 128)  # 1 << (n & 7)
+_TWO = [f"{n:02d}" for n in range(60)]
+_MMSS = {":" + m + ":" + s: i * 60 + j for i, m in enumerate(_TWO) for j, s in enumerate(_TWO)}
 
 
 def row_util(ave: str, tot: str) -> Optional[float]:
@@ -62,16 +67,18 @@ def row_util(ave: str, tot: str) -> Optional[float]:
     return util
 
 
-def _slow_time(text: str, minutes: Dict[str, float]) -> Optional[float]:
-    """A time the minute cache missed; learns its minute. Raises ValueError when bad (the
+def _slow_time(text: str, hours: Dict[str, float]) -> Optional[float]:
+    """A time the hour cache missed; learns its hour. Raises ValueError when bad (the
     caller then lets the record path name the problem)."""
     if text in NO_TIME:
         return None
     value = parse_time(text)
     if value is None:
         raise ValueError(text)
-    if len(text) == 19 and len(minutes) < _MINUTES:
-        minutes[text[:16]] = value - int(text[17:19])
+    if len(text) == 19 and len(hours) < _HOURS:
+        into = _MMSS.get(text[13:])
+        if into is not None:
+            hours[text[:13]] = value - into  # exact: whole seconds well below 2**53
     return value
 
 
@@ -119,17 +126,25 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             i_elapsed, i_tres, i_nodes, i_ave, i_tot, i_restarts, i_limit)
     pad = ncol in read
     strip = ncol - 1 in read
+    # split a row only as far as the last column read (the rest stays one string whose "|"
+    # are counted): 14 fewer strings a row for the 32-field dump; not when a column is
+    # missing (its "" is appended after the row) or the last column is read
+    upto = max(read) + 1 if not pad and max(read) < ncol - 2 else 0
+    rest_bars = ncol - 1 - upto
 
-    minutes: Dict[str, float] = {}
-    minute, second = minutes.get, _SECONDS
+    hours: Dict[str, float] = {}
+    mmss = _MMSS
     tres_cache: Dict[str, Tuple[float, int, int, bool]] = {}
     states: Dict[str, str] = {}
     place = _Places(agg)
-    where = place.combos.get
+    combos = place.combos
     wait_buckets: Dict[float, int] = {}
 
     # the aggregator's state, bound once (its containers; first/last time kept here)
     since, until, bucket_s = agg.since, agg.until, agg.bucket_s
+    # a whole number of seconds (3600): a bucket a run covers from edge to edge gets exactly
+    # rate * bucket_s, what min/max compute there (k*b and (k+1)*b are exact integers)
+    whole_s = bucket_s if type(bucket_s) is int and bucket_s > 0 else 0
     digest = agg.digest
     job_class = digest.job_class
     multi, restarted = agg.multi, agg.restarted
@@ -140,7 +155,12 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     long_s = agg._long_s
     bucket = LogHistogram.bucket
     first_time, last_time = agg.first_time, agg.last_time
+    inefficient = agg.inefficient  # a heap, changed in place by Aggregator.add too
 
+    start: Optional[float]
+    end: Optional[float]
+    submit: Optional[float]
+    eligible: Optional[float]
     records = steps = new_ids = 0
     pkey: Optional[str] = None  # the job whose steps may follow; None: none
     prec: Optional[JobRecord] = None  # ... as a record, when it took the record path
@@ -149,13 +169,24 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     pgpus = pgh = 0.0
     pcls = ""
     pcs = ClassStats()
-    pwho: Tuple[str, Who, Who] = ("", Who(), Who())
+    puser = ""
+    pwho_u = pwho_a = Who()
     first_number = number + 1
     try:
         for number, line in enumerate(it, first_number):
             # the line end stays on the last field unless the fast path reads that field
-            parts = line.rstrip("\r\n").split("|") if strip else line.split("|")
-            if len(parts) != ncol or line[-1:] != "\n":
+            if upto:
+                parts = line.split("|", upto)
+                if (len(parts) != upto + 1 or parts[upto].count("|") != rest_bars
+                        or line[-1:] != "\n"):  # odd: the whole row, read as below
+                    parts = line.split("|")
+                    regular = False
+                else:
+                    regular = True
+            else:
+                parts = line.rstrip("\r\n").split("|") if strip else line.split("|")
+                regular = len(parts) == ncol and line[-1:] == "\n"
+            if not regular:
                 parts[-1] = parts[-1].rstrip("\r\n")
                 if len(parts) == 1 and (not parts[0] or parts[0].isspace()):
                     continue  # a blank line
@@ -211,11 +242,22 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     agg.add(prec._replace(gpu_util=putil))
                     first_time, last_time = agg.first_time, agg.last_time
                     prec = None
-                elif putil is not None and pgpus:
-                    idle = agg._usage(putil, pkey, pwho[0], pcs, pgpus, pgh, pcls)
-                    if idle:
-                        pwho[1].idle_gpu_hours += idle
-                        pwho[2].idle_gpu_hours += idle
+                elif putil is not None and pgpus:  # Aggregator._usage, inline
+                    pcs.util_gpu_hours += pgh
+                    wasted = pgh * (1.0 - efficiency(putil, pgpus))
+                    # the heap's item is built only when it may go in (item > top needs
+                    # wasted >= top's)
+                    if wasted > 0 and (len(inefficient) < _TOP or wasted >= inefficient[0][0]):
+                        item = (wasted, pkey, puser, round(putil, 1), pgh, pcls)
+                        if len(inefficient) < _TOP:
+                            heappush(inefficient, item)
+                        elif item > inefficient[0]:
+                            heapreplace(inefficient, item)
+                    if putil <= 0:
+                        pcs.idle_gpu_hours += pgh
+                        if pgh:
+                            pwho_u.idle_gpu_hours += pgh
+                            pwho_a.idle_gpu_hours += pgh
                 pkey = None
 
             # ... then this one: read, checked, and folded in but for its utilisation
@@ -224,30 +266,35 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             if "+" not in job_id:
                 try:  # a KeyError or ValueError: the record path reads the row instead
                     text = parts[i_start]
-                    base = minute(text[:16])
-                    start = (base + second[text[17:]] if base is not None
-                             else _slow_time(text, minutes))
+                    try:
+                        start = hours[text[:13]] + mmss[text[13:]]
+                    except KeyError:
+                        start = _slow_time(text, hours)
                     text = parts[i_end]
-                    base = minute(text[:16])
-                    end = (base + second[text[17:]] if base is not None
-                           else _slow_time(text, minutes))
+                    try:
+                        end = hours[text[:13]] + mmss[text[13:]]
+                    except KeyError:
+                        end = _slow_time(text, hours)
                     text = parts[i_submit]
-                    base = minute(text[:16])
-                    submit = (base + second[text[17:]] if base is not None
-                              else _slow_time(text, minutes))
+                    try:
+                        submit = hours[text[:13]] + mmss[text[13:]]
+                    except KeyError:
+                        submit = _slow_time(text, hours)
                     if parts[i_elig] == text:
                         eligible = submit
                     else:
                         text = parts[i_elig]
-                        base = minute(text[:16])
-                        eligible = (base + second[text[17:]] if base is not None
-                                    else _slow_time(text, minutes))
+                        try:
+                            eligible = hours[text[:13]] + mmss[text[13:]]
+                        except KeyError:
+                            eligible = _slow_time(text, hours)
                     raw = parts[i_elapsed]
                     elapsed = (float(int(raw)) if raw else end - start
                                if start is not None and end is not None else 0.0)
                     text = parts[i_tres]
-                    tres = tres_cache.get(text)
-                    if tres is None:
+                    try:
+                        tres = tres_cache[text]
+                    except KeyError:
                         g, m, s = parse_tres(text)
                         tres = (g, m, s, g < 0 or m < 0 or s < 0)
                         if len(tres_cache) < _CACHE:
@@ -288,10 +335,13 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if last_time is None or hi > last_time:  # type: ignore[operator]
                             last_time = hi
                     qos, partition, account = parts[i_qos], parts[i_part], parts[i_acct]
-                    spot = (where((qos, partition, account))
-                            if not (job_class and job_id in job_class) else None)
-                    if spot is None:
+                    if job_class and job_id in job_class:  # the journal's class wins
                         spot = place.find(job_id, qos, partition, account, parts[i_nodes])
+                    else:
+                        try:
+                            spot = combos[(qos, partition, account)]
+                        except KeyError:
+                            spot = place.find(job_id, qos, partition, account, parts[i_nodes])
                     (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu,
                      shards_per_gpu, pool_row, pairs) = spot
                     gpus = tres[0]
@@ -311,42 +361,72 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             b0 = clo // bucket_s
                             b1 = (chi - 1e-9) // bucket_s if chi > clo else b0  # type: ignore[operator]
                             if b0 == b1:
-                                cp, pp = pairs.get(b0) or place.pair(pairs, int(b0), cls, pool)
+                                try:
+                                    cp, pp = pairs[b0]
+                                except KeyError:
+                                    cp, pp = place.pair(pairs, int(b0), cls, pool)
                                 cp[0] += gh
                                 pp[0] += gh
                             elif b1 == b0 + 1:  # Aggregator._spread's two-bucket case
                                 cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)  # type: ignore[operator]
-                                cp, pp = pairs.get(b0) or place.pair(pairs, int(b0), cls, pool)
+                                try:
+                                    cp, pp = pairs[b0]
+                                except KeyError:
+                                    cp, pp = place.pair(pairs, int(b0), cls, pool)
                                 cp[0] += cut
                                 pp[0] += cut
                                 cut = gh - cut
-                                cp, pp = pairs.get(b1) or place.pair(pairs, int(b1), cls, pool)
+                                try:
+                                    cp, pp = pairs[b1]
+                                except KeyError:
+                                    cp, pp = place.pair(pairs, int(b1), cls, pool)
                                 cp[0] += cut
                                 pp[0] += cut
                             else:  # ... and its general case, the same arithmetic
                                 rate = gh / (chi - clo)  # type: ignore[operator]
-                                for k in range(int(b0), int(b1) + 1):
+                                k0, last = int(b0), int(b1)
+                                if whole_s:  # inside buckets: min/max pick the bucket's edges
+                                    cut = rate * ((k0 + 1) * bucket_s - clo)  # clo >= k*b
+                                    try:
+                                        cp, pp = pairs[k0]
+                                    except KeyError:
+                                        cp, pp = place.pair(pairs, k0, cls, pool)
+                                    cp[0] += cut
+                                    pp[0] += cut
+                                    cut = rate * whole_s  # (k+1)*b - k*b, exactly
+                                    for k in range(k0 + 1, last):
+                                        try:
+                                            cp, pp = pairs[k]
+                                        except KeyError:
+                                            cp, pp = place.pair(pairs, k, cls, pool)
+                                        cp[0] += cut
+                                        pp[0] += cut
+                                    k0 = last
+                                for k in range(k0, last + 1):
                                     cut = rate * (min(chi, (k + 1) * bucket_s)  # type: ignore[operator,type-var]
                                                   - max(clo, k * bucket_s))
-                                    cp, pp = pairs.get(k) or place.pair(pairs, k, cls, pool)
+                                    try:
+                                        cp, pp = pairs[k]
+                                    except KeyError:
+                                        cp, pp = place.pair(pairs, k, cls, pool)
                                     cp[0] += cut
                                     pp[0] += cut
                     cs.gpu_hours += gh
                     pool_row[1] += gh
                     pool_row[0] += 1
                     cs.attempts += 1
-                    new_job = None  # JobSet.add, inline for a plain id within the bitmap
-                    if job_id.isdigit():
-                        n = int(job_id)
-                        if n < in_bits:
-                            mask = 1 << (n & 7)
-                            if bits[n >> 3] & mask:
-                                new_job = False
-                            else:
-                                bits[n >> 3] |= mask
-                                new_ids += 1
-                                new_job = True
-                    if new_job is None:
+                    # JobSet.add, inline for a plain id within the bitmap
+                    n = int(job_id) if job_id.isdigit() else in_bits
+                    if n < in_bits:
+                        byte = bits[n >> 3]
+                        mask = _MASKS[n & 7]
+                        if byte & mask:
+                            new_job = False
+                        else:
+                            bits[n >> 3] = byte | mask
+                            new_ids += 1
+                            new_job = True
+                    else:
                         new_job = seen_add(job_id)
                         in_bits = min(MAX_BIT_ID, len(bits) << 3)
                     if new_job:
@@ -356,11 +436,13 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     if restarts > 0:
                         restarted[job_id] = max(restarts, restarted.get(job_id, 0))
                     user = parts[i_user]
-                    who_u = users.get(user)
-                    if who_u is None:
+                    try:
+                        who_u = users[user]
+                    except KeyError:
                         who_u = users[user] = Who()
-                    who_a = accounts.get(account)
-                    if who_a is None:
+                    try:
+                        who_a = accounts[account]
+                    except KeyError:
                         who_a = accounts[account] = Who()
                     if new_job:
                         who_u.jobs += 1
@@ -381,7 +463,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                                     if len(wait_buckets) < _CACHE:
                                         wait_buckets[wait] = b
                             counts = hist.counts
-                            counts[b] = counts.get(b, 0) + 1
+                            try:
+                                counts[b] += 1
+                            except KeyError:
+                                counts[b] = 1
                             hist.n += 1
                             hist.total += wait
                             if wait > hist.max:
@@ -389,7 +474,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             if slo_limit is not None and wait <= slo_limit:
                                 cs.wait_slo_met += 1
                             at_b = start // bucket_s  # type: ignore[operator]
-                            point = cls_points.get(at_b) or place.point(int(at_b), cls)
+                            try:
+                                point = cls_points[at_b]
+                            except KeyError:
+                                point = place.point(int(at_b), cls)
                             point[1] += wait
                             point[2] += 1
                             if wait > point[3]:
@@ -399,8 +487,9 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if len(cs.long_job_ids) < _MAX_IDS:
                             cs.long_job_ids.append(job_id)
                     text = parts[i_state]
-                    state = states.get(text)
-                    if state is None:
+                    try:
+                        state = states[text]
+                    except KeyError:
                         state = text.split(" ", 1)[0].upper() if text else "UNKNOWN"
                         if len(states) < _CACHE:
                             states[text] = state
@@ -416,9 +505,17 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     elif (state == "REQUEUED" and start is not None and end is not None
                           and digest.preempted_within(job_id, start, end)):
                         cs.preemptions_user_reported += 1
-                    pgpus, pgh, pcls, pcs, pwho = gpus, gh, cls, cs, (user, who_u, who_a)
+                    pgpus = gpus
+                    pgh = gh
+                    pcls = cls
+                    pcs = cs
+                    puser = user
+                    pwho_u = who_u
+                    pwho_a = who_a
                     continue
             # the record path's own code for this row
+            if upto and len(parts) == upto + 1:  # a regular row split only so far
+                parts[upto:] = parts[upto].split("|")
             parts[ncol - 1] = parts[ncol - 1].rstrip("\r\n")
             if not pad:
                 parts.append("")
@@ -442,10 +539,10 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 agg.add(prec._replace(gpu_util=putil))
                 first_time, last_time = agg.first_time, agg.last_time
             elif putil is not None and pgpus:
-                idle = agg._usage(putil, pkey, pwho[0], pcs, pgpus, pgh, pcls)
+                idle = agg._usage(putil, pkey, puser, pcs, pgpus, pgh, pcls)
                 if idle:
-                    pwho[1].idle_gpu_hours += idle
-                    pwho[2].idle_gpu_hours += idle
+                    pwho_u.idle_gpu_hours += idle
+                    pwho_a.idle_gpu_hours += idle
     finally:
         agg.first_time, agg.last_time = first_time, last_time
         seen.count += new_ids
