@@ -47,7 +47,8 @@ TARGET_S = 0.3
 HOOKS = ("slurmiso-prolog", "slurmiso-epilog", "slurmiso-task-prolog")
 
 # Bare it stops on SIGTERM; under the wrapper on the checkpoint signal (SIGTERM stays ignored
-# as the wrapper starts it). Writes wall-clock stamps: started, signal, saved.
+# as the wrapper starts it). Writes wall-clock stamps (signal, saved) so they line up with
+# Slurm's and the journal's; bench_wrapper's local stop bench runs the same program.
 PROGRAM = r"""
 import json, os, signal, sys, time
 out, step_s = sys.argv[1], float(sys.argv[2])
@@ -70,6 +71,8 @@ saved = time.time()
 if marker:
     with open(marker + ".tmp", "w") as fh:
         json.dump({"path": path, "step": step}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(marker + ".tmp", marker)
 with open(out, "w") as fh:
     fh.write(f"{got[0]} {saved}")

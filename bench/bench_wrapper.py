@@ -116,33 +116,7 @@ STOP_RUNS = 15
 # as the wrapper starts it). Either way: the handler sets a flag, the current step finishes,
 # a checkpoint is saved and fsynced, reported if there is a marker (the contract), and the
 # program exits. It writes when it got the signal and when its checkpoint was saved.
-STEPPED = r"""
-import json, os, signal, sys, time
-out, step_s = sys.argv[1], float(sys.argv[2])
-marker = os.environ.get("SLURMISO_CKPT_MARKER", "")
-name = os.environ.get("SLURMISO_CKPT_SIGNAL", "USR2") if marker else "TERM"
-got = []
-signal.signal(getattr(signal, "SIG" + name), lambda n, f: got.append(time.monotonic()))
-open(out + ".ready", "w").close()
-step, nxt = 0, time.monotonic() + step_s
-while not got:
-    time.sleep(max(0.0, nxt - time.monotonic()))  # one step of work
-    step, nxt = step + 1, nxt + step_s
-path = f"{out}.ckpt-{step}"
-with open(path, "w") as fh:
-    fh.write("x" * 65536)
-    fh.flush()
-    os.fsync(fh.fileno())
-saved = time.monotonic()
-if marker:
-    with open(marker + ".tmp", "w") as fh:
-        json.dump({"path": path, "step": step}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(marker + ".tmp", marker)
-with open(out, "w") as fh:
-    fh.write(f"{got[0]} {saved}")
-"""
+from bench_preempt_start import PROGRAM as STEPPED  # noqa: E402  (one program for both)
 
 
 def _tree(pid: int) -> List[int]:
