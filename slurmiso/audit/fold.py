@@ -37,11 +37,10 @@ from slurmiso.audit.sacct import (
     _read_header,
     _record_maker,
     _repair,
+    checked_record,
     gpu_usage,
-    het_offset,
     parse_time,
     parse_tres,
-    problem,
 )
 
 _CACHE = 10_000  # entries per string cache (hostile input cannot grow them without bound)
@@ -519,14 +518,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             parts[ncol - 1] = parts[ncol - 1].rstrip("\r\n")
             if not pad:
                 parts.append("")
-            key = job_id.split("+", 1)[0] if "+" in job_id else job_id
-            try:
-                rec = make(parts, key)
-                if "+" in job_id:
-                    rec = rec._replace(component=het_offset(job_id))
-                why = problem(rec)
-            except (ValueError, IndexError) as exc:
-                why = str(exc)
+            key, rec, why = checked_record(make, parts, job_id)
             if why is not None:
                 stats.bad_line(f"line {number} (job {job_id})", why)
                 continue

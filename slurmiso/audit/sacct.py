@@ -252,6 +252,21 @@ def het_offset(job_id: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
+def checked_record(
+    make: Callable[[List[str], str], JobRecord], parts: List[str], job_id: str,
+) -> Tuple[str, Optional[JobRecord], Optional[str]]:
+    """(job key, record, why it is a bad row or None) for one job row's fields: the one check
+    both readers (this module's and ``fold.py``'s) apply."""
+    key = job_id.split("+", 1)[0] if "+" in job_id else job_id
+    try:
+        record = make(parts, key)
+        if "+" in job_id:
+            record = record._replace(component=het_offset(job_id))
+        return key, record, problem(record)
+    except (ValueError, IndexError) as exc:
+        return key, None, str(exc)
+
+
 def state_word(text: str) -> str:
     return text.split(" ", 1)[0].upper() if text else "UNKNOWN"
 
@@ -326,16 +341,9 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
             else:
                 stats.orphan_steps += 1
             continue
-        key = job_id.split("+", 1)[0] if "+" in job_id else job_id
         parts.append("")  # what a field the header lacks reads (see _record_maker)
-        try:
-            assert make is not None
-            record = make(parts, key)
-            if "+" in job_id:
-                record = record._replace(component=het_offset(job_id))
-            why = problem(record)
-        except (ValueError, IndexError) as exc:
-            why = str(exc)
+        assert make is not None
+        key, record, why = checked_record(make, parts, job_id)
         if why is not None:
             stats.bad_line(f"line {number} (job {job_id})", why)
             if pending is not None:
