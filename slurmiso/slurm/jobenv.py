@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple
 
+from slurmiso.values import Value, field
+
 SPANK_PLUGIN = "slurmiso"
 _RAW_PREFIX = f"SPANK__SLURM_SPANK_OPTION_{SPANK_PLUGIN}_"
 _VALIDATED_PREFIX = "SPANK_SLURMISO_"
@@ -94,11 +96,8 @@ def job_id(env: Mapping[str, str]) -> str:
     return env.get("SLURM_JOB_ID", "")
 
 
-class JobEnv:
-    """The job as a Prolog/Epilog sees it (immutable by convention; built once per hook)."""
-
-    __slots__ = ("job_id", "uid", "user", "node", "partition", "account", "qos", "gpus",
-                 "restart_count", "spank", "option_problems", "work_dir")
+class JobEnv(Value, eq=True):
+    """The job as a Prolog/Epilog sees it (read-only; built once per hook)."""
 
     job_id: str
     uid: int  # -1: unknown
@@ -109,34 +108,12 @@ class JobEnv:
     qos: str  # "" when this Slurm version does not export it
     gpus: Tuple[int, ...]  # SLURM_JOB_GPUS: the job's GPU GRES indices on this node
     restart_count: int
-    spank: Dict[str, str]
+    spank: Dict[str, str] = field(default_factory=dict)
     #: One line per SPANK option value the validator refused: the prolog refuses the job
     #: with these (and a record), it never runs it without them.
-    option_problems: Tuple[str, ...]
+    option_problems: Tuple[str, ...] = ()
     #: SLURM_JOB_WORK_DIR: where the job's own files (its events file) belong; "" if unknown.
-    work_dir: str
-
-    def __init__(
-        self, job_id: str, uid: int, user: str, node: str, partition: str, account: str,
-        qos: str, gpus: Tuple[int, ...], restart_count: int,
-        spank: Optional[Dict[str, str]] = None, option_problems: Tuple[str, ...] = (),
-        work_dir: str = "",
-    ) -> None:
-        self.job_id = job_id
-        self.uid = uid
-        self.user = user
-        self.node = node
-        self.partition = partition
-        self.account = account
-        self.qos = qos
-        self.gpus = tuple(gpus)
-        self.restart_count = restart_count
-        self.spank = dict(spank or {})
-        self.option_problems = tuple(option_problems)
-        self.work_dir = work_dir
-
-    def __repr__(self) -> str:
-        return f"JobEnv(job {self.job_id} on {self.node}, attempt {self.restart_count})"
+    work_dir: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
@@ -170,7 +147,7 @@ class JobEnv:
         )
 
 
-class JobEnvironment:
+class JobEnvironment(Value, eq=True):
     """The job as a task sees it (``slurmiso run``): what the wrapper needs, read once.
 
     Like submitit's environment object, it is injected (tests describe a job with a dict).
@@ -179,27 +156,12 @@ class JobEnvironment:
     (hooks/requeue.py says why that matters).
     """
 
-    __slots__ = ("job_id", "restart_count", "procid", "node", "events_file", "epilog_requeue")
-
-    def __init__(self, job_id: str = "", restart_count: int = 0, procid: int = 0,
-                 node: str = "", events_file: str = "", epilog_requeue: bool = False) -> None:
-        self.job_id = job_id
-        self.restart_count = restart_count
-        self.procid = procid
-        self.node = node
-        self.events_file = events_file
-        self.epilog_requeue = epilog_requeue
-
-    def __repr__(self) -> str:
-        return (f"JobEnvironment(job_id={self.job_id!r}, restart_count={self.restart_count}, "
-                f"procid={self.procid}, node={self.node!r}, events_file={self.events_file!r}, "
-                f"epilog_requeue={self.epilog_requeue})")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, JobEnvironment) and all(
-            getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    __hash__ = None  # type: ignore[assignment]
+    job_id: str = ""
+    restart_count: int = 0
+    procid: int = 0
+    node: str = ""
+    events_file: str = ""
+    epilog_requeue: bool = False
 
     @property
     def in_slurm(self) -> bool:
