@@ -270,8 +270,7 @@ class Aggregator:
             if len(stats.long_job_ids) < _MAX_IDS:
                 stats.long_job_ids.append(job)
         if state == "PREEMPTED" and not (
-                start is not None and end is not None
-                and self.digest.ended_by_itself_within(job, start, end)):
+                start is not None and self.digest.confirmed_unpreempted(job, start)):
             lost = self._preemption(job, user, cls, stats, gpus, lo, hi)
             for who in (who_u, who_a):
                 who.preemptions += 1

@@ -26,21 +26,24 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.audit.quantiles import LogHistogram
-from slurmiso.state.journal import parse_ts
+from slurmiso.audit.sacct import parse_time
+from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
 #: Journal events the audit reads (passed to ``read_journals`` so the rest is skipped early).
 EVENTS = {
     "prolog", "job-end", "reconcile", "mps-user-conflict", "preempt-signal",
     "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined", "requeue-closed",
-    "resume", "monitor-action",
+    "resume", "monitor-action", "not-preempted",
 }
 _MAX_IDS = 50
 #: event -> the only ``source`` it may carry (None: the hooks, which write no source).
 WRITER: Dict[str, Optional[str]] = {
     "prolog": None, "job-end": None, "reconcile": None, "mps-user-conflict": None,
-    "monitor-action": "monitor",
-    "preempt-signal": "job", "checkpoint-start": "job", "checkpoint-end": "job",
-    "requeue": "job", "requeue-declined": "job", "requeue-closed": "job", "resume": "job",
+    "not-preempted": None,
+    "monitor-action": MONITOR_SOURCE,
+    **{event: JOB_SOURCE for event in (
+        "preempt-signal", "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined",
+        "requeue-closed", "resume")},
 }
 
 
@@ -77,9 +80,10 @@ class JournalDigest:
     preempt_signals: Counter = field(default_factory=Counter)
     #: job -> sorted Unix times the wrapper saw a *preemption* signal (not a time limit)
     preempted_at: Dict[str, List[float]] = field(default_factory=dict)
-    #: job -> sorted Unix times its program ended by itself after a requeue (the wrapper's
-    #: requeue-closed: Slurm 24.05+ names such a finished attempt PREEMPTED)
-    ended_at: Dict[str, List[float]] = field(default_factory=dict)
+    #: job -> sorted Start times (Unix) of attempts slurmctld confirmed unpreempted to the
+    #: epilog (``not-preempted``, root): Slurm 24.05+ names such a finished attempt PREEMPTED.
+    #: The wrapper's own ``requeue-closed`` line is only its claim and counts for nothing.
+    unpreempted_starts: Dict[str, List[float]] = field(default_factory=dict)
     requeues: Counter = field(default_factory=Counter)  # by reason
     requeued_jobs: set = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
@@ -134,8 +138,10 @@ class JournalDigest:
         elif event == "requeue":
             self.requeues[str(rec.get("reason", "?"))] += 1
             self.requeued_jobs.add(job)
-        elif event == "requeue-closed":
-            bisect.insort(self.ended_at.setdefault(job, []), _ts(rec))
+        elif event == "not-preempted":
+            start = parse_time(str(rec.get("start", ""))[:40])
+            if start is not None:
+                bisect.insort(self.unpreempted_starts.setdefault(job, []), start)
         elif event == "requeue-declined":
             if len(self.requeue_declined) < _MAX_IDS:
                 self.requeue_declined.append((job, str(rec.get("reason", ""))))
@@ -219,10 +225,14 @@ class JournalDigest:
         wrapper requeued itself shows REQUEUED in sacct, not PREEMPTED)."""
         return _within(self.preempted_at.get(job), start, end)
 
-    def ended_by_itself_within(self, job: str, start: float, end: float) -> bool:
-        """Whether ``job``'s program ended by itself during ``[start, end]`` (Slurm 24.05+
-        names that attempt PREEMPTED when an earlier one was preempted: not a preemption)."""
-        return _within(self.ended_at.get(job), start, end)
+    def confirmed_unpreempted(self, job: str, start: float) -> bool:
+        """Whether slurmctld told the epilog that ``job``'s attempt that began at ``start`` was
+        not preempted (Slurm 24.05+ names it PREEMPTED when an earlier attempt was)."""
+        times = self.unpreempted_starts.get(job)
+        if not times:
+            return False
+        i = bisect.bisect_left(times, start - _SACCT_SLACK_S)
+        return i < len(times) and times[i] <= start + _SACCT_SLACK_S
 
     def made_progress(self, job: str) -> bool:
         """Whether journals show the job moving forward across its attempts."""

@@ -493,8 +493,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         if len(states) < _CACHE:
                             states[text] = state
                     if state == "PREEMPTED" and not (
-                            start is not None and end is not None
-                            and digest.ended_by_itself_within(job_id, start, end)):
+                            start is not None and digest.confirmed_unpreempted(job_id, start)):
                         # (24.05+ names an attempt that ended by itself PREEMPTED: digest.py)
                         lost = agg._preemption(job_id, user, cls, cs, gpus, lo, hi)
                         who_u.preemptions += 1

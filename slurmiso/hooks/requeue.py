@@ -16,7 +16,7 @@ and only for this attempt (``count`` must be the restart count plus one).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 from slurmiso.slurm.jobenv import EPILOG_REQUEUE
 
@@ -27,6 +27,8 @@ BY_EPILOG = "epilog"
 #: The environment variable the prolog sets to say this epilog honours the request.
 ENV_FLAG = EPILOG_REQUEUE
 TIMEOUT_S = 5.0
+#: What squeue prints for a time Slurm never set (a job slurmctld has not preempted).
+UNSET_TIMES = frozenset({"N/A", "None", "Unknown", "NOT_SET"})
 
 Runner = Callable[[str, Sequence[str]], Any]
 
@@ -68,3 +70,51 @@ def requeue_job(job_id: str, run: Optional[Runner] = None) -> Optional[str]:
     except SlurmError as exc:
         return f"scontrol requeue {job_id} failed: {exc}"
     return None
+
+
+def closed_claimed(records: Iterable[Any], restart_count: Any) -> bool:
+    """Whether the job's own events say its program ended by itself in this attempt and the
+    wrapper turned the job's Requeue off (``requeue-closed``, wrapper/supervisor.py).
+
+    A claim only: the audit believes it once :func:`check_not_preempted` has asked slurmctld."""
+    if isinstance(restart_count, bool) or not isinstance(restart_count, int):
+        return False
+    for rec in records:
+        fields = getattr(rec, "fields", {})
+        count = fields.get("restart_count")
+        if (getattr(rec, "event", "") == "requeue-closed" and fields.get("ok") is True
+                and type(count) is int and count == restart_count):
+            return True
+    return False
+
+
+def check_not_preempted(job_id: str, facts: Optional[Callable[[str], Any]] = None
+                        ) -> Optional[Dict[str, str]]:
+    """The facts, as root learns them from slurmctld, that this attempt ended unpreempted:
+    None unless slurmctld shows no preemption time for it and its Requeue off.
+
+    Slurm 24.05+ names an attempt PREEMPTED when an *earlier* attempt was (its grace mark
+    survives the requeue) although the program ended by itself. slurmctld clears a job's
+    ``PreemptTime`` at each requeue (``batch_requeue_fini``) and sets it when it preempts, and
+    keeps it until the epilogs are done: so during this epilog an unset ``PreemptTime`` means
+    this attempt was not preempted. The job's user can set neither; the events file, which
+    they can write, is never the evidence.
+    """
+    if facts is None:
+        from slurmiso.slurm.client import SlurmCli
+
+        cli = SlurmCli(timeout=TIMEOUT_S)
+
+        def facts(job: str) -> Any:
+            return cli.job_fields(job, ("PreemptTime", "StartTime", "RestartCnt", "Requeue"))
+
+    from slurmiso.errors import SlurmError
+
+    try:
+        info = facts(job_id)
+    except SlurmError as exc:
+        log.info("job %s: slurmctld did not confirm an unpreempted end: %s", job_id, exc)
+        return None
+    if not info or info.get("PreemptTime") not in UNSET_TIMES or info.get("Requeue") != "0":
+        return None
+    return {"start": info.get("StartTime", ""), "restarts": info.get("RestartCnt", "")}

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from slurmiso.errors import GpuError, JobProblem, NodeFault, SlurmError, SlurmisoError
 from slurmiso.isolation.base import PREPARING, READY, REFUSED, RELEASING, Context, handler_for
@@ -144,12 +144,16 @@ def _job_qos(ctx: Context) -> str:
     from slurmiso.slurm.client import SlurmCli
 
     try:
-        return SlurmCli(timeout=QOS_LOOKUP_TIMEOUT_S).show_job(ctx.job_id).get("QOS", "")
+        facts = SlurmCli(timeout=QOS_LOOKUP_TIMEOUT_S).job_fields(ctx.job_id, ("QOS",))
     except SlurmError as exc:
         raise JobProblem(
             f"cannot learn the job's QoS to pick its class: {exc}",
             hint="resubmit when slurmctld answers",
         ) from None
+    if facts is None:
+        raise JobProblem("cannot learn the job's QoS to pick its class: slurmctld does not "
+                         "list the job", hint="resubmit when slurmctld answers")
+    return facts["QOS"]
 
 
 def prolog(ctx: Context, env: Mapping[str, str]) -> None:
@@ -299,24 +303,40 @@ def _open_events_file(ctx: Context) -> None:
     ctx.set_env(ENV_FLAG, "1")  # this epilog requeues on the wrapper's request (hooks/requeue.py)
 
 
-def _fold_events(ctx: Context) -> bool:
+def _fold_events(ctx: Context) -> List[Any]:
     """Copy the job's own report into the journal, as user data: bounded, allow-listed event
-    names, scalar fields only, never passed as keyword arguments, marked ``source: user``.
-    Returns whether the job's wrapper asked the epilog to requeue this attempt."""
+    names, scalar fields only, never passed as keyword arguments, marked ``source: job``.
+    Returns what was folded (``UserEvent``s: hooks/events.py)."""
     from slurmiso.hooks import events
-    from slurmiso.hooks.requeue import requested
+    from slurmiso.state.journal import JOB_SOURCE
 
     path = ctx.record.events_file
     if not path:
-        return False
+        return []
     folded = events.fold(path, ctx.env.uid)
     for rec in folded.records:
         fields = dict(rec.fields)
-        fields.update(source="user", job=ctx.job_id, job_ts=rec.ts)
+        fields.update(source=JOB_SOURCE, job=ctx.job_id, job_ts=rec.ts)
         ctx.journal.append_fields(rec.event, fields)
     if folded.dropped:
         ctx.warn(f"dropped {folded.dropped} line(s) of the job's events file: {folded.why}")
-    return requested(folded.records, ctx.record.restart_count)
+    return list(folded.records)
+
+
+def _journal_unpreempted_end(ctx: Context, reported: List[Any]) -> None:
+    """Where the job says its program ended by itself after a requeue (Slurm 24.05+ would
+    call the attempt PREEMPTED), ask slurmctld, as root, and journal what it confirms."""
+    from slurmiso.hooks.requeue import check_not_preempted, closed_claimed
+
+    if not closed_claimed(reported, ctx.record.restart_count):
+        return
+    facts = check_not_preempted(ctx.job_id)
+    if facts is None:
+        log.info("job %s: its report of an unpreempted end is not confirmed by slurmctld; "
+                 "the audit counts the attempt as Slurm recorded it", ctx.job_id)
+        return
+    ctx.journal.append("not-preempted", job=ctx.job_id, node=ctx.env.node,
+                       restart_count=ctx.record.restart_count, start=facts["start"])
 
 
 def _fence(ctx: Context, refused: bool) -> None:
@@ -374,7 +394,11 @@ def epilog(ctx: Context) -> None:
     # The requeue a preempted job's wrapper asked for, before the teardown: a teardown that
     # fails (node fault) must not also lose the job (see hooks/requeue.py).
     requeue: Dict[str, Any] = {}
-    if _fold_events(ctx):
+    from slurmiso.hooks.requeue import requested
+
+    reported = _fold_events(ctx)
+    _journal_unpreempted_end(ctx, reported)
+    if requested(reported, ctx.record.restart_count):
         from slurmiso.hooks.requeue import requeue_job
 
         why = requeue_job(ctx.job_id)
@@ -438,20 +462,21 @@ def _earlier_attempts_epilog(ctx: Context, record: JobRecord) -> bool:
 
 def attempt_running(job_id: str, node: str, attempt: int) -> Optional[bool]:
     """Whether slurmctld says attempt ``attempt`` of the job runs on ``node`` (None: unknown)."""
-    from slurmiso.hostlist import expand
     from slurmiso.slurm.client import SlurmCli
     from slurmiso.slurm.jobenv import whole_number
 
     try:
-        info = SlurmCli(timeout=QOS_LOOKUP_TIMEOUT_S).show_job(job_id)
+        info = SlurmCli(timeout=QOS_LOOKUP_TIMEOUT_S).job_fields(
+            job_id, ("State", "RestartCnt"), node=node)
     except SlurmError as exc:
         log.warning("job %s: slurmctld did not say whether it still runs: %s", job_id, exc)
         return None
-    restarts = whole_number(info.get("Restarts"), -1, 10**6)
-    if restarts < 0 or not info.get("JobState"):
+    if info is None:
+        return False  # not on this node any more, or slurmctld has forgotten the job
+    restarts = whole_number(info["RestartCnt"], -1, 10**6)
+    if restarts < 0:
         return None
-    return (info["JobState"] in ("RUNNING", "SUSPENDED", "CONFIGURING")
-            and restarts == attempt and node in expand(info.get("NodeList", "")))
+    return info["State"] in ("RUNNING", "SUSPENDED", "CONFIGURING") and restarts == attempt
 
 
 def _check_nothing_left(ctx: Context) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from slurmiso.errors import SlurmisoError, SlurmUnavailable
 from slurmiso.hostlist import compress
 from slurmiso.monitor.policy import JOB_KINDS, Action
+from slurmiso.state.journal import MONITOR_SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +221,8 @@ class Applier:
 
     def _journal(self, out: Outcome, dry_run: bool) -> None:
         act = out.action
-        fields: Dict[str, Any] = {"source": "monitor", "action": act.kind, "target": act.target,
-                                  "reason": act.reason, "dry_run": dry_run,
+        fields: Dict[str, Any] = {"source": MONITOR_SOURCE, "action": act.kind,
+                                  "target": act.target, "reason": act.reason, "dry_run": dry_run,
                                   "details": act.details, "ok": out.ok}
         if out.error:
             fields["error"] = out.error

@@ -29,6 +29,7 @@ from slurmiso.monitor.apply import Applier, Outcome
 from slurmiso.monitor.decide import decide, failed, intent_of
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import Snapshot
+from slurmiso.state.journal import MONITOR_SOURCE
 from slurmiso.state.lock import FileLock, LockTimeout
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class Monitor:
         if journal is None:
             return
         try:
-            journal.append("monitor-unknown", source="monitor", dry_run=self.dry_run,
+            journal.append("monitor-unknown", source=MONITOR_SOURCE, dry_run=self.dry_run,
                            unknown=dict(memory.unknown_since), reasons=dict(snap.unknown),
                            errors=list(snap.errors[:20]))
         except OSError as exc:

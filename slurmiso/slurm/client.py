@@ -109,13 +109,21 @@ def parse_kv_line(line: str) -> Dict[str, str]:
     return out
 
 
+#: ``squeue -O`` fields :meth:`SlurmCli.job_fields` may ask for: values Slurm makes itself,
+#: never blank and never with spaces (names an admin defines, states, counts, times).
+JOB_FIELDS = frozenset({"JobID", "State", "QOS", "Partition", "Account", "StartTime",
+                        "PreemptTime", "RestartCnt", "Requeue"})
+_FIELD_WIDTH = 64
+
+
 class SlurmCli:
     """Thin runner of Slurm commands."""
 
     def __init__(self, timeout: float = 10.0) -> None:
         self.timeout = timeout
 
-    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+            env: Optional[Mapping[str, str]] = None) -> str:
         argv = [find_command(cmd), *args]
         try:
             proc = subprocess.run(
@@ -124,6 +132,7 @@ class SlurmCli:
                 text=True,
                 timeout=timeout or self.timeout,
                 check=False,
+                env=None if env is None else dict(env),
             )
         except subprocess.TimeoutExpired:
             raise SlurmUnavailable(
@@ -171,12 +180,44 @@ class SlurmCli:
                 out[fields[key]] = fields
         return out
 
-    def show_job(self, job_id: str, timeout: Optional[float] = None) -> Dict[str, str]:
-        out = self.run("scontrol", ["show", "job", "-o", str(job_id)], timeout)
-        line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
-        if not line:
-            raise SlurmError(f"scontrol show job {job_id}: no such job")
-        return parse_kv_line(line)
+    def job_fields(self, job_id: str, fields: Sequence[str], node: Optional[str] = None,
+                   timeout: Optional[float] = None) -> Optional[Dict[str, str]]:
+        """Slurm's own fields of one job (``squeue -O``), or None when slurmctld does not list
+        it (on ``node``, when given).
+
+        Never ``scontrol show job -o`` for a decision: it prints text the job's user chose
+        (``Comment``, ``WorkDir``, ``StdOut``, ``Command``) unquoted among Slurm's own keys,
+        after ``QOS`` and ``JobState``, so a job submitted with ``--comment "x QOS=infer"``
+        reads as QoS infer. squeue prints only the fields asked for (:data:`JOB_FIELDS`, none
+        of them user text), each padded to a fixed width; the environment is one that no
+        ``SQUEUE_*`` setting filters and whose times have no spaces.
+        """
+        unknown = [f for f in fields if f not in JOB_FIELDS]
+        if unknown or not fields:
+            raise ValueError(f"not a squeue field of Slurm's own: {unknown or 'none'}")
+        if not str(job_id).isdigit():
+            raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
+        args = ["-h", "-t", "all", "-j", str(job_id),
+                "-O", ",".join(f"{f}:{_FIELD_WIDTH}" for f in fields)]
+        if node is not None:
+            args += ["-w", node]
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("SQUEUE_") and k not in ("SLURM_CLUSTERS", "SLURM_TIME_FORMAT")}
+        env["SLURM_TIME_FORMAT"] = "standard"
+        try:
+            out = self.run("squeue", args, timeout, env=env)
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None  # slurmctld no longer holds the job (MinJobAge)
+            raise
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        if not lines:
+            return None
+        values = lines[0].split()
+        if (len(lines) > 1 or len(values) != len(fields)
+                or any(len(v) >= _FIELD_WIDTH for v in values)):
+            raise SlurmError(f"squeue -j {job_id}: unexpected output {out[:200]!r}")
+        return dict(zip(fields, values))
 
     def show_node(self, node: str, timeout: Optional[float] = None) -> Dict[str, str]:
         out = self.run("scontrol", ["show", "node", "-o", node], timeout)

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 _RESERVED = ("ts", "host", "event")
+#: ``source`` of the lines a job's wrapper reports, folded in by the epilog (hooks/events.py);
+#: the hooks' own lines carry no source, the monitor's :data:`MONITOR_SOURCE`.
+JOB_SOURCE = "job"
+MONITOR_SOURCE = "monitor"
 #: Where a record begins; lets a reader recover a record glued to the tail of a torn one.
 _RECORD_START = b'{"ts":'
 

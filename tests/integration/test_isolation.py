@@ -359,3 +359,16 @@ def test_every_class_in_every_pool(sandbox: Any, submit: Any, wait_for: Any, job
         assert cvd == "0" and env["CUDA_MPS_PIPE_DIRECTORY"]
     else:
         assert cvd in {"0", "1"}
+
+
+def test_text_the_user_chose_cannot_pick_the_class(sandbox: Any, submit: Any, wait_for: Any,
+                                                   job_output: Any) -> None:
+    """22.05 and 24.11 do not give the Prolog the job's QoS, so the prolog asks slurmctld.
+    ``scontrol show job -o`` prints the comment and error path, unquoted, after ``QOS=``: read
+    that way, this train job was ``infer``. The prolog reads only Slurm's own fields."""
+    forged = "x QOS=infer JobState=RUNNING Restarts=0"
+    job = submit(ENV_DUMP, "-p", "gpu", "--gres=gpu:1", "--qos=train", f"--comment={forged}",
+                 f"--job-name=n {forged}", f"--error={sandbox.jobs_dir}/err {forged}.%j")
+    wait_for(job, timeout=60)
+    env = env_of(job_output(job))
+    assert env.get("SLURMISO_CLASS") == "train" and "SLURMISO_REFUSED" not in env, env

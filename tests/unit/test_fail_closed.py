@@ -40,7 +40,7 @@ def test_qos_lookup_that_times_out_refuses_the_job_with_a_record(
     cfg = write_config(tmp, "exclusive")
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    fake = bindir / "scontrol"
+    fake = bindir / "squeue"
     fake.write_text("#!/bin/sh\nexec sleep 30\n")
     fake.chmod(0o755)
     monkeypatch.setenv("SLURMISO_SLURM_BIN", str(bindir))

@@ -12,6 +12,7 @@ import pytest
 from slurmiso.hooks import events
 from slurmiso.hooks.runner import run_hook
 from slurmiso.state import Journal
+from slurmiso.state.journal import JOB_SOURCE
 from tests.unit.test_hooks_runner import Drains, job_env, journal, state, write_config
 
 
@@ -48,11 +49,30 @@ def test_events_file_lives_in_the_jobs_work_dir_not_roots_state_dir(tmp_path: An
         fh.write('{"event": "requeue", "reason": "time-limit", "job": "999"}\n')
     _epilog(tmp, cfg, work)
     assert not os.path.exists(path)
-    folded = [e for e in journal(tmp) if e.get("source") == "user"]
+    folded = [e for e in journal(tmp) if e.get("source") == JOB_SOURCE]
     assert [e["event"] for e in folded] == ["checkpoint-end", "resume", "requeue"]
     assert all(e["job"] == "42" for e in folded)  # the job cannot speak for another job
     assert folded[0]["seconds"] == 1.5 and folded[1]["host"] != "x"
     assert folded[1]["job_ts"] == "2026-01-01T00:00:00.000Z"
+
+
+def test_the_audit_accepts_what_the_epilog_folds_as_the_jobs_report(tmp_path: Any) -> None:
+    """Producer and consumer agree on the writer: every line the epilog folds is read by the
+    audit as the job's own report, none rejected (they once disagreed: "user" vs "job")."""
+    from slurmiso.audit.digest import WRITER, JournalDigest
+
+    tmp, work = str(tmp_path), str(tmp_path / "home" / "job")
+    cfg = _prolog(tmp, work)
+    path = _events_path(tmp)
+    for event in sorted(events.USER_EVENTS):
+        Journal(path).append(event, ok=True)
+    _epilog(tmp, cfg, work)
+    digest = JournalDigest()
+    for rec in journal(tmp):
+        digest.add(rec)
+    assert digest.rejected == 0, digest.rejected_samples
+    assert digest.user_reported == len(events.USER_EVENTS)
+    assert {WRITER[e] for e in events.USER_EVENTS} == {JOB_SOURCE}
 
 
 def test_no_work_dir_means_no_events_file_and_a_warning(tmp_path: Any) -> None:
@@ -103,7 +123,7 @@ def test_hostile_lines_are_dropped_with_a_count_and_never_drain(tmp_path: Any) -
     names = [e["event"] for e in recs]
     assert names.count("job-end") == 1 and names.count("prolog") == 1
     assert "monitor-action" not in names and "x" not in names
-    user = [e for e in recs if e.get("source") == "user"]
+    user = [e for e in recs if e.get("source") == JOB_SOURCE]
     assert [(e["event"], e.get("attempt"), e.get("self")) for e in user] == [
         ("checkpoint-end", None, 1), ("resume", None, None), ("resume", 2, None)
     ]
@@ -126,7 +146,7 @@ def test_oversized_file_is_read_only_up_to_the_cap(tmp_path: Any) -> None:
     with open(path, "w") as fh:
         fh.write(line * (3 * events.MAX_BYTES // len(line)))
     _epilog(tmp, cfg, work)
-    user = [e for e in journal(tmp) if e.get("source") == "user"]
+    user = [e for e in journal(tmp) if e.get("source") == JOB_SOURCE]
     assert len(user) == events.MAX_RECORDS
     assert not os.path.exists(path)
 

@@ -10,7 +10,7 @@ left (instances, records, claims, fence files).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import pytest
 
@@ -131,28 +131,47 @@ def test_an_epilog_of_an_older_count_never_touches_the_record(tmp_path: Any,
     assert _hook("epilog", tmp, cfg, 1) == 0 and leftovers(tmp) == []
 
 
-@pytest.mark.parametrize("info, expect", [
-    ({"JobState": "RUNNING", "Restarts": "1", "NodeList": "node[1-2]"}, True),
-    ({"JobState": "CONFIGURING", "Restarts": "1", "NodeList": "node1"}, True),
-    ({"JobState": "COMPLETING", "Restarts": "1", "NodeList": "node1"}, False),
-    ({"JobState": "PENDING", "Restarts": "2", "NodeList": "(null)"}, False),
-    ({"JobState": "RUNNING", "Restarts": "2", "NodeList": "node1"}, False),  # a later attempt
-    ({"JobState": "RUNNING", "Restarts": "1", "NodeList": "node[2-3]"}, False),
-    ({"JobState": "RUNNING", "NodeList": "node1"}, None),  # no Restarts: cannot tell
-])
-def test_attempt_running_reads_scontrol(monkeypatch: Any, info: Dict[str, str],
-                                        expect: Optional[bool]) -> None:
+def _squeue(monkeypatch: Any, out: str, seen: Optional[List[Sequence[str]]] = None) -> None:
+    """slurmctld's answer as squeue prints it (each field padded to its width)."""
     from slurmiso.slurm import client
 
-    monkeypatch.setattr(client.SlurmCli, "show_job", lambda self, job_id, timeout=None: info)
+    def run(self: Any, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+            env: Any = None) -> str:
+        assert cmd == "squeue" and env is not None and env["SLURM_TIME_FORMAT"] == "standard"
+        if seen is not None:
+            seen.append(list(args))
+        return out
+
+    monkeypatch.setattr(client.SlurmCli, "run", run)
+
+
+def _row(*values: str) -> str:
+    return "".join(v.ljust(64) for v in values) + "\n"
+
+
+@pytest.mark.parametrize("out, expect", [
+    (_row("RUNNING", "1"), True),
+    (_row("CONFIGURING", "1"), True),
+    (_row("COMPLETING", "1"), False),
+    (_row("RUNNING", "2"), False),  # a later attempt
+    ("", False),  # squeue -w node1 lists it not: not on this node, or forgotten
+    (_row("RUNNING"), None),  # no restart count: cannot tell, never guessed
+    (_row("RUNNING", "1") + _row("RUNNING", "1"), None),  # two rows for one id
+])
+def test_attempt_running_reads_squeue(monkeypatch: Any, out: str,
+                                      expect: Optional[bool]) -> None:
+    seen: List[Sequence[str]] = []
+    _squeue(monkeypatch, out, seen)
     assert runner.attempt_running("42", "node1", 1) is expect
+    assert seen and seen[0][-2:] == ["-w", "node1"] and "42" in seen[0]
 
 
 def test_attempt_running_is_unknown_when_slurmctld_fails(monkeypatch: Any) -> None:
     from slurmiso.slurm import client
 
-    def fail(self: Any, job_id: str, timeout: Optional[float] = None) -> Dict[str, str]:
-        raise SlurmError("scontrol: timed out")
+    def fail(self: Any, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+             env: Any = None) -> str:
+        raise SlurmError("squeue: timed out")
 
-    monkeypatch.setattr(client.SlurmCli, "show_job", fail)
+    monkeypatch.setattr(client.SlurmCli, "run", fail)
     assert runner.attempt_running("42", "node1", 1) is None
