@@ -7,6 +7,7 @@ never runs into a test session.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -156,7 +157,7 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float =
 
     work = tempfile.mkdtemp(prefix="wrapper-", dir=sbx.jobs_dir)
     os.chmod(work, 0o1777)
-    log, events = os.path.join(work, "steps.log"), os.path.join(work, "events.jsonl")
+    log = os.path.join(work, "steps.log")
     py, repo = sbx.job_python, sbx.job_pythonpath  # in the job: the root's in a root sandbox
     # shipped in slurmiso-sandbox: the demo runs from the installed packages too
     workload = os.path.join(repo, "slurmiso_sandbox", "train_counter.py")
@@ -169,16 +170,19 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float =
             return []
 
     def records() -> List[Dict[str, Any]]:
-        try:
-            with open(events) as fh:
-                return [json.loads(x) for x in fh if x.strip()]
-        except FileNotFoundError:
-            return []
+        """The job's lines in the node journals, as production has them: its wrapper's report,
+        folded in by each attempt's epilog (``source: job``), and the hooks' own lines."""
+        from slurmiso.state.journal import Journal
+
+        found: List[Dict[str, Any]] = []
+        for path in sorted(glob.glob(sbx.path("log", "journal-*.jsonl"))):
+            found += [e for e in Journal(path).read() if e.get("job") == job]
+        return sorted(found, key=lambda e: str(e.get("ts", "")))
 
     script = (
         "#!/bin/bash\n"
         f"export PYTHONPATH={repo}\n"
-        f"srun {py} -m slurmiso run --ckpt-dir {work}/ckpt --events {events} -- "
+        f"srun {py} -m slurmiso run --ckpt-dir {work}/ckpt -- "
         f"{py} {workload} --steps {steps} --step-time {step_time} --log {log}\n"
     )
     job = sbx.submit(script, "--qos=train", "--requeue", "-p", "gpu", "--gres=gpu:2",
@@ -243,7 +247,7 @@ def final_states(sbx: SandboxClient) -> Tuple[str, ...]:
 
 def step_preemption(sbx: SandboxClient) -> str:
     r = preemption_scenario(sbx)
-    ckpts = [e for e in r["events"] if e["event"] == "checkpoint-end"]
+    ckpts = [e for e in r["events"] if e["event"] == "checkpoint-end" and e.get("source")]
     _say(f"  training job {r['job']}: restarts={r['restarts']}, checkpoints "
          + ", ".join(f"{e.get('duration_s', 0):.2f}s" for e in ckpts)
          + f"; inference waited {r['infer_waits_s']} s to start")

@@ -31,7 +31,9 @@ def test_train_job_preempted_three_times_loses_nothing(sandbox) -> None:
     # before 24.05: COMPLETED; from 24.05 (the wrapper turned Requeue off) PREEMPTED where
     # Slurm kept its grace mark (24.11.5, measured), COMPLETED where it did not
     assert r["state"] in r["final_states"], r["state"]
-    recs = r["events"]
+    recs = r["events"]  # the node journals: each attempt's epilog folded its wrapper's report
+    assert all(e.get("source") == "job" for e in recs if e["event"] in (
+        "checkpoint-end", "resume", "requeue", "requeue-closed")), recs
     ends = [e for e in recs if e["event"] == "checkpoint-end"]
     assert len(ends) == 3 and all(e["ok"] for e in ends), ends
     assert [e["restart_count"] for e in recs if e["event"] == "resume"] == [1, 2, 3]
@@ -53,11 +55,9 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     sacct.write_text(sandbox.cmd("sacct", "-a", "-D", "-S", "now-1hour", "-j", r["job"], "-P",
                                  "--format=" + ",".join(known_fields(
                                      sandbox.cmd("sacct", "--helpformat")))))
-    events = tmp_path / "events.jsonl"
-    # as the epilog folds them into the node's journal: the job's own report (source job)
-    events.write_text("".join(json.dumps(dict(e, source="job")) + "\n" for e in r["events"]))
-    cp = sandbox.slurmiso("audit", "--sacct-file", str(sacct), "--journal", str(events),
-                          "--format", "json")
+    # the node journals as the hooks left them: nothing rewritten for the audit
+    cp = sandbox.slurmiso("audit", "--sacct-file", str(sacct), "--journal",
+                          sandbox.path("log", "journal-*.jsonl"), "--format", "json")
     assert cp.returncode in (0, 1), cp.stderr
     train = json.loads(cp.stdout)["classes"]["train"]
     # the wrapper requeued each attempt itself (REQUEUED, not PREEMPTED): the preemptions
@@ -65,9 +65,14 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     assert (train["jobs"], train["preemptions_user_reported"], train["requeues"]) == (1, 3, 3), \
         train
     # from 24.05 Slurm names the finished last attempt PREEMPTED (its grace mark, versions.py
-    # grace_preempt_sticky, exit 0:0); the wrapper's requeue-closed line tells the audit it
-    # ended by itself: no preemption, no lost work
+    # grace_preempt_sticky, exit 0:0). The wrapper's requeue-closed line is only its claim;
+    # the epilog had slurmctld confirm it (no PreemptTime, Requeue off) and journalled that
+    # as root: no preemption, no lost work
     assert r["exit_code"] == "0:0" and r["state"] in r["final_states"], r["state"]
+    confirmed = [e for e in r["events"] if e["event"] == "not-preempted"]
+    if r["state"] == "PREEMPTED":
+        assert len(confirmed) == 1 and "source" not in confirmed[0], confirmed
+    assert json.loads(cp.stdout)["inputs"]["journal_rejected"] == 0, cp.stdout[:2000]
     assert train["preemptions"] == 0, train
     assert train["lost_gpu_hours_estimated"] == 0, train  # every preemption had a checkpoint
     assert 0 <= train["lost_gpu_hours"] < 0.01, train
