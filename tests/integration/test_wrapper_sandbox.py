@@ -55,9 +55,19 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     sacct.write_text(sandbox.cmd("sacct", "-a", "-D", "-S", "now-1hour", "-j", r["job"], "-P",
                                  "--format=" + ",".join(known_fields(
                                      sandbox.cmd("sacct", "--helpformat")))))
-    # the node journals as the hooks left them: nothing rewritten for the audit
-    cp = sandbox.slurmiso("audit", "--sacct-file", str(sacct), "--journal",
-                          sandbox.path("log", "journal-*.jsonl"), "--format", "json")
+    # this job's lines of the node journals, byte for byte as the hooks wrote them (the
+    # journals also hold earlier runs' jobs)
+    import glob
+
+    mine = []
+    for path in sorted(glob.glob(sandbox.path("log", "journal-*.jsonl"))):
+        with open(path, encoding="utf-8") as fh:
+            mine += [line for line in fh if json.loads(line).get("job") == r["job"]]
+    assert mine
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("".join(mine))
+    cp = sandbox.slurmiso("audit", "--sacct-file", str(sacct), "--journal", str(journal),
+                          "--format", "json")
     assert cp.returncode in (0, 1), cp.stderr
     train = json.loads(cp.stdout)["classes"]["train"]
     # the wrapper requeued each attempt itself (REQUEUED, not PREEMPTED): the preemptions
