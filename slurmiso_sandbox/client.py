@@ -37,6 +37,11 @@ def hostlist_ints(text: str) -> List[int]:
     return out
 
 
+#: ``scontrol show job`` keys whose value is the submitter's text, alone on their line
+_USER_TEXT = frozenset({"Command", "WorkDir", "Comment", "AdminComment", "SystemComment",
+                        "StdErr", "StdIn", "StdOut", "MailUser", "Container", "Reservation"})
+
+
 class SandboxClient:
     """The running sandbox: its paths, the environment for Slurm clients, job helpers."""
 
@@ -120,13 +125,28 @@ class SandboxClient:
         return lines[-1] if lines else "UNKNOWN"
 
     def job_fields(self, job_id: str) -> Dict[str, str]:
-        """``scontrol show job -o`` as a dict (empty when slurmctld forgot the job)."""
-        out = self.cmd("scontrol", "show", "job", "-o", job_id, check=False)
+        """``scontrol show job`` as a dict (empty when slurmctld forgot the job).
+
+        Read line by line, not from ``-o``: the job's name, command, paths and comment are
+        text its submitter chose, printed unquoted (a job named ``x JobState=RUNNING`` once
+        read as running). Slurm prints each of them last on its line (the name) or alone on
+        its own line, so each takes the rest of its line; the tests' own jobs use such names.
+        """
+        out = self.cmd("scontrol", "show", "job", job_id, check=False)
         fields: Dict[str, str] = {}
-        for tok in out.split():
-            key, sep, value = tok.partition("=")
-            if sep and key not in fields:
-                fields[key] = value
+        for line in out.splitlines():
+            text = line.strip()
+            key, sep, value = text.partition("=")
+            if sep and key in _USER_TEXT:
+                fields.setdefault(key, value)
+                continue
+            text, named, name = text.partition(" JobName=")
+            if named:
+                fields.setdefault("JobName", name)
+            for tok in text.split():
+                key, sep, value = tok.partition("=")
+                if sep and key not in fields:
+                    fields[key] = value
         return fields
 
     def slurm_version(self) -> Optional[Tuple[int, int, int]]:
