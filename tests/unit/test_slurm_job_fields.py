@@ -1,0 +1,73 @@
+"""``SlurmCli.job_fields``: the hooks' one way to ask slurmctld about a job, reading only
+fields Slurm makes itself (``scontrol show job -o`` prints the submitter's comment, paths and
+command unquoted after ``QOS=`` and ``JobState=``: measured on 22.05.8, a train job with
+``--comment "x QOS=infer JobState=RUNNING"`` read as QoS infer and RUNNING)."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import pytest
+
+from slurmiso.errors import SlurmError
+from slurmiso.slurm import client
+from slurmiso.slurm.client import JOB_FIELDS, SlurmCli, parse_kv_line
+
+
+def _answer(monkeypatch: Any, out: str = "", fail: str = "") -> List[Sequence[str]]:
+    seen: List[Sequence[str]] = []
+
+    def run(self: Any, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+            env: Any = None) -> str:
+        seen.append([cmd, *args])
+        assert env is not None and env["SLURM_TIME_FORMAT"] == "standard"
+        assert not any(k.startswith("SQUEUE_") for k in env)
+        if fail:
+            raise SlurmError(fail)
+        return out
+
+    monkeypatch.setattr(client.SlurmCli, "run", run)
+    return seen
+
+
+def test_the_old_reader_is_forged_by_a_comment_the_new_one_asks_no_user_text() -> None:
+    line = ("JobId=7 JobName=t UserId=u(1) GroupId=u(1) MCS_label=N/A Priority=1 Nice=0 "
+            "Account=a QOS=train JobState=PENDING Reason=None Command=(null) WorkDir=/w "
+            "Comment=x QOS=infer JobState=RUNNING StdErr=/w/e")
+    assert parse_kv_line(line)["QOS"] == "infer"  # why the hooks never read it
+    assert not JOB_FIELDS & {"JobName", "Comment", "WorkDir", "StdOut", "StdErr", "Command",
+                             "AdminComment", "Reason", "NodeList"}
+
+
+def test_fields_are_read_by_position(monkeypatch: Any) -> None:
+    seen = _answer(monkeypatch, "train".ljust(64) + "RUNNING".ljust(64) + "\n")
+    assert SlurmCli().job_fields("42", ("QOS", "State")) == {"QOS": "train", "State": "RUNNING"}
+    assert seen[0] == ["squeue", "-h", "-t", "all", "-j", "42", "-O", "QOS:64,State:64"]
+
+
+@pytest.mark.parametrize("out", [
+    "train\n",  # a field missing
+    "train RUNNING extra\n",  # a field too many
+    "x" * 64 + "RUNNING\n",  # a value as wide as its column: it may be cut
+    "train".ljust(64) + "RUNNING\n" + "infer".ljust(64) + "RUNNING\n",  # two rows
+])
+def test_odd_output_is_an_error_never_a_guess(monkeypatch: Any, out: str) -> None:
+    _answer(monkeypatch, out)
+    with pytest.raises(SlurmError):
+        SlurmCli().job_fields("42", ("QOS", "State"))
+
+
+def test_a_job_slurmctld_forgot_is_none(monkeypatch: Any) -> None:
+    _answer(monkeypatch, fail="squeue -j 42 failed: slurm_load_jobs error: Invalid job id "
+                              "specified")
+    assert SlurmCli().job_fields("42", ("State",)) is None
+    _answer(monkeypatch, "")
+    assert SlurmCli().job_fields("42", ("State",), node="n1") is None
+
+
+def test_only_slurms_own_fields_and_job_ids(monkeypatch: Any) -> None:
+    _answer(monkeypatch, "x\n")
+    with pytest.raises(ValueError):
+        SlurmCli().job_fields("42", ("Comment",))
+    with pytest.raises(SlurmError):
+        SlurmCli().job_fields("42 -u root", ("State",))
