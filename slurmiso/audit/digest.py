@@ -128,13 +128,13 @@ class JournalDigest:
         elif event == "checkpoint-start":
             self.checkpointing_jobs.add(job)
             grace = _float(rec.get("grace_s"))
-            self._pending_grace[job] = (_ts(rec), grace if grace is not None else -1.0)
+            self._pending_grace[job] = (_when(rec), grace if grace is not None else -1.0)
         elif event == "checkpoint-end":
             self._checkpoint_end(job, rec)
         elif event == "preempt-signal":
             self.preempt_signals[job] += 1
             if rec.get("cause", "preempted") == "preempted":
-                bisect.insort(self.preempted_at.setdefault(job, []), _ts(rec))
+                bisect.insort(self.preempted_at.setdefault(job, []), _when(rec))
         elif event == "requeue":
             self.requeues[str(rec.get("reason", "?"))] += 1
             self.requeued_jobs.add(job)
@@ -172,7 +172,7 @@ class JournalDigest:
         stats = self.checkpoints.setdefault(self.job_class.get(job, "unknown"), CheckpointStats())
         ok = rec.get("ok") is True
         if ok:
-            bisect.insort(self.checkpoints_ok.setdefault(job, []), _ts(rec))
+            bisect.insort(self.checkpoints_ok.setdefault(job, []), _when(rec))
         if rec.get("requested") is False:
             stats.periodic += 1
             return
@@ -182,7 +182,7 @@ class JournalDigest:
             stats.grace_s = grace
         duration = _float(rec.get("duration_s"))
         if duration is None and started:
-            duration = _ts(rec) - started
+            duration = _when(rec) - started
         if duration is not None and duration < 0:
             duration = None  # a clock step or a forged line: no figure rather than a wrong one
         if not ok:
@@ -255,6 +255,20 @@ def _ts(rec: Dict[str, Any]) -> float:
         return parse_ts(str(rec["ts"])).timestamp()
     except (KeyError, ValueError):
         return 0.0
+
+
+def _when(rec: Dict[str, Any]) -> float:
+    """When a job's own event happened: the wrapper's time (``job_ts``), which the epilog keeps
+    beside its own ``ts`` (when it folded the line in, after the job's end), never later than
+    that. Checkpoint and signal times must fall inside the attempt they belong to."""
+    folded = _ts(rec)
+    own = rec.get("job_ts")
+    if isinstance(own, str) and own:
+        try:
+            return min(parse_ts(own[:40]).timestamp(), folded)
+        except ValueError:
+            pass
+    return folded
 
 
 def _float(value: Any) -> Optional[float]:

@@ -75,6 +75,32 @@ def test_the_audit_accepts_what_the_epilog_folds_as_the_jobs_report(tmp_path: An
     assert {WRITER[e] for e in events.USER_EVENTS} == {JOB_SOURCE}
 
 
+def test_the_audit_places_folded_events_at_the_wrappers_time(tmp_path: Any) -> None:
+    """The epilog folds a job's report after the job's end; a checkpoint or a preemption
+    signal still belongs to the attempt it happened in (its ``job_ts``), so lost work is
+    measured from it (it once fell after every attempt: all of it counted as lost)."""
+    from slurmiso.audit.digest import JournalDigest
+    from slurmiso.state.journal import parse_ts
+
+    tmp, work = str(tmp_path), str(tmp_path / "home" / "job")
+    cfg = _prolog(tmp, work)
+    with open(_events_path(tmp), "w") as fh:
+        fh.write('{"ts": "2026-01-01T00:00:30.000Z", "event": "preempt-signal", '
+                 '"cause": "preempted"}\n')
+        fh.write('{"ts": "2026-01-01T00:00:40.000Z", "event": "checkpoint-end", "ok": true}\n')
+    _epilog(tmp, cfg, work)
+    digest = JournalDigest()
+    for rec in journal(tmp):
+        digest.add(rec)
+    t0 = parse_ts("2026-01-01T00:00:00.000Z").timestamp()
+    assert digest.preempted_within("42", t0, t0 + 60)
+    assert digest.last_checkpoint("42", t0, t0 + 60) == t0 + 40
+    digest = JournalDigest()  # a wrapper time after the fold is not believed
+    for rec in journal(tmp):
+        digest.add(dict(rec, job_ts="2099-01-01T00:00:00.000Z") if rec.get("job_ts") else rec)
+    assert digest.last_checkpoint("42", t0, t0 + 60) is None
+
+
 def test_no_work_dir_means_no_events_file_and_a_warning(tmp_path: Any) -> None:
     tmp = str(tmp_path)
     cfg = write_config(tmp, "exclusive")
