@@ -401,8 +401,8 @@ def epilog(ctx: Context) -> None:
     if requested(reported, ctx.record.restart_count):
         from slurmiso.hooks.requeue import requeue_job
 
-        why = requeue_job(ctx.job_id)
-        requeue = {"requeue": "failed" if why else "done"}
+        outcome, why = requeue_job(ctx.job_id)
+        requeue = {"requeue": outcome}
         if why:
             ctx.warn(f"the job's wrapper asked for a requeue and it failed: {why}")
     from slurmiso.isolation.lifecycle import teardown

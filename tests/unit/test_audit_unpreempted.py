@@ -169,3 +169,21 @@ def test_epilog_journals_only_what_slurmctld_confirms(monkeypatch: Any, tmp_path
     answer["PreemptTime"] = "2026-01-01T00:01:30"
     runner._journal_unpreempted_end(ctx, [claim])  # type: ignore[arg-type]
     assert len(lines) == 1
+
+
+def test_epilog_requeue_of_a_job_slurmctld_already_requeued_is_no_failure() -> None:
+    """24.05+ requeues a job preempted in its grace time itself; the epilog's request then
+    meets a pending job (measured on 24.11.5): fulfilled, not a warning."""
+    from slurmiso.hooks.requeue import ALREADY, DONE, requeue_job
+
+    def pending(cmd: str, args: Any) -> str:
+        raise SlurmError("scontrol requeue 7 failed: Job is pending execution for job 7")
+
+    def down(cmd: str, args: Any) -> str:
+        raise SlurmError("scontrol requeue 7 failed: Unable to contact slurm controller")
+
+    assert requeue_job("7", lambda cmd, args: "") == (DONE, None)
+    assert requeue_job("7", pending) == (ALREADY, None)
+    outcome, why = requeue_job("7", down)
+    assert outcome == "failed" and why is not None and "Unable to contact" in why
+    assert requeue_job("7; rm", lambda cmd, args: "")[0] == "failed"
