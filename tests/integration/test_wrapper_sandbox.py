@@ -80,15 +80,17 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     # as root: no preemption, no lost work
     assert r["exit_code"] == "0:0" and r["state"] in r["final_states"], r["state"]
     confirmed = [e for e in r["events"] if e["event"] == "not-preempted"]
-    if r["state"] == "PREEMPTED":
+    final_named_preempted = r["state"] == "PREEMPTED"
+    if final_named_preempted:
         assert len(confirmed) == 1 and "source" not in confirmed[0], confirmed
-    else:
-        assert not confirmed, confirmed
+    # (on 24.11.5 the grace mark stays or not with timing: a COMPLETED end may carry the
+    # same, true, confirmation)
     assert json.loads(cp.stdout)["inputs"]["journal_rejected"] == 0, cp.stdout[:2000]
     # Each of the three preemptions counts once: a fact where accounting says PREEMPTED (24.05+
     # requeues a job that ends in its grace time itself), the job's report where the epilog
     # requeued it (22.05: REQUEUED)
-    assert train["preemptions"] == states.count("PREEMPTED") - len(confirmed), (states, train)
+    assert train["preemptions"] == states.count("PREEMPTED") - final_named_preempted, \
+        (states, train)
     assert train["preemptions_user_reported"] == states.count("REQUEUED"), (states, train)
     assert train["preemptions"] + train["preemptions_user_reported"] == 3, (states, train)
     assert train["lost_gpu_hours_estimated"] == 0, train  # every preemption had a checkpoint
