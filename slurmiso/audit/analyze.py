@@ -370,10 +370,14 @@ class Aggregator:
         hit = self._pool_cache.get((partition, ""))  # a partition that names a pool
         if hit is not None:
             return hit
-        key = (partition, nodes if not self._partition_pool(partition) else "")
+        named = self._partition_pool(partition)
+        # else the nodes decide, under a key that cannot be the one above: with (partition,
+        # nodes) an empty NodeList cached (partition, "") and every later job of that
+        # partition took its pool, whatever its nodes (the result hung on the rows' order)
+        key = (partition, "") if named else (partition, "nodes:" + nodes)
         hit = self._pool_cache.get(key)
         if hit is None:
-            pool = self._partition_pool(partition) or self._node_pool(nodes)
+            pool = named or self._node_pool(nodes)
             hit = (
                 (pool.name, float(pool.mps_shares_per_gpu or 100), float(pool.shards_per_gpu or 7))
                 if pool else (UNKNOWN_POOL, 100.0, 7.0)
