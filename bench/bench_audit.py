@@ -29,7 +29,9 @@ fold from a bounded reader of its range, the parts' aggregators merged in file o
 id in two parts, or a failed worker: the serial fold instead). The target line is the
 default command; the line after it (no target) is the same audit forced serial
 (``SLURMISO_AUDIT_WORKERS=1``), measured interleaved with the others, and names the number
-of processes the default command used.
+of processes the default command used. On the loaded 2-core box, two runs: 1.27x and 1.28x
+with 2 processes (peak RSS 47 MB each), the serial fold beside them 2.09x and 2.26x; the
+parallel report equals the serial one (float sums agree to the rounding shown).
 
 (b) Memory. 5,000,000 distinct job ids streamed to ``slurmiso audit --sacct-file -`` from a
 generator process (no 1 GB file on disk); peak RSS (``ru_maxrss``) of the audit process alone.
