@@ -262,7 +262,9 @@ def fold_file(path: str, stats: ParseStats, agg: Aggregator) -> bool:
             return False
         got = plan(fd, st.st_size, n)
         if got is None or len(got[1]) < 2:
-            log.info("%s: no place to cut between jobs; reading it in one pass", path)
+            log.info("%s: %s; reading it in one pass", path,
+                     "no plain header line first" if got is None
+                     else "no place to cut between jobs")
             return False
         header, ranges = got
         results = _run(fd, header, ranges, agg, stats.source or path)
