@@ -17,10 +17,11 @@ import pytest
 from slurmiso.audit import parallel
 from slurmiso.audit.analyze import Aggregator
 from slurmiso.audit.collect import read_sacct_file
+from slurmiso.audit.digest import JournalDigest
 from slurmiso.audit.jobset import JobSet
 from slurmiso.audit.sacct import SACCT_FIELDS, ParseStats
 from tests.audit_helpers import utc  # noqa: F401
-from tests.unit.test_audit_fold import CFG, EXTRA, T0, _row, digest_for, state
+from tests.unit.test_audit_fold import CFG, EXTRA, T0, _row, state
 
 GOOD = ["n", "u1", "research", "train", "train", "COMPLETED", "2024-04-25T10:00:00",
         "2024-04-25T10:00:00", "2024-04-25T10:00:05", "2024-04-25T11:00:05", "3600", "60",
@@ -63,6 +64,24 @@ def big_dump(seed: int, rows: int, header: Optional[List[str]] = None) -> Tuple[
     if seed % 2 == 0:
         lines[-1] = lines[-1].rstrip("\r\n")[: rnd.randrange(1, 40)]  # torn last line
     return "".join(lines), header
+
+
+def digest_for(seed: int) -> JournalDigest:
+    """test_audit_fold's journal, over every job of a big dump (every part meets some)."""
+    rnd = random.Random(seed)
+    d = JournalDigest()
+    for job in range(100, 8000):
+        if rnd.random() < 0.1:
+            d.job_class[str(job)] = rnd.choice(["infer", "train", "ghost"])
+        if rnd.random() < 0.1:
+            d.checkpoints_ok[str(job)] = sorted(T0 + rnd.randrange(0, 6 * 86400)
+                                                for _ in range(3))
+        if rnd.random() < 0.05:
+            d.checkpointing_jobs.add(str(job))
+        if rnd.random() < 0.1:
+            d.preempted_at[str(job)] = sorted(T0 + rnd.randrange(0, 6 * 86400)
+                                              for _ in range(2))
+    return d
 
 
 def figures(agg: Aggregator, stats: ParseStats) -> Dict[str, Any]:
@@ -128,6 +147,9 @@ def test_parallel_fold_equals_the_serial_fold(seed: int, tmp_path: Any, utc: Non
     assert ref_stats.records > 2000 and ref_stats.bad > 100 and ref_stats.steps > 1000
     assert ref.preempted and ref.multi and bool(ref.outside_window) == (seed > 0)
     assert len(ref_stats.bad_samples) == 5 and ref_stats.orphan_steps
+    # the journal at work: its classes, lost work from its checkpoints
+    assert ref.classes["ghost"].attempts > 10
+    assert sum(c.lost_gpu_hours for c in ref.classes.values()) > 0
     assert_close(figures(got, got_stats), figures(ref, ref_stats))
     assert got_stats.to_dict() == ref_stats.to_dict()  # line numbers included
 
