@@ -77,6 +77,25 @@ class ClassStats:
             "util_accounted_gpu_hours": round(self.util_gpu_hours, 3),
         }
 
+    def merge(self, other: ClassStats) -> None:
+        """Add the figures of a later part of the input (see :meth:`Aggregator.merge`)."""
+        self.jobs += other.jobs
+        self.attempts += other.attempts
+        self.started += other.started
+        self.preemptions += other.preemptions
+        self.preemptions_user_reported += other.preemptions_user_reported
+        self.wait.merge(other.wait)
+        self.gpu_hours += other.gpu_hours
+        self.lost_gpu_hours += other.lost_gpu_hours
+        self.lost_gpu_hours_estimated += other.lost_gpu_hours_estimated
+        self.util_gpu_hours += other.util_gpu_hours
+        self.idle_gpu_hours += other.idle_gpu_hours
+        self.wait_slo_met += other.wait_slo_met
+        self.long_jobs += other.long_jobs
+        room = _MAX_IDS - len(self.long_job_ids)
+        if room > 0:
+            self.long_job_ids.extend(other.long_job_ids[:room])
+
 
 class Preempted:
     """What findings need about one preempted job (slots: there may be many)."""
@@ -88,6 +107,10 @@ class Preempted:
         self.user = user
         self.preemptions = 0
         self.lost_hours = 0.0
+
+    def merge(self, other: Preempted) -> None:
+        self.preemptions += other.preemptions
+        self.lost_hours += other.lost_hours
 
 
 class Who:
@@ -102,9 +125,26 @@ class Who:
         self.preemptions = 0
         self.jobs = 0
 
+    def merge(self, other: Who) -> None:
+        self.gpu_hours += other.gpu_hours
+        self.idle_gpu_hours += other.idle_gpu_hours
+        self.lost_gpu_hours += other.lost_gpu_hours
+        self.preemptions += other.preemptions
+        self.jobs += other.jobs
+
 
 class Aggregator:
-    """Fold records into per-class, per-pool, per-user and over-time statistics."""
+    """Fold records into per-class, per-pool, per-user and over-time statistics.
+
+    A large file is folded in parts by several processes (:mod:`slurmiso.audit.parallel`):
+    each part's aggregator travels back pickled (its figures only, see ``__getstate__``)
+    and :meth:`merge` adds it to the one before it.
+    """
+
+    #: What a part's aggregator carries back: its figures, not the config, journal or caches.
+    _FIGURES = ("bucket_s", "since", "until", "classes", "pools", "series", "seen", "multi",
+                "preempted", "users", "accounts", "inefficient", "restarted",
+                "outside_window", "first_time", "last_time")
 
     def __init__(self, cfg: Any, digest: Optional[JournalDigest] = None, bucket_s: int = 3600,
                  since: Optional[float] = None, until: Optional[float] = None) -> None:
@@ -136,6 +176,80 @@ class Aggregator:
         self._long_classes = {c.name for c in cfg.classes
                               if c.name == "infer" or (c.qos.preempt and not c.preemptible)}
         self._long_s = cfg.audit.long_infer_job_s
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in self._FIGURES}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """Figures only: such an aggregator is merged into a live one, never added to."""
+        self.__dict__.update(state)
+        self.cfg = None
+        self.digest = JournalDigest()
+
+    def merge(self, other: Aggregator) -> None:
+        """Add ``other``, the figures of the input that follows this one's, as if this
+        aggregator had gone on to fold it: counters and sums add, maxima and the data's span
+        widen, capped id lists fill up in input order, new names keep their order of first
+        appearance, the top-N heap keeps the top N. Exact for integers; a float sum may
+        differ in its last bits from the one-pass sum (another order of additions).
+
+        Job ids must not repeat across the two (attempts, jobs and requeues would be
+        counted twice): the caller checks :meth:`JobSet.overlaps` first."""
+        for name, cs in other.classes.items():
+            mine = self.classes.get(name)
+            if mine is None:
+                self.classes[name] = cs
+            else:
+                mine.merge(cs)
+        for name, row in other.pools.items():
+            p = self.pools.get(name)
+            if p is None:
+                self.pools[name] = row
+            else:
+                p[0] += row[0]
+                p[1] += row[1]
+        series = self.series
+        for key, point in other.series.items():
+            mine_p = series.get(key)
+            if mine_p is None:
+                series[key] = point
+            else:
+                mine_p[0] += point[0]
+                mine_p[1] += point[1]
+                mine_p[2] += point[2]
+                if point[3] > mine_p[3]:
+                    mine_p[3] = point[3]
+        self.seen.merge(other.seen)
+        for job, n in other.multi.items():
+            self.multi[job] = self.multi.get(job, 0) + n
+        for job, entry in other.preempted.items():
+            had = self.preempted.get(job)
+            if had is None:
+                self.preempted[job] = entry
+            else:
+                had.merge(entry)
+        for mine_t, theirs in ((self.users, other.users), (self.accounts, other.accounts)):
+            for name, who in theirs.items():
+                had_w = mine_t.get(name)
+                if had_w is None:
+                    mine_t[name] = who
+                else:
+                    had_w.merge(who)
+        heap = self.inefficient
+        for item in other.inefficient:  # what _usage does with each
+            if len(heap) < _TOP:
+                heapq.heappush(heap, item)
+            elif item > heap[0]:
+                heapq.heapreplace(heap, item)
+        for job, restarts in other.restarted.items():
+            self.restarted[job] = max(restarts, self.restarted.get(job, 0))
+        self.outside_window += other.outside_window
+        if other.first_time is not None and (self.first_time is None
+                                             or other.first_time < self.first_time):
+            self.first_time = other.first_time
+        if other.last_time is not None and (self.last_time is None
+                                            or other.last_time > self.last_time):
+            self.last_time = other.last_time
 
     # -- classification ------------------------------------------------------------------
 
@@ -370,10 +484,14 @@ class Aggregator:
         hit = self._pool_cache.get((partition, ""))  # a partition that names a pool
         if hit is not None:
             return hit
-        key = (partition, nodes if not self._partition_pool(partition) else "")
+        named = self._partition_pool(partition)
+        # else the nodes decide, under a key that cannot be the one above: with (partition,
+        # nodes) an empty NodeList cached (partition, "") and every later job of that
+        # partition took its pool, whatever its nodes (the result hung on the rows' order)
+        key = (partition, "") if named else (partition, "nodes:" + nodes)
         hit = self._pool_cache.get(key)
         if hit is None:
-            pool = self._partition_pool(partition) or self._node_pool(nodes)
+            pool = named or self._node_pool(nodes)
             hit = (
                 (pool.name, float(pool.mps_shares_per_gpu or 100), float(pool.shards_per_gpu or 7))
                 if pool else (UNKNOWN_POOL, 100.0, 7.0)

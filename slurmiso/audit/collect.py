@@ -114,6 +114,7 @@ class ParsableSource:
         self._lines: Any = lines  # a text stream to parse_parsable
         self._stats = stats
         self.close: Optional[Callable[[], None]] = None  # called when read to the end or failed
+        self.path: Optional[str] = None  # a saved file: a large one is folded in parallel
 
     def __iter__(self) -> Iterator[JobRecord]:
         try:
@@ -124,8 +125,11 @@ class ParsableSource:
 
     def fold_into(self, agg: Any) -> None:
         from slurmiso.audit.fold import fold_parsable
+        from slurmiso.audit.parallel import fold_file
 
         try:
+            if self.path is not None and fold_file(self.path, self._stats, agg):
+                return
             fold_parsable(self._lines.lines(), self._stats, agg)
         finally:
             if self.close is not None:
@@ -142,6 +146,7 @@ def read_sacct_file(path: str, stats: ParseStats) -> Iterable[JobRecord]:
     records = records_from(fh, stats)
     if isinstance(records, ParsableSource):
         records.close = fh.close
+        records.path = path
         return records
     return _closing(fh, records)
 

@@ -87,3 +87,43 @@ class JobSet:
 
     def __len__(self) -> int:
         return self.count
+
+    def overlaps(self, other: JobSet) -> bool:
+        """Whether an id is in both (bitmaps ANDed as big integers: fast for MiBs)."""
+        if _and(self._bits, other._bits):
+            return True
+        for parent, bits in other._tasks.items():
+            mine = self._tasks.get(parent)
+            if mine is not None and _and(mine, bits):
+                return True
+        return not self._other.isdisjoint(other._other)
+
+    def merge(self, other: JobSet) -> None:
+        """Add every id of ``other`` (the union; ``count`` recounted only where they meet)."""
+        self.count += other.count - _or_into(self._bits, other._bits)
+        for parent, bits in other._tasks.items():
+            mine = self._tasks.get(parent)
+            if mine is None:
+                self._tasks[parent] = bits
+            else:
+                self.count -= _or_into(mine, bits)
+        self.count -= len(self._other & other._other)
+        self._other |= other._other
+
+
+def _and(a: bytearray, b: bytearray) -> bool:
+    n = min(len(a), len(b))
+    return bool(n) and bool(int.from_bytes(a[:n], "little") & int.from_bytes(b[:n], "little"))
+
+
+def _or_into(mine: bytearray, other: bytearray) -> int:
+    """OR ``other`` into ``mine`` (grown to fit); returns how many bits both had set."""
+    n = min(len(mine), len(other))
+    if len(other) > len(mine):
+        mine.extend(other[len(mine):])
+    if not n:
+        return 0
+    x, y = int.from_bytes(mine[:n], "little"), int.from_bytes(other[:n], "little")
+    both = bin(x & y).count("1") if x & y else 0
+    mine[:n] = (x | y).to_bytes(n, "little")
+    return both

@@ -121,6 +121,18 @@ class ParseStats:
     def to_dict(self) -> Dict[str, Any]:
         return dict(self.__dict__)
 
+    def merge(self, other: ParseStats) -> None:
+        """Add the counts of the input that follows (:mod:`slurmiso.audit.parallel`, which
+        sets ``lines`` and the header's fields itself); samples stay in input order."""
+        self.records += other.records
+        self.steps += other.steps
+        self.orphan_steps += other.orphan_steps
+        self.bad += other.bad
+        room = _MAX_BAD_SAMPLES - len(self.bad_samples)
+        if room > 0:
+            self.bad_samples.extend(other.bad_samples[:room])
+        self.truncated = self.truncated or other.truncated
+
 
 # -- shared value parsing -----------------------------------------------------------------
 

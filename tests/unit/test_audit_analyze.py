@@ -199,3 +199,13 @@ def test_wrapper_requeued_attempt_with_a_preemption_signal_counts_as_preempted()
     assert d.preempted_within("7", t0, t0 + 10)  # End truncated to the second
     assert not d.preempted_within("7", t0 + 60, t0 + 400)  # the time-limit one is not
     assert not d.preempted_within("8", t0, t0 + 10)
+
+
+def test_a_jobs_pool_does_not_hang_on_the_rows_before_it() -> None:
+    """A partition that names no pool: the nodes decide, whatever an earlier job with an
+    empty NodeList left in the cache (the parallel fold reads the rows in another order)."""
+    first = rec("1", part="other", nodes="")
+    second = rec("2", part="other", nodes="gpu001")
+    for records in ([first, second], [second, first]):
+        agg = _agg(records)
+        assert agg.pools["serve"][0] == 1 and agg.pools["(none)"][0] == 1
