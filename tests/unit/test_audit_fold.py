@@ -142,10 +142,11 @@ def dump(seed: int, rows: int = 600) -> Tuple[str, List[str]]:
     return "".join(lines), header
 
 
-def digest_for(seed: int) -> JournalDigest:
+def digest_for(seed: int, last_job: int = 400) -> JournalDigest:
+    """A random journal over jobs 100..``last_job``: classes, checkpoints, preemptions."""
     rnd = random.Random(seed)
     d = JournalDigest()
-    for job in range(100, 400):
+    for job in range(100, last_job):
         if rnd.random() < 0.1:
             d.job_class[str(job)] = rnd.choice(["infer", "train", "ghost"])
         if rnd.random() < 0.1:

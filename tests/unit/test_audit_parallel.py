@@ -22,6 +22,7 @@ from slurmiso.audit.jobset import JobSet
 from slurmiso.audit.sacct import SACCT_FIELDS, ParseStats
 from tests.audit_helpers import utc  # noqa: F401
 from tests.unit.test_audit_fold import CFG, EXTRA, T0, _row, state
+from tests.unit.test_audit_fold import digest_for as fold_digest_for
 
 GOOD = ["n", "u1", "research", "train", "train", "COMPLETED", "2024-04-25T10:00:00",
         "2024-04-25T10:00:00", "2024-04-25T10:00:05", "2024-04-25T11:00:05", "3600", "60",
@@ -68,20 +69,7 @@ def big_dump(seed: int, rows: int, header: Optional[List[str]] = None) -> Tuple[
 
 def digest_for(seed: int) -> JournalDigest:
     """test_audit_fold's journal, over every job of a big dump (every part meets some)."""
-    rnd = random.Random(seed)
-    d = JournalDigest()
-    for job in range(100, 8000):
-        if rnd.random() < 0.1:
-            d.job_class[str(job)] = rnd.choice(["infer", "train", "ghost"])
-        if rnd.random() < 0.1:
-            d.checkpoints_ok[str(job)] = sorted(T0 + rnd.randrange(0, 6 * 86400)
-                                                for _ in range(3))
-        if rnd.random() < 0.05:
-            d.checkpointing_jobs.add(str(job))
-        if rnd.random() < 0.1:
-            d.preempted_at[str(job)] = sorted(T0 + rnd.randrange(0, 6 * 86400)
-                                              for _ in range(2))
-    return d
+    return fold_digest_for(seed, last_job=8000)
 
 
 def figures(agg: Aggregator, stats: ParseStats) -> Dict[str, Any]:
