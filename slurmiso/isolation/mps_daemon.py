@@ -18,11 +18,22 @@ can only narrow what the control daemon allows, and it allows everything by defa
 ``set_default_device_pinned_mem_limit`` right after it starts, before any server exists (a
 default applies to servers started afterwards), and reads them back: a daemon that does not
 confirm them is a node fault, never a job that runs unlimited.
+
+Who the daemon is, root alone says. The pipe directory is handed to the job's user once the
+daemon holds its limits, and from then on everything in it (the pid file, the control socket)
+is that user's to rewrite or swap. So :func:`remember` writes the daemon's pid and start time
+beside the pipe directory, in its root-owned parent, while the directory is still root's;
+:meth:`MpsControl.running` believes only that record, checked against the live process (start
+time, command line, owner, pipe directory), and finds an unrecorded daemon (a prolog killed
+between start and record) from the process table, never from the pipe directory. Commands go
+through the control socket only while it is still the root-owned socket the daemon made; stop
+ends the verified pid with signals whatever the socket does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -34,12 +45,15 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
 
 import psutil
 
+from slurmiso.atomic import write_atomic
 from slurmiso.errors import NodeFault
 from slurmiso.isolation import mps_sim
+from slurmiso.isolation.mps_dirs import has_leftovers
 
 if TYPE_CHECKING:
     from slurmiso.gpu.backend import GpuInventory
 from slurmiso.isolation.processes import end_processes
+from slurmiso.pids import start_ticks
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +63,18 @@ NVIDIA_BINARIES = (
     "/usr/local/cuda/bin/nvidia-cuda-mps-control",
 )
 NVIDIA_PID_FILE = "nvidia-cuda-mps-control.pid"
+#: The control socket both daemons make in the pipe directory (as root, before hand-over).
+CONTROL_SOCKET = "control"
+#: Root's record of the daemon, beside (never inside) its pipe directory.
+IDENTITY_SUFFIX = ".daemon"
 #: The daemon inherits only this plus the MPS variables: never the hook's environment.
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 START_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 10.0
 #: The daemon serves one GPU (``CUDA_VISIBLE_DEVICES`` = its UUID), which is its device 0.
 DEVICE = 0
+#: More entries than a daemon makes: the job's user filled the directory; signals, then.
+_MAX_PIPE_ENTRIES = 256
 _PID_LIMIT = 1 << 23  # above Linux's pid_max ceiling (4194304)
 _NUMBER_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(G|GB|GiB|M|MB|MiB)?(?![A-Za-z])")
 
@@ -212,6 +232,149 @@ def _kill_if_alive(pid: int, what: str, grace_s: float = 3.0) -> None:
         end_processes([pid], grace_s)
 
 
+def identity_path(pipe_dir: str) -> str:
+    """Root's record of ``pipe_dir``'s daemon: a file beside the pipe directory, in its parent
+    (root-owned 0755 in the state dir's layout), where the job's user cannot write."""
+    return os.path.abspath(pipe_dir).rstrip("/") + IDENTITY_SUFFIX
+
+
+def _root_only_dir(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def remember(pipe_dir: str, pid: int) -> None:
+    """Record ``pid`` (and its start time) as the daemon of ``pipe_dir``; NodeFault if the
+    record cannot be made where only root writes: a daemon root cannot name again would leak."""
+    where = identity_path(pipe_dir)
+    ticks = start_ticks(pid)
+    if ticks is None or not _root_only_dir(os.path.dirname(where)):
+        raise NodeFault(
+            f"cannot record MPS control daemon pid {pid}: it is gone, or {os.path.dirname(where)} "
+            "is not a directory only root may write",
+            hint="the state dir must be root's (see the admin guide, state dir)",
+        )
+    try:
+        write_atomic(where, json.dumps({"pid": pid, "start": ticks}) + "\n", mode=0o600)
+    except OSError as exc:
+        raise NodeFault(f"cannot record MPS control daemon pid {pid} in {where}: "
+                        f"{exc.strerror or exc}") from None
+
+
+def remembered(pipe_dir: str) -> Optional[int]:
+    """The pid root recorded for ``pipe_dir``'s daemon, if that very process still lives.
+
+    The record counts only as a regular file of root's in a directory only root writes, and
+    only while the pid's start time is the recorded one (a reused pid is another process).
+    """
+    where = identity_path(pipe_dir)
+    if not _root_only_dir(os.path.dirname(where)):
+        return None
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        data = json.loads(os.read(fd, 256).decode("ascii"))
+        pid, ticks = int(data["pid"]), int(data["start"])
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
+    if not 0 < pid < _PID_LIMIT or start_ticks(pid) != ticks:
+        return None
+    return pid
+
+
+def forget(pipe_dir: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(identity_path(pipe_dir))
+
+
+def has_record(pipe_dir: str) -> bool:
+    return os.path.lexists(identity_path(pipe_dir))
+
+
+def _find_in_process_table(matches: Callable[[int, List[str]], bool]) -> Optional[int]:
+    """A live process of ours that ``matches`` (pid, cmdline): how root finds a daemon it
+    started but never recorded. Only what the kernel says about the process is read."""
+    me = os.geteuid()
+    for proc in psutil.process_iter(["pid", "uids", "cmdline", "status"]):
+        try:
+            info = proc.info
+            if (info["uids"] is None or info["uids"].real != me
+                    or info["status"] == psutil.STATUS_ZOMBIE):
+                continue
+            if matches(info["pid"], info["cmdline"] or []):
+                return int(info["pid"])
+        except psutil.Error:
+            continue
+    return None
+
+
+def control_socket_ok(pipe_dir: str, required: bool = False) -> bool:
+    """Whether root may talk to the daemon through ``pipe_dir``: it is a real directory with no
+    symlink in it, and its control socket, if there, is still the one root's daemon made.
+
+    The job's user owns the directory and may plant a symlink to another daemon's socket
+    (another user's): root must never carry its commands (``quit``) to whatever that names.
+    ``required``: the socket must be there (the simulated daemon's name is known for sure).
+    """
+    seen = not required
+    try:
+        if not stat.S_ISDIR(os.lstat(pipe_dir).st_mode):
+            return False
+        with os.scandir(pipe_dir) as entries:
+            for n, entry in enumerate(entries):
+                if n >= _MAX_PIPE_ENTRIES or entry.is_symlink():
+                    return False
+                if entry.name == CONTROL_SOCKET:
+                    st = entry.stat(follow_symlinks=False)
+                    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                        return False
+                    seen = True
+    except OSError:
+        return False
+    return seen
+
+
+def _children(pid: int) -> List[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def _running(pipe_dir: str, is_daemon: Callable[[int, List[str], str], bool]) -> Optional[int]:
+    """The live daemon of ``pipe_dir``: root's record, checked against the process; else, where
+    there is no record but the daemon's files are there (a prolog killed between start and
+    record, while the directory was still root's), the process table. Never the pid file."""
+    pid = remembered(pipe_dir)
+    if pid is not None:
+        cmd = _live_cmdline(pid)
+        return pid if cmd and is_daemon(pid, cmd, pipe_dir) else None
+    if has_record(pipe_dir):
+        return None  # the recorded daemon is gone (or its pid was reused)
+    if not has_leftovers(pipe_dir):
+        return None
+    return _find_in_process_table(lambda p, cmd: is_daemon(p, cmd, pipe_dir))
+
+
+def _remember_or_end(pipe_dir: str, pid: int, what: str) -> None:
+    """Record a daemon just started; one root could not record is ended, not left running."""
+    try:
+        remember(pipe_dir, pid)
+    except NodeFault:
+        _kill_if_alive(pid, what, grace_s=1.0)
+        raise
+
+
 class NvidiaMpsControl:
     """NVIDIA's ``nvidia-cuda-mps-control``; nothing is looked up until a method runs."""
 
@@ -258,6 +421,10 @@ class NvidiaMpsControl:
 
     def _command(self, pipe_dir: str, command: str, timeout: float) -> str:
         """Send one command through the control client, as ``echo CMD | ...control`` does."""
+        if not control_socket_ok(pipe_dir):
+            log.warning("not sending '%s' to %s: its control socket is not the daemon's",
+                        command, pipe_dir)
+            return ""
         result = subprocess.run(
             [self.binary()],
             input=command + "\n",
@@ -276,6 +443,9 @@ class NvidiaMpsControl:
 
     def _strict_command(self, pipe_dir: str, command: str) -> str:
         """A command whose failure is a node fault (limits must not be skipped silently)."""
+        if not control_socket_ok(pipe_dir):
+            raise NodeFault(f"'{command}' not sent: the control socket in {pipe_dir} is not "
+                            "the MPS control daemon's")
         try:
             result = subprocess.run(
                 [self.binary()], input=command + "\n", env=self._client_env(pipe_dir),
@@ -317,8 +487,12 @@ class NvidiaMpsControl:
             )
         deadline = time.monotonic() + self.start_timeout
         while True:
-            pid = self.running(pipe_dir)
+            # The pipe directory is still root's (hand-over comes after the limits): its pid
+            # file can be believed this once, and what it says is recorded where root alone
+            # writes.
+            pid = self._from_pid_file(pipe_dir)
             if pid is not None:
+                _remember_or_end(pipe_dir, pid, "MPS control daemon")
                 return pid
             if time.monotonic() >= deadline:
                 raise NodeFault(
@@ -328,36 +502,49 @@ class NvidiaMpsControl:
                 )
             time.sleep(0.05)
 
-    def running(self, pipe_dir: str) -> Optional[int]:
+    @staticmethod
+    def _is_daemon(pid: int, cmd: List[str], pipe_dir: str) -> bool:
+        """A control daemon of ours started for ``pipe_dir`` (its environment says so)."""
+        return any("nvidia-cuda-mps-control" in part for part in cmd[:2]) and _ours(
+            pid, pipe_dir)
+
+    def _from_pid_file(self, pipe_dir: str) -> Optional[int]:
         pid = _read_pid(os.path.join(pipe_dir, NVIDIA_PID_FILE))
-        if pid is None:
-            return None
-        cmd = _live_cmdline(pid)
-        # A reused pid, or one the pipe dir's owner wrote there, is not our daemon.
-        if not cmd or not any("nvidia-cuda-mps-control" in part for part in cmd[:2]):
-            return None
-        return pid if _ours(pid, pipe_dir) else None
+        cmd = _live_cmdline(pid) if pid is not None else None
+        return pid if pid is not None and cmd and self._is_daemon(pid, cmd, pipe_dir) else None
+
+    def running(self, pipe_dir: str) -> Optional[int]:
+        return _running(pipe_dir, self._is_daemon)
 
     def servers(self, pipe_dir: str) -> List[int]:
-        if self.running(pipe_dir) is None:
+        pid = self.running(pipe_dir)
+        if pid is None:
             return []
-        try:
-            out = self._command(pipe_dir, "get_server_list", 5.0)
-        except (OSError, subprocess.TimeoutExpired, NodeFault) as exc:
-            log.warning("cannot list MPS servers of %s: %s", pipe_dir, exc)
-            return []
-        return [int(w) for w in out.split() if w.isdigit()]
+        listed: List[int] = []
+        if control_socket_ok(pipe_dir):
+            try:
+                out = self._command(pipe_dir, "get_server_list", 5.0)
+                listed = [int(w) for w in out.split() if w.isdigit()]
+            except (OSError, subprocess.TimeoutExpired, NodeFault) as exc:
+                log.warning("cannot list MPS servers of %s: %s", pipe_dir, exc)
+        return sorted(set(listed) | set(_children(pid)))
 
     def stop(self, pipe_dir: str, timeout: float) -> None:
         pid = self.running(pipe_dir)
         if pid is None:
+            forget(pipe_dir)
             return
         servers = self.servers(pipe_dir)
-        try:
-            self._command(pipe_dir, "quit", timeout)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("'quit' to MPS control daemon pid %d failed: %s", pid, exc)
-        if not _wait_gone(pid, timeout):
+        if control_socket_ok(pipe_dir):
+            try:
+                self._command(pipe_dir, "quit", timeout)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("'quit' to MPS control daemon pid %d failed: %s", pid, exc)
+            if not _wait_gone(pid, timeout):
+                _kill_if_alive(pid, "MPS control daemon")
+        else:
+            log.warning("the control socket in %s is not the daemon's any more; ending MPS "
+                        "control daemon pid %d with signals", pipe_dir, pid)
             _kill_if_alive(pid, "MPS control daemon")
         for server in servers:  # a server outliving its daemon holds the GPU for nobody
             cmd = _live_cmdline(server)
@@ -365,6 +552,8 @@ class NvidiaMpsControl:
                 _serves(server, pid, pipe_dir)
             ):
                 _kill_if_alive(server, "orphaned MPS server")
+        if _live_cmdline(pid) is None:
+            forget(pipe_dir)
 
 
 class SimMpsControl:
@@ -400,26 +589,31 @@ class SimMpsControl:
             raise NodeFault(
                 f"cannot start simulated MPS daemon for GPU {gpu_uuid}: {exc}"
             ) from None
-        pid = self.running(pipe_dir)
+        pid = self._from_pid_file(pipe_dir)  # still root's directory: see NvidiaMpsControl
         if result.returncode != 0 or pid is None:
             raise NodeFault(
                 f"simulated MPS daemon for GPU {gpu_uuid} did not start "
                 f"(exit {result.returncode}): {result.stderr.strip()[:300]}",
                 hint=f"see {os.path.join(log_dir, mps_sim.LOG_FILE)}",
             )
+        _remember_or_end(pipe_dir, pid, "simulated MPS control daemon")
         return pid
 
-    def running(self, pipe_dir: str) -> Optional[int]:
+    def _is_daemon(self, pid: int, cmd: List[str], pipe_dir: str) -> bool:
+        want = os.path.abspath(pipe_dir)
+        args = list(zip(cmd, cmd[1:]))
+        return (self._MODULE in cmd and ("--pipe-dir", want) in args) and _ours(pid)
+
+    def _from_pid_file(self, pipe_dir: str) -> Optional[int]:
         pid = _read_pid(os.path.join(pipe_dir, mps_sim.PID_FILE))
-        if pid is None:
-            return None
-        cmd = _live_cmdline(pid)
-        if not cmd or not (self._MODULE in cmd and os.path.abspath(pipe_dir) in cmd):
-            return None  # pid reused by another process, or written there by the dir's owner
-        return pid if _ours(pid) else None
+        cmd = _live_cmdline(pid) if pid is not None else None
+        return pid if pid is not None and cmd and self._is_daemon(pid, cmd, pipe_dir) else None
+
+    def running(self, pipe_dir: str) -> Optional[int]:
+        return _running(pipe_dir, self._is_daemon)
 
     def servers(self, pipe_dir: str) -> List[int]:
-        if self.running(pipe_dir) is None:
+        if self.running(pipe_dir) is None or not control_socket_ok(pipe_dir, required=True):
             return []
         try:
             out = mps_sim.send_command(pipe_dir, "get_server_list")
@@ -445,14 +639,21 @@ class SimMpsControl:
     def stop(self, pipe_dir: str, timeout: float) -> None:
         pid = self.running(pipe_dir)
         if pid is not None:
-            try:
-                mps_sim.send_command(pipe_dir, "quit", timeout)
-            except OSError as exc:
-                log.warning("'quit' to simulated MPS daemon pid %d failed: %s", pid, exc)
-            if not _wait_gone(pid, timeout):
+            quit_sent = False
+            if control_socket_ok(pipe_dir, required=True):
+                try:
+                    mps_sim.send_command(pipe_dir, "quit", timeout)
+                    quit_sent = True
+                except OSError as exc:
+                    log.warning("'quit' to simulated MPS daemon pid %d failed: %s", pid, exc)
+            else:
+                log.warning("the control socket in %s is not the daemon's any more; ending "
+                            "simulated MPS control daemon pid %d with signals", pipe_dir, pid)
+            if not quit_sent or not _wait_gone(pid, timeout):
                 _kill_if_alive(pid, "simulated MPS control daemon")
             if _live_cmdline(pid) is not None:
-                return  # it survived: keep its pid file so the caller sees it still running
+                return  # it survived: keep its record so the caller sees it still running
+        forget(pipe_dir)
         # A daemon killed -9 leaves its socket and pid file; they would mislead the next start.
         for name in (mps_sim.SOCKET, mps_sim.PID_FILE):
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -458,3 +462,117 @@ def test_reconcile_stops_a_daemon_of_the_old_shared_layout(tmp_path: Any) -> Non
     fixes = HANDLER.reconcile(reconcile_ctx(ctx))
     assert fixes[0].startswith(f"stop MPS control daemon pid {pid} of GPU 0")
     assert wait_gone(pid) and not os.path.exists(legacy)
+
+
+# -- what the job's user can do to its pipe directory -----------------------------------------
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def _rewrite_pid_file(pipe: str, text: str) -> None:
+    target = os.path.join(pipe, "control.pid")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    with open(target, "w") as fh:
+        fh.write(text)
+
+
+def _tamper(kind: str, pipe: str, decoy: int, other_pipe: str) -> None:
+    """What a job may do to the pipe directory it owns, one way per case."""
+    if kind == "pid-of-decoy":
+        _rewrite_pid_file(pipe, f"{decoy}\n")
+    elif kind == "pid-of-init":
+        _rewrite_pid_file(pipe, "1\n")
+    elif kind == "pid-garbage":
+        _rewrite_pid_file(pipe, "x" * 5000)
+    elif kind == "pid-file-removed":
+        os.unlink(os.path.join(pipe, "control.pid"))
+    elif kind == "pid-file-symlink":
+        os.unlink(os.path.join(pipe, "control.pid"))
+        os.symlink(f"/proc/{decoy}/stat", os.path.join(pipe, "control.pid"))
+    elif kind == "emptied":
+        for name in os.listdir(pipe):
+            os.unlink(os.path.join(pipe, name))
+    elif kind == "socket-to-another-daemon":
+        os.unlink(os.path.join(pipe, "control"))
+        os.symlink(os.path.join(other_pipe, "control"), os.path.join(pipe, "control"))
+    elif kind == "filled":
+        for i in range(400):
+            open(os.path.join(pipe, f"junk{i}"), "w").close()
+    elif kind == "dir-swapped-for-symlink":  # as root could: the parent is root's, not the job's
+        os.rename(pipe, pipe + ".moved")
+        os.symlink(other_pipe, pipe)
+    else:
+        raise AssertionError(kind)
+
+
+TAMPERING = ("pid-of-decoy", "pid-of-init", "pid-garbage", "pid-file-removed",
+             "pid-file-symlink", "emptied", "socket-to-another-daemon", "filled",
+             "dir-swapped-for-symlink")
+
+
+@pytest.mark.parametrize("kind", TAMPERING)
+def test_a_job_rewriting_its_pipe_dir_cannot_keep_its_daemon_alive(
+    tmp_path: Any, kind: str
+) -> None:
+    """Root names and stops the daemon it started from its own record, whatever the job left
+    in the pipe directory it owns; nothing else is stopped (issue 22: 3 of 18 leaked)."""
+    mine, theirs = job(tmp_path, "101"), job(tmp_path, "102", cls="infer")
+    HANDLER.setup(mine)
+    HANDLER.setup(theirs)
+    pid, other = mps_entry(mine).daemon_pid, mps_entry(theirs).daemon_pid
+    assert pid and other and pid != other
+    decoy = _sleeper()
+    try:
+        _tamper(kind, mps_entry(mine).pipe_dir or "", decoy.pid, mps_entry(theirs).pipe_dir or "")
+        HANDLER.teardown(mine)
+        assert wait_gone(pid), f"{kind}: the job's daemon survived its epilog"
+        assert not gone(other), f"{kind}: another job's daemon was stopped"
+        assert decoy.poll() is None, f"{kind}: a process the job named was killed"
+        assert [e["pid"] for e in events(mine, "mps-daemon-stopped")] == [pid]
+        assert not os.path.lexists(paths(tmp_path)["base"])
+        assert SimMpsControl().running(mps_entry(theirs).pipe_dir or "") == other
+    finally:
+        decoy.kill()
+        decoy.wait()
+    HANDLER.teardown(theirs)
+    assert wait_gone(other)
+
+
+def test_a_daemon_started_but_never_recorded_is_found_from_the_process_table(
+    tmp_path: Any
+) -> None:
+    """A prolog killed between the daemon's start and root's record of it: the epilog finds
+    the daemon by what the kernel says of it, never by the pipe directory's pid file."""
+    from slurmiso.isolation.mps_daemon import identity_path
+
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    pid = mps_entry(ctx).daemon_pid
+    os.unlink(identity_path(mps_entry(ctx).pipe_dir or ""))
+    _rewrite_pid_file(mps_entry(ctx).pipe_dir or "", "1\n")
+    assert daemon_pid(tmp_path) == pid
+    HANDLER.teardown(ctx)
+    assert pid and wait_gone(pid)
+
+
+def test_a_recorded_pid_reused_by_another_process_is_not_the_daemon(tmp_path: Any) -> None:
+    from slurmiso.isolation.mps_daemon import identity_path
+
+    ctx = job(tmp_path, "101")
+    HANDLER.setup(ctx)
+    decoy = _sleeper()
+    try:
+        where = identity_path(mps_entry(ctx).pipe_dir or "")
+        with open(where) as fh:
+            record = json.load(fh)
+        with open(where, "w") as fh:  # the daemon's start time, another process's pid
+            json.dump({"pid": decoy.pid, "start": record["start"]}, fh)
+        assert daemon_pid(tmp_path) is None
+        HANDLER.teardown(ctx)
+        assert decoy.poll() is None
+    finally:
+        decoy.kill()
+        decoy.wait()
