@@ -111,6 +111,13 @@ class Context(Value, frozen=False):
         allocs[key] = self.job_id
         self.state.set_allocations(allocs)
 
+    def release_claim(self, key: str) -> None:
+        """Drop one allocation of this job's (no-op if another job, or nobody, holds it)."""
+        allocs = self.state.allocations()
+        if allocs.get(key) == self.job_id:
+            del allocs[key]
+            self.state.set_allocations(allocs)
+
     def release_claims(self) -> None:
         """Drop every allocation this job holds: those its record names and any the table
         gives it beyond (a hook killed between the two writes must not leak a claim)."""

@@ -172,6 +172,7 @@ class MigDynamic:
             raise JobProblem(f"profile {profile} could not be created on GPU {gpu}: {err}",
                              hint="resubmit the job") from None
         res.gi, res.ci, res.uuid, res.state = inst.gi_id, inst.ci_id, inst.uuid, READY
+        _check_not_held(ctx, inst)
         ctx.claim(claim_key(gpu, inst.gi_id))
         ctx.save()
         log.info("job %s: created %s on GPU %d", ctx.job_id, _describe(inst), gpu)
@@ -196,6 +197,11 @@ class MigDynamic:
             else:
                 inst = self._pending_instance(ctx, backend, res)
             if inst is not None:
+                # The claim goes first, under the lock: once the driver has destroyed the
+                # instance it may hand the same GI id to a job starting beside this one, and
+                # that job's claim must not meet ours (a normal turnover is never a drain).
+                # Until then the record's ready entry keeps the spot: no placement picks it.
+                ctx.release_claim(claim_key(inst.gpu_index, inst.gi_id))
                 try:
                     with ctx.state.unlocked():  # the record still names it: nobody takes it
                         if inst.uuid:
@@ -261,6 +267,32 @@ class MigDynamic:
                                    profile=inst.profile, start=inst.placement_start)
                 lines.append(f"{what} destroyed")
         return lines
+
+
+def _check_not_held(ctx: Context, inst: MigInstance) -> None:
+    """NodeFault if another live job still claims the GI id the driver just gave us.
+
+    The driver never hands out a GI id that exists, and an ending job lets go of its claim
+    before it destroys its instance; so a claim still held here means that job's instance
+    vanished under it (destroyed outside slurmiso, a GPU reset): say which one.
+    """
+    holder = ctx.state.allocations().get(claim_key(inst.gpu_index, inst.gi_id))
+    if not holder or holder == ctx.job_id:
+        return
+    record = ctx.state.read_job(holder)
+    if record is None:
+        return  # a stale claim of a job without a record: claim() takes it over
+    theirs = next((r for r in record.of_kind(KIND) if r.gpu == inst.gpu_index
+                   and r.gi == inst.gi_id and r.state is READY), None)
+    what = (f"{theirs.profile} (GI {theirs.gi}) at slice {theirs.start}" if theirs is not None
+            else f"GI {inst.gi_id}")
+    raise NodeFault(
+        f"job {holder}'s MIG device {what} on GPU {inst.gpu_index} is gone from the driver "
+        f"while the job runs: the driver has just given GI {inst.gi_id} to job "
+        f"{ctx.job_id}'s new {inst.profile}",
+        hint=f"something outside slurmiso destroyed it (nvidia-smi mig -dgi, a GPU reset); "
+        f"job {holder} runs without its MIG device: cancel it, then 'slurmiso reconcile'",
+    )
 
 
 def _others_pending(records: Dict[str, JobRecord], job_id: str) -> Set[Tuple[int, int, str]]:

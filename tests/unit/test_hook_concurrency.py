@@ -78,6 +78,37 @@ def test_32_concurrent_prologs_with_500ms_driver_calls_never_drain(tmp_path: Any
     assert NodeState(f"{tmp}/state").jobs() == {}
 
 
+@pytest.mark.slow
+def test_a_turnover_storm_of_ending_and_starting_jobs_never_drains(tmp_path: Any) -> None:
+    """Issue 22: 32 prologs, then 32 epilogs and 32 new prologs at once on the same GPUs. The
+    driver hands an ending job's GI ids to the new jobs; no new prolog may drain the node."""
+    tmp = str(tmp_path)
+    cfg = _node(tmp)
+    first = [_start(tmp, cfg, "prolog/slurmiso-prolog", j, 50) for j in range(1, JOBS + 1)]
+    assert [p.wait(timeout=300) for p in first] == [0] * JOBS
+    old_gis = {(i.gpu_index, i.gi_id) for i in SimBackend(f"{tmp}/sim.json").instances()}
+    turnover = [_start(tmp, cfg, "epilog/slurmiso-epilog", j, 50) for j in range(1, JOBS + 1)]
+    turnover += [_start(tmp, cfg, "prolog/slurmiso-prolog", j, 50)
+                 for j in range(JOBS + 1, 2 * JOBS + 1)]
+    codes = [p.wait(timeout=300) for p in turnover]
+    assert codes == [0] * (2 * JOBS), codes  # exit 1 = a drain
+    insts = SimBackend(f"{tmp}/sim.json").instances()
+    assert len(insts) == JOBS and len({i.uuid for i in insts}) == JOBS
+    records = NodeState(f"{tmp}/state").jobs()
+    assert sorted(records) == sorted(str(j) for j in range(JOBS + 1, 2 * JOBS + 1))
+    assert all(r.status.value == "ready" for r in records.values())
+    held = NodeState(f"{tmp}/state").allocations()
+    assert sorted(held.values()) == sorted(records) and len(held) == JOBS
+    reused = old_gis & {(i.gpu_index, i.gi_id) for i in insts}
+    assert reused, "the premise: new jobs got GI ids the ending jobs had"
+
+
+def _start(tmp: str, cfg: str, hook: str, job: int, delay_ms: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, hook)],
+                            env=_env(tmp, cfg, job, delay_ms),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def test_lock_waits_are_bounded_by_prolog_epilog_timeout(tmp_path: Any) -> None:
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\n# PrologEpilogTimeout=5\nprologepilogtimeout = 120 # s\n")

@@ -369,3 +369,64 @@ def test_dynamic_concurrent_setups_never_overlap(tmp_path: Any) -> None:
     assert per_gpu == [7, 7, 7, 7, 0, 0, 0, 0]
     allocs = dyn_ctx(str(tmp_path), job="2", ngpus=8).state.allocations()
     assert len(allocs) == 28 and len(set(allocs.values())) == 28
+
+
+class _StartsAJobMidDestroy:
+    """A backend whose GPU-instance destroy lets a new job's whole prolog run right after the
+    driver call: the ending job's epilog is between destroy and its next save (unlocked)."""
+
+    def __init__(self, backend: Any, then: Any) -> None:
+        self._backend, self._then, self.fired = backend, then, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        self._backend.destroy_gpu_instance(index, gi_id)
+        if not self.fired:
+            self.fired = True
+            self._then()
+
+
+def test_dynamic_turnover_reusing_a_gi_id_never_drains(tmp_path: Any) -> None:
+    """Issue 22: in a storm of ending and starting jobs, the driver gave an ending job's GI id
+    to a new job before the old claim was let go, and the new prolog drained the node with
+    'already allocated'. Here the new job's prolog runs at exactly that point."""
+    tmp = str(tmp_path)
+    old = dyn_ctx(tmp, job="8004")
+    with old.state.locked():
+        DYN.setup(old)
+    gi = old.record.resources[0].gi
+    new = dyn_ctx(tmp, job="8040")
+
+    def start_new_job() -> None:
+        with new.state.locked():
+            DYN.setup(new)
+
+    real = old.backend
+    old._backend = _StartsAJobMidDestroy(real, start_new_job)  # type: ignore[attr-defined]
+    with old.state.locked():
+        DYN.teardown(old)
+    assert old.backend.fired  # type: ignore[attr-defined]
+    assert new.record.resources[0].gi == gi, "the premise: the driver reused the GI id"
+    assert new.state.allocations() == {f"mig/0/gi{gi}": "8040"}
+    assert [i.uuid for i in sim_of(new).instances()] == [new.record.resources[0].uuid]
+    with new.state.locked():
+        DYN.teardown(new)
+    assert sim_of(new).instances() == [] and new.state.allocations() == {}
+
+
+def test_dynamic_instance_vanished_under_a_running_job_names_it(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    running = dyn_ctx(tmp, job="500")
+    DYN.setup(running)
+    res = running.record.resources[0]
+    sim = sim_of(running)
+    (inst,) = sim.instances()
+    sim.destroy_compute_instance(0, inst.gi_id, inst.ci_id)  # as nvidia-smi mig -dci/-dgi would
+    sim.destroy_gpu_instance(0, inst.gi_id)
+    with pytest.raises(NodeFault) as err:
+        DYN.setup(dyn_ctx(tmp, job="501"))
+    text = str(err.value)
+    assert f"job 500's MIG device 1g.10gb (GI {res.gi}) at slice {res.start}" in text
+    assert "gone from the driver" in text and "already allocated" not in text
