@@ -62,6 +62,8 @@ class Folded(Value, frozen=False):
     records: List[UserEvent] = field(default_factory=list)
     dropped: int = 0
     why: str = ""
+    #: Bytes of the file past the cap, never read (their lines are not counted in ``dropped``).
+    unread_bytes: int = 0
 
     def drop(self, why: str, count: int = 1) -> None:
         self.dropped += count
@@ -184,8 +186,10 @@ def _read(dir_fd: int, name: str, uid: int, out: Folded) -> Optional[bytes]:
     finally:
         os.close(fd)
     if len(raw) > MAX_BYTES:
-        out.drop(f"events file larger than {MAX_BYTES} bytes; the rest was ignored")
         raw = raw[: raw.rfind(b"\n", 0, MAX_BYTES) + 1]
+        out.unread_bytes = max(st.st_size, MAX_BYTES + 1) - len(raw)
+        out.drop(f"events file of {st.st_size} bytes is over the {MAX_BYTES}-byte cap; "
+                 f"only its first {len(raw)} bytes were read, {out.unread_bytes} were not")
     _unlink_same(dir_fd, name, st)
     return raw
 

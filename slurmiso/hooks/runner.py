@@ -199,6 +199,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     handler = handler_for(ctx.pool.mode)
     _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
     try:
+        _check_identity(ctx)
         _check_options(ctx)
         qos = _job_qos(ctx)
         ctx.record.qos = qos
@@ -267,6 +268,20 @@ def _fence_facts(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
     }
 
 
+def _check_identity(ctx: Context) -> None:
+    """A job whose owner Slurm did not name usably is refused before anything is made for it:
+    daemons, directories and records are keyed by uid, and one made for uid -1 would be
+    something no epilog can undo."""
+    if ctx.env.uid < 0:
+        from slurmiso.slurm.jobenv import HOOK_VARS
+
+        raise JobProblem(
+            f"{HOOK_VARS['uid']} is missing or not a uid Slurm gives (a whole number below "
+            "2^32-1); slurmiso cannot tell whose job this is",
+            hint="check slurmd's Prolog environment; resubmit once Slurm names the job's user",
+        )
+
+
 def _check_options(ctx: Context) -> None:
     """The SPANK options again, with the config's allow-lists (JobProblem: a refusal)."""
     if ctx.env.option_problems:
@@ -319,7 +334,14 @@ def _fold_events(ctx: Context) -> List[Any]:
         fields.update(source=JOB_SOURCE, job=ctx.job_id, job_ts=rec.ts)
         ctx.journal.append_fields(rec.event, fields)
     if folded.dropped:
-        ctx.warn(f"dropped {folded.dropped} line(s) of the job's events file: {folded.why}")
+        # The job's own report is gone for good once folded: say so where the job's owner
+        # (slurmd's log, the record's warnings) and the audit (the journal) will look.
+        ctx.warn(f"dropped {folded.dropped} line(s) of the job's events file {path}"
+                 f"{f' and {folded.unread_bytes} unread bytes' if folded.unread_bytes else ''}"
+                 f": {folded.why}")
+        ctx.journal.append("events-dropped", job=ctx.job_id, path=path, lines=folded.dropped,
+                           unread_bytes=folded.unread_bytes, why=folded.why,
+                           kept=len(folded.records))
     return list(folded.records)
 
 

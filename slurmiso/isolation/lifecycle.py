@@ -9,7 +9,7 @@ everything else is imported inside the functions that need it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 
 from slurmiso.errors import NodeFault, SlurmisoError
 from slurmiso.isolation.base import Context, handler_for
@@ -106,10 +106,51 @@ def reconcile_node(
                     state.set_allocations(
                         {k: v for k, v in allocs.items() if k not in stale}
                     )
+        fixes.extend(_stale_fences(state.state_dir, set(state.jobs()), dry_run))
         rctx = ReconcileContext(cfg, pool, state, journal, backend, dry_run, live_jobs)
         fixes.extend(handler_for(pool.mode).reconcile(rctx))
     for line in fixes:
         journal.append("reconcile", node=node, fix=line, dry_run=dry_run)
+    return fixes
+
+
+def _stale_fences(state_dir: str, records: Set[str], dry_run: bool) -> List[str]:
+    """Fence files of jobs without a record, and temp files of fence writes that never
+    finished (a prolog killed mid-write): both are left by the dead, under the node lock.
+
+    Removing a fence opens nothing: the plugin denies every GPU device to a job without one.
+    """
+    import os
+    import re
+
+    from slurmiso.isolation.fence import FENCE_DIR
+    from slurmiso.pids import pid_alive
+
+    folder = os.path.join(state_dir, FENCE_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    temp = re.compile(r"\.(.+)\.([0-9]+)\.[0-9a-f]+\.tmp")
+    fixes = []
+    for name in names:
+        m = temp.fullmatch(name)
+        if m:
+            if pid_alive(int(m.group(2))):
+                continue
+            what = f"remove unfinished fence write {name} (writer pid {m.group(2)} is gone)"
+        elif name in records:
+            continue
+        else:
+            what = f"remove fence of job {name} (no job record)"
+        fixes.append(what)
+        if not dry_run:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                fixes[-1] = f"{what}: failed: {exc.strerror}"
     return fixes
 
 

@@ -158,6 +158,8 @@ class Resource:
         fields: Dict[str, Any] = {}
         for name in _RES_INTS:
             fields[name] = _opt_int(data, name, f"{where} ({kind}) ")
+            if fields[name] is not None and fields[name] < 0:
+                raise RecordError(f"{where} ({kind}) {name!r} is negative ({fields[name]})")
         for name in _RES_STRS:
             fields[name] = _opt_str(data, name, f"{where} ({kind}) ")
         for name in _RES_NEEDS.get(kind, ()):

@@ -369,10 +369,22 @@ class NodeState:
             raise self._corrupt(path, str(exc)) from None
 
     def write_job(self, job_id: JobId, record: JobRecord) -> None:
-        """Atomically replace the job's record (written in the current schema)."""
+        """Atomically replace the job's record (written in the current schema).
+
+        What is written must read back: a record the epilog could not read would leave
+        whatever it names behind and drain every later prolog, so the reader's own checks run
+        here first and refuse the write (StateError), before anything it names exists.
+        """
         path = self.job_path(job_id)
+        data = record.to_dict()
+        try:
+            JobRecord.from_dict(data)
+        except RecordError as exc:
+            raise StateError(f"refusing to write job {job_id}'s record, it would not read back: "
+                             f"{exc}", hint="this is a bug in slurmiso; please report it"
+                             ) from None
         self._ensure_once()
-        self._write_json(path, record.to_dict())
+        self._write_json(path, data)
 
     def delete_job(self, job_id: JobId) -> None:
         """Remove the job's record; a missing record is fine (epilogs may run twice)."""

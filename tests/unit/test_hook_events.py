@@ -177,6 +177,33 @@ def test_oversized_file_is_read_only_up_to_the_cap(tmp_path: Any) -> None:
     assert not os.path.exists(path)
 
 
+@pytest.mark.parametrize("shape", ["one-huge-line", "valid-lines", "empty-lines", "sparse"])
+def test_a_huge_events_file_is_never_dropped_silently(tmp_path: Any, shape: str) -> None:
+    """Issue 22: a 100 MB events file was dropped with no warning. Whatever its shape, the
+    record's warnings (slurmd's log) and a journal line say how much was not read."""
+    tmp, work = str(tmp_path), str(tmp_path / "w")
+    cfg = _prolog(tmp, work)
+    path = _events_path(tmp)
+    size = 100 * 1000 * 1000
+    with open(path, "wb") as fh:
+        if shape == "one-huge-line":
+            fh.write(b"x" * size)
+        elif shape == "valid-lines":
+            line = b'{"event": "checkpoint-end", "ok": true}\n'
+            fh.write(line * (size // len(line)))
+        elif shape == "empty-lines":
+            fh.write(b"\n" * size)
+        else:
+            fh.truncate(size)  # a sparse file of NUL bytes
+    _epilog(tmp, cfg, work)
+    (line,) = [e for e in journal(tmp) if e["event"] == "events-dropped"]
+    assert line["job"] == "42" and line["path"] == path
+    assert line["unread_bytes"] >= size - events.MAX_BYTES and line["lines"] >= 1
+    (end,) = [e for e in journal(tmp) if e["event"] == "job-end"]
+    assert any(f"{line['unread_bytes']} unread bytes" in w for w in end["warnings"])
+    assert not os.path.exists(path)
+
+
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "other-uid", "directory"])
 def test_events_file_that_is_not_the_jobs_regular_file_is_refused(tmp_path: Any, kind: str) -> None:
     tmp, work = str(tmp_path), str(tmp_path / "w")

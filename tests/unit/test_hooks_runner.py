@@ -14,7 +14,9 @@ import yaml
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.hooks import task_prolog
 from slurmiso.hooks.runner import run_hook
+from slurmiso.isolation.base import PREPARING
 from slurmiso.state import Journal, NodeState
+from slurmiso.state.record import JobRecord, Resource
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -269,3 +271,46 @@ def test_epilog_reports_memory_not_released(tmp_path: Any) -> None:
     assert run_hook("epilog", job_env(), cfg, Drains()) == 0
     end = [e for e in journal(tmp) if e["event"] == "job-end"][0]
     assert any("6000 MiB in use after the job ended" in w for w in end["warnings"])
+
+
+BAD_UIDS = ("-5", "-1", "4294967295", "4294967296", "99999999999999", "", "abc", "1e3", " 12",
+            "١٢")
+
+
+@pytest.mark.parametrize("uid", BAD_UIDS)
+@pytest.mark.parametrize("mode,qos", [("mps", "infer"), ("exclusive", "debug"),
+                                      ("timeslice", "train")])
+def test_an_unusable_job_uid_refuses_the_job_before_anything_is_made(
+    tmp_path: Any, uid: str, mode: str, qos: str
+) -> None:
+    """Issue 22: SLURM_JOB_UID -5 or above 2^32 started an MPS daemon for uid -1 and wrote a
+    record the epilog could not read; daemon and record leaked and later prologs drained."""
+    import psutil
+
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, mode)
+    drains = Drains()
+    env = job_env(qos=qos, SLURM_JOB_UID=uid)
+    assert run_hook("prolog", env, cfg, drains) == 0 and drains.calls == []
+    rec = state(tmp).read_job("42")
+    assert rec is not None and rec.status == "refused" and "SLURM_JOB_UID" in rec.reason
+    assert rec.resources == []
+    assert not os.path.exists(f"{tmp}/state/node1/mps")
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if any(tmp in part for part in p.info["cmdline"] or [])]
+    assert run_hook("epilog", env, cfg, drains) == 0 and drains.calls == []
+    assert state(tmp).read_job("42") is None
+    good = job_env(job="43", qos=qos)  # the node still takes the next job
+    assert run_hook("prolog", good, cfg, drains) == 0 and drains.calls == []
+    assert state(tmp).read_job("43").status == "ready"
+    assert run_hook("epilog", good, cfg, drains) == 0 and drains.calls == []
+
+
+def test_a_record_that_would_not_read_back_is_never_written(tmp_path: Any) -> None:
+    from slurmiso.errors import StateError
+
+    st = NodeState(str(tmp_path / "state"))
+    rec = JobRecord("7", PREPARING, resources=[Resource("mps", gpu=0, uid=-1)])
+    with pytest.raises(StateError, match="would not read back: .*'uid' is negative"):
+        st.write_job("7", rec)
+    assert st.read_job("7") is None

@@ -66,3 +66,34 @@ def test_node_status_lists_the_job_and_closes_the_backend(tmp_path: Any, countin
     assert [j["job"] for j in status["jobs"]] == ["100"]
     assert status["mode"] == "mig-dynamic" and len(status["mig_instances"]) == 1
     assert len(counting) == 1
+
+
+def test_reconcile_removes_fences_of_ended_jobs_and_unfinished_fence_writes(
+    tmp_path: Any, counting: Any
+) -> None:
+    """Issue 22: reconcile left fence/<jobid> files and fence/*.tmp behind."""
+    import os
+    import subprocess
+    import sys
+
+    from slurmiso.isolation import fence
+
+    live = _setup_job(str(tmp_path), "100")
+    ended = _setup_job(str(tmp_path), "101")
+    for ctx in (live, ended):
+        fence.write(ctx.state.state_dir, ctx.job_id, "test", ["c 195:1 rwm"])
+    folder = os.path.join(live.state.state_dir, fence.FENCE_DIR)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead_tmp = f".101.{gone.pid}.0badc0de.tmp"
+    live_tmp = f".100.{os.getpid()}.00c0ffee.tmp"  # a writer still at work is left alone
+    for name in (dead_tmp, live_tmp, "999"):
+        with open(os.path.join(folder, name), "w") as fh:
+            fh.write("deny c 195:0 rwm\n")
+    dry = lifecycle.reconcile_node(live.config, "node1", True, live_jobs=["100"])
+    assert sorted(os.listdir(folder)) == sorted([dead_tmp, live_tmp, "100", "101", "999"])
+    fixes = lifecycle.reconcile_node(live.config, "node1", False, live_jobs=["100"])
+    assert sorted(os.listdir(folder)) == sorted([live_tmp, "100"])
+    assert any("fence of job 101" in f for f in fixes) and any("job 999" in f for f in fixes)
+    assert any(dead_tmp in f for f in fixes) and any(dead_tmp in f for f in dry)
+    assert fence.read_rules(live.state.state_dir, "100") == ["c 195:1 rwm"]
