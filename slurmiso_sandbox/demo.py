@@ -213,7 +213,7 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float =
                                    f"preemption {n + 1}: give it more steps")
             return False
 
-        _wait(requeued, 30, f"requeue {n + 1} of the training job")
+        _wait(requeued, 120, f"requeue {n + 1} of the training job")
     final = final_states(sbx)
     state = sbx.wait_for(job, final, timeout=steps * step_time + 150)
     with open(log) as fh:
