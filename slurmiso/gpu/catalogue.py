@@ -205,3 +205,17 @@ ALIASES: Dict[str, str] = {
     "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": "RTX-PRO-6000",
 }
 LOWER_ALIASES: Dict[str, str] = {k.lower(): v for k, v in ALIASES.items()}
+
+
+def entry_text(model: GpuModel, source: str) -> str:
+    """``model`` as an entry of ``_MIG_MODELS`` above: what ``mig show --profiles`` prints for
+    a GPU the catalogue lacks, so its table can be added as the driver states it."""
+    rows = "\n".join(
+        f"        _p({p.name!r}, {p.profile_id}, {p.compute_slices}, {p.memory_slices}, "
+        f"{p.memory_mb}, {p.max_instances}, {tuple(p.placements)!r}),"
+        for p in model.profiles
+    )
+    return (f"    # {source}\n"
+            f"    GpuModel({model.name!r}, {model.product_name!r}, {model.memory_mb}, "
+            f"{model.sm_count}, {model.compute_slices}, {model.memory_slices}, (\n{rows}\n"
+            f"    ), architecture={model.architecture!r}, source={source!r}),")

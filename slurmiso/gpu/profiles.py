@@ -17,9 +17,9 @@ pools; the node's backend reports its name and memory.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from slurmiso.values import Value
+from slurmiso.values import Value, as_dict
 
 if TYPE_CHECKING:
     from slurmiso.gpu.catalogue import ALIASES as ALIASES
@@ -56,6 +56,9 @@ class MigProfile(Value, eq=True):
     @property
     def compute_fraction(self) -> float:
         return self.compute_slices / 7.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return as_dict(self)
 
 
 class GpuModel(Value, eq=True):
