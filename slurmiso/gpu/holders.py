@@ -11,9 +11,9 @@ recorded tree; as non-root, other users' processes cannot be read, and that coun
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.values import Value
+from slurmiso.values import Value, as_dict
 
 #: Process names (``/proc/<pid>/comm``, 15 characters at most) of the usual holders, and
 #: what to do about each before a MIG mode change (the MIG user guide stops nvsm and dcgm).
@@ -47,6 +47,9 @@ class Holder(Value, eq=True):
     devices: Tuple[str, ...]  # the device files it holds, e.g. ("/dev/nvidia0", ...)
     gpus: Tuple[int, ...]  # minors of /dev/nvidiaN among them
     advice: str = ""  # what to do about it, for a known holder
+
+    def to_dict(self) -> Dict[str, Any]:
+        return as_dict(self)
 
     def describe(self) -> str:
         what = self.advice or "stop it, or wait for it to end"
