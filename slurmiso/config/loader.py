@@ -526,10 +526,10 @@ def _check(cfg: Config, p: _Problems) -> None:
                 f"monitor.slo[{i}].class",
                 f"{slo.class_name!r} is not a class (allowed: {', '.join(class_names)})",
             )
+    mixes = {mix.pool: mix for mix in mps_mixes(cfg)}
     for i, pool in enumerate(cfg.pools):
-        for mix in mps_mixes(cfg):
-            if mix.pool == pool.name:
-                p.warn(f"pools[{i}]", f"{mix.describe()}; {FIX}")
+        if pool.name in mixes:
+            p.warn(f"pools[{i}]", f"{mixes[pool.name].describe()}; {FIX}")
     for layout in cfg.mig_layouts:
         for gi, group in enumerate(layout.groups):
             for prof, _ in group.mig_devices:
