@@ -145,7 +145,19 @@ def choose_release(root: str, slurm: Optional[str]) -> str:
     return want
 
 
-def make_site(root: Optional[str] = None, slurm: Optional[str] = None) -> L.Site:
+def plain_gpu(root: str, wanted: Optional[str] = None) -> str:
+    """The GPU the exclusive, mps and timeslice nodes play: ``--plain-gpu``, else
+    ``SLURMISO_SANDBOX_PLAIN_GPU``, else what ``up`` recorded in the dir; "" = the defaults
+    (A100-80GB, H100-80GB). Checked here, so a typo fails before anything starts."""
+    spec = (wanted if wanted is not None else os.environ.get("SLURMISO_SANDBOX_PLAIN_GPU")
+            or str(_read_state_dir(root).get("plain_gpu") or ""))
+    if spec:
+        L.parse_plain_gpu(spec)
+    return spec.strip()
+
+
+def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
+              plain: Optional[str] = None) -> L.Site:
     """The sandbox's :class:`~slurmiso_sandbox.layout.Site` on this machine, right now.
 
     Hooks are wired only once the repository has them, and run by this interpreter with this
@@ -163,7 +175,8 @@ def make_site(root: Optional[str] = None, slurm: Optional[str] = None) -> L.Site
     release = choose_release(root, slurm)
     base = port_base(_read_state_dir(root).get("port_base")
                      or L.PORT_BASE + 1000 * RELEASE_PORT_SHIFT.get(release, 0))
-    nodes = tuple(replace(n, port=n.port - L.PORT_BASE + base) for n in L.NODES)
+    nodes = L.with_plain_gpu(tuple(replace(n, port=n.port - L.PORT_BASE + base)
+                                   for n in L.NODES), plain_gpu(root, plain))
     if release:
         py = os.path.join(root, "lib", "py")
         return L.Site(
@@ -535,9 +548,14 @@ def init_sim(site: L.Site) -> List[str]:
     os.makedirs(site.path("sim"), exist_ok=True)
     for n in site.nodes:
         path = L.sim_path(site, n)
+        if os.path.exists(path) and not n.mig_slots and n.mode in L.PLAIN_MODES:
+            playing = SimBackend(path).state()
+            if playing["model"] != n.gpu_model and not playing["processes"]:
+                os.remove(path)  # another --plain-gpu: an idle plain node is re-made
         if not os.path.exists(path):
-            init_state(path, n.gpu_model, n.gpus, mig=n.mig_enabled, node=n.name)
-            made.append(n.name)
+            init_state(path, n.gpu_model, n.gpus, mig=n.mig_enabled, node=n.name,
+                       memory_mb=n.gpu_memory_mb)
+            made.append(f"{n.name} ({n.gpu_model})")
         if n.mig_slots:
             backend = SimBackend(path)
             if not backend.instances():  # never re-lay a node that has instances
@@ -546,6 +564,16 @@ def init_sim(site: L.Site) -> List[str]:
                 made.append(f"{n.name} MIG layout")
             backend.close()
     return made
+
+
+def _plain_spec(site: L.Site) -> str:
+    """The ``--plain-gpu`` a site was made with ("" for the default models)."""
+    plain = [n for n in site.nodes if n.mode in L.PLAIN_MODES]
+    if not plain or all(n.gpu_model == d.gpu_model for n, d in zip(plain, (
+            d for d in L.NODES if d.mode in L.PLAIN_MODES))):
+        return ""
+    n = plain[0]
+    return f"{n.gpu_model}:{n.gpu_memory_mb}M" if n.gpu_memory_mb else n.gpu_model
 
 
 def _state_file(site: L.Site) -> str:
@@ -753,16 +781,17 @@ def lock_path(site: L.Site) -> str:
 
 def up(root: Optional[str] = None, slurm: Optional[str] = None,
        from_packages: bool = False, force: bool = False,
-       host: Optional[G.Host] = None) -> UpReport:
+       host: Optional[G.Host] = None, plain: Optional[str] = None) -> UpReport:
     """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time).
 
     ``from_packages``: Slurm runs the installed packages' hooks and plugins, not the checkout's.
+    ``plain``: the GPU the exclusive, mps and timeslice nodes play (:func:`plain_gpu`).
     Before anything is touched, a host with a Slurm or munge setup the sandbox did not create
     is refused (:mod:`.guard`); ``force`` runs anyway and records it as the sandbox's.
     """
     if os.geteuid() != 0:
         raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
-    site = make_site(root, slurm)
+    site = make_site(root, slurm, plain)
     if from_packages:
         if site.chroot:
             raise SandboxError("--from-packages runs the host's Slurm only",
@@ -797,7 +826,8 @@ def _up(site: L.Site, record_host: Callable[[], List[str]] = lambda: []) -> UpRe
         with _step(report, "root mounts+slurmiso") as s:
             s.detail = prepare_root(site)
     os.makedirs(site.path("run"), exist_ok=True)
-    _write_state(site, slurm=site.slurm, port_base=site.port_base)
+    _write_state(site, slurm=site.slurm, port_base=site.port_base,
+                 plain_gpu=_plain_spec(site))
     with _step(report, "spank plugin") as s:
         s.detail = build_spank(site)
     with _step(report, "simulated GPUs") as s:

@@ -75,9 +75,11 @@ class SandboxNode:
     pool: str
     mode: str  # slurmiso pool mode
     partition: str
-    gpu_model: str  # slurmiso model name (profiles.MODELS)
+    gpu_model: str  # slurmiso model name (profiles.MODELS), or any name with gpu_memory_mb
     gres_type: str  # Slurm GRES type of whole GPUs
     gpus: int = 2
+    #: Memory of a simulated GPU the catalogue lacks (0: the catalogue's figure).
+    gpu_memory_mb: int = 0
     mps_per_gpu: int = 0
     shards_per_gpu: int = 0
     mig_enabled: bool = False
@@ -114,6 +116,45 @@ NODES: Tuple[SandboxNode, ...] = (
     SandboxNode("n5", 16825, "tslice", "timeslice", "tslice", "A100-80GB", "a100",
                 shards_per_gpu=4),
 )
+
+
+#: Pool modes that need no MIG table: their nodes can play any GPU (``with_plain_gpu``).
+PLAIN_MODES = ("exclusive", "mps", "timeslice")
+
+
+def parse_plain_gpu(spec: str) -> Tuple[str, int]:
+    """``MODEL`` or ``MODEL:MEMORY`` (``L40S``, ``RTX-A5000:24G``) -> (model, memory MiB; 0 =
+    the catalogue's). A model slurmiso has no entry for needs its memory; MIG is not needed."""
+    from slurmiso.errors import UsageError
+    from slurmiso.gpu.profiles import lookup_model
+    from slurmiso.units import parse_size
+
+    name, _, memory = spec.strip().partition(":")
+    name = name.strip()
+    known = lookup_model(name) if name else None
+    try:
+        memory_mb = int(parse_size(memory)) if memory.strip() else 0
+    except ValueError as exc:
+        raise UsageError(f"plain GPU {spec!r}: {exc}", hint="e.g. L40S or RTX-A5000:24G") from None
+    if not name or (known is None and memory_mb <= 0):
+        raise UsageError(f"plain GPU {spec!r}: a model slurmiso knows, or NAME:MEMORY",
+                         hint="e.g. L40S, L4, RTX-4090, or RTX-A5000:24G")
+    return (known.name if known else name), memory_mb
+
+
+def with_plain_gpu(nodes: Sequence[SandboxNode], spec: str) -> Tuple[SandboxNode, ...]:
+    """``nodes`` with every exclusive, mps and timeslice node playing the GPU ``spec`` names
+    (:func:`parse_plain_gpu`); MIG nodes keep their MIG model. "" changes nothing."""
+    if not spec:
+        return tuple(nodes)
+    from dataclasses import replace
+
+    from slurmiso.mig.gres import gpu_type_name
+
+    model, memory_mb = parse_plain_gpu(spec)
+    return tuple(replace(n, gpu_model=model, gres_type=gpu_type_name(model) or "gpu",
+                         gpu_memory_mb=memory_mb) if n.mode in PLAIN_MODES else n
+                 for n in nodes)
 
 
 @dataclass(frozen=True)
@@ -565,7 +606,7 @@ classes:
     mig_profile: 3g.40gb
     mps:
       thread_percentage: 100
-      memory_limit: 32G
+      memory_limit: {infer_mem}
     memory_headroom: 10
     preemptible: false
     qos:
@@ -583,7 +624,7 @@ classes:
     mig_profile: 4g.40gb
     mps:
       thread_percentage: 60
-      memory_limit: 24G
+      memory_limit: {train_mem}
     memory_headroom: 10
     preemptible: true
     checkpoint:
@@ -635,9 +676,27 @@ audit:
 """
 
 
+def mps_limits(site: Site) -> Tuple[str, str]:
+    """The infer and train classes' MPS memory limits: 32G and 24G where the MPS node's GPU
+    has the H100's 80 GB or more, else 40% and 30% of its memory (10% headroom stays free),
+    so a sandbox of smaller GPUs (``--plain-gpu L4``) starts MPS jobs too."""
+    from slurmiso.gpu.profiles import lookup_model
+
+    memory = 0
+    for n in site.nodes:
+        if n.mode == "mps":
+            known = lookup_model(n.gpu_model)
+            memory = n.gpu_memory_mb or (known.memory_mb if known else 0)
+    if not memory or memory >= 81559:
+        return "32G", "24G"
+    return f"{max(1, memory * 40 // 100 // 1024)}G", f"{max(1, memory * 30 // 100 // 1024)}G"
+
+
 def render_slurmiso_yaml(site: Site) -> str:
     """The sandbox's slurmiso.yaml: the example config's classes, one pool per sandbox node."""
-    lines = [_YAML_HEAD.format(cluster=CLUSTER, root=site.root.rstrip("/")).rstrip("\n")]
+    infer_mem, train_mem = mps_limits(site)
+    lines = [_YAML_HEAD.format(cluster=CLUSTER, root=site.root.rstrip("/"), infer_mem=infer_mem,
+                               train_mem=train_mem).rstrip("\n")]
     for n in site.nodes:
         lines += _pool_yaml(n) + [""]
     lines += [

@@ -94,6 +94,9 @@ class JournalDigest:
     idle_jobs: Dict[str, str] = field(default_factory=dict)  # job -> reason (monitor)
     reconcile_fixes: Counter = field(default_factory=Counter)  # node -> fixes made
     mps_conflicts: List[Tuple[str, str]] = field(default_factory=list)  # (node, job)
+    #: MPS jobs' time on their GPU (node, gpu, uid, start, end), from ``job-end`` lines:
+    #: what :mod:`slurmiso.audit.mps_sharing` splits into concurrent and serialised
+    mps_intervals: List[Tuple[str, int, int, float, float]] = field(default_factory=list)
     refused: Counter = field(default_factory=Counter)  # prolog refusal reasons
     rejected: int = 0  # lines whose writer cannot have written that event (see WRITER)
     rejected_jobs: List[str] = field(default_factory=list)
@@ -125,6 +128,12 @@ class JournalDigest:
                 self.requeued_jobs.add(job)
             if event == "prolog" and rec.get("outcome") == "refused":
                 self.refused[str(rec.get("reason", "?"))[:120]] += 1
+            if event == "job-end" and rec.get("mode") == "mps":
+                from slurmiso.audit.mps_sharing import interval_of
+
+                span = interval_of(rec)
+                if span is not None:
+                    self.mps_intervals.append(span)
         elif event == "checkpoint-start":
             self.checkpointing_jobs.add(job)
             grace = _float(rec.get("grace_s"))

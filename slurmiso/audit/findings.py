@@ -229,6 +229,7 @@ def _journal_findings(digest: JournalDigest) -> List[Finding]:
                         "MPS daemon (time-sliced, no isolation between them)",
                         "keep MPS pools to one user per GPU (e.g. OverSubscribe=NO per GPU)",
                         sorted({n for n, _ in digest.mps_conflicts})))
+    out.extend(_mps_sharing_findings(digest))
     if digest.refused:
         reasons = "; ".join(f"{r} ({n}x)" for r, n in digest.refused.most_common(3))
         out.append(make("info", "prolog-refused",
@@ -240,6 +241,29 @@ def _journal_findings(digest: JournalDigest) -> List[Finding]:
                         "GPUs", "ask the owners to release idle allocations",
                         list(digest.idle_jobs)))
     return out
+
+
+def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:
+    """MPS sharing split into concurrent (one user) and serialised (several users, whose
+    MPS servers the GPU time-slices), from the hooks' job-end lines."""
+    from slurmiso.audit.mps_sharing import sharing
+    from slurmiso.config.mps_users import FIX
+
+    if not digest.mps_intervals:
+        return []
+    got = sharing(digest.mps_intervals)
+    if not got.shared_s:
+        return []
+    pct = 100.0 * got.serialised_s / got.shared_s
+    worst = ", ".join(f"{n} GPU {g} ({s / 3600:.1f} h)" for n, g, s in got.worst)
+    return [make(
+        "warning" if got.serialised_s else "info", "mps-sharing",
+        f"MPS GPUs were shared for {got.shared_s / 3600:.1f} GPU-hours on {got.gpus} GPU(s): "
+        f"{got.concurrent_s / 3600:.1f} h concurrent (one user's jobs), "
+        f"{got.serialised_s / 3600:.1f} h ({pct:.0f}%) serialised (different users' jobs, "
+        "time-sliced between their MPS servers)" + (f"; most on {worst}" if worst else ""),
+        FIX if got.serialised_s else "nothing to do: the sharing ran concurrently",
+        sorted({n for n, _, _ in got.worst}))]
 
 
 def _natural(s: str) -> Any:

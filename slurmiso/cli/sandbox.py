@@ -53,6 +53,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "one this dir was made with). A release the host lacks runs from a cached Debian "
         "root (debootstrap; 24.11: trixie, 26.05: sid). Ports: $SLURMISO_SANDBOX_PORT_BASE "
         "(default 16800) plus fixed offsets")
+    up.add_argument(
+        "--plain-gpu", metavar="MODEL[:MEMORY]",
+        help="the GPU the exclusive, mps and timeslice nodes (n1, n2, n5) play, e.g. L40S, "
+        "L4, RTX-4090, or any NAME:MEMORY (RTX-A5000:24G); MIG nodes keep H100-80GB. "
+        "Default: $SLURMISO_SANDBOX_PLAIN_GPU, else what the dir was made with, else "
+        "A100-80GB/H100-80GB")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop every sandbox process")
     down.add_argument("--dir", help=DIR_HELP)
@@ -132,7 +138,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     cluster = sandbox_module("cluster")
     report = cluster.up(args.dir, args.slurm, from_packages=args.from_packages,
-                        force=args.force)
+                        force=args.force, plain=args.plain_gpu)
     if args.json:
         print_json(cluster.report_dict(report))
         return 0

@@ -79,7 +79,10 @@ def _add_init(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
         help="create a fresh simulated node",
         description="Create a fresh simulated node: GPUs idle, no MIG instances.",
     )
-    p.add_argument("--model", required=True, help=f"GPU model: {', '.join(MODELS)}")
+    p.add_argument("--model", required=True,
+                   help=f"GPU model: {', '.join(MODELS)}; any other name with --memory")
+    p.add_argument("--memory", type=_size, metavar="SIZE", default=0,
+                   help="memory of a GPU the catalogue lacks, e.g. 24G (no MIG)")
     p.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--mig", action="store_true", help="start with MIG mode enabled")
     p.add_argument("--node", default="", help="node name (default: $SLURMD_NODENAME or host)")
@@ -192,7 +195,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
     node = node_name(args.node)
     path = _state_path(args, node)
-    init_state(path, args.model, args.gpus, mig=args.mig, node=node, force=args.force)
+    init_state(path, args.model, args.gpus, mig=args.mig, node=node, force=args.force,
+               memory_mb=args.memory)
     mig = "MIG on" if args.mig else "MIG off"
     print(f"simulated node {node}: {args.gpus} x {args.model} ({mig}) at {path}")
     return 0
@@ -212,9 +216,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def render_state(state: Dict[str, Any]) -> str:
     """Text view of a simulated node: GPUs, then MIG instances, then processes."""
     from slurmiso.cli.output import table
-    from slurmiso.gpu.profiles import lookup_model
+    from slurmiso.gpu.sim import state_model
 
-    model = lookup_model(state["model"])
+    model = state_model(state)
     total = model.memory_mb if model else 0
     procs = state["processes"]
     gpu_rows, inst_rows = [], []

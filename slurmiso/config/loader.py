@@ -241,8 +241,11 @@ def _read_class(s: _Section) -> JobClass:
     return cls
 
 
+MIG_MODES = ("mig-static", "mig-dynamic")
+
+
 def _read_pool(s: _Section) -> Pool:
-    from slurmiso.gpu.profiles import MODELS, lookup_model
+    from slurmiso.gpu.profiles import lookup_model
     from slurmiso.hostlist import HostlistError, expand
 
     nodes = s.text("nodes", "")
@@ -254,12 +257,10 @@ def _read_pool(s: _Section) -> Pool:
     feature = s.text("feature", "")
     if not nodes and not feature:
         s.p.add(s.path, "a pool needs `nodes:` (a Slurm hostlist) or `feature:`")
-    model_raw = s.text("gpu_model")
+    # Optional: exclusive, mps and timeslice pools work on any NVIDIA GPU, named or not (the
+    # node's NVML says what it is); MIG pools need the model's profile table.
+    model_raw = s.text("gpu_model", "").strip()
     model = lookup_model(model_raw) if model_raw else None
-    if model_raw and model is None:
-        s.p.add(
-            s.key("gpu_model"), f"unknown GPU model {model_raw!r} (allowed: {', '.join(MODELS)})"
-        )
     pool = Pool(
         name=s.text("name"),
         nodes=nodes,
@@ -273,8 +274,31 @@ def _read_pool(s: _Section) -> Pool:
         mps_shares_per_gpu=s.integer("mps_shares_per_gpu", 100, 1, 10_000),
         shards_per_gpu=s.integer("shards_per_gpu", 7, 1, 1_000),
     )
+    if pool.mode in MIG_MODES:
+        _check_mig_model(s, pool, model)
     s.done()
     return pool
+
+
+def _check_mig_model(s: _Section, pool: Pool, model: Any) -> None:
+    """A MIG pool's model must be one whose MIG table slurmiso has; say what to do if not."""
+    from slurmiso.gpu.profiles import mig_models
+
+    known = ", ".join(m.name for m in mig_models())
+    if not pool.gpu_model:
+        s.p.add(s.key("gpu_model"), f"required when mode is {pool.mode}: MIG profiles and "
+                f"placements are per GPU model (allowed: {known})")
+    elif model is None:
+        s.p.add(s.key("gpu_model"), (
+            f"{pool.gpu_model!r} has no MIG profile table in slurmiso (MIG models: {known}); "
+            f"a {pool.mode} pool needs one: on a node of the pool, with MIG mode on, run "
+            "'slurmiso mig show --profiles' (it lists the profiles and placements the driver "
+            "reports, as a catalogue entry) and add that entry to slurmiso/gpu/catalogue.py; "
+            "or use mode exclusive, mps or timeslice, which need no table"))
+    elif not model.mig_capable:
+        s.p.add(s.key("mode"), (
+            f"{pool.mode} needs MIG, and {model.name} ({model.product_name}) does not support "
+            f"MIG (MIG models: {known}); use mode exclusive, mps or timeslice"))
 
 
 def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
@@ -395,8 +419,9 @@ def _read_monitor(s: _Section) -> MonitorSettings:
 
 def _check(cfg: Config, p: _Problems) -> None:
     from slurmiso.classname import class_name_problem
+    from slurmiso.config.mps_users import FIX, mps_mixes
     from slurmiso.gpu.placement import pack
-    from slurmiso.gpu.profiles import MODELS
+    from slurmiso.gpu.profiles import MODELS, lookup_model, mig_models
     from slurmiso.hostlist import compress
 
     class_names = [c.name for c in cfg.classes]
@@ -423,15 +448,16 @@ def _check(cfg: Config, p: _Problems) -> None:
         if c.isolation == "mig" and not c.mig_profiles:
             p.add(f"{key}.mig_profile", "required when isolation is mig")
         for model_name, _prof in c.mig_profiles:
-            if model_name != "*" and model_name not in MODELS:
+            if model_name != "*" and not (MODELS.get(model_name) and MODELS[model_name].profiles):
                 p.add(
                     f"{key}.mig_profile",
-                    f"unknown GPU model {model_name!r} (allowed: {', '.join(MODELS)})",
+                    f"unknown MIG GPU model {model_name!r} (allowed: "
+                    f"{', '.join(m.name for m in mig_models())}, or *)",
                 )
         for pool in _pools_for(cfg, c):
-            model = MODELS.get(pool.gpu_model)
+            model = lookup_model(pool.gpu_model) if pool.gpu_model else None
             if model is None:
-                continue
+                continue  # any GPU: the prolog and doctor check memory against the node's
             if pool.mode in ("mig-static", "mig-dynamic") and c.mig_profiles:
                 prof = c.mig_profile_for(model.name)
                 if prof and model.profile(prof) is None:
@@ -440,11 +466,19 @@ def _check(cfg: Config, p: _Problems) -> None:
                         f"{prof!r} is not a MIG profile of {model.name} (pool {pool.name!r}; "
                         f"allowed: {', '.join(model.profile_names)})",
                     )
+            headroom = model.memory_mb * c.memory_headroom_pct // 100
             if pool.mode == "mps" and c.mps.memory_limit_mb > model.memory_mb:
                 p.add(
                     f"{key}.mps.memory_limit",
                     f"{c.mps.memory_limit_mb} MiB is more than a {model.name} has "
                     f"({model.memory_mb} MiB, pool {pool.name!r})",
+                )
+            elif pool.mode == "mps" and c.mps.memory_limit_mb + headroom > model.memory_mb:
+                p.add(
+                    f"{key}.mps.memory_limit",
+                    f"{c.mps.memory_limit_mb} MiB plus the class's {c.memory_headroom_pct}% "
+                    f"headroom ({headroom} MiB) is more than a {model.name} has "
+                    f"({model.memory_mb} MiB, pool {pool.name!r}): no job of it could start",
                 )
     if cfg.default_class and cfg.job_class(cfg.default_class) is None:
         p.add(
@@ -468,9 +502,9 @@ def _check(cfg: Config, p: _Problems) -> None:
                 f"{key}.nodes",
                 f"{compress(nodes)} already in pool {owner!r}; a node has exactly one GPU mode",
             )
-        model = MODELS.get(pool.gpu_model)
-        if pool.mode in ("mig-static", "mig-dynamic") and model is not None and not model.profiles:
-            p.add(f"{key}.mode", f"{model.name} does not support MIG")
+        model = lookup_model(pool.gpu_model) if pool.gpu_model else None
+        if model is not None and not model.profiles:
+            model = None  # _check_mig_model named it
         if pool.mode == "mig-static":
             layout = cfg.mig_layout(pool.mig_layout) if pool.mig_layout else None
             if not pool.mig_layout:
@@ -492,6 +526,10 @@ def _check(cfg: Config, p: _Problems) -> None:
                 f"monitor.slo[{i}].class",
                 f"{slo.class_name!r} is not a class (allowed: {', '.join(class_names)})",
             )
+    mixes = {mix.pool: mix for mix in mps_mixes(cfg)}
+    for i, pool in enumerate(cfg.pools):
+        if pool.name in mixes:
+            p.warn(f"pools[{i}]", f"{mixes[pool.name].describe()}; {FIX}")
     for layout in cfg.mig_layouts:
         for gi, group in enumerate(layout.groups):
             for prof, _ in group.mig_devices:

@@ -64,12 +64,32 @@ def _gpu_node(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
     pool = cfg.pool_for_node(node)
     if pool is None:
         return None
-    from slurmiso.gpu import open_backend
+    from slurmiso.gpu import holders, open_backend
 
     with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
-        return {"node": node, "pool": pool.name,
-                "devices": [d.to_dict() for d in backend.devices()],
-                "instances": [i.to_dict() for i in backend.instances()]}
+        out: Dict[str, Any] = {"node": node, "pool": pool.name,
+               "devices": [d.to_dict() for d in backend.devices()],
+               "instances": [i.to_dict() for i in backend.instances()]}
+    found = holders.scan(dev_root=cfg.paths.dev_root_for(node), exclude=(os.getpid(),))
+    out["holders"] = [h.to_dict() for h in found.holders]
+    out["holders_unreadable"] = found.unreadable
+    if pool.mode == "mps":
+        out["mps_clients"] = _mps_clients(cfg, node)
+    return out
+
+
+def _mps_clients(cfg: Config, node: str) -> Dict[str, Any]:
+    """GPU index -> the jobs registered on its MPS daemons, with their uids ({} unreadable)."""
+    from slurmiso.errors import SlurmisoError
+    from slurmiso.isolation.mps import live_clients, registered
+    from slurmiso.state import NodeState
+
+    state = NodeState(cfg.paths.state_dir_for(node))
+    try:
+        return {str(gpu): [{"job": c.job_id, "uid": c.uid} for c in live_clients(state, gpu)]
+                for gpu in registered(state)}
+    except (SlurmisoError, OSError):
+        return {}
 
 
 def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snapshot:

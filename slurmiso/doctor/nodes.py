@@ -156,12 +156,16 @@ def check_mig_live(snap: Snapshot, cfg: Config) -> List[Finding]:
         return []
     out: List[Finding] = []
     if pool.mode in slurmconf.MIG_RECONFIGURED:
-        off = [str(d["index"]) for d in gpu.get("devices", []) if not d.get("mig_enabled")]
+        off = [d for d in gpu.get("devices", []) if not d.get("mig_enabled")]
         if off and pool.mode == "mig-dynamic":
+            from slurmiso.mig.mode import how
+
             out.append(Finding("error", "mig-mode",
-                               f"node {node}: MIG is off on GPU {','.join(off)} of a "
+                               f"node {node}: MIG is off on GPU "
+                               f"{','.join(str(d['index']) for d in off)} of a "
                                "mig-dynamic pool: the prolog cannot create instances",
-                               "drain the node, nvidia-smi -i N -mig 1, reset the GPU"))
+                               "; ".join(how(int(d["index"]), str(d.get("architecture", "")))
+                                         for d in off)))
     if pool.mode != "mig-static" or node not in snap.get("nodes", {}):
         return out
     live = _live_types(gpu, pool)

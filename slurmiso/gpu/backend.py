@@ -52,6 +52,9 @@ class DeviceInfo(Value, eq=True):
     utilization_pct: Optional[int]  # GPU engine busy %; None when not reported (MIG mode)
     mig_enabled: bool
     mig_pending: bool
+    #: "ampere", "hopper", "blackwell", ... ("" unknown): whether a MIG mode change needs a
+    #: GPU reset depends on it (:mod:`slurmiso.mig.mode`).
+    architecture: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         return as_dict(self)

@@ -65,6 +65,11 @@ _DEFAULT_CODES: Dict[str, int] = {
     "NVML_ERROR_IN_USE": 19,
     "NVML_ERROR_INSUFFICIENT_RESOURCES": 23,
 }
+#: ``NVML_DEVICE_ARCH_*`` values (the same in every nvidia-ml-py release) -> names.
+_ARCHITECTURES: Dict[int, str] = {
+    2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
+    9: "hopper", 10: "blackwell", 13: "rubin",
+}
 _HINTS: Dict[Type[GpuError], str] = {
     GpuLost: "drain the node and reset or replace the GPU (see dmesg for Xid errors)",
     GpuUnavailable: "check that the NVIDIA driver is loaded (nvidia-smi) on this node",
@@ -127,20 +132,23 @@ _NVML_PROFILE_NAME = re.compile(r"(\d+g\.\d+gb(?:[+-][a-z]+)*)")
 def profile_name(model: Optional[GpuModel], info: Any, constant_name: str = "") -> str:
     """slurmiso's name for an NVML GPU-instance profile ``info``.
 
-    Prefers the catalogue entry with the same profile id (so configs and both backends agree),
-    then the name NVML reports (profile info v2, e.g. ``"MIG 1g.10gb"``), then one derived
-    from slice count and memory the way NVIDIA names them (memory rounded up to GiB).
+    Prefers the catalogue entry with the same profile id and slice count (so configs and both
+    backends agree, whatever a driver release calls it), then the name NVML reports (profile
+    info v2, e.g. ``"MIG 1g.10gb"``), then one derived from slice count and memory the way
+    NVIDIA names them (memory rounded up to GiB).
     """
     if model is not None:
         for prof in model.profiles:
-            if prof.profile_id == int(info.id):
+            if prof.profile_id == int(info.id) and prof.compute_slices == int(info.sliceCount):
                 return prof.name
     match = _NVML_PROFILE_NAME.search(_text(getattr(info, "name", b"")))
     if match:
         return match.group(1)
     name = f"{int(info.sliceCount)}g.{math.ceil(int(info.memorySizeMB) / 1024)}gb"
-    if constant_name.endswith(("_REV1", "_ALL_ME")):
+    if constant_name.endswith("_REV1"):
         name += "+me"
+    elif constant_name.endswith("_ALL_ME"):
+        name += "+me.all"
     elif constant_name.endswith("_NO_ME"):
         name += "-me"
     elif constant_name.endswith("_GFX"):
@@ -242,7 +250,23 @@ class NvmlBackend:
             utilization_pct=self._utilization(index, handle)[0],
             mig_enabled=current,
             mig_pending=pending,
+            architecture=self._architecture(index, handle),
         )
+
+    def _architecture(self, index: int, handle: Any) -> str:
+        """``nvmlDeviceGetArchitecture`` as a name ("" where the driver or binding lacks it)."""
+        getter = getattr(self.nvml, "nvmlDeviceGetArchitecture", None)
+        if getter is None:
+            return ""
+        try:
+            with _translate(f"GPU {index}: read architecture"):
+                code = int(getter(handle))
+        except (GpuLost, GpuUnavailable):
+            raise
+        except GpuError as err:  # NOT_SUPPORTED, FUNCTION_NOT_FOUND (old driver)
+            log.debug("architecture unknown: %s", err)
+            return ""
+        return _ARCHITECTURES.get(code, "")
 
     def mig_mode(self, index: int) -> Tuple[bool, bool]:
         return self._mig_mode(index, self._handle(index))

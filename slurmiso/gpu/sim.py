@@ -87,20 +87,42 @@ def _known_models() -> str:
     return ", ".join(profiles.MODELS)
 
 
-def new_state(model: str, gpus: int, mig: bool = False, node: str = "") -> State:
-    """The state of a freshly booted simulated node (pure; :func:`init_state` writes it)."""
+def custom_model(name: str, memory_mb: int, product: str = "") -> GpuModel:
+    """A GPU the catalogue has no entry for, known by name and memory: no MIG."""
+    if not product:
+        product = name if name.upper().startswith(("NVIDIA", "TESLA")) else f"NVIDIA {name}"
+    return GpuModel(name, product, int(memory_mb), 0, 0, 0, ())
+
+
+def new_state(
+    model: str, gpus: int, mig: bool = False, node: str = "", memory_mb: int = 0
+) -> State:
+    """The state of a freshly booted simulated node (pure; :func:`init_state` writes it).
+
+    ``model`` is a catalogue model, or any name when ``memory_mb`` says how much memory the
+    GPU has (a GPU slurmiso has no entry for, without MIG): exclusive, mps and timeslice pools
+    work on any NVIDIA GPU, so the sandbox and tests can play one.
+    """
     gpu_model = profiles.lookup_model(model)
+    if gpu_model is None and memory_mb > 0 and model.strip():
+        gpu_model = custom_model(model.strip(), memory_mb)
     if gpu_model is None:
-        raise UsageError(f"unknown GPU model {model!r}; known models: {_known_models()}")
+        raise UsageError(
+            f"unknown GPU model {model!r}; known models: {_known_models()}",
+            hint="for another GPU give its memory too (sim init --memory 24G)",
+        )
     if not 1 <= gpus <= _MAX_GPUS:
         raise UsageError(f"a simulated node has 1 to {_MAX_GPUS} GPUs, not {gpus}")
     if mig and not gpu_model.profiles:
         raise UsageError(f"{gpu_model.name} has no MIG support")
     node = node or _short_hostname()
+    custom = profiles.lookup_model(gpu_model.name) is None
     return {
         "version": STATE_VERSION,
         "node": node,
         "model": gpu_model.name,
+        **({"custom_model": {"product_name": gpu_model.product_name,
+                             "memory_mb": gpu_model.memory_mb}} if custom else {}),
         "mig_generation": 0,
         "gpus": [
             {
@@ -120,10 +142,11 @@ def new_state(model: str, gpus: int, mig: bool = False, node: str = "") -> State
 
 
 def init_state(
-    path: str, model: str, gpus: int, mig: bool = False, node: str = "", force: bool = False
+    path: str, model: str, gpus: int, mig: bool = False, node: str = "", force: bool = False,
+    memory_mb: int = 0,
 ) -> None:
     """Create the state file of a simulated node; refuses to replace one unless ``force``."""
-    state = new_state(model, gpus, mig, node)
+    state = new_state(model, gpus, mig, node, memory_mb)
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -247,8 +270,8 @@ def _schema_problem(state: Any) -> str:
         return "top level is not an object"
     if state.get("version") != STATE_VERSION:
         return f"version {state.get('version')!r}, expected {STATE_VERSION}"
-    if profiles.lookup_model(str(state.get("model", ""))) is None:
-        return f"unknown model {state.get('model')!r}"
+    if state_model(state) is None:
+        return f"unknown model {state.get('model')!r} (and no custom_model with its memory)"
     if not isinstance(state.get("gpus"), list) or not isinstance(state.get("processes"), list):
         return "'gpus' or 'processes' is not a list"
     if not isinstance(state.get("node"), str):
@@ -550,8 +573,21 @@ class SimBackend:
 
 
 # ------------------------------------------------------------------ pure state helpers
+def state_model(state: State) -> Optional[GpuModel]:
+    """The simulated GPUs' model: a catalogue entry, or the ``custom_model`` the state names."""
+    model = profiles.lookup_model(str(state.get("model", "")))
+    custom = state.get("custom_model")
+    if model is None and isinstance(custom, dict):
+        memory = custom.get("memory_mb")
+        product = custom.get("product_name")
+        if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0:
+            model = custom_model(str(state["model"]), memory,
+                                 product if isinstance(product, str) else "")
+    return model
+
+
 def _model(state: State) -> GpuModel:
-    model = profiles.lookup_model(state["model"])
+    model = state_model(state)
     assert model is not None  # checked by _schema_problem on every read
     return model
 
@@ -624,6 +660,7 @@ def _device_info(state: State, gpu: Dict[str, Any]) -> DeviceInfo:
         utilization_pct=None if mig else int(gpu["load"]["util"]),
         mig_enabled=mig,
         mig_pending=mig,
+        architecture=model.architecture,
     )
 
 

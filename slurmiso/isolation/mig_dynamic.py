@@ -155,7 +155,9 @@ class MigDynamic:
             )
         model = lookup_model(dev.model or ctx.pool.gpu_model)
         if model is None or not model.profiles:
-            raise NodeFault(f"GPU {gpu} ({dev.name}) is not a MIG model slurmiso knows")
+            raise NodeFault(f"GPU {gpu} ({dev.name}) is not a MIG model slurmiso knows",
+                            hint="'slurmiso mig show --profiles' lists what the driver "
+                            "reports; add its table to slurmiso/gpu/catalogue.py")
         profile = choose_profile(ctx, model)
         insts = backend.instances(gpu)
         start = best_placement(model, profile, _occupied(ctx, gpu, insts))

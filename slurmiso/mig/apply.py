@@ -8,9 +8,11 @@ apply (which re-reads the node and plans again) simply finishes the job.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple, cast
 
+from slurmiso.gpu import holders
 from slurmiso.gpu.backend import (
     DeviceInfo,
     GpuBackend,
@@ -19,6 +21,7 @@ from slurmiso.gpu.backend import (
     create_mig_device,
     destroy_mig_device,
 )
+from slurmiso.mig import mode
 from slurmiso.mig.plan import CREATE, DESTROY, ENABLE_MIG, Existing, MigPlan, MigPlanError, Step
 
 if TYPE_CHECKING:
@@ -86,17 +89,17 @@ def check_applicable(plan: MigPlan, backend: GpuBackend, enable_mig: bool) -> No
     if not need:
         return
     gpus = ", ".join(map(str, need))
+    how_to = "; ".join(mode.how(g, backend.device(g).architecture) for g in need)
     if not enable_mig:
         raise MigPlanError(
             f"MIG mode is disabled on GPU(s) {gpus} but layout {plan.layout!r} enables it",
-            hint="changing MIG mode is an admin action on an idle GPU: run "
-            "'nvidia-smi -i N -mig 1' (and reset the GPU), or pass --enable-mig where the "
-            "backend can set the mode (simulated GPUs)",
+            hint=f"changing MIG mode is an admin action: {how_to}; or pass --enable-mig "
+            "where the backend can set the mode (simulated GPUs)",
         )
     if not backend.capabilities.set_mig_mode:
         raise MigPlanError(
             f"--enable-mig: the {backend.name} backend cannot change MIG mode",
-            hint=f"enable MIG on GPU(s) {gpus} with 'nvidia-smi -i N -mig 1' on the idle GPU",
+            hint=how_to,
         )
 
 
@@ -159,3 +162,30 @@ def _find(backend: GpuBackend, step: Step) -> MigInstance:
         "while the plan was applied",
         hint="something outside slurmiso changes MIG instances; run 'slurmiso mig apply' again",
     )
+
+
+def mode_changes(plan: MigPlan) -> List[Tuple[int, bool]]:
+    """GPUs whose MIG mode the layout changes: (gpu, enable)."""
+    return [(g.gpu, g.mig_wanted) for g in plan.gpus
+            if g.covered and g.mig_wanted != g.mig_enabled]
+
+
+def mode_change_advice(
+    backend: GpuBackend, plan: MigPlan, proc_root: str = "/proc", dev_root: str = "/dev"
+) -> List[str]:
+    """Before a re-layout that switches MIG mode: per GPU, whether a reset is needed (by
+    architecture) and what holds the GPU now (compute processes, device-file holders such
+    as nvidia-persistenced, DCGM or a display server). Empty when no mode changes."""
+    changes = mode_changes(plan)
+    if not changes:
+        return []
+    found = holders.scan(proc_root, dev_root, exclude=(os.getpid(),))
+    devices = {d.index: d for d in backend.devices()}
+    procs = backend.processes()
+    out: List[str] = []
+    for gpu, enable in changes:
+        dev = devices.get(gpu)
+        out += mode.advice(gpu, dev.architecture if dev else "",
+                           holders.on_gpu(found, dev.minor if dev else gpu), procs,
+                           enable, found.unreadable)
+    return out

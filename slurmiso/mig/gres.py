@@ -226,11 +226,18 @@ def map_gres_indices(
 
 # ------------------------------------------------------------------------- gres.conf
 def gpu_type_name(model: str) -> str:
-    """Slurm ``Type=`` of a whole GPU: the model's family, lower case ("H100-80GB" -> "h100").
+    """Slurm ``Type=`` of a whole GPU: the model's family, lower case ("H100-80GB" -> "h100",
+    "RTX-4090" -> "rtx4090"); "" for a pool that names no model (untyped ``gpu`` GRES).
 
     ``gen slurm-conf`` must use the same name in ``Gres=gpu:<type>:N``.
     """
-    return model.split("-")[0].lower() or "gpu"
+    parts = [p for p in model.strip().split("-")
+             if p and not (p[:-2].isdigit() and p[-2:].upper() == "GB")]
+    if not parts:
+        return ""
+    if any(ch.isdigit() for ch in parts[0]):
+        return parts[0].lower()
+    return "".join(ch for ch in "".join(parts).lower() if ch.isalnum())
 
 
 def bracket(numbers: Sequence[int]) -> str:
@@ -268,7 +275,8 @@ def render_gres_conf(
     if source:
         lines.append(f"# Source: {source}")
     dev = os.path.join(dev_root, "nvidia")
-    gpu_line = f"{pre}Name=gpu Type={gtype} File={dev}{bracket(minors)}"
+    typed = f" Type={gtype}" if gtype else ""
+    gpu_line = f"{pre}Name=gpu{typed} File={dev}{bracket(minors)}"
     if pool.mode == "mig-static":
         counts = ",".join(f"gpu:{t}:{n}" for t, n in type_counts(entries or (), gtype))
         lines.append("# Order matters: SLURM_JOB_GPUS indexes these lines (type, GPU, slice);")

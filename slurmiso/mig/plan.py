@@ -18,6 +18,7 @@ from slurmiso.config.model import MigGroup, MigLayout
 from slurmiso.errors import SlurmisoError
 from slurmiso.gpu.placement import pack
 from slurmiso.gpu.profiles import GpuModel
+from slurmiso.mig.mode import how
 
 CREATE, DESTROY, ENABLE_MIG = "create", "destroy", "enable-mig"
 
@@ -174,7 +175,7 @@ def _plan_gpu(
     if group is None:  # not ours to lay out: leave it exactly as it is
         return GpuPlan(index, False, mig_on, mig_on, keep=found)
     if not group.mig_enabled:
-        return _plan_mig_off(index, found, mig_on)
+        return _plan_mig_off(index, found, mig_on, model.architecture)
     counts = {name: n for name, n in group.counts().items() if n > 0}
     unknown = [name for name in counts if model.profile(name) is None]
     if unknown:
@@ -202,14 +203,16 @@ def _plan_gpu(
     return _finish(index, keep, extras, creates)
 
 
-def _plan_mig_off(index: int, found: Tuple[Existing, ...], mig_on: bool) -> GpuPlan:
+def _plan_mig_off(
+    index: int, found: Tuple[Existing, ...], mig_on: bool, architecture: str = ""
+) -> GpuPlan:
     if not mig_on:
         return GpuPlan(index, True, False, False)
     destroys = tuple(_destroy(index, e) for e in found)
     problems = [_in_use_problem(index, e) for e in found if e.in_use]
     problems.append(
         f"GPU {index}: the layout disables MIG but it is enabled; slurmiso never disables MIG: "
-        f"drain the node, then run 'nvidia-smi -i {index} -mig 0' on the idle GPU"
+        + how(index, architecture, enable=False)
     )
     return GpuPlan(index, True, False, True, steps=destroys, problems=tuple(problems))
 
@@ -223,7 +226,8 @@ def _plan_mig_enable(model: GpuModel, index: int, counts: Dict[str, int], busy: 
     if busy:
         problems.append(
             f"GPU {index}: MIG mode is disabled and cannot be enabled now: {busy}; "
-            "drain the node and wait until the GPU is idle"
+            "drain the node and wait until the GPU is idle; then "
+            + how(index, model.architecture).split(": ", 1)[1]
         )
     steps = (Step(ENABLE_MIG, index),) + tuple(
         Step(CREATE, index, p, s) for p, s in sorted(creates, key=lambda c: c[1])

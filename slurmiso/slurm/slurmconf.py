@@ -126,7 +126,7 @@ def pool_gres(cfg: Config, pool: Pool) -> str:
     if pool.mode == "mig-static":
         counts = _type_counts(cfg, pool)
         return ",".join(f"gpu:{t}:{c}" for t, c in counts) if counts else ""
-    parts = [f"gpu:{gtype}:{n}"]
+    parts = [f"gpu:{gtype}:{n}" if gtype else f"gpu:{n}"]
     if pool.mode == "mps":
         parts.append(f"mps:{pool.mps_shares_per_gpu * n}")
     elif pool.mode in ("mig-dynamic", "timeslice"):
@@ -141,7 +141,8 @@ def partition_line(pool: Pool) -> str:
 
 def _pool_lines(cfg: Config, pool: Pool) -> List[str]:
     gres = pool_gres(cfg, pool)
-    lines = [f"# pool {pool.name}: {pool.mode}, {pool.gpus_per_node}x {pool.gpu_model}"]
+    model = pool.gpu_model or "GPU (any model: the node reports it)"
+    lines = [f"# pool {pool.name}: {pool.mode}, {pool.gpus_per_node}x {model}"]
     if pool.mode == "mig-static":
         lines.append("#   MIG types in gres.conf order ('slurmiso gen gres-conf'); another "
                      "order gives jobs the wrong instance")

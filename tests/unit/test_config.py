@@ -53,7 +53,9 @@ def test_example_content() -> None:
     assert cfg.pool_for_node("nodeX", ("migdyn",)).mode == "mig-dynamic"  # type: ignore[union-attr]
     half = cfg.mig_layout("half-half")
     assert half is not None and half.for_device(5).counts() == {"4g.40gb": 1, "1g.10gb": 3}  # type: ignore[union-attr]
-    assert cfg.warnings == ()
+    # infer beside train on the MPS pool, any account: true, and said (docs/security.md)
+    (warning,) = cfg.warnings
+    assert "pools[0]" in warning and "'serve'" in warning and "time-sliced" in warning
 
 
 def _set(path: str, value: Any) -> Callable[[Dict[str, Any]], None]:
@@ -137,9 +139,10 @@ BAD = [
     ),
     ("unknown pool mode", _set("pools.0.mode", "mig"), ["pools[0].mode", "'mig'", "mig-static"]),
     (
-        "unknown gpu model",
-        _set("pools.0.gpu_model", "V100"),
-        ["pools[0].gpu_model", "'V100'", "H100-80GB"],
+        "MIG pool of a model without a MIG table",
+        _set("pools.1.gpu_model", "V100"),
+        ["pools[1].gpu_model", "'V100'", "no MIG profile table", "H100-80GB",
+         "slurmiso mig show --profiles", "slurmiso/gpu/catalogue.py"],
     ),
     (
         "missing layout",
@@ -201,7 +204,7 @@ def test_bad_config_is_named(
 def test_all_problems_reported_at_once() -> None:
     data = _base()
     data["classes"][0]["mps"]["thread_percentage"] = 150
-    data["pools"][0]["gpu_model"] = "V100"
+    data["pools"][1]["gpu_model"] = "V100"
     data["typo"] = 1
     with pytest.raises(ConfigError) as info:
         parse_config(data, "x.yaml")

@@ -84,6 +84,7 @@ def _migd_gpu_off(s: Dict[str, Any]) -> None:
     gpu = s["gpu_node"]
     gpu.update(node="n4", pool="migd", instances=[])
     gpu["devices"][0]["mig_enabled"] = False
+    gpu["devices"][0]["mig_pending"] = False  # off, no change pending (that is its own case)
 
 
 CASES: List[Any] = [

@@ -330,7 +330,7 @@ def test_init_refuses_to_overwrite(state_path: str) -> None:
 
 
 def test_init_unknown_model_lists_known(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="H100-80GB.*A30-24GB"):
+    with pytest.raises(UsageError, match="known models: .*A30-24GB.*H100-80GB.*--memory"):
         init_state(str(tmp_path / "s.json"), "V100", 1)
 
 

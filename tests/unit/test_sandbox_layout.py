@@ -381,3 +381,72 @@ def test_from_packages_names_what_is_not_installed(tmp_path, monkeypatch):
     with pytest.raises(SandboxError, match="slurmiso-prolog") as err:
         cluster.packaged_site(HOOKED)
     assert "make deb" in err.value.hint
+
+
+# ------------------------------------------------ a non-MIG GPU on the plain nodes (issue 26)
+@pytest.mark.parametrize("spec,model,gres,memory", [
+    ("L40S", "L40S", "l40s", 0),
+    ("nvidia l4", "L4", "l4", 0),
+    ("RTX-A5000:24G", "RTX-A5000", "rtxa5000", 24576),
+    ("B200", "B200-180GB", "b200", 0),  # a MIG model may play a plain node too
+])
+def test_plain_gpu_on_exclusive_mps_timeslice_nodes(spec, model, gres, memory):
+    nodes = L.with_plain_gpu(L.NODES, spec)
+    plain = {n.name for n in nodes if n.mode in L.PLAIN_MODES}
+    assert plain == {"n1", "n2", "n5"}
+    for n, before in zip(nodes, L.NODES):
+        if n.name in plain:
+            assert (n.gpu_model, n.gres_type, n.gpu_memory_mb) == (model, gres, memory)
+        else:
+            assert n == before  # MIG nodes keep their MIG model and layout
+    site = replace(SITE, nodes=nodes)
+    conf = L.render_slurm_conf(site)
+    assert "NodeName=n1 " in conf and f"Gres=gpu:{gres}:2" in conf
+    assert f"gpu:{gres}:2,mps:200" in conf
+    assert f"Name=gpu Type={gres} File=" in L.render_gres_conf(site)
+    cfg = L.sandbox_config(site)  # loads: the MPS limits fit the GPU the node plays
+    assert {p.name: p.gpu_model for p in cfg.pools}["mps"] == model
+    assert {p.name: p.gpu_model for p in cfg.pools}["migs"] == "H100-80GB"
+
+
+@pytest.mark.parametrize("spec,limits", [
+    ("", ("32G", "24G")), ("B200", ("32G", "24G")), ("L4", ("8G", "6G")),
+    ("RTX-A5000:24G", ("9G", "7G")), ("L40S", ("17G", "13G")),
+])
+def test_mps_limits_follow_the_mps_nodes_gpu(spec, limits):
+    assert L.mps_limits(replace(SITE, nodes=L.with_plain_gpu(L.NODES, spec))) == limits
+
+
+@pytest.mark.parametrize("spec", ["", None])
+def test_no_plain_gpu_changes_nothing(spec):
+    assert L.with_plain_gpu(L.NODES, spec or "") == L.NODES
+
+
+@pytest.mark.parametrize("spec,text", [
+    ("Unknown-X", "NAME:MEMORY"), ("L4:lots", "plain GPU 'L4:lots'"), (":24G", "NAME:MEMORY"),
+])
+def test_bad_plain_gpu_is_a_usage_error(spec, text):
+    from slurmiso.errors import UsageError
+
+    with pytest.raises(UsageError, match=text):
+        L.parse_plain_gpu(spec)
+
+
+def test_sim_nodes_play_the_plain_gpu(tmp_path, monkeypatch):
+    """init_sim makes the plain nodes' simulated GPUs of the chosen model (an idle one is
+    re-made when the model changes) and keeps the MIG nodes' H100s and layout."""
+    from slurmiso.gpu.sim import SimBackend
+    from slurmiso_sandbox import cluster
+
+    site = replace(SITE, root=str(tmp_path), nodes=L.with_plain_gpu(L.NODES, "RTX-A5000:24G"))
+    cluster.init_sim(site)
+    devs = {n.name: SimBackend(L.sim_path(site, n)).device(0) for n in site.nodes}
+    assert (devs["n2"].name, devs["n2"].memory_total_mb) == ("NVIDIA RTX-A5000", 24576)
+    assert devs["n3"].model == "H100-80GB" and devs["n3"].mig_enabled
+    site = replace(site, nodes=L.with_plain_gpu(L.NODES, "L40S"))
+    cluster.init_sim(site)
+    assert SimBackend(L.sim_path(site, site.nodes[0])).device(0).model == "L40S"
+    assert cluster._plain_spec(site) == "L40S"
+    monkeypatch.setenv("SLURMISO_SANDBOX_PLAIN_GPU", "L4")
+    assert cluster.plain_gpu(str(tmp_path)) == "L4"
+    assert cluster.plain_gpu(str(tmp_path), "T4") == "T4"
