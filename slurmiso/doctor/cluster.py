@@ -220,8 +220,13 @@ def check_submit_plugins(snap: Snapshot, cfg: Config) -> List[Finding]:
         out.append(Finding("info", "job-submit",
                            "JobSubmitPlugins has no lua: class rules are not checked at submit",
                            "slurmiso gen job-submit; set JobSubmitPlugins=lua"))
+    from slurmiso.doctor.plugstack import stack
+
     plug = snap.get("plugstack") or {}
-    if not plug.get("exists") or "slurmiso" not in str(plug.get("text", "")):
+    lines, unread = stack(plug)
+    loaded = any(ln.kind in ("required", "optional")
+                 and ln.path.rsplit("/", 1)[-1] == "slurmiso.so" for ln in lines)
+    if not plug.get("exists") or not (loaded or unread):
         out.append(Finding("info", "plugstack",
                            f"{plug.get('path') or 'plugstack.conf'} does not load slurmiso's "
                            "SPANK plugin: --iso-* options are unavailable",
