@@ -156,6 +156,18 @@ def check_prep_plugins(snap: Snapshot, cfg: Config) -> List[Finding]:
                     "line: prep/script is the default); restart slurmctld and slurmd")]
 
 
+def check_slurmd_user(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """slurmd runs Prolog=/Epilog= as SlurmdUser; slurmiso's hooks need root (MIG instances,
+    MPS daemons, device fences)."""
+    user = conf(snap, "SlurmdUser")
+    if not cfg.pools or not user or user.startswith("root") or user.endswith("(0)"):
+        return []
+    return [Finding("error", "slurmd-user",
+                    f"SlurmdUser={user}: slurmd runs Prolog= and Epilog= as that user, and "
+                    "slurmiso's hooks need root, so every job drains its node",
+                    "remove SlurmdUser= from slurm.conf (root is the default); restart slurmd")]
+
+
 def _seconds(value: str) -> Optional[int]:
     """``60``, ``60 sec`` (scontrol's forms) -> 60; None when unset or not a number."""
     head = value.split()[0] if value.split() else ""
@@ -365,9 +377,31 @@ def check_submit_plugins(snap: Snapshot, cfg: Config) -> List[Finding]:
     return out
 
 
+def check_plugstack_files(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """A ``required`` SPANK plugin that does not load aborts the whole stack: every job step on
+    that node fails (slurmiso_fence.so is check_fence_plugin's)."""
+    from slurmiso.doctor.plugstack import stack
+
+    plug = snap.get("plugstack") or {}
+    node = (snap.get("gpu_node") or {}).get("node")
+    files = plug.get("plugins") or {}
+    out: List[Finding] = []
+    for ln in stack(plug)[0]:
+        found = files.get(ln.path) or {}
+        if ln.kind != "required" or found.get("exists") is not False \
+                or ln.path.rsplit("/", 1)[-1] == "slurmiso_fence.so":
+            continue
+        out.append(Finding("error" if node else "info", "plugin-missing",
+                           f"{found.get('resolved') or ln.path} ({ln.file}:{ln.lineno}, "
+                           f"required) is not on {node or 'this host'}: every job step there "
+                           "fails", f"install it on {node or 'this host'} (slurmiso.so: the "
+                           "slurmiso-spank package), or fix the path"))
+    return out
+
+
 CHECKS: List[Check] = [
     check_preempt_type, check_preempt_mode, check_job_requeue, check_accounting_storage,
     check_accounting_enforce, check_accounting_tres, check_gres_types, check_prolog_flags,
-    check_prep_plugins, check_timeouts, check_gpu_acct, check_hooks_set, check_qos,
-    check_submit_plugins, check_slurm_version,
+    check_prep_plugins, check_slurmd_user, check_timeouts, check_gpu_acct, check_hooks_set,
+    check_qos, check_submit_plugins, check_plugstack_files, check_slurm_version,
 ]

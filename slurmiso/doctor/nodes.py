@@ -395,6 +395,13 @@ def check_hook_files(snap: Snapshot, cfg: Config) -> List[Finding]:
         path = h.get("path")
         if not path:
             continue  # check_hooks_set reports it
+        value = str((snap.get("config") or {}).get(key, path)).strip()
+        if value not in ("", "(null)", path):  # an edited snapshot: its files are path's
+            out.append(Finding("warning", "hook-unchecked",
+                               f"{key}={value} in slurm.conf, but the hook files recorded are "
+                               f"{path}'s: whether {value} exists on {node} was not checked",
+                               f"run 'slurmiso doctor' on {node} again"))
+            continue
         if not h.get("exists"):
             what = "matches no file" if h.get("glob") else "does not exist"
             out.append(Finding("error", "hook-missing",

@@ -151,6 +151,10 @@ CASES: List[Tuple[str, Plant, str, str, bool]] = [
      True),
     ("taskprolog-is-prolog", conf("TaskProlog", f"{ROOT}/bin/slurmiso-prolog"),
      "hook-not-slurmiso", "slurmiso-task-prolog", True),
+    ("prolog-path-moved", conf("Prolog", "/opt/slurmiso/bin/slurmiso-prolog"), "hook-unchecked",
+     "doctor", True),
+    ("slurmd-user-not-root", conf("SlurmdUser", "slurm(64030)"), "slurmd-user", "SlurmdUser=",
+     True),
     ("prep-plugins-no-script", conf("PrEpPlugins", "prep/site_audit"), "prep-plugins",
      "prep/script", True),
     ("prolog-flags-contain-only", conf("PrologFlags", "Contain"), "prolog-flags", "Alloc", False),
@@ -318,8 +322,40 @@ def test_kill_wait_shorter_than_the_grace_a_relayout_requeue_needs() -> None:
 
 
 #: Codes this file plants outside :data:`CASES`.
-OTHER_CODES = {"kill-wait"}
+OTHER_CODES = {"kill-wait", "plugin-missing"}
 
 
 def codes_planted() -> Set[str]:
     return {c[2] for c in CASES} | OTHER_CODES
+
+
+def test_collector_follows_includes_and_finds_plugin_files(tmp_path: Any) -> None:
+    """What a live doctor records for the plugstack checks: each include pattern (relative
+    ones from the including file's directory) with the files it matches, and whether each
+    plugin exists (a relative path looked up in PluginDir, as Slurm does)."""
+    from slurmiso.doctor.collect import plugstack_facts
+
+    etc, lib = tmp_path / "etc", tmp_path / "lib"
+    (etc / "plugstack.conf.d").mkdir(parents=True)
+    lib.mkdir()
+    (lib / "slurmiso_fence.so").write_text("")
+    (etc / "plugstack.conf").write_text("include plugstack.conf.d/*.conf # site\n")
+    (etc / "plugstack.conf.d" / "a.conf").write_text(
+        "required slurmiso_fence.so state_dir=/run/slurmiso\nrequired /nowhere/slurmiso.so\n")
+    (etc / "plugstack.conf.d" / "b.conf.rpmsave").write_text("required /x.so\n")
+    facts = plugstack_facts(str(etc / "plugstack.conf"), f"/usr/lib/none:{lib}")
+    pattern = f"{etc}/plugstack.conf.d/*.conf"
+    assert list(facts["includes"]) == [pattern]
+    assert list(facts["includes"][pattern]) == [f"{etc}/plugstack.conf.d/a.conf"]
+    assert facts["plugins"] == {
+        "slurmiso_fence.so": {"resolved": f"{lib}/slurmiso_fence.so", "exists": True},
+        "/nowhere/slurmiso.so": {"resolved": "/nowhere/slurmiso.so", "exists": False}}
+    snap = copy.deepcopy(recorded())
+    snap["plugstack"] = facts
+    snap["config"]["PlugStackConfig"] = str(etc / "plugstack.conf")
+    cfg = sandbox_config()
+    found = [f for f in run_checks(snap, cfg) if f.code.startswith("fence-")]
+    assert [f.code for f in found] == ["fence-state-dir"]  # loaded from the include; its dir
+    missing = [f for f in run_checks(snap, cfg) if f.code == "plugin-missing"]
+    assert [f.severity for f in missing] == ["error"] and "/nowhere/slurmiso.so" in missing[0].message
+    assert facts["exists"] and plugstack_facts(str(tmp_path / "none.conf"), "")["exists"] is False
