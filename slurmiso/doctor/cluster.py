@@ -300,7 +300,7 @@ def check_hooks_set(snap: Snapshot, cfg: Config) -> List[Finding]:
 def _hook_names(snap: Snapshot, key: str, value: str) -> List[str]:
     """The file name ``value`` has, and its target's where the snapshot recorded one."""
     hook = (snap.get("hooks") or {}).get(key) or {}
-    files = hook.get("files") or [] if hook.get("path") == value else []
+    files = (hook.get("files") or []) if hook.get("path") == value else []
     return [os.path.basename(value)] + [os.path.basename(str(f["realpath"]))
                                         for f in files if f.get("realpath")]
 
@@ -316,15 +316,16 @@ def _qos_finding(c: Q.Change, desired: List[Q.Qos], cfg_classes: Sequence[JobCla
                        f"account {c.account} may not use QoS {c.qos} (qos.accounts says it may)",
                        fix)
     text = f"QoS {c.qos}: {c.field}={c.live or '(unset)'}, the config says {c.want or '(none)'}"
-    extra = sorted(set(c.live.split(",")) - set(want.preempt or ()) - {""})
-    if c.field == "Preempt" and extra:
-        never = {x.qos.name for x in cfg_classes if not x.preemptible} & set(extra)
-        return Finding("error", "qos-preempt",
-                       f"{text}: {c.qos} jobs preempt {','.join(extra)}"
-                       + (", which the config never preempts" if never else ""), fix)
-    if c.field == "Preempt" and want.preempt:
-        return Finding("error", "qos-preempt",
-                       f"{text}: {c.qos} jobs do not preempt {','.join(want.preempt)}", fix)
+    if c.field == "Preempt":
+        live, wanted = set(c.live.split(",")) - {""}, set(want.preempt or ())
+        never = {x.qos.name for x in cfg_classes if not x.preemptible}
+        why = ([f"{c.qos} jobs do not preempt {','.join(sorted(wanted - live))}"]
+               if wanted - live else [])
+        why += [f"{c.qos} jobs preempt {','.join(sorted(live - wanted))}"
+                + (", which the config never preempts" if (live - wanted) & never else "")
+                ] if live - wanted else []
+        if why:
+            return Finding("error", "qos-preempt", f"{text}: {'; '.join(why)}", fix)
     if c.field == "GraceTime" and int(c.live or 0) < int(c.want):
         return Finding("error", "qos-grace",
                        f"{text}: shorter than the class's checkpoint grace, so preempted jobs "

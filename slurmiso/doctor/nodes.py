@@ -155,8 +155,9 @@ def gres_conf_types(text: str, node: str) -> List[str]:
 
 
 def _files(rec: Dict[str, str]) -> List[str]:
-    return [f for part in (rec.get("multiplefiles") or rec.get("file") or "").split(",")
-            if part for f in _expand(part)]
+    """The device files of a line (``File=/dev/nvidia[0-1]`` is two)."""
+    value = rec.get("multiplefiles") or rec.get("file") or ""
+    return _expand(value) if value else []
 
 
 def _count(rec: Dict[str, str]) -> int:
