@@ -76,9 +76,17 @@ def check_partitions(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_node_state(snap: Snapshot, cfg: Config) -> List[Finding]:
-    """INVAL (INVALID_REG): slurmd registered other resources than slurm.conf declares."""
+    """Pool nodes Slurm does not know, and INVAL (INVALID_REG) ones: slurmd registered other
+    resources than slurm.conf declares."""
     out: List[Finding] = []
     for pool in cfg.pools:
+        unknown = [n for n in pool.node_names if n not in snap.get("nodes", {})]
+        if unknown and snap.get("nodes"):
+            out.append(Finding("error", "node-missing",
+                               f"pool {pool.name}: node(s) {','.join(unknown)} unknown to Slurm "
+                               "(no NodeName= line): the pool's GPUs there never get a job",
+                               f"add NodeName={','.join(unknown)} with its Gres= to slurm.conf,"
+                               " or fix the pool's nodes in the config"))
         for node in pool_nodes(pool, snap):
             state = str(snap["nodes"][node].get("State") or "")
             if "INVAL" in state.upper():
@@ -330,6 +338,14 @@ def check_mig_live(snap: Snapshot, cfg: Config) -> List[Finding]:
                                f"node {node}: MIG is off on GPU {','.join(off)} of a "
                                "mig-dynamic pool: the prolog cannot create instances",
                                "drain the node, nvidia-smi -i N -mig 1, reset the GPU"))
+        leaving = [str(d["index"]) for d in gpu.get("devices", [])
+                   if d.get("mig_enabled") and d.get("mig_pending") is False]
+        if leaving:
+            out.append(Finding("warning", "mig-mode",
+                               f"node {node}: MIG is on but pending off on GPU "
+                               f"{','.join(leaving)}: the next GPU reset or reboot turns MIG "
+                               f"off under pool {pool.name}", "nvidia-smi -i "
+                               f"{','.join(leaving)} -mig 1 (keeps MIG on after a reset)"))
     if pool.mode != "mig-static" or node not in snap.get("nodes", {}):
         return out
     live = _live_types(gpu, pool)

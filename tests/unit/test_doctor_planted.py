@@ -224,6 +224,10 @@ CASES: List[Tuple[str, Plant, str, str, bool]] = [
     # (h) partitions and nodes
     ("pool-partition-down", lambda s: s["partitions"]["mig"].__setitem__("State", "DOWN"),
      "partition-state", "State=UP", True),
+    ("pool-node-undefined", lambda s: s["nodes"].pop("n5"), "node-missing", "NodeName=n5",
+     True),
+    ("mig-pending-off", lambda s: s["gpu_node"]["devices"][1].__setitem__("mig_pending", False),
+     "mig-mode", "-mig 1", True),
     ("pool-node-inval", lambda s: s["nodes"]["n2"].__setitem__("State", "IDLE+INVALID_REG"),
      "node-inval", "slurmd", True),
 ]
