@@ -279,6 +279,8 @@ def check_hooks_set(snap: Snapshot, cfg: Config) -> List[Finding]:
         if glob.has_magic(value):
             continue  # a prolog.d glob: check_hook_files reads what it matches on a GPU node
         names = _hook_names(snap, key, value)
+        names += [os.path.basename(str(v)) for k, v in snap.get("config", {}).items()
+                  if k.startswith(key + "[")]  # 24.11+: Prolog[1] = ... (several scripts)
         if any(n == name or n.endswith("-" + name) for n in names):
             continue
         other = [k for k, n in slurmconf.HOOKS if n in names]

@@ -292,6 +292,10 @@ SAME_AS_FIXTURE: List[Tuple[str, Plant]] = [
             "files": [{"path": "/etc/slurm/prolog", "exists": True, "executable": True,
                        "realpath": f"{ROOT}/bin/slurmiso-prolog"}]}))),
     ("qos-case", qos_set("train", "PreemptMode", "REQUEUE")),
+    ("prolog-second-of-two", lambda s: (s["config"].update({  # 24.11+: each Prolog line
+        "Prolog": "/etc/slurm/site.sh", "Prolog[0]": "/etc/slurm/site.sh",
+        "Prolog[1]": f"{ROOT}/bin/slurmiso-prolog"}),
+        s["hooks"]["Prolog"].update(path="/etc/slurm/site.sh"))),
 ]
 
 
