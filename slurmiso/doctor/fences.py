@@ -87,7 +87,7 @@ def check_fence_plugin(snap: Snapshot, cfg: Config) -> List[Finding]:
                            f"Slurm skips it in silence and {harm} (fail open)",
                            f"change 'optional' to 'required' on {where}"))
     found = (plug.get("plugins") or {}).get(line.path) or {}
-    if found.get("exists") is False:
+    if line.kind == "required" and found.get("exists") is False:
         node = (snap.get("gpu_node") or {}).get("node")
         out.append(Finding("error" if node else "info", "fence-plugin",
                            f"{found.get('resolved') or line.path} ({where}) is not on "
