@@ -44,11 +44,29 @@ def hook_files(path: str) -> Dict[str, Any]:
     import glob
 
     paths = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
-    files = [{"path": p, "exists": os.path.isfile(p), "executable": os.access(p, os.X_OK)}
+    files = [{"path": p, "exists": os.path.isfile(p), "executable": os.access(p, os.X_OK),
+              "realpath": os.path.realpath(p)}
              for p in paths if os.path.isfile(p) or not glob.has_magic(path)]
     return {"path": path, "glob": glob.has_magic(path), "files": files,
             "exists": any(f["exists"] for f in files),
             "executable": bool(files) and all(f["executable"] for f in files)}
+
+
+def plugstack_facts(path: str, plugin_dir: str) -> Dict[str, Any]:
+    """plugstack.conf, the files its includes match, and whether each plugin they name is on
+    this host (a required plugin missing fails every step; doctor/plugstack.py reads them)."""
+    from slurmiso.doctor import plugstack as P
+
+    text = _read_text(path)
+    includes = P.read_includes(text or "", path)
+    lines, _unread = P.stack({"path": path, "text": text or "", "includes": includes})
+    plugins = {}
+    for ln in lines:
+        if ln.kind in ("required", "optional") and ln.path not in plugins:
+            where = P.resolve_plugin(ln.path, plugin_dir)
+            plugins[ln.path] = {"resolved": where, "exists": os.path.isfile(where)}
+    return {"path": path, "exists": text is not None, "text": text or "",
+            "includes": includes, "plugins": plugins}
 
 
 def _hooks(config: Dict[str, str]) -> Dict[str, Any]:
@@ -114,8 +132,7 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
     snap["account_qos"] = {a: list(q) for a, q in Q.read_account_qos(cli, accounts).items()}
     plug = config.get("PlugStackConfig", "")
     plug = os.path.join(_conf_dir(config), "plugstack.conf") if plug in ("", "(null)") else plug
-    text = _read_text(plug)
-    snap["plugstack"] = {"path": plug, "exists": text is not None, "text": text or ""}
+    snap["plugstack"] = plugstack_facts(plug, config.get("PluginDir", ""))
     gres_path = os.path.join(_conf_dir(config), "gres.conf")
     snap["gres_conf"] = {"path": gres_path, "text": _read_text(gres_path)}
     snap["hooks"] = _hooks(config)

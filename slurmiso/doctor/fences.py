@@ -9,6 +9,7 @@ load those: ``fence_kernel`` in a snapshot taken on a GPU node). See docs/securi
 
 from __future__ import annotations
 
+import os
 from typing import List
 
 from slurmiso.config.model import Config
@@ -47,22 +48,63 @@ def _fence_needed(cfg: Config) -> bool:
 
 
 def check_fence_plugin(snap: Snapshot, cfg: Config) -> List[Finding]:
-    """slurmiso_fence.so closes a refused job's GPUs and other jobs' MIG instances."""
+    """slurmiso_fence.so closes a refused job's GPUs and other jobs' MIG instances. It must be
+    on a ``required`` line Slurm reads (doctor/plugstack.py: comments, ``optional``, keywords,
+    includes), and read fences where the prolog writes them."""
     if not _fence_needed(cfg):
         return []
+    from slurmiso.doctor import plugstack as P
+
     plug = snap.get("plugstack") or {}
-    text = str(plug.get("text", ""))
-    if FENCE_PLUGIN in text:
-        return []
+    path = str(plug.get("path") or "plugstack.conf")
     dynamic = any(p.mode == "mig-dynamic" for p in cfg.pools)
-    includes = any(ln.split()[:1] == ["include"] for ln in text.splitlines())
-    what = (f"{plug.get('path') or 'plugstack.conf'} does not load {FENCE_PLUGIN}: a job "
-            "slurmiso refuses keeps its GPU"
+    harm = ("a job slurmiso refuses keeps its GPU"
             + (", and mig-dynamic jobs can open each other's MIG instances" if dynamic else ""))
-    fix = "slurmiso gen plugstack (make -C spank install builds the plugin)"
-    if includes:  # the line may be in an included file this snapshot did not read
-        return [Finding("warning", "fence-plugin", what + " (or an included file does)", fix)]
-    return [Finding("error", "fence-plugin", what, fix)]
+    build = "make -C spank install builds the plugin"
+    if not plug.get("exists"):  # Slurm: a missing plugstack.conf is an empty one
+        return [Finding("error", "fence-plugin", f"{path} does not exist, so Slurm loads no "
+                        f"SPANK plugin: {harm}", f"slurmiso gen plugstack -o {path} ({build})")]
+    out = P.check_read_path(snap, path)
+    lines, unread = P.stack(plug)
+    fence = [ln for ln in lines if ln.kind in ("required", "optional")
+             and os.path.basename(ln.path) == FENCE_PLUGIN]
+    if not fence:
+        why = P.near_miss(lines, FENCE_PLUGIN) or (
+            " (nor does a file its include lines match)"
+            if any(ln.kind == "include" for ln in lines) else "")
+        want = f"required {P.sibling(lines, FENCE_PLUGIN)} state_dir={cfg.paths.state_dir}"
+        what = f"{path} does not load {FENCE_PLUGIN}{why}: {harm}"
+        fix = f"add '{want}' to {path} ('slurmiso gen plugstack'; {build})"
+        if unread:  # the line may be in an included file this snapshot did not read
+            return out + [Finding("warning", "fence-plugin", what + " (unless a file "
+                                  f"included from {unread[0]} does)", fix)]
+        return out + [Finding("error", "fence-plugin", what, fix)]
+    line = fence[0]  # Slurm refuses to load a plugin twice: the first line is the one
+    where = f"{line.file}:{line.lineno}"
+    if line.kind == "optional":
+        out.append(Finding("error", "fence-plugin",
+                           f"{where} loads {FENCE_PLUGIN} as optional: if it fails to load, "
+                           f"Slurm skips it in silence and {harm} (fail open)",
+                           f"change 'optional' to 'required' on {where}"))
+    found = (plug.get("plugins") or {}).get(line.path) or {}
+    if line.kind == "required" and found.get("exists") is False:
+        node = (snap.get("gpu_node") or {}).get("node")
+        out.append(Finding("error" if node else "info", "fence-plugin",
+                           f"{found.get('resolved') or line.path} ({where}) is not on "
+                           f"{node or 'this host'}: Slurm fails every job step there "
+                           "(a required plugin that does not load)",
+                           f"install slurmiso-spank on {node or 'this host'} "
+                           "(make -C spank install), or fix the path on " + where))
+    dirs = [a.split("=", 1)[1] for a in line.args if a.startswith("state_dir=")]
+    have = dirs[-1] if dirs else "/run/slurmiso"  # the plugin's default
+    if os.path.normpath(have) != os.path.normpath(cfg.paths.state_dir):
+        out.append(Finding("error", "fence-state-dir",
+                           f"{FENCE_PLUGIN} reads fences from state_dir={have}"
+                           + ("" if dirs else " (its default)") + f", the prolog writes them "
+                           f"to {cfg.paths.state_dir}: every job finds no fence and is denied "
+                           "all its GPUs", f"set state_dir={cfg.paths.state_dir} on {where} "
+                           "('slurmiso gen plugstack')"))
+    return out
 
 
 def check_fence_cgroup_version(snap: Snapshot, cfg: Config) -> List[Finding]:

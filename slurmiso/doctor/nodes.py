@@ -9,7 +9,8 @@ files as seen on the inspected node.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import Config, Pool
 from slurmiso.doctor import Check, Finding, Snapshot
@@ -54,6 +55,13 @@ def check_partitions(snap: Snapshot, cfg: Config) -> List[Finding]:
                                f"pool {pool.name}: partition {pool.partition} does not exist",
                                f"add to slurm.conf: {want}"))
             continue
+        state = str(part.get("State") or "").upper()
+        if state and state != "UP":
+            out.append(Finding("warning", "partition-state",
+                               f"partition {pool.partition} of pool {pool.name} is "
+                               f"State={state}: the pool's jobs do not start",
+                               f"scontrol update PartitionName={pool.partition} State=UP (and "
+                               "State=UP on its slurm.conf line)"))
         if not pool.node_names:
             continue  # feature pools: Slurm's NodeSet decides
         have = set(expand(str(part.get("Nodes", ""))) if part.get("Nodes") not in
@@ -64,6 +72,29 @@ def check_partitions(snap: Snapshot, cfg: Config) -> List[Finding]:
                                f"{part.get('Nodes') or '(none)'}, pool {pool.name} has "
                                f"{pool.nodes}: jobs of the pool land on other GPUs",
                                f"set Nodes={pool.nodes} on PartitionName={pool.partition}"))
+    return out
+
+
+def check_node_state(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """Pool nodes Slurm does not know, and INVAL (INVALID_REG) ones: slurmd registered other
+    resources than slurm.conf declares."""
+    out: List[Finding] = []
+    for pool in cfg.pools:
+        unknown = [n for n in pool.node_names if n not in snap.get("nodes", {})]
+        if unknown and snap.get("nodes"):
+            out.append(Finding("error", "node-missing",
+                               f"pool {pool.name}: node(s) {','.join(unknown)} unknown to Slurm "
+                               "(no NodeName= line): the pool's GPUs there never get a job",
+                               f"add NodeName={','.join(unknown)} with its Gres= to slurm.conf,"
+                               " or fix the pool's nodes in the config"))
+        for node in pool_nodes(pool, snap):
+            state = str(snap["nodes"][node].get("State") or "")
+            if "INVAL" in state.upper():
+                out.append(Finding("error", "node-inval",
+                                   f"node {node} is {state}: slurmd registered other resources "
+                                   "than its NodeName line (often Gres= against gres.conf), so "
+                                   "it runs no jobs", f"compare 'slurmd -C' and gres.conf on "
+                                   f"{node} with its NodeName line; fix, restart slurmd"))
     return out
 
 
@@ -92,17 +123,160 @@ def check_node_gres(snap: Snapshot, cfg: Config) -> List[Finding]:
     return out
 
 
+#: ``Key=Value`` of a gres.conf line: keys are case-insensitive and Slurm's parser allows
+#: blanks around ``=`` (``name = gpu``); a value is one word or a quoted string.
+_GRES_KV = re.compile(r'([A-Za-z]+)\s*=\s*("[^"]*"|[^\s"]+)')
+_GPU_FILE = re.compile(r"nvidia([0-9]+)")
+
+
+def gres_conf_records(text: str, node: str = "") -> List[Dict[str, str]]:
+    """gres.conf lines as Slurm reads them (``#`` starts a comment anywhere), keys lower-case;
+    with ``node``, only the lines that apply to it (no ``NodeName=``, or one naming it)."""
+    out: List[Dict[str, str]] = []
+    for line in (text or "").splitlines():
+        kv = {k.lower(): v.strip('"') for k, v in _GRES_KV.findall(line.split("#", 1)[0])}
+        if not kv:
+            continue
+        if node and "nodename" in kv and node not in _expand(kv["nodename"]):
+            continue
+        out.append(kv)
+    return out
+
+
+def _expand(expr: str) -> List[str]:
+    try:
+        return expand(expr)
+    except ValueError:
+        return [expr]
+
+
+def autodetected(text: str, node: str = "") -> bool:
+    """Whether slurmd finds the node's GPUs itself (``AutoDetect=nvml``/``nvidia``)."""
+    return any(r.get("autodetect", "").lower() in ("nvml", "nvidia")
+               for r in gres_conf_records(text, node))
+
+
 def gres_conf_types(text: str, node: str) -> List[str]:
     """``Type=`` of the node's ``Name=gpu`` lines in gres.conf, in file order."""
-    out: List[str] = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0]
-        kv = dict(t.split("=", 1) for t in line.split() if "=" in t)
-        if kv.get("Name") != "gpu" or not kv.get("Type"):
-            continue
-        if "NodeName" in kv and node not in expand(kv["NodeName"]):
-            continue
-        out.append(kv["Type"])
+    return [r["type"] for r in gres_conf_records(text, node)
+            if r.get("name", "").lower() == "gpu" and r.get("type")]
+
+
+def _files(rec: Dict[str, str]) -> List[str]:
+    """The device files of a line (``File=/dev/nvidia[0-1]`` is two)."""
+    value = rec.get("multiplefiles") or rec.get("file") or ""
+    return _expand(value) if value else []
+
+
+def _count(rec: Dict[str, str]) -> int:
+    """A line's count: ``Count=`` (K/M/G suffixes as Slurm reads them), else one per
+    ``File=`` device (a ``MultipleFiles=`` line is one device), else 1."""
+    raw = rec.get("count", "").strip().lower()
+    mult = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}.get(raw[-1:], 1) if raw else 1
+    digits = raw[:-1] if mult > 1 else raw
+    if digits.isdigit():
+        return int(digits) * mult
+    if rec.get("file") and not rec.get("multiplefiles"):
+        return len(_files(rec))
+    return 1
+
+
+def _conf_counts(records: Sequence[Dict[str, str]]) -> List[GresItem]:
+    counts: Dict[Tuple[str, str], int] = {}
+    for r in records:
+        name = r.get("name", "").lower()
+        if name in ("gpu", "mps", "shard"):
+            key = (name, r.get("type", "") if name == "gpu" else "")
+            counts[key] = counts.get(key, 0) + _count(r)
+    return sorted(GresItem(n, t, c) for (n, t), c in counts.items())
+
+
+def check_gres_conf_nodes(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """Each pool node's gres.conf lines against its ``Gres=`` and, on the inspected GPU node,
+    its GPUs: Slurm's device constraint denies only the device files gres.conf names."""
+    gres = snap.get("gres_conf") or {}
+    text = gres.get("text")
+    gpu = snap.get("gpu_node") or {}
+    if text is None:
+        if not cfg.pools or "gres_conf" not in snap:
+            return []
+        return [Finding("error" if gpu else "info", "gres-conf-missing",
+                        f"{gres.get('path') or 'gres.conf'} could not be read"
+                        + (f" on {gpu.get('node')}" if gpu else "") + ": slurmd then has no "
+                        "GPU device files, so the node's Gres= does not register and no GPU "
+                        "is fenced", "write it with 'slurmiso gen gres-conf' on each GPU node "
+                        "(or AutoDetect=nvml), then restart slurmd")]
+    out: List[Finding] = []
+    nodes = snap.get("nodes", {})
+    for pool in cfg.pools:
+        for node in pool_nodes(pool, snap):
+            if autodetected(text, node):
+                continue
+            records = gres_conf_records(text, node)
+            have = _conf_counts(records)
+            want = sorted(i for i in _node_gres(str(nodes[node].get("Gres", "")))
+                          if i.name in ("gpu", "mps", "shard"))
+            if have != want:
+                out.append(Finding(
+                    "error", "gres-conf-count",
+                    f"node {node}: gres.conf gives {_show(have)}, Gres= says {_show(want)}: "
+                    "slurmd registers what gres.conf gives, and the node goes INVAL or jobs "
+                    "get devices gres.conf does not name",
+                    f"make gres.conf give {_show(want)} on {node} ('slurmiso gen gres-conf "
+                    f"--node {node}'), restart slurmd"))
+            gpus = [r for r in records if r.get("name", "").lower() == "gpu"]
+            live = gpu if gpu.get("node") == node else None
+            out += _device_findings(node, pool, gpus, live)
+    return out
+
+
+def _device_findings(node: str, pool: Pool, gpus: List[Dict[str, str]],
+                     live: Optional[Dict[str, Any]]) -> List[Finding]:
+    """What of a node's GPUs gres.conf leaves unfenced: lines without device files, a file
+    named twice, a live GPU it does not name, MIG lines without their capability files."""
+    from slurmiso.mig.gres import gpu_type_name
+
+    whole = gpu_type_name(pool.gpu_model)
+    regen = f"'slurmiso gen gres-conf --node {node}', restart slurmd"
+    out: List[Finding] = []
+    why: List[str] = []
+    if any(not _files(r) for r in gpus):
+        why.append("a Name=gpu line has no File=, so Slurm has no device file to deny")
+    plain = [f for r in gpus if not r.get("multiplefiles")
+             and (pool.mode != "mig-static" or r.get("type", "") == whole) for f in _files(r)]
+    twice = sorted({f for f in plain if plain.count(f) > 1})
+    if twice:
+        why.append(f"{', '.join(twice)} is named twice, so another GPU is named by none")
+    named = {int(m.group(1)) for r in gpus for f in _files(r)
+             for m in [_GPU_FILE.fullmatch(os.path.basename(f))] if m}
+    if live is not None:
+        used = {int(i.get("gpu_index", -1)) for i in live.get("instances", [])}
+        unnamed = [int(d["minor"]) for d in live.get("devices", [])
+                   if int(d["minor"]) not in named
+                   and (not d.get("mig_enabled") or int(d["index"]) in used)]
+        if unnamed:
+            why.append("no line names /dev/nvidia" + ",".join(map(str, unnamed)) + ", so any "
+                       "job on the node can open it")
+    if why:
+        out.append(Finding("error", "gres-conf-devices", f"node {node}: {'; '.join(why)}",
+                           f"one Name=gpu line per device with its File= ({regen})"))
+    if pool.mode != "mig-static":
+        return out
+    mig = [r for r in gpus if r.get("type", "") != whole]
+    caps = [[f for f in _files(r) if os.path.basename(f).startswith("nvidia-cap")]
+            if r.get("multiplefiles") else [] for r in mig]
+    short = sum(1 for c in caps if len(set(c)) < 2)
+    flat = [f for c in caps for f in set(c)]
+    shared = sorted({f for f in flat if flat.count(f) > 1})
+    if short or shared:
+        what = (f"{short} MIG line(s) without MultipleFiles= naming the GPU-instance and "
+                "compute-instance caps (nvidia-caps/nvidia-capN)" if short else "")
+        what += ("; " if short and shared else "") + (
+            f"MIG lines share {', '.join(os.path.basename(f) for f in shared)}" if shared else "")
+        out.append(Finding("error", "gres-conf-mig-caps",
+                           f"node {node}: {what}: those MIG instances stay open to every job "
+                           "on the node", f"MultipleFiles=/dev/nvidiaN,<GI cap>,<CI cap> on "
+                           f"each MIG line ({regen})"))
     return out
 
 
@@ -113,13 +287,15 @@ def _runs(types: Sequence[str]) -> List[str]:
 def check_gres_conf_order(snap: Snapshot, cfg: Config) -> List[Finding]:
     """gres.conf lists each MIG type together, in the order of the node's ``Gres=``."""
     text = (snap.get("gres_conf") or {}).get("text")
-    if not text or "autodetect=nvml" in text.lower():
+    if not text:
         return []
     out: List[Finding] = []
     for pool in cfg.pools:
         if pool.mode != "mig-static":
             continue
         for node in pool_nodes(pool, snap):
+            if autodetected(text, node):
+                continue
             runs = _runs(gres_conf_types(text, node))
             node_types = [t for n, t, _ in parse_gres(snap["nodes"][node].get("Gres", ""))
                           if n == "gpu"]
@@ -187,8 +363,7 @@ def check_mig_mixed(snap: Snapshot, cfg: Config) -> List[Finding]:
     from slurmiso.slurm import versions
     from slurmiso.slurm.client import parse_version
 
-    text = str((snap.get("gres_conf") or {}).get("text") or "").lower()
-    if "autodetect=nvml" in text:
+    if autodetected(str((snap.get("gres_conf") or {}).get("text") or "")):
         return []
     if versions.has("mig_mixed_types", parse_version(str(snap.get("slurm_version") or ""))):
         return []  # measured: 24.11.5 and 26.05.5 schedule every type of a mixed node
@@ -233,6 +408,13 @@ def check_hook_files(snap: Snapshot, cfg: Config) -> List[Finding]:
         path = h.get("path")
         if not path:
             continue  # check_hooks_set reports it
+        value = str((snap.get("config") or {}).get(key, path)).strip()
+        if value not in ("", "(null)", path):  # an edited snapshot: its files are path's
+            out.append(Finding("warning", "hook-unchecked",
+                               f"{key}={value} in slurm.conf, but the hook files recorded are "
+                               f"{path}'s: whether {value} exists on {node} was not checked",
+                               f"run 'slurmiso doctor' on {node} again"))
+            continue
         if not h.get("exists"):
             what = "matches no file" if h.get("glob") else "does not exist"
             out.append(Finding("error", "hook-missing",
@@ -257,6 +439,6 @@ def check_hook_files(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 CHECKS: List[Check] = [
-    check_partitions, check_node_gres, check_gres_conf_order, check_mig_live, check_mig_mixed,
-    check_hook_files,
+    check_partitions, check_node_state, check_node_gres, check_gres_conf_nodes,
+    check_gres_conf_order, check_mig_live, check_mig_mixed, check_hook_files,
 ]

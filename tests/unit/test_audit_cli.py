@@ -152,8 +152,9 @@ QOS = ("infer|1000|train|cluster|00:00:00|1-00:00:00||\n"
 CLEAN_QOS = ("infer|1000|train|cluster|00:00:00|1-00:00:00|gres/gpu=8|\n"
              "train|100||requeue|00:02:00|7-00:00:00||\n"
              "debug|500||cluster|00:00:00|02:00:00|gres/gpu=1|\n")
-HOOKS_OK = "\n".join(f"{h} = /usr/local/bin/slurmiso-{h.lower()}"
-                      for h in ("Prolog", "Epilog", "TaskProlog"))
+HOOKS_OK = "\n".join(f"{h} = /usr/local/bin/slurmiso-{name}"
+                      for h, name in (("Prolog", "prolog"), ("Epilog", "epilog"),
+                                      ("TaskProlog", "task-prolog")))
 
 
 def test_live_degrades_when_slurm_is_unreachable():

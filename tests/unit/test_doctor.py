@@ -107,9 +107,9 @@ CASES: List[Any] = [
     ("partition-missing", lambda s: s["partitions"].pop("mig"), {"partition-missing"}),
     ("partition-nodes", lambda s: s["partitions"]["gpu"].__setitem__("Nodes", "n[1-2]"), {"partition-nodes"}),
     ("partition-cancel", lambda s: s["partitions"]["gpu"].__setitem__("PreemptMode", "CANCEL"), {"preempt-mode"}),
-    ("mps-count", node_gres("n2", "gpu:h100:2,mps:100"), {"gres-layout"}),
-    ("mig-types-wrong", node_gres("n3", "gpu:4g.40gb:3"), {"gres-layout", "gres-mig-live", "gres-conf-order"}),
-    ("mig-count-wrong", node_gres("n3", "gpu:3g.40gb:4"), {"gres-layout", "gres-mig-live"}),
+    ("mps-count", node_gres("n2", "gpu:h100:2,mps:100"), {"gres-layout", "gres-conf-count"}),
+    ("mig-types-wrong", node_gres("n3", "gpu:4g.40gb:3"), {"gres-layout", "gres-mig-live", "gres-conf-order", "gres-conf-count"}),
+    ("mig-count-wrong", node_gres("n3", "gpu:3g.40gb:4"), {"gres-layout", "gres-mig-live", "gres-conf-count"}),
     ("mig-instance-gone", lambda s: s["gpu_node"]["instances"].pop(), {"gres-mig-live"}),
     ("hook-missing", lambda s: s["hooks"]["Prolog"].update(exists=False, executable=False), {"hook-missing"}),
     ("no-proctrack-cgroup", conf("ProctrackType", "proctrack/linuxproc"), {"proctrack"}),
@@ -159,14 +159,16 @@ def test_planted_misconfiguration_is_found(name: str, plant: Any, codes: Set[str
 
 
 def test_every_problem_code_has_a_case() -> None:
-    """Each error/warning code the checks can emit is planted here or in test_qos.py."""
+    """Each error/warning code the checks can emit is planted here, in test_doctor_planted.py
+    or in test_qos.py."""
     from slurmiso.doctor import cluster, nodes
+    from tests.unit.test_doctor_planted import codes_planted
 
     source = Path(cluster.__file__).read_text() + Path(nodes.__file__).read_text()
     codes = set(re.findall(r'Finding\(\s*"(?:error|warning)", "([a-z-]+)"', source))
     codes |= set(re.findall(r'"error", "([a-z-]+)" if', source))
     codes |= {"gres-order", "gres-layout", "gres-mig-order", "gres-mig-live"}  # computed codes
-    planted = set().union(*(c[2] for c in CASES + MIXED_CASES)) | MIXED_KNOWN
+    planted = set().union(*(c[2] for c in CASES + MIXED_CASES)) | MIXED_KNOWN | codes_planted()
     elsewhere = {"qos-grant", "qos-account", "qos-unread"}  # test_qos.py
     elsewhere |= {"hook-not-slurmiso"}  # test_install.py
     assert len(all_checks()) >= 8
