@@ -173,6 +173,7 @@ class Child:
             elif pid == self.guardian:
                 self._guardian_ended = True
                 self._read_reports()  # everything it wrote is in the pipe by now
+                self._close_reports()
                 if self.returncode is None:
                     log.warning(
                         "the program's guardian (pid %d) ended before the program (wait "
@@ -194,10 +195,14 @@ class Child:
             except OSError:
                 data = b""
             if not data:  # the guardian is gone: nothing more will come
-                os.close(self._reports)
-                self._reports = -1
+                self._close_reports()
                 return
             self._take(data)
+
+    def _close_reports(self) -> None:
+        if self._reports >= 0:
+            os.close(self._reports)
+            self._reports = -1
 
     def _take(self, data: bytes) -> None:
         """Act on the guardian's complete report lines in ``data`` (keeping a partial one)."""
