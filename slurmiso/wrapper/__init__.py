@@ -4,6 +4,7 @@ One module per concern so each is tested alone:
 
     signals              flags set by signal handlers (nothing else happens in a handler)
     child                the program in its own process group: start, signal, wait, end all
+    guardian             between wrapper and program: ends the program's tree if the wrapper dies
     procctl              Linux prctl: subreaper, parent-death signal; processes from /proc
     checkpoint_protocol  the marker file a program writes to report a finished checkpoint
     resume               the last good checkpoint (``.slurmiso/latest.json``) and resume env

@@ -1,14 +1,15 @@
 """Linux process control that lets the wrapper act as the init of its job step.
 
-* ``PR_SET_CHILD_SUBREAPER`` on the wrapper: a process the program leaves behind (a
-  double-forked helper, a worker whose parent died) is re-parented to the wrapper instead of
-  to PID 1, so the wrapper can see it, end it and reap it.
-* ``PR_SET_PDEATHSIG`` on the program, set between fork and exec: if the wrapper is
-  SIGKILLed (nothing it can catch), the kernel SIGKILLs the program, which would otherwise
-  run on with SIGTERM ignored. The death signal fires when the *thread* that forked the
-  program ends, so the program must be started from the wrapper's main thread.
-* The wrapper's own children, found in ``/proc`` (``/proc/PID/task/*/children`` needs a
-  kernel option that is not always set).
+* ``PR_SET_CHILD_SUBREAPER``: a process the program leaves behind (a double-forked helper, a
+  worker whose parent died) is re-parented to the nearest subreaper above it instead of to
+  PID 1, so it stays where it can be seen, ended and reaped. The guardian
+  (:mod:`slurmiso.wrapper.guardian`) is one, so the program's whole tree stays below it; the
+  wrapper is one too, for what a guardian that died leaves.
+* ``PR_SET_PDEATHSIG``: a signal when the parent dies, even of SIGKILL. The guardian gets a
+  catchable one and then ends the program's tree; the program gets SIGKILL when the guardian
+  dies. It fires when the parent *thread* ends, so whoever gets it checks its parent.
+* The processes below one, found in ``/proc`` (``/proc/PID/task/*/children`` needs a kernel
+  option that is not always set).
 
 Elsewhere than Linux these are unavailable; :func:`unavailable` says so once, in words.
 """
@@ -20,11 +21,12 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 
@@ -76,18 +78,35 @@ def is_subreaper() -> bool:
     return bool(flag.value)
 
 
+def watch_parent(parent_pid: int, signum: int) -> bool:
+    """In a forked child: get ``signum`` when the parent (thread) dies; whether the parent
+    is still there once that is armed (if not, it died first and nothing will come).
+
+    Async-signal-safe work only (no logging, no allocation beyond ctypes' call): it also runs
+    between fork and exec.
+    """
+    if _libc is None:
+        return True  # not loaded before the fork (not Linux): nothing to arm safely here
+    _libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    return os.getppid() == parent_pid
+
+
 def die_with_parent(parent_pid: int, signum: int = int(signal.SIGKILL)) -> None:
     """In the forked child, before exec: get ``signum`` when the parent (thread) dies.
 
     Closes the race with a parent that died before the call: then the child is already
-    re-parented, and it kills itself instead of running unwatched. Only async-signal-safe
-    work here (no logging, no allocation beyond ctypes' call).
+    re-parented, and it kills itself instead of running unwatched.
     """
-    if _libc is None:
-        return  # not loaded before the fork (not Linux): nothing to do safely here
-    _libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-    if os.getppid() != parent_pid:
+    if not watch_parent(parent_pid, signum):
         os.kill(os.getpid(), signum)
+
+
+def set_name(name: str) -> None:
+    """This process's name in ``ps`` and ``/proc/PID/comm`` (15 bytes at most); best effort."""
+    if _libc is None:
+        return
+    buf = ctypes.create_string_buffer(name.encode()[:15])
+    _libc.prctl(PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0)
 
 
 def read_stat(pid: int, proc: str = "/proc") -> Optional[Tuple[str, int, int]]:
@@ -135,3 +154,25 @@ def alive(pid: int, proc: str = "/proc") -> bool:
     except PermissionError:
         return True
     return True
+
+
+def descendants(root: int, proc: str = "/proc") -> List[int]:
+    """Live (non-zombie) processes below ``root``, from one scan of ``/proc``."""
+    below: Dict[int, List[int]] = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = read_stat(int(name), proc)
+        if st is not None and st[0] != "Z":
+            below.setdefault(st[1], []).append(int(name))
+    out: List[int] = []
+    todo = below.pop(root, [])
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(below.pop(pid, ()))
+    return out

@@ -32,7 +32,7 @@ TIME_LIMIT = "time-limit"
 #: crash, and a handler that returns re-runs the faulting instruction; SIGPIPE and SIGXFSZ
 #: stay ignored as Python sets them, so the wrapper's own write to a closed pipe or past a
 #: file-size limit is an error it handles, never a signal it would pass on. A wrapper killed
-#: by one of these still takes its program with it (PR_SET_PDEATHSIG).
+#: by one of these still takes its program's whole tree with it (wrapper/guardian.py).
 NOT_FORWARDED = frozenset(
     int(getattr(signal, name))
     for name in (

@@ -1,7 +1,8 @@
 """The wrapper's main loop: run the program, and on a stop signal checkpoint, end, requeue.
 
-    start:   resume env (last good checkpoint) + isolation env -> program in its own group;
-             the wrapper adopts orphans (subreaper), the program dies with the wrapper
+    start:   resume env (last good checkpoint) + isolation env -> program in its own group,
+             under a guardian that ends the program's whole tree if the wrapper dies,
+             SIGKILLed included (wrapper/guardian.py)
     running: forward every other signal to the group; record checkpoints the program reports
              on its own
     stop:    (SIGTERM = preempted | --signal = time limit near; the first one only)
@@ -165,7 +166,7 @@ class Supervisor:
         was_subreaper = procctl.is_subreaper()
         why = procctl.set_subreaper()
         if why:
-            log.info("%s", why)
+            log.warning("%s", why)
         try:
             with SignalHandler(self.job, stop) as handler:
                 status = self._supervise(env, handler, watcher)

@@ -183,7 +183,9 @@ def test_a_sigkilled_wrapper_takes_its_program_with_it(tmp_path: Path, cleanup: 
 def test_orphans_are_adopted_by_the_wrapper_and_ended_with_it(
     tmp_path: Path, cleanup: List[int]
 ) -> None:
-    """A helper that double-forks into its own session is the wrapper's to end."""
+    """A helper that double-forks into its own session is the wrapper's to end: it is
+    adopted by the wrapper's guardian (the wrapper's child and a subreaper, issue 22), so it
+    stays in the wrapper's tree."""
     orphan_file = tmp_path / "orphan"
     script = (f'sh -c \'setsid sleep 300 & echo $! > {orphan_file}\'; '
               'exec python3 -c "import time; time.sleep(300)"')
@@ -191,8 +193,10 @@ def test_orphans_are_adopted_by_the_wrapper_and_ended_with_it(
     cleanup.append(proc.pid)
     orphan = _pid(orphan_file)
     cleanup.append(orphan)
-    # its parent (the inner sh) has exited: the wrapper, a subreaper, is its parent now
-    assert _wait_for(lambda: (procctl.read_stat(orphan) or ("", 0, 0))[1] == proc.pid, 5.0)
+    # its parent (the inner sh) has exited: the guardian, a subreaper, is its parent now
+    (guardian,) = procctl.children(proc.pid)
+    assert _wait_for(lambda: (procctl.read_stat(orphan) or ("", 0, 0))[1] == guardian, 5.0)
+    assert Path(f"/proc/{guardian}/comm").read_text().strip() == "slurmiso-guard"
     st = procctl.read_stat(orphan)
     assert st is not None and st[2] != proc.pid  # and it left the program's group
     os.kill(proc.pid, signal.SIGTERM)  # a stop: no checkpoint is reported, grace runs out
