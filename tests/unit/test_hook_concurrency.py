@@ -80,27 +80,31 @@ def test_32_concurrent_prologs_with_500ms_driver_calls_never_drain(tmp_path: Any
 
 @pytest.mark.slow
 def test_a_turnover_storm_of_ending_and_starting_jobs_never_drains(tmp_path: Any) -> None:
-    """Issue 22: 32 prologs, then 32 epilogs and 32 new prologs at once on the same GPUs. The
-    driver hands an ending job's GI ids to the new jobs; no new prolog may drain the node."""
+    """Issue 22: N prologs, then N epilogs and N new prologs at once on the same GPUs. The
+    driver hands an ending job's GI ids to the new jobs; no new prolog may drain the node.
+
+    3 jobs of 1g.10gb per GPU: old and new together need 6 of the 7 slices (Slurm's shard
+    count keeps an ending job's share until its epilog is done, so no more ever overlap)."""
     tmp = str(tmp_path)
+    jobs = 3 * GPUS
     cfg = _node(tmp)
-    first = [_start(tmp, cfg, "prolog/slurmiso-prolog", j, 50) for j in range(1, JOBS + 1)]
-    assert [p.wait(timeout=300) for p in first] == [0] * JOBS
-    old_gis = {(i.gpu_index, i.gi_id) for i in SimBackend(f"{tmp}/sim.json").instances()}
-    turnover = [_start(tmp, cfg, "epilog/slurmiso-epilog", j, 50) for j in range(1, JOBS + 1)]
+    first = [_start(tmp, cfg, "prolog/slurmiso-prolog", j, 50) for j in range(1, jobs + 1)]
+    assert [p.wait(timeout=300) for p in first] == [0] * jobs
+    turnover = [_start(tmp, cfg, "epilog/slurmiso-epilog", j, 50) for j in range(1, jobs + 1)]
     turnover += [_start(tmp, cfg, "prolog/slurmiso-prolog", j, 50)
-                 for j in range(JOBS + 1, 2 * JOBS + 1)]
+                 for j in range(jobs + 1, 2 * jobs + 1)]
     codes = [p.wait(timeout=300) for p in turnover]
-    assert codes == [0] * (2 * JOBS), codes  # exit 1 = a drain
+    assert codes == [0] * (2 * jobs), codes  # exit 1 = a drain
     insts = SimBackend(f"{tmp}/sim.json").instances()
-    assert len(insts) == JOBS and len({i.uuid for i in insts}) == JOBS
+    assert len(insts) == jobs and len({i.uuid for i in insts}) == jobs
     records = NodeState(f"{tmp}/state").jobs()
-    assert sorted(records) == sorted(str(j) for j in range(JOBS + 1, 2 * JOBS + 1))
+    assert sorted(records) == sorted(str(j) for j in range(jobs + 1, 2 * jobs + 1))
     assert all(r.status.value == "ready" for r in records.values())
     held = NodeState(f"{tmp}/state").allocations()
-    assert sorted(held.values()) == sorted(records) and len(held) == JOBS
-    reused = old_gis & {(i.gpu_index, i.gi_id) for i in insts}
-    assert reused, "the premise: new jobs got GI ids the ending jobs had"
+    assert sorted(held.values()) == sorted(records) and len(held) == jobs
+    # Whether the driver reused an ending job's GI id here depends on the interleaving; the
+    # reuse itself is forced, at the exact point, by test_mig_handlers'
+    # test_dynamic_turnover_reusing_a_gi_id_never_drains.
 
 
 def _start(tmp: str, cfg: str, hook: str, job: int, delay_ms: int) -> subprocess.Popen[bytes]:
