@@ -61,6 +61,34 @@ def hook_env(tmp: str, cfg: str, job: str, gpu: int, delay_ms: int) -> Dict[str,
     }
 
 
+@dataclass(frozen=True)
+class KillPoint:
+    """One ``SLURMISO_SIM_KILL_AT`` value and the step it names, for messages."""
+
+    spec: str
+    step: str
+
+
+def traced_kill_points(trace: str, pid: int) -> List[KillPoint]:
+    """Every kill point of process ``pid``'s run as ``SLURMISO_SIM_TRACE`` recorded it: before
+    and after each of its driver calls and node-state writes, in the order they ran.
+
+    Kill points name steps, not moments, so the same ones are hit on a fast or a loaded
+    machine (issue 22: a random delay meant a different step on a faster machine)."""
+    points: List[KillPoint] = []
+    with open(trace, encoding="utf-8") as fh:
+        for line in fh:
+            owner, kind, number, name = line.rstrip("\n").split(" ", 3)
+            if int(owner) != pid:
+                continue
+            if kind == "write":
+                name = "/".join(name.split("/")[-2:])  # jobs/42.json, node1/allocations.json
+            where = number if kind == "call" else f"write:{number}"
+            points += [KillPoint(f"{when}:{where}", f"{when} {kind} {number} ({name})")
+                       for when in ("before", "after")]
+    return points
+
+
 @dataclass
 class Outcome:
     kills: int = 0
