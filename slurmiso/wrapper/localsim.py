@@ -170,21 +170,22 @@ class LocalSlurm:
         warn_before_s: float = 0.0,
         max_attempts: int = 10,
         timeout_s: float = 120.0,
-        started: Optional[Trigger] = None,
+        started: Sequence[Trigger] = (),
     ) -> List[Attempt]:
         """Run until the job completes or fails; attempt ``i`` is preempted by ``preempt[i]``.
 
-        ``started``: the time limit (and its warning) count from when it first fires in an
-        attempt, not from the launch, so a slow start of the wrapper on a busy machine does
-        not eat the warning window (a signal that comes before the wrapper's handlers are
+        Attempt ``i``'s time limit (and its warning) count from when ``started[i]`` first
+        fires, not from the launch, so a slow start of the wrapper on a busy machine does not
+        eat the warning window (a signal that comes before the wrapper's handlers are
         installed kills it, which a test of the handlers must not depend on).
         """
         attempts: List[Attempt] = []
         while len(attempts) < max_attempts:
-            trigger = preempt[len(attempts)] if len(attempts) < len(preempt) else None
+            n = len(attempts)
+            trigger = preempt[n] if n < len(preempt) else None
             att = self.run_attempt(
-                len(attempts), trigger, time_limit_s, warn_signal, warn_before_s, timeout_s,
-                started,
+                n, trigger, time_limit_s, warn_signal, warn_before_s, timeout_s,
+                started[n] if n < len(started) else None,
             )
             attempts.append(att)
             if att.state not in ("PREEMPTED", "REQUEUED"):
@@ -201,6 +202,7 @@ class LocalSlurm:
         timeout_s: float = 120.0,
         started: Optional[Trigger] = None,
     ) -> Attempt:
+        """One run; ``started``: when its time-limit clock starts (None: at the launch)."""
         requests_before = self._request_count()
         events_before = self._events_size()
         requeued = False

@@ -197,10 +197,11 @@ def test_double_signal_is_one_checkpoint(tmp_path) -> None:
 def test_time_limit_requeues_itself_until_max_requeues(tmp_path) -> None:
     job = Job(str(tmp_path), "--steps", "100000", "--step-time", "0.01",
               extra=("--max-requeues", "2"))
-    # the time limit counts from the program's first step: the warning comes 1 s into the
-    # run, and must not come before the wrapper's handlers are up (a slow start would kill it)
+    # each attempt's time limit counts from its program's first step: the warning comes 1 s
+    # into the run, and must not come before the wrapper's handlers are up (a slow start on
+    # a busy machine died of it: exit 138)
     attempts = job.sim.run(time_limit_s=6.0, warn_signal=signal.SIGUSR1, warn_before_s=5.0,
-                           started=lambda elapsed: bool(job.steps()))
+                           started=[job.after_steps(1) for _ in range(3)])
     assert [a.state for a in attempts] == ["REQUEUED", "REQUEUED", "FAILED"]
     assert [a.restart_count for a in attempts] == [0, 1, 2]
     assert attempts[-1].exit_code == 143
