@@ -10,6 +10,25 @@ failure policy is exercised on a laptop. Processes are real pids: an entry disap
 
 Sim-only knobs (``set_mig_mode``, ``set_lost``, ``add_process``, ``set_load``, ``clear_load``)
 play what the admin, the hardware and the workload would do.
+
+Environment, read only here (a node on NVML never looks at it):
+
+``SLURMISO_SIM_DELAY_MS``
+    How long each mutating driver call takes, half before its change and half after, as a
+    slow MIG creation does on real hardware (benches and concurrency tests).
+``SLURMISO_SIM_KILL_AT``
+    A deterministic kill point, so a test can kill a hook at a chosen step instead of at a
+    chosen time (a time means a different step on a faster or busier machine). ``before:N``
+    / ``after:N``: the process SIGKILLs itself before its Nth mutating driver call takes
+    effect, or once that call is over (its change written, or its error raised).
+    ``before:write:N`` / ``after:write:N``: the same around its Nth node-state write or
+    removal (job record, allocation table, node document: :mod:`slurmiso.state.store`
+    reports them once a simulated backend exists in the process). Steps are counted per
+    process from its first :class:`SimBackend`; every ``SimBackend`` method that changes
+    the node, sim-only knobs included, is a driver call. Anything else is a UsageError.
+``SLURMISO_SIM_TRACE``
+    A file to which each step is appended as ``<pid> call|write <N> <name or path>``
+    before it runs: one unkilled run tells a test which kill points exist (1..N of each).
 """
 
 from __future__ import annotations
@@ -44,6 +63,9 @@ STATE_VERSION = 1
 #: Namespace of the deterministic UUIDs, so a re-initialised node keeps its GPU UUIDs.
 _UUID_NS = "6f1d3c2a-5b7e-4c1a-9e0f-3a2b1c4d5e6f"
 _MAX_GPUS = 16
+ENV_DELAY_MS = "SLURMISO_SIM_DELAY_MS"
+ENV_KILL_AT = "SLURMISO_SIM_KILL_AT"
+ENV_TRACE = "SLURMISO_SIM_TRACE"
 
 State = Dict[str, Any]
 
@@ -222,17 +244,24 @@ class _StateFile:
             raise GpuUnavailable(f"cannot write simulated GPU state {self.path}: {exc}") from exc
 
     @contextmanager
-    def transaction(self) -> Iterator[State]:
-        """Read, let the caller change, write back; nothing is written if the caller raises."""
+    def transaction(self, call: str = "change") -> Iterator[State]:
+        """Read, let the caller change, write back; nothing is written if the caller raises.
+
+        ``call`` names the driver call for the kill points and the trace (module docstring).
+        """
         # A driver call takes time (SLURMISO_SIM_DELAY_MS, e.g. 500 for MIG creation): half
         # before the change, half after it, so a hook can be killed with the change made but
         # not yet reported. Outside the file lock: the latency is the driver's, and the file
         # lock is only how the simulation stays consistent.
-        _driver_latency()
-        with self.locked():
-            state = self.read()
-            yield state
-            self.write(state)
+        step = _step_begins("call", call)
+        try:
+            _driver_latency()
+            with self.locked():
+                state = self.read()
+                yield state
+                self.write(state)
+        finally:
+            _step_ends(step)
         _driver_latency()
 
     def snapshot(self) -> State:
@@ -241,13 +270,122 @@ class _StateFile:
 
 
 def _driver_latency() -> None:
-    delay = os.environ.get("SLURMISO_SIM_DELAY_MS", "")
+    delay = os.environ.get(ENV_DELAY_MS, "")
     if delay:
         try:
             seconds = min(float(delay), 60_000.0) / 2000.0
         except ValueError:
             return
         time.sleep(max(seconds, 0.0))
+
+
+class _KillPoints:
+    """Where ``$SLURMISO_SIM_KILL_AT`` wants this process to die, and its steps so far.
+
+    Steps are counted per process and per kind: ``call`` (a mutating driver call) and
+    ``write`` (a node-state write or removal, reported by :mod:`slurmiso.state.store`).
+    """
+
+    def __init__(self, spec: str, trace: str) -> None:
+        self.spec = spec.strip()
+        self.trace = trace
+        self.when, self.kind, self.number = _parse_kill_at(self.spec)
+        self.counts = {"call": 0, "write": 0}
+
+    def begin(self, kind: str, name: str) -> Tuple[str, int]:
+        self.counts[kind] += 1
+        step = (kind, self.counts[kind])
+        if self.trace:
+            _append_line(self.trace, f"{os.getpid()} {kind} {step[1]} {name}\n")
+        self._maybe_die("before", step, name)
+        return step
+
+    def end(self, step: Tuple[str, int]) -> None:
+        self._maybe_die("after", step, "")
+
+    def _maybe_die(self, when: str, step: Tuple[str, int], name: str) -> None:
+        if (when, step[0], step[1]) != (self.when, self.kind, self.number):
+            return
+        import signal  # here: the hooks' import budget has no room for it (test_hook_imports)
+
+        log.warning("sim: SIGKILL %s %s %d %s(%s=%s)", when, step[0], step[1],
+                    f"{name} " if name else "", ENV_KILL_AT, self.spec)
+        os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(128 + signal.SIGKILL)  # not reached: SIGKILL to oneself lands at once
+
+
+def _parse_kill_at(spec: str) -> Tuple[str, str, int]:
+    """``before:3`` -> ("before", "call", 3); ``after:write:2`` -> ("after", "write", 2);
+    "" -> no kill point ("", "", 0). A typo must not silently test nothing: UsageError."""
+    if not spec:
+        return "", "", 0
+    parts = spec.split(":")
+    if len(parts) == 2:
+        parts.insert(1, "call")
+    number = parts[2] if len(parts) == 3 else ""
+    if (len(parts) != 3 or parts[0] not in ("before", "after")
+            or parts[1] not in ("call", "write") or not number.isdigit() or int(number) < 1):
+        raise UsageError(
+            f"{ENV_KILL_AT}={spec!r} is not a kill point",
+            hint="use before:N or after:N (the Nth mutating driver call of the process), "
+            "or before:write:N / after:write:N (its Nth node-state write), N >= 1",
+        )
+    return parts[0], parts[1], int(number)
+
+
+def _append_line(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8", "replace"))
+    finally:
+        os.close(fd)
+
+
+#: This process's kill points; read from the environment by the first SimBackend.
+_kill_points: Optional[_KillPoints] = None
+_kill_points_read = False
+
+
+def _arm_kill_points() -> None:
+    """Read ``$SLURMISO_SIM_KILL_AT`` / ``$SLURMISO_SIM_TRACE`` once per process.
+
+    Only a simulated backend gets here, so a node on NVML never reads them; and only when
+    one is set does the node-state store report its writes (its hook stays None otherwise).
+    """
+    global _kill_points, _kill_points_read
+    if _kill_points_read:
+        return
+    spec, trace = os.environ.get(ENV_KILL_AT, ""), os.environ.get(ENV_TRACE, "")
+    points = _KillPoints(spec, trace) if spec.strip() or trace else None
+    _kill_points, _kill_points_read = points, True
+    if points is not None:
+        from slurmiso.state import store
+
+        store.write_hook = _state_write_hook
+
+
+#: The node-state write in progress (the store reports "before" and "after" of each).
+_state_writes: List[Tuple[str, int]] = []
+
+
+def _state_write_hook(when: str, path: str) -> None:
+    """:data:`slurmiso.state.store.write_hook`: node-state writes are kill points too."""
+    points = _kill_points
+    if points is None:
+        return
+    if when == "before":
+        _state_writes.append(points.begin("write", path))
+    elif _state_writes:
+        points.end(_state_writes.pop())
+
+
+def _step_begins(kind: str, name: str) -> Optional[Tuple[str, int]]:
+    return _kill_points.begin(kind, name) if _kill_points is not None else None
+
+
+def _step_ends(step: Optional[Tuple[str, int]]) -> None:
+    if step is not None and _kill_points is not None:
+        _kill_points.end(step)
 
 
 def _make_lock(lock_path: str, timeout: float) -> FileLock:
@@ -336,6 +474,7 @@ class SimBackend:
     capabilities = Capabilities(set_mig_mode=True, simulated=True)
 
     def __init__(self, state_path: str, lock_timeout: float = 30.0) -> None:
+        _arm_kill_points()
         self.state_path = state_path
         self._store = _StateFile(state_path, lock_timeout)
 
@@ -409,7 +548,7 @@ class SimBackend:
     def create_gpu_instance(
         self, index: int, profile: str, placement: Optional[int] = None
     ) -> MigInstance:
-        with self._store.transaction() as state:
+        with self._store.transaction("create_gpu_instance") as state:
             gpu = _gpu(state, index)
             prof = _profile(state, index, profile)
             start = _choose_placement(state, gpu, prof, placement)
@@ -429,7 +568,7 @@ class SimBackend:
             return _mig_instance(state, gpu, inst)
 
     def create_compute_instance(self, index: int, gi_id: int) -> MigInstance:
-        with self._store.transaction() as state:
+        with self._store.transaction("create_compute_instance") as state:
             gpu = _gpu(state, index)
             inst = _instance(gpu, gi_id)
             if inst["ci_id"] is not None:
@@ -443,7 +582,7 @@ class SimBackend:
             return _mig_instance(state, gpu, inst)
 
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
-        with self._store.transaction() as state:
+        with self._store.transaction("destroy_compute_instance") as state:
             gpu = _gpu(state, index)
             inst = _instance(gpu, gi_id)
             if inst["ci_id"] is None or inst["ci_id"] != ci_id:
@@ -461,7 +600,7 @@ class SimBackend:
             inst["ci_id"], inst["uuid"] = None, ""
 
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
-        with self._store.transaction() as state:
+        with self._store.transaction("destroy_gpu_instance") as state:
             gpu = _gpu(state, index)
             inst = _instance(gpu, gi_id)
             if inst["ci_id"] is not None:
@@ -484,7 +623,7 @@ class SimBackend:
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         """Switch MIG mode now (a real GPU needs an idle GPU and a reset; here it is instant)."""
-        with self._store.transaction() as state:
+        with self._store.transaction("set_mig_mode") as state:
             gpu = _gpu(state, index)
             if enabled and not _model(state).profiles:
                 raise GpuNotSupported(f"GPU {index} ({state['model']}) has no MIG support")
@@ -497,7 +636,7 @@ class SimBackend:
 
     def set_lost(self, index: int, lost: bool) -> None:
         """Make a GPU fall off the bus (or come back): every call touching it then raises."""
-        with self._store.transaction() as state:
+        with self._store.transaction("set_lost") as state:
             _gpu(state, index, allow_lost=True)["lost"] = bool(lost)
 
     def add_process(
@@ -510,7 +649,7 @@ class SimBackend:
         """
         if used_memory_mb < 0 or pid <= 0:
             raise UsageError(f"invalid process: pid {pid}, memory {used_memory_mb} MiB")
-        with self._store.transaction() as state:
+        with self._store.transaction("add_process") as state:
             gpu = _gpu(state, index, allow_lost=True)
             if mig_uuid and not any(i["uuid"] == mig_uuid for i in gpu["instances"]):
                 raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
@@ -549,7 +688,7 @@ class SimBackend:
             raise UsageError(f"memory_used_mb must not be negative, not {memory_used_mb}")
         if sm_source not in (None, "gpm", "dcgm", "none"):
             raise UsageError(f"sm_source must be gpm, dcgm or none, not {sm_source!r}")
-        with self._store.transaction() as state:
+        with self._store.transaction("set_load") as state:
             load = _gpu(state, index, allow_lost=True)["load"]
             if sm_source is not None:
                 load["sm_source"] = sm_source
@@ -564,7 +703,7 @@ class SimBackend:
 
     def clear_load(self, index: Optional[int] = None) -> None:
         """Reset injected activity and forget registered processes, of one GPU or all."""
-        with self._store.transaction() as state:
+        with self._store.transaction("clear_load") as state:
             gpus = [_gpu(state, index, allow_lost=True)] if index is not None else state["gpus"]
             for gpu in gpus:
                 gpu["load"] = _fresh_load()

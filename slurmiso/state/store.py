@@ -33,7 +33,7 @@ import os
 import re
 import stat
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
 
 from slurmiso.atomic import fsync_dir, write_atomic
 from slurmiso.errors import StateError
@@ -62,6 +62,11 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 JobId = Union[str, int]
+
+#: ``write_hook("before" | "after", path)`` around every write and removal of a state file.
+#: None on real nodes; only the simulated GPU backend sets it, for its deterministic kill
+#: points (``SLURMISO_SIM_KILL_AT=before:write:N``, see :mod:`slurmiso.gpu.sim`).
+write_hook: Optional[Callable[[str, str], None]] = None
 
 
 def _is_root() -> bool:
@@ -390,6 +395,16 @@ class NodeState:
         """Remove the job's record; a missing record is fine (epilogs may run twice)."""
         path = self.job_path(job_id)
         self._verify_once()
+        hook = write_hook
+        if hook is not None:
+            hook("before", path)
+        try:
+            self._unlink(path)
+        finally:
+            if hook is not None:
+                hook("after", path)
+
+    def _unlink(self, path: str) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -509,6 +524,9 @@ class NodeState:
     def _write_json(self, path: str, data: Mapping[str, Any]) -> None:
         """Write ``data`` so a reader, or the next boot, sees the old file or the new one."""
         payload = json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
+        hook = write_hook
+        if hook is not None:
+            hook("before", path)
         try:
             # FILE_MODE exactly: the umask must not make state unreadable to admins
             write_atomic(path, payload, FILE_MODE)
@@ -517,6 +535,9 @@ class NodeState:
                 f"cannot write state file {path}: {exc.strerror or exc}",
                 hint="check free space and health of the filesystem holding the state dir",
             ) from None
+        finally:
+            if hook is not None:
+                hook("after", path)
 
     @staticmethod
     def _fsync_dir_or_raise(directory: str) -> None:

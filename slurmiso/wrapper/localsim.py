@@ -74,6 +74,9 @@ class Attempt:
     seconds: float
     killed: bool = False  # something was still alive when the grace ran out
     signals: List[str] = field(default_factory=list)
+    #: Seconds after the start at which the run was told to stop (preemption, requeue, time
+    #: limit; None: it ended by itself), so a test can time what followed from there.
+    stop_at: Optional[float] = None
 
 
 def after(seconds: float) -> Trigger:
@@ -167,13 +170,22 @@ class LocalSlurm:
         warn_before_s: float = 0.0,
         max_attempts: int = 10,
         timeout_s: float = 120.0,
+        started: Sequence[Trigger] = (),
     ) -> List[Attempt]:
-        """Run until the job completes or fails; attempt ``i`` is preempted by ``preempt[i]``."""
+        """Run until the job completes or fails; attempt ``i`` is preempted by ``preempt[i]``.
+
+        Attempt ``i``'s time limit (and its warning) count from when ``started[i]`` first
+        fires, not from the launch, so a slow start of the wrapper on a busy machine does not
+        eat the warning window (a signal that comes before the wrapper's handlers are
+        installed kills it, which a test of the handlers must not depend on).
+        """
         attempts: List[Attempt] = []
         while len(attempts) < max_attempts:
-            trigger = preempt[len(attempts)] if len(attempts) < len(preempt) else None
+            n = len(attempts)
+            trigger = preempt[n] if n < len(preempt) else None
             att = self.run_attempt(
-                len(attempts), trigger, time_limit_s, warn_signal, warn_before_s, timeout_s
+                n, trigger, time_limit_s, warn_signal, warn_before_s, timeout_s,
+                started[n] if n < len(started) else None,
             )
             attempts.append(att)
             if att.state not in ("PREEMPTED", "REQUEUED"):
@@ -188,7 +200,9 @@ class LocalSlurm:
         warn_signal: int = signal.SIGUSR1,
         warn_before_s: float = 0.0,
         timeout_s: float = 120.0,
+        started: Optional[Trigger] = None,
     ) -> Attempt:
+        """One run; ``started``: when its time-limit clock starts (None: at the launch)."""
         requests_before = self._request_count()
         events_before = self._events_size()
         requeued = False
@@ -198,9 +212,12 @@ class LocalSlurm:
         ending: Optional[str] = None  # the state the job gets once it is gone
         kill_at: Optional[float] = None
         warned = False
+        clock0: Optional[float] = None if started is not None else t0  # the time limit's
         while proc.poll() is None:
             now = time.monotonic()
             elapsed = now - t0
+            if clock0 is None and started is not None and started(elapsed):
+                clock0 = now
             if ending is None:
                 if trigger is not None and trigger(elapsed):
                     ending, kill_at = "PREEMPTED", now + self.grace_s
@@ -209,16 +226,19 @@ class LocalSlurm:
                 elif self._request_count() > requests_before:
                     ending, kill_at = "REQUEUED", now + self.kill_wait_s
                     self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
-                elif time_limit_s is not None:
-                    if not warned and warn_before_s and elapsed >= time_limit_s - warn_before_s:
+                elif time_limit_s is not None and clock0 is not None:
+                    running = now - clock0
+                    if not warned and warn_before_s and running >= time_limit_s - warn_before_s:
                         warned = True
                         # as --signal=SIG@T reaches a wrapper run by srun: every process
                         self._signal_all(proc.pid, (warn_signal,), att)
-                    if elapsed >= time_limit_s:
+                    if running >= time_limit_s:
                         ending, kill_at = "TIMEOUT", now + self.kill_wait_s
                         self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
                 if elapsed > timeout_s:
                     ending, kill_at = "TIMEOUT", now
+                if ending is not None:
+                    att.stop_at = round(elapsed, 3)
             if kill_at is not None and now >= kill_at:
                 att.killed = bool(_job_pids(proc.pid))
                 if ending == "PREEMPTED":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -403,6 +405,123 @@ def test_concurrent_processes_never_overlap(sim: SimBackend, state_path: str) ->
         insts = sim.instances(gpu)
         assert sorted(i.placement_start for i in insts) == list(range(7))
         assert len({i.gi_id for i in insts}) == 7 and len({i.uuid for i in insts}) == 7
+
+
+# -------------------------------------------------------------- deterministic kill points
+_KILLED_WORKER = """
+import sys
+sys.path.insert(0, {root!r})
+from slurmiso.gpu.backend import create_mig_device
+from slurmiso.gpu.sim import SimBackend
+from slurmiso.state import JobRecord, NodeState
+st = NodeState({state_dir!r})
+st.write_job("1", JobRecord.from_dict({{}}))  # before any SimBackend: not a step
+backend = SimBackend({path!r})
+st.write_job("2", JobRecord.from_dict({{}}))
+create_mig_device(backend, 0, "1g.10gb")
+st.set_allocations({{"mig/0/gi1": "2"}})
+st.delete_job("1")
+print("done", flush=True)
+"""
+
+
+def _killed_worker(tmp_path: Path, state_path: str, **env: str) -> subprocess.CompletedProcess:
+    code = _KILLED_WORKER.format(root=str(ROOT), path=state_path,
+                                 state_dir=str(tmp_path / "state"))
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURMISO_SIM_")}
+    return subprocess.run([sys.executable, "-c", code], env=dict(full, **env),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_trace_lists_every_step_of_the_process(tmp_path: Path, state_path: str) -> None:
+    trace = str(tmp_path / "trace")
+    done = _killed_worker(tmp_path, state_path, SLURMISO_SIM_TRACE=trace)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    steps = [line.split(" ", 1)[1] for line in Path(trace).read_text().splitlines()]
+    state_dir = tmp_path / "state"
+    assert steps == [
+        f"write 1 {state_dir}/jobs/2.json",
+        "call 1 create_gpu_instance",
+        "call 2 create_compute_instance",
+        f"write 2 {state_dir}/allocations.json",
+        f"write 3 {state_dir}/jobs/1.json",
+    ]
+
+
+@pytest.mark.parametrize("spec,instances,record_2,claimed,record_1", [
+    ("before:1", 0, True, False, True),
+    ("after:1", 1, True, False, True),  # a GPU instance without its compute instance
+    ("before:2", 1, True, False, True),
+    ("after:2", 1, True, False, True),
+    ("before:write:1", 0, False, False, True),
+    ("after:write:1", 0, True, False, True),
+    ("before:write:2", 1, True, False, True),
+    ("after:write:2", 1, True, True, True),
+    ("before:write:3", 1, True, True, True),
+    ("after:write:3", 1, True, True, False),
+])
+def test_kill_point_kills_exactly_there(
+    tmp_path: Path, state_path: str, spec: str, instances: int, record_2: bool, claimed: bool,
+    record_1: bool,
+) -> None:
+    from slurmiso.state import NodeState
+
+    done = _killed_worker(tmp_path, state_path, SLURMISO_SIM_KILL_AT=spec)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert f"SLURMISO_SIM_KILL_AT={spec}" in done.stderr and done.stdout == ""
+    st = NodeState(str(tmp_path / "state"))
+    insts = SimBackend(state_path).instances()
+    assert len(insts) == instances
+    if spec in ("after:1", "before:2"):
+        assert insts[0].ci_id is None
+    assert (st.read_job("2") is not None) == record_2
+    assert bool(st.allocations()) == claimed
+    assert (st.read_job("1") is not None) == record_1
+
+
+def test_kill_point_past_the_last_step_changes_nothing(tmp_path: Path, state_path: str) -> None:
+    for spec in ("after:3", "before:write:4"):
+        done = _killed_worker(tmp_path, state_path, SLURMISO_SIM_KILL_AT=spec)
+        assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+        SimBackend(state_path).destroy_compute_instance(0, 1, 0)
+        SimBackend(state_path).destroy_gpu_instance(0, 1)
+
+
+def test_after_a_failed_call_is_a_kill_point_too(tmp_path: Path, state_path: str) -> None:
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from slurmiso.gpu.sim import SimBackend\n"
+            f"SimBackend({state_path!r}).destroy_gpu_instance(0, 9)\n")
+    env = dict(os.environ, SLURMISO_SIM_KILL_AT="after:1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL and "GpuNotFound" not in done.stderr
+
+
+@pytest.mark.parametrize("spec", ["before", "during:1", "before:0", "before:x", "after:disk:1",
+                                  "before:write:1:2"])
+def test_a_bad_kill_point_is_refused(
+    state_path: str, spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurmiso.gpu import sim as sim_mod
+
+    monkeypatch.setattr(sim_mod, "_kill_points_read", False)
+    monkeypatch.setenv("SLURMISO_SIM_KILL_AT", spec)
+    with pytest.raises(UsageError, match="not a kill point"):
+        SimBackend(state_path)
+
+
+def test_the_state_store_alone_never_reads_the_kill_point(tmp_path: Path) -> None:
+    """A node on NVML never builds a SimBackend: its state writes are no kill points."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from slurmiso.state import JobRecord, NodeState, store\n"
+            f"NodeState({str(tmp_path / 'state')!r}).write_job('1', JobRecord.from_dict({{}}))\n"
+            "assert store.write_hook is None and 'slurmiso.gpu.sim' not in sys.modules\n")
+    env = dict(os.environ, SLURMISO_SIM_KILL_AT="before:write:1",
+               SLURMISO_SIM_TRACE=str(tmp_path / "trace"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "trace").exists()
 
 
 # ------------------------------------------------------------------- open_backend

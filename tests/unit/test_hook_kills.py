@@ -1,7 +1,9 @@
-"""SIGKILL at random points of prolog and epilog (mig-dynamic, 150 ms driver calls; and an MPS
-node), then the epilog and ``reconcile``: no instance, record, claim, events file or daemon
-may be left (issue 13). 15 + 6 SIGKILLs here; bench/bench_hooks.py runs until 200 SIGKILLs
-have landed, as the issue's "Done when" asks (plus 50 on an MPS node)."""
+"""SIGKILL prolog and epilog at every step (mig-dynamic, and an MPS node), then the epilog
+and ``reconcile``: no instance, record, claim, events file or daemon may be left (issue 13).
+
+The kills land at chosen steps (SLURMISO_SIM_KILL_AT: before and after each driver call and
+node-state write), not at chosen times, so a faster or a busier machine kills at the same
+steps (issue 22). bench/bench_hooks.py still soaks with 200 SIGKILLs at random moments."""
 
 from __future__ import annotations
 
@@ -13,27 +15,34 @@ import pytest
 from slurmiso.gpu.sim import SimBackend
 from slurmiso.hooks.runner import run_hook
 from slurmiso.state.record import RecordStatus
-from tests.killrounds import NODE, hook_env, leftovers, run_rounds, setup_node
+from tests.killrounds import NODE, hook_env, leftovers, run_kill_points, setup_node
 from tests.unit.test_hooks_runner import Drains
 
 
 @pytest.mark.slow
-def test_kills_at_random_points_leave_nothing_behind(tmp_path: Any) -> None:
-    out = run_rounds(str(tmp_path), rounds=60, delay_ms=150, seed=13, until_kills=15)
+def test_kills_at_every_step_leave_nothing_behind(tmp_path: Any) -> None:
+    out = run_kill_points(str(tmp_path))
+    assert out.not_killed == []
     assert out.drains == 0
     assert out.leftovers == [] and out.left_by_epilog == []
     assert out.reconcile_fixes == []  # the epilog alone cleaned everything
-    # the kills hit both before and after an instance existed, or this proved little
-    assert out.kills >= 15 and 0 < out.made_before_kill < out.rounds
+    # every driver call of both hooks was a kill point, and the kills hit both before and
+    # after an instance existed, or this proved little
+    for call in ("create_gpu_instance", "create_compute_instance",
+                 "destroy_compute_instance", "destroy_gpu_instance"):
+        assert any(call in p for p in out.points), out.points
+    assert 0 < out.made_before_kill < out.prolog_kills
 
 
 @pytest.mark.slow
 def test_kills_on_an_mps_node_leave_no_daemon(tmp_path: Any) -> None:
-    out = run_rounds(str(tmp_path), rounds=60, delay_ms=150, seed=5, mode="mps", until_kills=6)
+    out = run_kill_points(str(tmp_path), mode="mps")
+    assert out.not_killed == []
     assert out.drains == 0 and out.leftovers == [] and out.left_by_epilog == []
     # reconcile only tidies the kept MPS log dirs of GPUs nobody uses any more
     assert all("remove stale MPS directory" in f for f in out.reconcile_fixes)
-    assert out.kills >= 6
+    assert any("allocations.json" in p for p in out.points), out.points
+    assert out.kills >= len(out.points)  # one kill per point, two per prolog+epilog pair
 
 
 def test_epilog_finds_a_gi_whose_ci_is_gone(tmp_path: Any) -> None:

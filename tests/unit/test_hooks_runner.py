@@ -226,12 +226,13 @@ def test_hook_executable_runs_without_path(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-def test_prolog_killed_at_random_points_then_epilog_leaves_gpu_clean(tmp_path: Any) -> None:
-    """kill -9 the real prolog process mid-way (each simulated driver call takes 40 ms), then
-    run the epilog as slurmd would: no MIG instance, claim or record may survive."""
-    import random
+def test_prolog_killed_at_every_step_then_epilog_leaves_gpu_clean(tmp_path: Any) -> None:
+    """kill -9 the real prolog process before and after each of its driver calls and state
+    writes (SLURMISO_SIM_KILL_AT: steps, not moments, so a faster machine hits the same
+    ones), then run the epilog as slurmd would: no MIG instance, claim or record survives."""
     import signal
-    import time
+
+    from tests.killrounds import traced_kill_points
 
     tmp = str(tmp_path)
     cfg = write_config(tmp, "mig-dynamic", model="H100-80GB")
@@ -242,25 +243,47 @@ def test_prolog_killed_at_random_points_then_epilog_leaves_gpu_clean(tmp_path: A
         yaml.safe_dump(data, fh)
     SimBackend(f"{tmp}/sim/node1.json").set_mig_mode(0, True)
     sim = SimBackend(f"{tmp}/sim/node1.json")
-    rng = random.Random(7)
+    prolog = [sys.executable, os.path.join(ROOT, "prolog/slurmiso-prolog")]
+    epilog = [sys.executable, os.path.join(ROOT, "epilog/slurmiso-epilog")]
+
+    def env_for(job: str, **extra: str) -> Dict[str, str]:
+        return job_env(job=job, SLURMISO_CONFIG=cfg, PYTHONPATH=ROOT,
+                       SLURMISO_CACHE_DIR=os.environ["SLURMISO_CACHE_DIR"], **extra)
+
+    def epilog_leaves_nothing(job: str, where: str) -> None:
+        ep = subprocess.run(epilog, env=env_for(job), capture_output=True, text=True,
+                            timeout=60)
+        assert ep.returncode == 0, f"{where}: {ep.stderr}"
+        assert sim.instances() == [], f"{where}: instance left behind"
+        assert state(tmp).allocations() == {}, f"{where}: claim left behind"
+        assert state(tmp).read_job(job) is None, f"{where}: record left behind"
+
+    # One unkilled prolog, traced: the steps there are to kill at.
+    trace = f"{tmp}/trace"
+    calm = subprocess.Popen(prolog, env=env_for("99", SLURMISO_SIM_TRACE=trace),
+                            stderr=subprocess.DEVNULL)
+    assert calm.wait(timeout=60) == 0
+    assert len(sim.instances()) == 1
+    points = traced_kill_points(trace, calm.pid)
+    epilog_leaves_nothing("99", "unkilled")
+    steps = [p.step for p in points]
+    assert any("create_gpu_instance" in s for s in steps), steps
+    assert any("create_compute_instance" in s for s in steps), steps
+    assert any("allocations.json" in s for s in steps), steps
+
     outcomes = []
-    for round_ in range(12):
-        env = job_env(job=str(100 + round_), SLURMISO_CONFIG=cfg, PYTHONPATH=ROOT,
-                      SLURMISO_SIM_DELAY_MS="40")
-        proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "prolog/slurmiso-prolog")],
-                                env=env, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 0.6))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        outcomes.append((len(sim.instances()), proc.returncode))
-        ep = subprocess.run([sys.executable, os.path.join(ROOT, "epilog/slurmiso-epilog")],
-                            env=env, capture_output=True, text=True, timeout=60)
-        assert ep.returncode == 0, ep.stderr
-        assert sim.instances() == [], f"round {round_}: instance left behind"
-        assert state(tmp).allocations() == {}
-        assert state(tmp).read_job(str(100 + round_)) is None
-    # the kills must have hit both before and after an instance existed, or this proved little
-    assert any(n == 0 for n, _ in outcomes) and any(n > 0 for n, _ in outcomes), outcomes
+    for round_, point in enumerate(points):
+        job = str(100 + round_)
+        proc = subprocess.run(prolog, env=env_for(job, SLURMISO_SIM_KILL_AT=point.spec),
+                              stderr=subprocess.DEVNULL, timeout=60)
+        assert proc.returncode == -signal.SIGKILL, f"{point.step}: the prolog was not killed"
+        outcomes.append((point.step, len(sim.instances()), bool(state(tmp).allocations())))
+        epilog_leaves_nothing(job, point.step)
+    # The kills hit before an instance existed, once it existed but no claim named it yet
+    # (the case the 200-round bench found), and once it was claimed: every step, every run.
+    assert any(n == 0 for _, n, _ in outcomes), outcomes
+    assert any(n == 1 and not claimed for _, n, claimed in outcomes), outcomes
+    assert any(n == 1 and claimed for _, n, claimed in outcomes), outcomes
 
 
 def test_epilog_reports_memory_not_released(tmp_path: Any) -> None:

@@ -94,7 +94,10 @@ def test_program_ignoring_the_signal_is_killed_and_no_checkpoint_recorded(tmp_pa
               "--misbehave-on-restart", "0", grace=2.0)
     attempts = job.sim.run(preempt=[job.after_steps(10)])
     assert [a.state for a in attempts] == ["PREEMPTED", "COMPLETED"]
-    assert attempts[0].seconds < 2.0 + 1.5  # the wrapper ended it within the grace
+    # the wrapper ended it within the grace: timed from the preemption, not from the start
+    # (a slow start on a busy machine is no part of the grace)
+    assert attempts[0].stop_at is not None
+    assert attempts[0].seconds - attempts[0].stop_at < 2.0 + 1.5
     (end,) = job.journal("checkpoint-end")
     assert not end["ok"] and end["path"] is None
     assert "did not report a checkpoint" in end["reason"] and "killed" in end["reason"]
@@ -132,7 +135,8 @@ def test_preempted_job_that_cannot_requeue_itself_waits_for_slurm(tmp_path) -> N
     job.sim.base_env["SLURMISO_SIM_SCONTROL_FAIL"] = "1"
     attempts = job.sim.run(preempt=[job.after_steps(10)])
     assert [a.state for a in attempts] == ["PREEMPTED", "COMPLETED"]
-    assert attempts[0].killed and attempts[0].seconds >= 2.0  # stayed until the grace ended
+    assert attempts[0].killed and attempts[0].stop_at is not None
+    assert attempts[0].seconds - attempts[0].stop_at >= 2.0  # stayed until the grace ended
     (declined,) = job.journal("requeue-declined")
     assert "permission denied" in declined["reason"] and "waiting for Slurm" in declined["reason"]
     assert sorted(job.steps()) == list(range(1, 81))
@@ -154,15 +158,32 @@ def test_scancel_checkpoints_but_is_not_requeued(tmp_path) -> None:
     assert not os.path.exists(job.sim.requests)
 
 
+def _wait_for(what: str, ready: Any, timeout: float = 30.0) -> None:
+    """Poll until ``ready()``: a readiness marker, not a sleep sized for some machine."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g}s"
+        time.sleep(0.02)
+
+
+def _has_event(path: str, event: str) -> bool:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return False
+    return any(json.loads(x)["event"] == event for x in text.splitlines() if x.strip())
+
+
 def test_double_signal_is_one_checkpoint(tmp_path) -> None:
-    job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01", "--slow-checkpoint", "0.5")
+    job = Job(str(tmp_path), "--steps", "400", "--step-time", "0.01", "--slow-checkpoint", "1.0")
     env = job.sim.env_for(0)
     proc = subprocess.Popen(job.argv, env=env, cwd=job.dir)
     try:
-        while len(job.steps()) < 5:
-            time.sleep(0.02)
+        _wait_for("steps", lambda: len(job.steps()) >= 5)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.1)
+        # the second signals come while that checkpoint runs: once the wrapper has begun it
+        # (not after a fixed 0.1 s, which on a busy machine could be before it had)
+        _wait_for("checkpoint-start", lambda: _has_event(job.events, "checkpoint-start"))
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGUSR1)  # and the time-limit warning on top
         assert proc.wait(10) == 143
@@ -176,7 +197,11 @@ def test_double_signal_is_one_checkpoint(tmp_path) -> None:
 def test_time_limit_requeues_itself_until_max_requeues(tmp_path) -> None:
     job = Job(str(tmp_path), "--steps", "100000", "--step-time", "0.01",
               extra=("--max-requeues", "2"))
-    attempts = job.sim.run(time_limit_s=6.0, warn_signal=signal.SIGUSR1, warn_before_s=5.0)
+    # each attempt's time limit counts from its program's first step: the warning comes 1 s
+    # into the run, and must not come before the wrapper's handlers are up (a slow start on
+    # a busy machine died of it: exit 138)
+    attempts = job.sim.run(time_limit_s=6.0, warn_signal=signal.SIGUSR1, warn_before_s=5.0,
+                           started=[job.after_steps(1) for _ in range(3)])
     assert [a.state for a in attempts] == ["REQUEUED", "REQUEUED", "FAILED"]
     assert [a.restart_count for a in attempts] == [0, 1, 2]
     assert attempts[-1].exit_code == 143
@@ -209,13 +234,17 @@ def test_other_ranks_wait_for_the_designated_ranks_report(tmp_path) -> None:
     events = str(tmp_path / "ev.jsonl")
     ckpt = str(tmp_path / "ckpt")
     argv = [sys.executable, "-m", "slurmiso", "run", "--grace", "20", "--events", events,
-            "--ckpt-dir", ckpt, "--", sys.executable, "-c", "import time; time.sleep(60)"]
+            "--ckpt-dir", ckpt, "--", sys.executable, "-c",
+            "import time; open('ready', 'w').close(); time.sleep(60)"]
     env = dict(ENV, SLURM_JOB_ID="5", SLURM_PROCID="1",
                SLURMISO_CONFIG=str(tmp_path / "none.yaml"))
     proc = subprocess.Popen(argv, env=env, cwd=str(tmp_path))
-    time.sleep(1.0)
+    # the program runs, so the wrapper's handlers are up (not a 1 s sleep: a slow start on a
+    # busy machine got SIGTERM before them, and died of it)
+    _wait_for("program", lambda: (tmp_path / "ready").exists())
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    _wait_for("preempt-signal", lambda: _has_event(events, "preempt-signal"))
+    time.sleep(0.5)  # a wrapper that would not wait has had time to end
     assert proc.poll() is None  # still waiting: rank 1 does not checkpoint itself
     (tmp_path / "c.pt").write_text("x")
     t0 = time.monotonic()

@@ -123,10 +123,12 @@ def test_without_the_close_24_11_runs_the_finished_job_again(tmp_path) -> None:
     script = tmp_path / "job.sh"
     # requeues itself on SIGTERM (as the wrapper does) but never turns Requeue off
     script.write_text('#!/bin/bash\ntrap \'"$SLURMISO_SLURM_BIN"/scontrol requeue "$SLURM_JOB_ID"; exit 143\' TERM\n'
+                      ': > trapped\n'
                       'if [ -z "$SLURM_RESTART_COUNT" ]; then sleep 30 & wait; fi\nexit 0\n')
     script.chmod(0o755)
     sim = LocalSlurm([str(script)], env=ENV, workdir=str(tmp_path), grace_s=3.0,
                      kill_wait_s=2.0, release=(24, 11, 5))
-    attempts = sim.run(preempt=[lambda elapsed: elapsed > 0.5])
+    # preempted once its trap is set (not 0.5 s in: a slow start would die of the SIGTERM)
+    attempts = sim.run(preempt=[lambda elapsed: (tmp_path / "trapped").exists()])
     assert [a.state for a in attempts] == ["PREEMPTED", "PREEMPTED", "COMPLETED"]
     assert attempts[-1].restart_count == 2

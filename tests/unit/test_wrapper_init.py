@@ -226,7 +226,7 @@ def test_leftovers_get_sigterm_before_sigkill(tmp_path: Path, cleanup: List[int]
     marks = tmp_path / "marks"
     bg = ("import os, signal, sys, time\n"
           "def h(n, f):\n"
-          f"    open({str(marks)!r}, 'a').write('term\\n'); sys.exit(0)\n"
+          f"    open({str(marks)!r}, 'a').write(f'term {{time.time()}}\\n'); sys.exit(0)\n"
           "signal.signal(signal.SIGTERM, h)\n"
           f"open({str(marks)!r} + '.pid', 'w').write(str(os.getpid()))\n"
           "time.sleep(300)\n")
@@ -235,14 +235,17 @@ def test_leftovers_get_sigterm_before_sigkill(tmp_path: Path, cleanup: List[int]
               f"while [ ! -s {marks}.pid ]; do sleep 0.01; done; exit 3")
     proc = _wrapper(tmp_path, "sh", "-c", script)
     cleanup.append(proc.pid)
-    t0 = time.monotonic()
     assert proc.wait(15) == 3
-    elapsed = time.monotonic() - t0
+    ended = time.time()
     leftover = _pid(Path(f"{marks}.pid"))
     cleanup.append(leftover)
-    assert marks.read_text() == "term\n"
+    word, when = marks.read_text().split()
+    assert word == "term"  # it got SIGTERM, and its handler ran
     assert not procctl.alive(leftover)
-    assert elapsed < 1.9  # well inside the 2 s bound: it ended on SIGTERM, not SIGKILL
+    # the wrapper ended once the leftover was gone, well inside the 2 s bound: timed from
+    # the SIGTERM, not from the start (two interpreters starting on a busy machine are no
+    # part of it)
+    assert ended - float(when) < 1.9
 
 
 # -- procctl ---------------------------------------------------------------------------------
