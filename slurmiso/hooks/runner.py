@@ -398,6 +398,11 @@ def epilog(ctx: Context) -> None:
     record = ctx.state.read_job(ctx.job_id)
     if record is None:
         _check_nothing_left(ctx)
+        from slurmiso.isolation import fence
+
+        # A prolog killed before its first save leaves the fence it wrote first; without the
+        # file the plugin denies every GPU, so removing it never opens anything.
+        fence.remove(ctx.state.state_dir, ctx.job_id)
         log.info("job %s has no record on this node; nothing to undo", ctx.job_id)
         return
     ctx.record = record

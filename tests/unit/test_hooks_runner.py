@@ -337,3 +337,14 @@ def test_a_record_that_would_not_read_back_is_never_written(tmp_path: Any) -> No
     with pytest.raises(StateError, match="would not read back: .*'uid' is negative"):
         st.write_job("7", rec)
     assert st.read_job("7") is None
+
+
+def test_the_epilog_of_a_job_without_a_record_removes_its_fence(tmp_path: Any) -> None:
+    """A prolog killed between writing the job's fence and its first record save."""
+    from slurmiso.isolation import fence
+
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    fence.write(f"{tmp}/state/node1", "42", "refused until prepared", ["c 195:* rwm"])
+    assert run_hook("epilog", job_env(), cfg, Drains()) == 0
+    assert fence.read_rules(f"{tmp}/state/node1", "42") is None
