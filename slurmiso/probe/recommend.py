@@ -116,7 +116,8 @@ def recommend(modes: Sequence[Dict[str, Any]], target: Target) -> Dict[str, Any]
     rank = RANK[best["mode"]]
     why = (f"{best['mode']} holds the SLO of class {target.infer_class} "
            f"({_holds_text(best, target)}); it is the softest that does "
-           f"({TIER[rank]}: rate-limit first, then quotas, then partition or dedicate)")
+           f"(step '{TIER[rank]}' of: rate-limit first, then quotas, then partition or "
+           f"dedicate)")
     peers = [m for m in held if RANK[m["mode"]] == rank and m is not best]
     if peers:
         others = ", ".join(f"{m['mode']} {_keeps(m):.0%}" for m in peers)

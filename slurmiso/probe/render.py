@@ -18,7 +18,7 @@ from slurmiso.audit.render_text import table
 _W, _H, _PAD_L, _PAD_B, _PAD_T, _PAD_R = 720, 300, 56, 40, 14, 16
 
 HEADER = ["MODE", "POOL", "REQS", "P50 ms", "P95 ms", "P99 ms", "P99 SOLO", "ERRORS",
-          "STEP s", "SOLO STEP s", "TRAIN KEEPS", "TRAIN PEAK", "HEADROOM", "TOOK"]
+          "STEP s", "SOLO s", "KEEPS", "PEAK", "ROOM", "TOOK"]
 
 
 def _f(value: Optional[float], fmt: str = "{:g}") -> str:
@@ -126,14 +126,12 @@ def cdf_chart(series: Sequence[Tuple[str, str, List[List[float]], bool]],
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H + 24}" '
              'role="img" aria-label="inference latency CDF">']
-    for share in (0.0, 0.5, 0.9, 0.99, 1.0):
+    for share, label in ((0.0, "0%"), (0.5, "50%"), (0.9, "90%"), (0.99, "P99")):
         y = yv(share)
         parts.append(f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_PAD_L + pw}" y2="{y:.1f}" '
                      f'stroke="{"#bbb" if share == 0.99 else "#e5e5e5"}"/>')
         parts.append(f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" '
-                     f'fill="#555">{share:.0%}</text>' if share != 0.99 else
-                     f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" '
-                     'fill="#555">P99</text>')
+                     f'fill="#555">{label}</text>')
     for v in ticks:
         x = xv(v)
         parts.append(f'<line x1="{x:.1f}" y1="{_PAD_T + ph}" x2="{x:.1f}" y2="{_PAD_T + ph + 4}" '
