@@ -297,8 +297,10 @@ class Session:
             while time.monotonic() < end and self.launcher.state(o.handle) != ENDED:
                 time.sleep(self.opts.poll_s)
             self.stop_training(o)
-        elif not self.wait_ended(o):
-            self.launcher.cancel(o.handle)
+        else:
+            self.wait_running(o)
+            if not self.wait_ended(o):
+                self.launcher.cancel(o.handle)
         self.finish(o, t0)
         return o
 
@@ -320,6 +322,7 @@ class Session:
         infer = self.start(f"{mode}-mixed-infer", "infer", places["infer"],
                            node=node if self.launcher.where == "slurm" else "")
         try:
+            self.wait_running(infer)
             if not self.wait_ended(infer):
                 self.launcher.cancel(infer.handle)
             self.finish(infer, t1)
