@@ -137,8 +137,8 @@ def _none_why(modes: Sequence[Dict[str, Any]], target: Target, missed: Dict[str,
                is not None else "") + ")")
     solos = [m for m in modes if not (m.get("error") or m.get("skipped"))
              and (m.get("infer_solo") or {}).get("p99_ms") is not None]
-    alone = [m for m in solos if meets(m["infer_solo"], target)]
-    if solos and len(alone) == len(solos):
+    missing_alone = [m for m in solos if meets(m["infer_solo"], target)]
+    if solos and len(missing_alone) == len(solos):
         best = min(solos, key=lambda m: m["infer_solo"].get("p99_ms") or float("inf"))
         return (base + f": inference alone already misses it (best solo P99 "
                 f"{best['infer_solo'].get('p99_ms')} ms, {best['mode']}), so no isolation can "
