@@ -6,6 +6,9 @@
 #   make lint    ruff + mypy
 #   make deb     Debian packages into dist/deb (packaging/deb/build.sh)
 #   make rpm     EL9 RPMs into dist/rpm (packaging/rpm/build.sh; built here, not EL9-tested)
+#   make gpu-check  on a machine with an NVIDIA GPU, first: tests/nvml, slurmiso's MPS daemon
+#                with a class's limits, slurmiso probe --local (8 min at most; never changes MIG
+#                or compute mode); JSON + text summary into $$OUT or ./gpu-check-out
 #   make package-test  build the .debs, install them with no network into clean Debian 12
 #                and 13 roots (debootstrap, cached in /var/cache/slurmiso-dev/roots), check, purge
 
@@ -27,7 +30,7 @@ export SLURMISO_SANDBOX_DIR ?= /var/lib/slurmiso-sbx-$(SLURM)
 endif
 
 .PHONY: all install sandbox sandbox-down test unit integration demo bench lint clean deb rpm \
-	package-test
+	package-test gpu-check
 
 all: test
 
@@ -55,6 +58,11 @@ test: sandbox
 
 demo: sandbox
 	$(PYTHON) -m slurmiso sandbox demo
+
+# One prepared script, no install step (a GPU session's minutes are few): the checkout's own
+# slurmiso, read-only NVML, MPS daemons it starts and stops itself.
+gpu-check:
+	timeout 480 $(PYTHON) tests/gpu/gpu_check.py --out "$${OUT:-gpu-check-out}"
 
 bench: install
 	$(PYTHON) bench/run.py

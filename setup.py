@@ -20,6 +20,7 @@ SHIPPED = {
     "etc/cron.d/slurmiso-audit": "etc/cron.d/slurmiso-audit",
     "etc/logrotate.d/slurmiso": "etc/logrotate.d/slurmiso",
     "etc/plugstack.conf.d/slurmiso.conf": "etc/plugstack.conf.d/slurmiso.conf",
+    "etc/grafana/slurmiso.json": "etc/grafana/slurmiso.json",
     "spank/slurmiso_spank.c": "spank/slurmiso_spank.c",
     "spank/Makefile": "spank/Makefile",
 }

@@ -48,6 +48,8 @@ gen gen systemd --bindir /usr/bin --dir "$DEST/usr/lib/systemd/system"
 gen gen cron --bindir /usr/bin | sed 's|^\([0-9*].* root slurmiso audit\)|#\1|' \
     > "$DEST/etc/cron.d/slurmiso-audit"
 install -m 0644 etc/logrotate.d/slurmiso "$DEST/etc/logrotate.d/slurmiso"
+# The Grafana dashboard (agent series + probe baselines): imported by hand, not a conffile.
+install -D -m 0644 etc/grafana/slurmiso.json "$DEST/usr/share/slurmiso/grafana/slurmiso.json"
 gen gen completion -o "$DEST/usr/share/bash-completion/completions/slurmiso"
 gen gen man --dir "$DEST/usr/share/man"
 find "$DEST/usr/share/man" -type f -exec gzip -9nf {} +

@@ -20,6 +20,7 @@ tree to exit codes in one table (:data:`EXIT_CODES`), and the hooks map it to Sl
     +-- SlurmError                  Slurm command failed or returned unexpected output (exit 5)
     |   +-- SlurmUnavailable        slurmctld/slurmdbd not reachable
     +-- SandboxError                the local test cluster could not be set up (exit 6)
+    +-- ProbeError                  a probe workload failed, hung or printed nothing usable
     +-- JobProblem                  hooks: this job cannot get its GPU share; refuse the job
     +-- NodeFault                   hooks: the node's GPUs are not trustworthy; drain the node
 """
@@ -110,6 +111,13 @@ class SlurmUnavailable(SlurmError):
 
 class SandboxError(SlurmisoError):
     kind = "sandbox"
+
+
+class ProbeError(SlurmisoError):
+    """A probe workload (the site's command or the built-in one) failed, hung or printed
+    nothing the output contract reads; the message names the command and its output files."""
+
+    kind = "probe"
 
 
 class JobProblem(SlurmisoError):

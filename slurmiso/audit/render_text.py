@@ -112,10 +112,31 @@ def _extra_tables(report: Dict[str, Any]) -> List[tuple]:
         ["GPU-hours with utilisation accounted", hours(idle["accounted_gpu_hours"])],
         ["jobs flagged idle by the monitor", str(idle["monitor_flagged_jobs"])],
     ]))
+    if report.get("probe"):  # only where 'slurmiso probe' has saved results
+        out.append(("Latest probe per pool (slurmiso probe), beside the window's use",
+                    ["POOL", "MODE", "PROBED", "P99 MIXED", "P99 ALONE", "ERRORS",
+                     "TRAIN KEEPS", "PROBE PICKS", "USE"], _probe_rows(report)))
     acts = [[a, str(n)] for a, n in report["monitor_actions"].items()]
     acts += [[f"requeue ({r}, wrapper)", str(n)] for r, n in report["requeues_by_reason"].items()]
     out.append(("Monitor actions and wrapper requeues", ["KIND", "COUNT"], acts))
     return out
+
+
+def _probe_rows(report: Dict[str, Any]) -> List[List[str]]:
+    """The newest probe of each pool next to the pool's use in this report's window."""
+    def ms(v: Any) -> str:
+        return "-" if v is None else f"{v:g} ms"
+
+    rows = []
+    for pool, p in report["probe"].items():
+        keeps = p.get("train_keeps")
+        live = report["pools"].get(pool)
+        rows.append([pool, str(p.get("mode")), str(p.get("generated") or "-"),
+                     ms(p.get("p99_ms")), ms(p.get("solo_p99_ms")),
+                     "-" if p.get("error_rate") is None else f"{p['error_rate']:.2%}",
+                     "-" if keeps is None else f"{keeps:.0%}", str(p.get("recommended") or "-"),
+                     _share(live) if live else "-"])
+    return rows
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

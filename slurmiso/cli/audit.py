@@ -181,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(agg, digest, stats, journals, findings, since=window_from,
                           until=until, generated=now, severity=cfg.audit.severity,
                           capacity=capacity)
+    probes = _latest_probes(cfg)
+    if probes:
+        report["probe"] = probes
     failed = 0
     for fmt, path in outputs:  # every format from the one pass; each failure is reported
         try:
@@ -191,6 +194,25 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         return 2
     return 1 if at_or_above(findings, cfg.audit.severity) else 0
+
+
+def _latest_probes(cfg: Any) -> Dict[str, Dict[str, Any]]:
+    """The newest ``slurmiso probe`` figures of each pool (paths.probe_dir), for the report's
+    probe table; {} when none was saved. The CLI joins them: the audit never imports probe."""
+    from slurmiso.probe.store import latest_per_pool
+
+    out = {}
+    pools = {p.name for p in cfg.pools}
+    for pool, m in latest_per_pool(cfg.paths.probe_dir).items():
+        if pool not in pools:  # a --local probe measured a node, not a pool
+            continue
+        out[pool] = {"mode": m["mode"], "generated": m.get("generated"),
+                     "p99_ms": m["infer"].get("p99_ms"),
+                     "solo_p99_ms": (m.get("infer_solo") or {}).get("p99_ms"),
+                     "error_rate": m["infer"].get("error_rate"),
+                     "train_keeps": m["train"].get("throughput_vs_solo"),
+                     "recommended": m.get("recommended"), "file": m.get("file")}
+    return out
 
 
 def render(report: Dict[str, Any], fmt: str) -> str:

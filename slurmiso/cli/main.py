@@ -30,6 +30,7 @@ SUBCOMMANDS = [
     "slurmiso.cli.audit",
     "slurmiso.cli.qos",
     "slurmiso.cli.doctor",
+    "slurmiso.cli.probe",
     "slurmiso.cli.agent",
     "slurmiso.cli.monitor",
 ]

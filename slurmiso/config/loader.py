@@ -344,6 +344,18 @@ def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
     return tuple(layouts)
 
 
+def _error_pct(s: _Section) -> Optional[float]:
+    """``max_error_pct``: a number 0..100 (percent of requests failed or timed out)."""
+    value = s.raw("max_error_pct", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        s.p.add(s.key("max_error_pct"), f"{_show(value)} is not a percentage (allowed: a "
+                "number 0..100)")
+        return None
+    return float(value)
+
+
 def _read_monitor(s: _Section) -> MonitorSettings:
     t = s.section("thresholds")
     thresholds = Thresholds(
@@ -387,6 +399,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
                 max_queue_wait_s=ss.converted("max_queue_wait", None, _duration, "duration"),
                 p99_latency_ms=ss.raw("p99_latency_ms", None),
                 latency_query=ss.text("latency_query", ""),
+                max_error_pct=_error_pct(ss),
             )
         )
         ss.done()
@@ -593,9 +606,10 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
         journal=ps.text("journal", Paths.journal),
         dcgm_job_mapping_dir=ps.text("dcgm_job_mapping_dir", ""),
         dev_root=ps.text("dev_root", Paths.dev_root),
+        probe_dir=ps.text("probe_dir", Paths.probe_dir),
     )
     ps.done()
-    for k in ("state_dir", "journal", "dev_root"):
+    for k in ("state_dir", "journal", "dev_root", "probe_dir"):
         v = getattr(paths, k)
         if v and not v.startswith("/"):
             p.add(

@@ -127,6 +127,8 @@ class Paths(Value):
     #: Where the node's NVIDIA device files are (the sandbox's stand-ins live elsewhere);
     #: the device fence reads their numbers from here.
     dev_root: str = "/dev"
+    #: Where ``slurmiso probe`` keeps its results (the audit shows the latest per pool).
+    probe_dir: str = "/var/lib/slurmiso/probe"
 
     def state_dir_for(self, node: str = "") -> str:
         return expand_node(self.state_dir, node)
@@ -181,6 +183,8 @@ class Slo(Value):
     max_queue_wait_s: Optional[int] = None
     p99_latency_ms: Optional[float] = None
     latency_query: str = ""
+    #: Highest share of failed or timed-out requests, in percent (None = not checked).
+    max_error_pct: Optional[float] = None
 
 
 class Relayout(Value):

@@ -1,0 +1,455 @@
+"""One probe: per mode, inference alone, training alone, then both on one GPU; collect, judge,
+and leave nothing running.
+
+Why three runs per mode: the mode's own solo runs are the baseline its mixed run is compared
+with (what sharing costs *in* that mode), and the fastest training alone across modes (a whole
+GPU) is the baseline a partition's cost is measured against. The pair's overlap is real: the
+training run starts first and inference begins only once training has printed a step (the
+``ready`` file), and only the training steps taken while inference ran count for the mixed
+figures (each output line's arrival time is recorded beside it).
+
+Every run's result is judged before the next one starts, so a broken ``--infer-cmd`` stops the
+probe at its first run with one message naming the command and its output files. Whatever ends
+the probe (an error, Ctrl-C, SIGTERM), :meth:`Session.close` cancels every run it started and
+waits until none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from slurmiso.errors import ProbeError
+from slurmiso.probe import stats
+from slurmiso.probe.contract import ENV_DOC, Parsed, parse_output
+from slurmiso.probe.launch import ENDED, PENDING, Launcher, Run
+from slurmiso.values import Value, field
+
+log = logging.getLogger(__name__)
+
+ROLES = ("infer", "train")
+#: After the stop file, how long training has to end before it is cancelled.
+STOP_WAIT_S = 30.0
+#: A result file may reach a shared file system a little after Slurm reports the job ended.
+RESULT_WAIT_S = 15.0
+#: How much of the training peak must stay free under the class's limit (DESIGN: 20-30%).
+HEADROOM_MIN_PCT = 20.0
+
+
+class Options(Value):
+    """What and how long to measure (the CLI's options)."""
+
+    infer_cmd: str = ""  # "" = the built-in workload
+    train_cmd: str = ""
+    requests: int = 200
+    rate: float = 20.0
+    request_timeout_ms: float = 1000.0
+    train_seconds: float = 10.0
+    run_timeout_s: float = 300.0
+    queue_timeout_s: float = 600.0
+    ready_timeout_s: float = 120.0
+    warmup_steps: int = 1
+    python: str = sys.executable
+    poll_s: float = 0.1
+
+
+class Placement(Value):
+    """Where one role runs in a mode: env for a local process, sbatch args for a job."""
+
+    env: Dict[str, str] = field(default_factory=dict)
+    sbatch: List[str] = field(default_factory=list)
+
+
+#: (mode, cleanup) -> ({role: Placement}, "") or (None, why the mode is skipped here).
+Placer = Callable[[str, contextlib.ExitStack],
+                  Tuple[Optional[Dict[str, Placement]], str]]
+
+
+class Outcome(Value, frozen=False):
+    """One finished run: where it ran, what it printed, how it ended."""
+
+    name: str
+    role: str
+    handle: str
+    paths: Dict[str, str]
+    started: Dict[str, Any] = field(default_factory=dict)
+    result: Dict[str, Any] = field(default_factory=dict)
+    parsed: Parsed = field(default_factory=Parsed)
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _read_lines(path: str) -> List[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()
+    except OSError:
+        return []
+
+
+def _is_sample(line: str) -> bool:
+    """Whether an output line is a latency or step sample (not a peak or info line)."""
+    text = line.strip()
+    if text.startswith("{"):
+        return any(k in text for k in ('"step_s"', '"latency_ms"', '"ok"'))
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class Session:
+    """Runs a probe's workloads through one launcher and cleans up after them."""
+
+    def __init__(self, launcher: Launcher, work_dir: str, opts: Options) -> None:
+        self.launcher = launcher
+        self.work_dir = work_dir
+        self.opts = opts
+        self.live: List[str] = []
+        self.runs: List[Dict[str, Any]] = []
+        self.workload_info: Dict[str, Dict[str, Any]] = {}
+
+    # -- naming what went wrong ---------------------------------------------------------------
+
+    def label(self, role: str) -> str:
+        cmd = self.opts.infer_cmd if role == "infer" else self.opts.train_cmd
+        if cmd:
+            return f"--{role}-cmd {cmd!r}"
+        return f"the built-in {'inference' if role == 'infer' else 'training'} workload"
+
+    def _where(self, o: Outcome) -> str:
+        files = [o.paths["output"], o.paths["stderr"]]
+        if self.launcher.where == "slurm":
+            files.append(o.paths["slurm_out"])
+        return "output in " + ", ".join(files)
+
+    # -- one run --------------------------------------------------------------------------------
+
+    def _spec(self, name: str, role: str, env: Dict[str, str]) -> Dict[str, str]:
+        base = os.path.join(self.work_dir, name)
+        paths = {k: f"{base}.{ext}" for k, ext in (
+            ("spec", "spec.json"), ("output", "out"), ("times", "times"), ("stderr", "err"),
+            ("started", "started.json"), ("result", "result.json"), ("ready", "ready"),
+            ("stop", "stop"))}
+        paths["slurm_out"] = f"{base}.slurm.out"
+        cmd = self.opts.infer_cmd if role == "infer" else self.opts.train_cmd
+        argv = ["/bin/sh", "-c", cmd] if cmd else [
+            self.opts.python, "-m", "slurmiso.probe.workloads", role]
+        for key in ("output", "times", "stderr", "started", "result", "ready", "stop"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(paths[key])
+        spec = {"role": role, "argv": argv, "cwd": self.work_dir,
+                "timeout_s": self.opts.run_timeout_s, "env": env,
+                **{k: paths[k] for k in ("output", "times", "stderr", "started", "result",
+                                         "ready")}}
+        if role == "train":
+            spec["stop_file"] = paths["stop"]
+            spec["env"] = dict(env, SLURMISO_PROBE_STOP_FILE=paths["stop"])
+        with open(paths["spec"], "w", encoding="utf-8") as fh:
+            json.dump(spec, fh, indent=1, sort_keys=True)
+        return paths
+
+    def _workload_env(self, role: str) -> Dict[str, str]:
+        env = {"SLURMISO_PROBE_ROLE": role}
+        if role == "infer":
+            env.update(SLURMISO_PROBE_REQUESTS=str(self.opts.requests),
+                       SLURMISO_PROBE_RATE=f"{self.opts.rate:g}",
+                       SLURMISO_PROBE_REQUEST_TIMEOUT_MS=f"{self.opts.request_timeout_ms:g}")
+        assert set(env) <= set(ENV_DOC)
+        return env
+
+    def start(self, name: str, role: str, place: Placement, node: str = "") -> Outcome:
+        env = self._workload_env(role)
+        paths = self._spec(name, role, env)
+        run = Run(name, role, paths["spec"], env=dict(place.env), sbatch=list(place.sbatch),
+                  node=node)
+        handle = self.launcher.start(run)
+        self.live.append(handle)
+        log.info("started %s as %s", name, self.launcher.describe(handle))
+        return Outcome(name, role, handle, paths)
+
+    def wait_running(self, o: Outcome) -> None:
+        """Until the run has left the queue; ProbeError when it waits past the queue timeout."""
+        deadline = time.monotonic() + self.opts.queue_timeout_s
+        while self.launcher.state(o.handle) == PENDING:
+            if time.monotonic() >= deadline:
+                why = self.launcher.why_pending(o.handle)
+                raise ProbeError(
+                    f"probe run {o.name} ({self.launcher.describe(o.handle)}) did not start "
+                    f"within {self.opts.queue_timeout_s:g}s" + (f" (Slurm: {why})" if why else ""),
+                    hint="free the pool's GPUs or raise --queue-timeout")
+            time.sleep(self.opts.poll_s)
+
+    def wait_ready(self, o: Outcome) -> None:
+        """Until training has printed its first step (or ended, which is judged as a result)."""
+        self.wait_running(o)
+        deadline = time.monotonic() + self.opts.ready_timeout_s
+        while not os.path.exists(o.paths["ready"]):
+            if self.launcher.state(o.handle) == ENDED:
+                self.collect(o)
+                self.judge(o)
+                raise ProbeError(f"{self.label('train')} ended before inference could run beside "
+                                 f"it (probe run {o.name}); {self._where(o)}")
+            if time.monotonic() >= deadline:
+                raise ProbeError(
+                    f"{self.label('train')} printed no step within "
+                    f"{self.opts.ready_timeout_s:g}s (probe run {o.name}); it must print one "
+                    f"step time per line; {self._where(o)}",
+                    hint="a slow first step? raise --ready-timeout")
+            time.sleep(self.opts.poll_s)
+
+    def wait_ended(self, o: Outcome, timeout: Optional[float] = None) -> bool:
+        """Until the run has ended (True) or ``timeout`` passed (False)."""
+        limit = self.opts.run_timeout_s + STOP_WAIT_S if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while self.launcher.state(o.handle) != ENDED:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.opts.poll_s)
+        return True
+
+    def collect(self, o: Outcome) -> None:
+        deadline = time.monotonic() + (RESULT_WAIT_S if self.launcher.where == "slurm" else 1.0)
+        while not os.path.exists(o.paths["result"]) and time.monotonic() < deadline:
+            time.sleep(min(self.opts.poll_s, 0.5))
+        o.result = _read_json(o.paths["result"])
+        o.started = _read_json(o.paths["started"])
+        with contextlib.suppress(ValueError):
+            self.live.remove(o.handle)
+
+    def parse(self, o: Outcome, since: float = 0.0, until: float = 0.0) -> Parsed:
+        """The run's output by the contract; with a window, only the lines that came in it."""
+        lines = _read_lines(o.paths["output"])
+        if since or until:
+            times = _read_lines(o.paths["times"])
+            kept = []
+            for line, t in zip(lines, times):
+                try:
+                    at = float(t)
+                except ValueError:
+                    continue
+                if not _is_sample(line) or ((not since or at >= since)
+                                            and (not until or at <= until)):
+                    kept.append(line)  # memory peak and info lines count whenever they came
+            lines = kept
+        return parse_output("\n".join(lines), o.role)
+
+    def judge(self, o: Outcome) -> None:
+        """ProbeError unless the run ended the way its role must and printed its figures."""
+        what, res = self.label(o.role), o.result
+        where = f"probe run {o.name}, {self.launcher.describe(o.handle)}"
+        if not res:
+            raise ProbeError(f"{what} ({where}) ended without a result: the job was cancelled, "
+                             f"preempted or could not start; {self._where(o)}")
+        if res.get("error"):
+            raise ProbeError(f"{what} ({where}): {res['error']}; {self._where(o)}")
+        if res.get("timed_out"):
+            raise ProbeError(f"{what} ({where}) did not finish within "
+                             f"{self.opts.run_timeout_s:g}s and was killed (hung?); "
+                             f"{self._where(o)}", hint="raise --run-timeout if it is just slow")
+        if not res.get("stopped") and res.get("exit_code") != 0:
+            how = (f"exit status {res['exit_code']}" if res.get("exit_code") is not None
+                   else f"signal {res.get('signal')}")
+            raise ProbeError(f"{what} ({where}) failed with {how}; {self._where(o)}")
+        o.parsed = self.parse(o)
+        if o.parsed.info:
+            self.workload_info.setdefault(o.role, dict(o.parsed.info))
+        if o.role == "infer" and not o.parsed.infer:
+            raise ProbeError(
+                f"{what} ({where}) printed no latencies ({o.parsed.ignored} other lines"
+                + (f", e.g. {o.parsed.ignored_samples[0]!r}" if o.parsed.ignored_samples else "")
+                + f"); it must print one latency in ms per line, or JSON lines "
+                f'{{"latency_ms": 12.3, "ok": true}}; {self._where(o)}')
+        if o.role == "train" and not o.parsed.steps:
+            raise ProbeError(
+                f"{what} ({where}) printed no step times ({o.parsed.ignored} other lines); it "
+                f"must print one step time in seconds per line, or JSON lines "
+                f'{{"step_s": 0.2}}; {self._where(o)}')
+
+    def finish(self, o: Outcome, started_mono: float) -> None:
+        self.collect(o)
+        self.judge(o)
+        self.runs.append({"run": o.name, "role": o.role, "where": self.launcher.describe(o.handle),
+                          "node": o.started.get("node"),
+                          "seconds": round(time.monotonic() - started_mono, 2),
+                          "output": o.paths["output"]})
+
+    def solo(self, mode: str, role: str, place: Placement) -> Outcome:
+        t0 = time.monotonic()
+        o = self.start(f"{mode}-solo-{role}", role, place)
+        if role == "train":  # alone for train_seconds once stepping, then stopped as contracted
+            self.wait_ready(o)
+            end = time.monotonic() + self.opts.train_seconds
+            while time.monotonic() < end and self.launcher.state(o.handle) != ENDED:
+                time.sleep(self.opts.poll_s)
+            self.stop_training(o)
+        else:
+            self.wait_running(o)
+            if not self.wait_ended(o):
+                self.launcher.cancel(o.handle)
+        self.finish(o, t0)
+        return o
+
+    def stop_training(self, o: Outcome) -> None:
+        with open(o.paths["stop"], "w", encoding="utf-8"):
+            pass
+        if not self.wait_ended(o, STOP_WAIT_S):
+            log.warning("%s did not end %gs after its stop file; cancelling it", o.name,
+                        STOP_WAIT_S)
+            self.launcher.cancel(o.handle)
+            self.wait_ended(o, STOP_WAIT_S)
+
+    def mixed(self, mode: str, places: Dict[str, Placement]) -> Tuple[Outcome, Outcome]:
+        t0 = time.monotonic()
+        train = self.start(f"{mode}-mixed-train", "train", places["train"])
+        self.wait_ready(train)
+        node = _read_json(train.paths["started"]).get("node", "")
+        t1 = time.monotonic()
+        infer = self.start(f"{mode}-mixed-infer", "infer", places["infer"],
+                           node=node if self.launcher.where == "slurm" else "")
+        try:
+            self.wait_running(infer)
+            if not self.wait_ended(infer):
+                self.launcher.cancel(infer.handle)
+            self.finish(infer, t1)
+        finally:
+            self.stop_training(train)
+        self.finish(train, t0)
+        return infer, train
+
+    def close(self) -> List[str]:
+        """Cancel every run still alive; the handles that survived (none, normally)."""
+        left = self.launcher.cancel_all()
+        if left:
+            log.error("probe runs still alive after cancelling: %s",
+                      ", ".join(self.launcher.describe(h) for h in left))
+        return left
+
+
+# -- one mode -----------------------------------------------------------------------------------
+
+
+def _gpu_of(started: Dict[str, Any]) -> str:
+    env = started.get("env") or {}
+    gpus = env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")
+    if gpus:
+        return f"{started.get('node', '?')}:gpu{gpus}"
+    if env.get("CUDA_MPS_PIPE_DIRECTORY"):
+        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+        marker = next((part for part in pipe.split("/") if part.startswith("gpu")), "")
+        return f"{started.get('node', '?')}:{marker or pipe}"
+    return f"{started.get('node', '?')}:{env.get('CUDA_VISIBLE_DEVICES', '?')}"
+
+
+def _colocated(mode: str, infer: Outcome, train: Outcome, where: str) -> Optional[bool]:
+    """Whether the mixed pair shared one GPU (exclusive: whether it used two); None unknown."""
+    if infer.started.get("node") != train.started.get("node"):
+        return False
+    if where == "local":
+        return mode != "exclusive"
+    a = (infer.started.get("env") or {}).get("SLURM_JOB_GPUS")
+    b = (train.started.get("env") or {}).get("SLURM_JOB_GPUS")
+    if mode == "mig-static" or not a or not b:
+        return None  # MIG GRES indices are not GPU indices; no index: cannot tell
+    return a == b if mode != "exclusive" else a != b
+
+
+def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Placement],
+                 limit_mb: Optional[int]) -> Dict[str, Any]:
+    """The three runs of one mode and its figures (the JSON's ``modes[]`` entry)."""
+    t0 = time.monotonic()
+    opts = session.opts
+    solo_i = session.solo(mode, "infer", places["infer"])
+    solo_t = session.solo(mode, "train", places["train"])
+    mix_i, mix_t = session.mixed(mode, places)
+    since = float(mix_i.result.get("started_at") or 0.0)
+    until = float(mix_i.result.get("ended_at") or 0.0)
+    steps_beside = session.parse(mix_t, since, until).steps or mix_t.parsed.steps
+    train_solo = stats.train_figures(solo_t.parsed.steps, opts.warmup_steps)
+    train_mixed = stats.train_figures(steps_beside, 0)
+    train_mixed["throughput_vs_solo"] = stats.throughput_vs_solo(train_mixed["step_s"],
+                                                                 train_solo["step_s"])
+    infer_solo = stats.infer_figures(solo_i.parsed.infer, opts.request_timeout_ms)
+    infer_mixed = stats.infer_figures(mix_i.parsed.infer, opts.request_timeout_ms)
+    p99_solo, p99_mixed = infer_solo["p99_ms"], infer_mixed["p99_ms"]
+    infer_mixed["p99_vs_solo"] = (round(p99_mixed / p99_solo, 3) if p99_solo and p99_mixed
+                                  else None)
+    peaks = {"infer": mix_i.parsed.gpu_mem_peak_mb or solo_i.parsed.gpu_mem_peak_mb,
+             "train": max(filter(None, [mix_t.parsed.gpu_mem_peak_mb,
+                                        solo_t.parsed.gpu_mem_peak_mb]), default=None)}
+    memory: Dict[str, Any] = {"infer_peak_mb": peaks["infer"], "train_peak_mb": peaks["train"],
+                              "train_limit_mb": limit_mb, "train_headroom_pct": None,
+                              "headroom_ok": None}
+    if peaks["train"] and limit_mb:
+        room = round(100.0 * (limit_mb - peaks["train"]) / limit_mb, 1)
+        memory.update(train_headroom_pct=room, headroom_ok=room >= HEADROOM_MIN_PCT)
+    return {
+        "mode": mode, "pool": pool, "node": mix_t.started.get("node"),
+        "colocated": _colocated(mode, mix_i, mix_t, session.launcher.where),
+        "gpus": {"infer": _gpu_of(mix_i.started), "train": _gpu_of(mix_t.started)},
+        "infer": infer_mixed, "infer_solo": infer_solo,
+        "train": train_mixed, "train_solo": train_solo,
+        "memory": memory,
+        "cdf": {"mixed": stats.cdf_points([x.latency_ms for x in mix_i.parsed.infer
+                                           if x.latency_ms is not None]),
+                "solo": stats.cdf_points([x.latency_ms for x in solo_i.parsed.infer
+                                          if x.latency_ms is not None])},
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+
+
+def skipped(mode: str, pool: str, why: str) -> Dict[str, Any]:
+    """A mode this probe could not measure, in the same shape (figures None)."""
+    blank_i = {k: None for k in ("p50_ms", "p95_ms", "p99_ms", "error_rate", "requests")}
+    blank_t = {"step_s": None, "throughput_vs_solo": None}
+    return {"mode": mode, "pool": pool, "skipped": why, "infer": blank_i, "train": blank_t}
+
+
+def run_modes(session: Session, modes: List[Tuple[str, str]], placer: Placer,
+              limits: Callable[[str], Optional[int]]) -> List[Dict[str, Any]]:
+    """Every (mode, pool) in order; the session is closed (nothing left running) at the end,
+    whatever happened."""
+    out: List[Dict[str, Any]] = []
+    try:
+        for mode, pool in modes:
+            with contextlib.ExitStack() as cleanup:  # the mode's daemons end with the mode
+                places, why = placer(mode, cleanup)
+                if places is None:
+                    log.warning("mode %s skipped: %s", mode, why)
+                    out.append(skipped(mode, pool, why))
+                    continue
+                try:
+                    out.append(measure_mode(session, mode, pool, places, limits(mode)))
+                finally:
+                    session.close()  # before its daemons stop: no client outlives them
+    finally:
+        left = session.close()
+        if left:
+            raise ProbeError("probe runs still alive after cancelling them: " + ", ".join(
+                session.launcher.describe(h) for h in left),
+                hint="cancel them by hand (scancel / kill) and check the node")
+    fastest = min((m["train_solo"]["step_s"] for m in out
+                   if not m.get("skipped") and m["train_solo"]["step_s"]), default=None)
+    for m in out:
+        if not m.get("skipped"):
+            m["train"]["throughput_vs_gpu"] = stats.throughput_vs_solo(m["train"]["step_s"],
+                                                                       fastest)
+    return out
+
+
+def host() -> str:
+    return socket.gethostname()

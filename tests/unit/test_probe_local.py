@@ -1,0 +1,155 @@
+"""``slurmiso probe --local`` end to end on this machine: the CPU stand-in, the simulated GPU
+and slurmiso's simulated MPS daemons; and the bad-input paths, each one clear error (never a
+traceback) with nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+import psutil
+import pytest
+
+from slurmiso.cli.main import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "etc", "slurmiso.yaml")
+QUICK = ["--requests", "8", "--rate", "0", "--train-seconds", "0.3"]
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No driver here; make sure no stray sim state is picked up either."""
+    monkeypatch.setenv("SLURMISO_GPU_BACKEND", "auto")
+    monkeypatch.setenv("SLURMISO_SIM_STATE", "/nonexistent/sim.json")
+
+
+def probe(tmp_path, capsys, *args: str) -> Tuple[int, str, str]:
+    rc = main(["-c", CONFIG, "probe", "--local", "--work-dir", str(tmp_path / "work"),
+               "--results-dir", str(tmp_path / "results"), *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def alive_under(path: str) -> List[int]:
+    """Processes whose command line or environment names ``path`` (probe leftovers)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            named = path in cmd or any(path in v for v in proc.environ().values())
+            if named and proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_builtin_local_probe_gives_well_formed_figures(tmp_path, capsys) -> None:
+    rc, out, err = probe(tmp_path, capsys, "--workload", "builtin", "--modes", "timeslice,mps",
+                         "--json", *QUICK)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert [m["mode"] for m in report["modes"]] == ["timeslice", "mps"]
+    for m in report["modes"]:
+        i, t = m["infer"], m["train"]
+        assert i["requests"] == 8 and 0 < i["p50_ms"] <= i["p95_ms"] <= i["p99_ms"]
+        assert i["error_rate"] == 0.0
+        assert t["step_s"] > 0 and t["throughput_vs_solo"] > 0
+        assert m["colocated"] is True and m["seconds"] > 0
+    assert report["recommendation"]["mode"] in ("timeslice", "mps")
+    assert report["recommendation"]["why"]
+    assert report["workload"]["kind"] == "cpu-stand-in"  # said so, in the output
+    assert any("CPU stand-ins" in n for n in report["notes"])
+    mps = report["modes"][1]
+    assert mps["gpus"]["infer"].endswith(":gpu0")  # through slurmiso's MPS daemon layout
+    # the sim daemons held the classes' limits: training got its 60 %
+    info = report["workload"]["info"]
+    assert info["infer"]["workload"] == "cpu-stand-in"
+    saved = report.get("saved") or ""
+    assert saved.startswith(str(tmp_path / "results")) and os.path.exists(saved)
+    prom = Path(report["textfile"]).read_text()
+    assert 'slurmiso_probe_p99_seconds{mode="mps",pool="local/' in prom
+    assert not alive_under(str(tmp_path))  # runners, workloads and MPS daemons all gone
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "slurmiso.isolation.mps_sim" in " ".join(p.info["cmdline"] or [])
+                and "/tmp/sip-" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_the_mps_daemons_give_each_class_its_share(tmp_path, capsys) -> None:
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps", "--json", *QUICK)
+    assert rc == 0, err
+    work = str(tmp_path / "work")
+    granted = {}
+    for role in ("infer", "train"):
+        for line in Path(work, f"mps-mixed-{role}.out").read_text().splitlines():
+            if "mps_granted" in line:
+                granted[role] = json.loads(line)["info"]["mps_granted"]
+    assert granted["infer"]["active_thread_percentage"] == 100.0
+    assert granted["train"]["active_thread_percentage"] == 60.0
+    assert granted["train"]["pinned_device_mem_limit_mb"] == {"0": 24 * 1024}
+
+
+def test_text_and_html_output(tmp_path, capsys) -> None:
+    html = tmp_path / "probe.html"
+    rc, out, err = probe(tmp_path, capsys, "--modes", "timeslice", "--no-save", "--html",
+                         str(html), *QUICK)
+    assert rc == 0, err
+    assert "MODE" in out and "recommendation: timeslice" in out and "why:" in out
+    page = html.read_text()
+    assert "<svg" in page and "SLO P99 250 ms" in page and "http" not in page.split(
+        "</style>")[1].replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@pytest.mark.parametrize("cmd, expect", [
+    ("echo started; exit 3", "failed with exit status 3"),
+    ("echo 'warming up'; echo done", "printed no latencies (2 other lines, e.g. 'warming up')"),
+])
+def test_a_bad_infer_cmd_is_one_clear_error(tmp_path, capsys, cmd: str, expect: str) -> None:
+    rc, out, err = probe(tmp_path, capsys, "--modes", "timeslice", "--infer-cmd", cmd, *QUICK)
+    assert rc == 1 and out == ""
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"--infer-cmd {cmd!r}" in err and expect in err
+    assert str(tmp_path / "work" / "timeslice-solo-infer.out") in err
+    assert not alive_under(str(tmp_path))
+
+
+def test_a_hanging_infer_cmd_is_killed_and_named(tmp_path, capsys) -> None:
+    pid_file = tmp_path / "pid"
+    cmd = f"echo $$ > {pid_file}; echo 5; sleep 300"
+    t0 = time.monotonic()
+    rc, out, err = probe(tmp_path, capsys, "--modes", "timeslice", "--infer-cmd", cmd,
+                         "--run-timeout", "2s", *QUICK)
+    assert rc == 1 and time.monotonic() - t0 < 40
+    assert "Traceback" not in err and "did not finish within 2s and was killed" in err
+    assert f"--infer-cmd {cmd!r}" in err and "timeslice-solo-infer.out" in err
+    assert not psutil.pid_exists(int(pid_file.read_text())) or psutil.Process(
+        int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_failure_beside_training_stops_training_and_the_mps_daemons(tmp_path,
+                                                                        capsys) -> None:
+    # fine alone (first run), fails in the mixed run (second): training must be ended too
+    counter = tmp_path / "count"
+    cmd = (f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n+1)) > {counter}; "
+           f"[ $n -ge 1 ] && exit 4; echo 1.5")
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps", "--infer-cmd", cmd, *QUICK)
+    assert rc == 1 and "failed with exit status 4" in err and "mps-mixed-infer" in err
+    started = json.loads((tmp_path / "work" / "mps-mixed-train.started.json").read_text())
+    child = started["child_pgid"]
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == \
+        psutil.STATUS_ZOMBIE
+    assert not alive_under(str(tmp_path))
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "slurmiso.isolation.mps_sim" in " ".join(p.info["cmdline"] or [])
+                and "/tmp/sip-" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_usage_errors(tmp_path, capsys) -> None:
+    rc, _, err = probe(tmp_path, capsys, "--modes", "timeslice,warp")
+    assert rc == 2 and "unknown mode warp" in err
+    rc, _, err = probe(tmp_path, capsys, "--workload", "builtin", "--infer-cmd", "x")
+    assert rc == 2 and "exclude each other" in err
