@@ -2,8 +2,9 @@
 
 Each run is ``sbatch`` of a two-line script that starts :mod:`slurmiso.probe.jobrun` on the
 node, with the pool's partition, the class's QoS (or ``--iso-class``) and the GRES the mode
-shares a GPU through, so the real prolog gives it its real share. ``--no-requeue``: a probe job
-preempted by its own partner must end, not come back and run unobserved. Results come back
+shares a GPU through, so the real prolog gives it its real share. ``--no-requeue`` for inference
+runs: one preempted must end, not come back and run unobserved; training runs stay requeueable,
+as a site's job_submit (slurmiso's own included) demands of every train job. Results come back
 through files in the work directory, which must be on a file system the nodes see (as job
 output is). State is read with ``squeue`` (a job it no longer lists has ended) and every job
 submitted is cancelled with ``scancel`` at the end, then waited for until ``squeue`` shows none.
@@ -64,7 +65,10 @@ class SlurmLauncher:
         os.chmod(script, 0o755)
         args = ["--parsable", f"--job-name=slurmiso-probe-{run.name}",
                 f"--output={os.path.join(self.work_dir, run.name + '.slurm.out')}",
-                f"--chdir={self.work_dir}", "--no-requeue", *run.sbatch]
+                f"--chdir={self.work_dir}",
+                # A site's job_submit refuses train jobs that cannot be requeued (slurmiso's
+                # own does): training is submitted as users submit it; inference never needs it.
+                *(["--no-requeue"] if run.role != "train" else []), *run.sbatch]
         if run.node:
             args.append(f"--nodelist={run.node}")
         out = self.slurm.run("sbatch", [*args, script], timeout=60)

@@ -51,7 +51,7 @@ def test_probe_through_slurm_on_three_pools(sandbox: Any, tmp_path: Any) -> None
         assert m["infer"]["requests"] == 40 and m["infer"]["p99_ms"] > 0
         assert m["train"]["step_s"] > 0 and m["train"]["throughput_vs_solo"] > 0
     assert report["recommendation"]["mode"] and report["recommendation"]["why"]
-    assert len(report["runs"]) == 9 and all(r["where"].startswith("job ") for r in report["runs"])
+    assert len(report["runs"]) == 12 and all(r["where"].startswith("job ") for r in report["runs"])
     # the real prolog gave the mixed MPS jobs their classes' daemons
     mps = report["modes"][1]
     assert mps["gpus"]["infer"].startswith("n2:") and mps["gpus"]["train"].startswith("n2:")

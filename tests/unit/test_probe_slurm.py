@@ -113,6 +113,7 @@ def test_each_mode_is_submitted_as_its_pool_shares_a_gpu(cfg, tmp_path) -> None:
     assert mps_infer[mps_infer.index("-p"):mps_infer.index("-p") + 2] == ["-p", "mps"]
     assert "--qos=infer" in mps_infer and "--no-requeue" in mps_infer
     assert "--qos=train" in by_name["slurmiso-probe-mps-mixed-train"]
+    assert "--no-requeue" not in by_name["slurmiso-probe-mps-mixed-train"]  # job_submit demands it
     # the pair fits one GPU's 100 gres/mps, in the ratio of the classes' 100 % and 60 %
     assert gres(mps_infer) == "mps:62"
     assert gres(by_name["slurmiso-probe-mps-mixed-train"]) == "mps:38"
