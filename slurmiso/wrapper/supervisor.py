@@ -83,6 +83,7 @@ class Events:
     def __init__(self, journal: Any = None) -> None:
         self.journal = journal
         self._failed = False
+        self._over_cap = False
 
     @property
     def path(self) -> str:
@@ -99,7 +100,25 @@ class Events:
                 log.warning("cannot write the job's events file %s: %s", self.journal.path, exc)
             self._failed = True
             return False
+        self._check_size()
         return True
+
+    def _check_size(self) -> None:
+        """Say in the job's own log, once, when the file outgrows what the epilog reads: what
+        lies past the cap never reaches the journal (the epilog says so there too)."""
+        if self._over_cap:
+            return
+        from slurmiso.hooks.events import MAX_BYTES
+
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return
+        if size > MAX_BYTES:
+            self._over_cap = True
+            log.warning("the job's events file %s is %d bytes, over the %d bytes the epilog "
+                        "reads: later events (checkpoints, preemptions) will not be counted; "
+                        "something else is writing to it", self.path, size, MAX_BYTES)
 
 
 class Supervisor:

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import time
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import pytest
 
@@ -380,3 +380,21 @@ def test_job_environment_reads_the_epilog_requeue_declaration() -> None:
     job = JobEnvironment.from_env(env)
     assert (job.events_file, job.epilog_requeue) == ("/w/.e", True)
     assert not JobEnvironment.from_env({**env, "SLURMISO_EPILOG_REQUEUE": "yes"}).epilog_requeue
+
+
+def test_an_events_file_past_the_epilogs_cap_is_said_in_the_jobs_log(
+    tmp_path: Any, caplog: Any
+) -> None:
+    """Issue 22: events past the epilog's read cap were lost with no word in the job's log."""
+    from slurmiso.hooks.events import MAX_BYTES
+    from slurmiso.state import Journal
+    from slurmiso.wrapper.supervisor import Events
+
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"x" * (MAX_BYTES + 10))  # something else filled the job's file
+    events = Events(Journal(str(path)))
+    with caplog.at_level("WARNING"):
+        assert events.emit("checkpoint-end", ok=True)
+        assert events.emit("checkpoint-end", ok=True)
+    said = [r.getMessage() for r in caplog.records if "over the" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0] and str(MAX_BYTES) in said[0]
