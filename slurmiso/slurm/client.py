@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import SlurmError, SlurmUnavailable
 
@@ -182,42 +182,8 @@ class SlurmCli:
 
     def job_fields(self, job_id: str, fields: Sequence[str], node: Optional[str] = None,
                    timeout: Optional[float] = None) -> Optional[Dict[str, str]]:
-        """Slurm's own fields of one job (``squeue -O``), or None when slurmctld does not list
-        it (on ``node``, when given).
-
-        Never ``scontrol show job -o`` for a decision: it prints text the job's user chose
-        (``Comment``, ``WorkDir``, ``StdOut``, ``Command``) unquoted among Slurm's own keys,
-        after ``QOS`` and ``JobState``, so a job submitted with ``--comment "x QOS=infer"``
-        reads as QoS infer. squeue prints only the fields asked for (:data:`JOB_FIELDS`, none
-        of them user text), each padded to a fixed width; the environment is one that no
-        ``SQUEUE_*`` setting filters and whose times have no spaces.
-        """
-        unknown = [f for f in fields if f not in JOB_FIELDS]
-        if unknown or not fields:
-            raise ValueError(f"not a squeue field of Slurm's own: {unknown or 'none'}")
-        if not str(job_id).isdigit():
-            raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
-        args = ["-h", "-t", "all", "-j", str(job_id),
-                "-O", ",".join(f"{f}:{_FIELD_WIDTH}" for f in fields)]
-        if node is not None:
-            args += ["-w", node]
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("SQUEUE_") and k not in ("SLURM_CLUSTERS", "SLURM_TIME_FORMAT")}
-        env["SLURM_TIME_FORMAT"] = "standard"
-        try:
-            out = self.run("squeue", args, timeout, env=env)
-        except SlurmError as exc:
-            if "Invalid job id" in str(exc):
-                return None  # slurmctld no longer holds the job (MinJobAge)
-            raise
-        lines = [ln for ln in out.splitlines() if ln.strip()]
-        if not lines:
-            return None
-        values = lines[0].split()
-        if (len(lines) > 1 or len(values) != len(fields)
-                or any(len(v) >= _FIELD_WIDTH for v in values)):
-            raise SlurmError(f"squeue -j {job_id}: unexpected output {out[:200]!r}")
-        return dict(zip(fields, values))
+        """Slurm's own fields of one job: :func:`job_fields` through this client."""
+        return job_fields(self.run, job_id, fields, node, timeout)
 
     def show_node(self, node: str, timeout: Optional[float] = None) -> Dict[str, str]:
         out = self.run("scontrol", ["show", "node", "-o", node], timeout)
@@ -288,3 +254,45 @@ class SlurmCli:
     def resume(self, node: str) -> None:
         """Return a drained node to service."""
         self.run("scontrol", ["update", f"NodeName={node}", "State=RESUME"])
+
+
+def job_fields(run: Callable[..., str], job_id: str, fields: Sequence[str],
+               node: Optional[str] = None,
+               timeout: Optional[float] = None) -> Optional[Dict[str, str]]:
+    """Slurm's own fields of one job (``squeue -O``), or None when slurmctld does not list
+    it (on ``node``, when given). ``run(cmd, args, timeout, env=...)`` runs a Slurm command
+    (:meth:`SlurmCli.run`): the hooks and the wrapper share this one reader.
+
+    Never ``scontrol show job -o`` for a decision: it prints text the job's user chose
+    (``Comment``, ``WorkDir``, ``StdOut``, ``Command``) unquoted among Slurm's own keys,
+    after ``QOS`` and ``JobState``, so a job submitted with ``--comment "x QOS=infer"``
+    reads as QoS infer. squeue prints only the fields asked for (:data:`JOB_FIELDS`, none
+    of them user text), each padded to a fixed width; the environment is one that no
+    ``SQUEUE_*`` setting filters and whose times have no spaces.
+    """
+    unknown = [f for f in fields if f not in JOB_FIELDS]
+    if unknown or not fields:
+        raise ValueError(f"not a squeue field of Slurm's own: {unknown or 'none'}")
+    if not str(job_id).isdigit():
+        raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
+    args = ["-h", "-t", "all", "-j", str(job_id),
+            "-O", ",".join(f"{f}:{_FIELD_WIDTH}" for f in fields)]
+    if node is not None:
+        args += ["-w", node]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SQUEUE_") and k not in ("SLURM_CLUSTERS", "SLURM_TIME_FORMAT")}
+    env["SLURM_TIME_FORMAT"] = "standard"
+    try:
+        out = run("squeue", args, timeout, env=env)
+    except SlurmError as exc:
+        if "Invalid job id" in str(exc):
+            return None  # slurmctld no longer holds the job (MinJobAge)
+        raise
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    values = lines[0].split()
+    if (len(lines) > 1 or len(values) != len(fields)
+            or any(len(v) >= _FIELD_WIDTH for v in values)):
+        raise SlurmError(f"squeue -j {job_id}: unexpected output {out[:200]!r}")
+    return dict(zip(fields, values))

@@ -63,6 +63,13 @@ fi
 echo "$@" >> "$SLURMISO_SIM_REQUESTS"
 """
 
+#: squeue stand-in: ``-O State:W`` answers the state the controller wrote, padded as squeue
+#: pads it (the wrapper reads the job's state the way the hooks do, never 'scontrol show').
+FAKE_SQUEUE = """#!/bin/sh
+state=$(cat "$SLURMISO_SIM_REQUESTS.state" 2>/dev/null || echo RUNNING)
+printf '%-63s\\n' "$state"
+"""
+
 
 @dataclass
 class Attempt:
@@ -129,10 +136,11 @@ class LocalSlurm:
 
     def _fake_scontrol(self) -> None:
         os.makedirs(self.bin_dir, exist_ok=True)
-        path = os.path.join(self.bin_dir, "scontrol")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(FAKE_SCONTROL)
-        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        for name, text in (("scontrol", FAKE_SCONTROL), ("squeue", FAKE_SQUEUE)):
+            path = os.path.join(self.bin_dir, name)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
     def env_for(self, restart_count: int) -> Dict[str, str]:
         env = dict(self.base_env)

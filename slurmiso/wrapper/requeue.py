@@ -61,7 +61,8 @@ Version = Tuple[int, int, int]
 class SlurmRunner(Protocol):
     """The part of :class:`slurmiso.slurm.client.SlurmCli` used here."""
 
-    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str: ...
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+            env: Optional[Mapping[str, str]] = None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -134,16 +135,18 @@ def decide(
 
 
 def slurm_job_state(client: SlurmRunner, job_id: str) -> str:
-    """The job's ``JobState`` from slurmctld, "" when it cannot be learnt in time."""
-    from slurmiso.slurm.client import parse_kv_line
+    """The job's state from slurmctld (``squeue -O State``), "" when it cannot be learnt in
+    time. Through the hooks' own reader (:func:`slurmiso.slurm.client.job_fields`), never
+    ``scontrol show job -o``: there a ``--comment "JobState=RUNNING"`` would read as the
+    state (the job's user could only mislead their own wrapper, but nothing reads it so)."""
+    from slurmiso.slurm.client import job_fields
 
     try:
-        out = client.run("scontrol", ["show", "job", "-o", job_id], REQUEUE_TIMEOUT_S)
+        facts = job_fields(client.run, job_id, ("State",), timeout=REQUEUE_TIMEOUT_S)
     except SlurmError as exc:
         log.warning("cannot learn the job's state (%s); assuming it was preempted", exc)
         return ""
-    line = next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
-    return parse_kv_line(line).get("JobState", "") if line else ""
+    return facts["State"] if facts else ""
 
 
 def slurm_version(client: SlurmRunner, env: Mapping[str, str]) -> Optional[Version]:

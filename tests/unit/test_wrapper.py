@@ -116,14 +116,34 @@ def test_cancelled_job_is_never_requeued() -> None:
     assert running.requeue
 
 
-def test_slurm_job_state_parses_scontrol_and_tolerates_failure() -> None:
+def test_slurm_job_state_reads_squeue_fields_and_tolerates_failure() -> None:
     class Show(FakeSlurm):
-        def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+        def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+                env: Any = None) -> str:
             super().run(cmd, args, timeout)
-            return "JobId=9 JobName=x JobState=CANCELLED Reason=None\n"
+            return "CANCELLED".ljust(63) + "\n"
 
-    assert requeue.slurm_job_state(Show(), "9") == "CANCELLED"
+    show = Show()
+    assert requeue.slurm_job_state(show, "9") == "CANCELLED"
+    assert show.calls[0][:2] == ["squeue", "-h"] and "State:64" in show.calls[0]
     assert requeue.slurm_job_state(FakeSlurm(fail=True), "9") == ""
+
+
+def test_a_comment_naming_a_state_cannot_move_the_wrappers_decision() -> None:
+    """Issue 27: the wrapper read JobState from 'scontrol show job -o', where the job's own
+    --comment "JobState=RUNNING" stood beside Slurm's keys. It asks squeue for the field."""
+
+    class Forged(FakeSlurm):
+        def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+                env: Any = None) -> str:
+            super().run(cmd, args, timeout)
+            if cmd == "scontrol":
+                return "JobId=9 JobState=CANCELLED Comment=x JobState=RUNNING\n"
+            return "CANCELLED".ljust(63) + "\n"
+
+    forged = Forged()
+    assert requeue.slurm_job_state(forged, "9") == "CANCELLED"
+    assert all(call[0] != "scontrol" for call in forged.calls)
 
 
 @pytest.mark.parametrize("cause, job, rc, mx, ok, status, want, by, why", CASES)
@@ -146,7 +166,8 @@ class FakeSlurm:
         self.calls: List[List[str]] = []
         self.fail = fail
 
-    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+            env: Any = None) -> str:
         self.calls.append([cmd, *args])
         if self.fail:
             raise SlurmError("scontrol requeue 9 failed: Access/permission denied")
