@@ -245,7 +245,7 @@ class SlurmCli:
                     "account", "priority", "exc_nodes", "num_nodes", "start", "comment")
 
     def queue(self, states: str = "PENDING,RUNNING") -> List[Dict[str, str]]:
-        """Pending and running jobs as dicts keyed by :attr:`QUEUE_FIELDS`."""
+        """Jobs in ``states`` as dicts keyed by :attr:`QUEUE_FIELDS`."""
         out = self.run("squeue", ["-h", "-t", states, "-o",
                                   "%i|%T|%P|%q|%V|%r|%N|%b|%a|%Q|%x|%D|%S|%k"],
                        timeout=max(self.timeout, 30.0))
