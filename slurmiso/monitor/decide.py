@@ -6,7 +6,10 @@ replays exactly, dry-run is the same call with the actions left unapplied, and t
 tables. Each policy is one function:
 
 * admission (:mod:`slurmiso.monitor.admission`): per-node gates and the inference SLO keep
-  new training off hot or unknown nodes; starts are staggered in Slurm's priority order;
+  new training off nodes where inference's GPUs are hot or unknown; starts are staggered in
+  Slurm's priority order;
+* the ladder (:mod:`slurmiso.monitor.ladder`): where an inference job breaches its SLO, the
+  training sharing its GPU is held off, throttled, suspended, requeued, one step at a time;
 * partitions: idle inference nodes are lent to a training partition; when inference waits,
   only the nodes it needs come back (at most ``partition_updates_per_hour`` lendings);
 * MIG re-layout (:mod:`slurmiso.monitor.relayout`): one node at a time, hourly limited;
@@ -22,6 +25,9 @@ from typing import Dict, List, Tuple
 
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission import admission
+from slurmiso.monitor.attribution import Attribution
+from slurmiso.monitor.ladder import ladder
+from slurmiso.monitor.ladder_state import Restraint
 from slurmiso.monitor.policy import KINDS, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, Snapshot, jobs_by_node
@@ -37,7 +43,10 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
     running = jobs_by_node(list(snap.jobs))
     actions = relayout(snap, policy, mem, running)
     actions += _partitions(snap, policy, mem, running)
-    actions += admission(snap, policy, mem)
+    who = Attribution(snap, policy.train_classes)
+    steps, held = ladder(snap, policy, mem, who)
+    actions += admission(snap, policy, mem, who, held)
+    actions += steps
     actions += _reconcile(snap, policy, mem, running)
     actions.sort(key=lambda a: KINDS.index(a.kind))
     mem.last_ts = snap.ts

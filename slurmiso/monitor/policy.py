@@ -288,7 +288,9 @@ def _override_ladder(ladder: LadderPolicy, key: str, text: str) -> LadderPolicy:
         if parts in (["throttle_signal"], ["unthrottle_signal"]):
             if text.upper() not in ("URG", "WINCH"):
                 raise UsageError(f"--set {key}={text!r}: URG or WINCH")
-            return dataclasses.replace(ladder, **{parts[0]: text.upper()})
+            if parts[0] == "throttle_signal":
+                return dataclasses.replace(ladder, throttle_signal=text.upper())
+            return dataclasses.replace(ladder, unthrottle_signal=text.upper())
         if len(parts) == 2 and parts[0] in LADDER_STEPS and parts[1] in (
                 "after_s", "release_after_s", "per_job", "per_hour"):
             step = ladder.step(parts[0])

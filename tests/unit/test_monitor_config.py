@@ -43,7 +43,7 @@ def test_defaults_are_safe() -> None:
         data = yaml.safe_load(fh)
     data["monitor"].pop("admission", None)
     cfg = parse_config(data)
-    assert cfg.monitor.admission == "hold" and cfg.monitor.unknown_admits is False
+    assert cfg.monitor.admission == "nodes" and cfg.monitor.unknown_admits is False
     assert cfg.monitor.telemetry.agent_addr == "127.0.0.1"
     assert cfg.monitor.telemetry.job_labels is False
 
