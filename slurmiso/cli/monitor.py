@@ -272,6 +272,9 @@ def _report(mon: Any, outcomes: List[Any], dry_run: bool, as_json: bool, print_j
                     "holds": sorted(mon.memory.holds), "lent": mon.memory.lent,
                     "excluded": sorted(mon.memory.excluded),
                     "relayout": mon.memory.relayout,
+                    "ladder": {k: r.to_dict() for k, r in sorted(mon.memory.ladder.items())},
+                    "restrained": {k: r.to_dict()
+                                   for k, r in sorted(mon.memory.restrained.items())},
                     "unknown": mon.stats.unknown,
                     "exit": {"code": code, "reasons": reasons}})
         return

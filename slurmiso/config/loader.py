@@ -13,15 +13,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Ty
 
 from slurmiso.config.model import (
     ISOLATIONS,
+    LADDER_STEPS,
     POOL_MODES,
     SEVERITIES,
     SIGNALS,
+    THROTTLE_SIGNALS,
     AuditSettings,
     Checkpoint,
     Config,
     GpuSettings,
-    LADDER_STEPS,
-    THROTTLE_SIGNALS,
     JobClass,
     Ladder,
     LadderStep,

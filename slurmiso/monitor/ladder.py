@@ -326,7 +326,8 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
                 if "throttle" in wanted and rec.throttled_since is None:
                     ok2, note2, keys2 = _spend(mem, steps["throttle"], jid, v, now)
                     if ok2:
-                        actions.append(_act("throttle", jid, rec, v, now, note2, keys2, {}))
+                        actions.append(_act("throttle", jid, rec, v, now, note2, keys2,
+                                            {"sends": policy.ladder.throttle_signal}))
                         rec = dataclasses.replace(rec, throttled_since=now)
                 actions.append(_act("suspend", jid, rec, v, now, note, keys, {}))
                 rec = dataclasses.replace(rec, suspended_since=now)
@@ -340,13 +341,14 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
         if "throttle" in wanted and rec.throttled_since is None and hot and not suspended_now:
             ok, note, keys = _spend(mem, steps["throttle"], jid, v, now)
             if ok:
-                actions.append(_act("throttle", jid, rec, v, now, note, keys, {}))
+                actions.append(_act("throttle", jid, rec, v, now, note, keys,
+                                    {"sends": policy.ladder.throttle_signal}))
                 rec = dataclasses.replace(rec, throttled_since=now)
             else:
                 _cap(mem, key, note)
         elif "throttle" not in wanted and rec.throttled_since is not None:
             actions.append(_release("unthrottle", jid, rec, v, now, "throttled_s",
-                                    rec.throttled_since))
+                                    rec.throttled_since, policy.ladder.unthrottle_signal))
             rec = dataclasses.replace(rec, throttled_since=None)
         if rec.throttled_since is None and rec.suspended_since is None:
             mem.restrained.pop(jid, None)
@@ -411,14 +413,16 @@ def _act(kind: str, jid: str, rec: Restraint, v: Breach, now: float, budget: str
 
 
 def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: str,
-             since: float) -> Action:
+             since: float, sends: str = "") -> Action:
     how = "resumed" if kind == "resume-job" else "back to full speed"
     figure = "" if v.figure is None else f" ({_text(v.signal, v.figure, v.limit or 0)})"
     reason = (f"training {how} after {now - since:.0f}s: inference on {rec.node} GPU "
               f"{rec.gpu} within its SLO{figure}")
+    extra: Dict[str, Any] = {what: round(now - since, 1)}
+    if sends:
+        extra["sends"] = sends
     return Action(kind, jid, reason, dict(_facts(rec, v), step=kind, restraint=rec.to_dict(),
-                                          ts=now, figure_after=v.figure,
-                                          **{what: round(now - since, 1)}))
+                                          ts=now, figure_after=v.figure, **extra))
 
 
 def _end(jid: str, rec: Restraint, now: float, why: str,
