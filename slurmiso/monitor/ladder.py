@@ -92,7 +92,7 @@ def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
         return Breach(CALM, jid, why=f"inference job {jid} served no requests")
     margin = 1.0 - policy.ladder.hysteresis_pct / 100.0
     told = {u.split(":", 1)[0] for u in sig.unknown}
-    worst: Optional[Breach] = None
+    top: Optional[Breach] = None  # the figure nearest its limit, breached or not
     unknown = ""
     calm = True
     for name, limit in limits(slo):
@@ -100,17 +100,19 @@ def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
         if value is None or name in told:
             unknown = unknown or f"inference job {jid}'s {name} is unknown"
             continue
-        if value > limit:
-            b = Breach(HOT, jid, name, float(value), limit, _text(name, value, limit))
-            if worst is None or b.ratio > worst.ratio:
-                worst = b
-        elif value > limit * margin:
-            calm = False
-    if worst is not None:
-        return worst
+        b = Breach(HOT if value > limit else CALM, jid, name, float(value), limit,
+                   _text(name, value, limit))
+        if top is None or (b.kind == HOT, b.ratio) > (top.kind == HOT, top.ratio):
+            top = b
+        calm = calm and value <= limit * margin
+    if top is not None and top.kind == HOT:
+        return top
     if unknown:
         return Breach(UNKNOWN, jid, why=unknown)
-    return Breach(CALM if calm else BETWEEN, jid, why=f"inference job {jid} within its SLO")
+    kind = CALM if calm else BETWEEN
+    if top is None:
+        return Breach(kind, jid, why=f"inference job {jid} has no per-job limit")
+    return dataclasses.replace(top, kind=kind)
 
 
 def worst(verdicts: List[Breach]) -> Breach:
