@@ -557,3 +557,16 @@ def test_set_rejects_nonsense(knob: str) -> None:
 
     with pytest.raises(UsageError):
         override(POL, [knob])
+
+
+def test_error_rate_breach_climbs_too() -> None:
+    c = shared_pair()
+    c.p99["i1"] = CALM_MS
+    real = c.snapshot
+    c.snapshot = lambda ts: dataclasses.replace(  # type: ignore[method-assign]
+        real(ts), job_signals={"i1": dataclasses.replace(real(ts).job_signals["i1"],
+                                                         error_rate=0.2)})
+    steps, mem = drive(c, 3)
+    throttle = next(a for a in steps[2] if a.kind == "throttle")
+    assert throttle.details["signal"] == "error_rate"
+    assert "error rate 20.0% (SLO 5.0%)" in throttle.reason
