@@ -93,7 +93,7 @@ def node_load(node: NodeInfo, policy: Policy,
     verdict = HOT if over >= 0 else CALM if calm else BETWEEN
     there = ""
     if who is not None:
-        ids = who.inference_on(name, g.index)[0]
+        ids = who.inference_on(name, g)
         there = (f", inference job {','.join(ids[:3])}{'...' if len(ids) > 3 else ''} there"
                  if ids else ", inference there")
         facts["inference_jobs"] = ids[:10]

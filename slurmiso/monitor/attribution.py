@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
+from slurmiso.monitor.policy import SHARED_MODES
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 
 #: Slurm states of a job that holds its GPUs.
@@ -29,31 +30,32 @@ class Attribution:
     """GPU -> the live jobs on it, job -> its GPUs, and which GPUs serve inference.
 
     "Inference" is every class that is not a training class (unclassified jobs included):
-    what admission must protect. Built once per cycle, O(GPUs + jobs)."""
+    what admission must protect. Only shared pools' GPUs are attributed (an exclusive GPU
+    has one job). Built once per cycle, O(GPUs + jobs)."""
 
     def __init__(self, snap: Snapshot, train_classes: Sequence[str]) -> None:
         self.train = frozenset(train_classes)
         self.live: Dict[str, JobInfo] = {j.id: j for j in snap.jobs if j.state in LIVE_STATES}
         self.on_gpu: Dict[GpuKey, List[str]] = {}
         self.gpus_of: Dict[str, List[GpuKey]] = {}
-        self._labels: Dict[GpuKey, FrozenSet[str]] = {}
         self._labelled: Set[str] = set()
+        self._serving: Dict[Tuple[str, ...], bool] = {}
+        self._by_node: Optional[Dict[str, List[JobInfo]]] = None
         named: Set[GpuKey] = set()
-        by_node: Dict[str, List[JobInfo]] = {}
-        for j in self.live.values():
-            for n in j.nodes:
-                by_node.setdefault(n, []).append(j)
-        self._by_node = by_node
-        for node in snap.nodes:
+        live, labelled = self.live, self._labelled
+        for node in snap.nodes:  # the hot loop of a cycle: 24,000 GPUs at 3,000 nodes
+            if node.mode not in SHARED_MODES:
+                continue  # a GPU nobody shares: neither admission nor the ladder looks
+            name = node.name
             for g in node.gpus:
-                if g.jobs or g.classes:
-                    self._labelled.add(node.name)
-                if g.classes:
-                    self._labels[(node.name, g.index)] = frozenset(g.classes)
                 if g.jobs:
-                    named.add((node.name, g.index))
-                for jid in g.jobs:
-                    self._add(node.name, g.index, jid)
+                    labelled.add(name)
+                    named.add((name, g.index))
+                    for jid in g.jobs:
+                        if jid in live:
+                            self._add(name, g.index, jid)
+                elif g.classes:
+                    labelled.add(name)
         for sig in snap.job_signals.values():
             for gpu, _gi in sig.gpus:
                 if (sig.node, int(gpu)) not in named:  # named jobs are the authority
@@ -76,23 +78,42 @@ class Attribution:
     def jobs_on(self, node: str, gpu: int) -> List[JobInfo]:
         return [self.live[j] for j in self.on_gpu.get((node, gpu), ())]
 
-    def inference_on(self, node: str, gpu: int) -> Tuple[List[str], bool]:
-        """Inference job ids on a GPU, and whether a class label says inference is there
-        even where the jobs are not named (agents without ``job_labels``)."""
-        ids = [j for j in self.on_gpu.get((node, gpu), ()) if not self.is_train(j)]
-        labels = self._labels.get((node, gpu), frozenset())
-        return ids, bool(ids) or any(c and c not in self.train for c in labels)
+    def _serves(self, classes: Tuple[str, ...]) -> bool:
+        """Whether a GPU's class labels name inference (cached per label set)."""
+        got = self._serving.get(classes)
+        if got is None:
+            got = self._serving[classes] = any(c and c not in self.train for c in classes)
+        return got
+
+    def inference_on(self, node: str, gpu: GpuSample) -> List[str]:
+        """The inference jobs on a GPU (ids; none named where the agent labels only
+        classes)."""
+        return [j for j in self.on_gpu.get((node, gpu.index), ()) if not self.is_train(j)]
 
     def inference_gpus(self, node: NodeInfo) -> Optional[FrozenSet[int]]:
         """The GPUs of ``node`` that serve inference; None when the node's samples say
         nothing of who holds them but Slurm shows inference there (then every GPU counts:
         not knowing which one errs towards inference); empty when no inference runs there."""
-        found = set()
+        found = []
+        name = node.name
+        on_gpu, serving = self.on_gpu, self._serving
         for g in node.gpus:
-            if self.inference_on(node.name, g.index)[1]:
-                found.add(g.index)
+            serves = serving.get(g.classes)
+            if serves is None:
+                serves = self._serves(g.classes)
+            if serves:
+                found.append(g.index)
+            elif on_gpu:
+                ids = on_gpu.get((name, g.index))
+                if ids and any(not self.is_train(j) for j in ids):
+                    found.append(g.index)
         if node.name in self._labelled or found:
             return frozenset(found)
+        if self._by_node is None:
+            self._by_node = {}
+            for j in self.live.values():
+                for n in j.nodes:
+                    self._by_node.setdefault(n, []).append(j)
         if any(j.job_class not in self.train for j in self._by_node.get(node.name, ())):
             return None
         return frozenset()

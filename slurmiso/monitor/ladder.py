@@ -115,6 +115,17 @@ def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
     return dataclasses.replace(top, kind=kind)
 
 
+def _breaches(sig: JobSignals, slo: SloLimit, max_age: float) -> bool:
+    """Whether fresh signals breach a per-job limit (the cheap test, every job a cycle)."""
+    if sig.latency_age_s is None or sig.latency_age_s > max_age or sig.requests == 0:
+        return False
+    for name, limit in limits(slo):
+        value = getattr(sig, name)
+        if value is not None and value > limit:
+            return True
+    return False
+
+
 def worst(verdicts: List[Breach]) -> Breach:
     """A GPU's verdict from its inference jobs': the hottest breach, else unknown, else
     between, else calm."""
@@ -144,17 +155,24 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     now = snap.ts
     nodes = {n.name: n for n in snap.nodes}
     slos = {s.class_name: s for s in policy.slo if limits(s)}
-    exempt = set(mem.ladder_exempt) & set(who.live)
+    exempt = {j for j in mem.ladder_exempt if j in who.live}
     if not policy.ladder.steps and mem.ladder:
         mem.ladder = {}  # the ladder is off: every restraint is released below
-    # -- each GPU's verdict: its SLO inference jobs, plus the one behind a rung in force ---
+    # -- the GPUs to look at: where a rung stands, or an SLO inference job breaches now ----
     verdicts: Dict[str, Tuple[Breach, str, int]] = {}
     infer_jobs: Dict[str, List[str]] = {}
     if policy.ladder.steps:
-        for jid, info in who.live.items():
-            if info.job_class in slos:
+        look = {k.rsplit("/", 1)[0] for k in mem.ladder}
+        for jid, sig in snap.job_signals.items():
+            info = who.live.get(jid)
+            if info is not None and info.job_class in slos and \
+                    _breaches(sig, slos[info.job_class], policy.max_data_age_s):
+                look.update(info.nodes)
+        for jid, info in who.live.items():  # every SLO job on those GPUs: the worst decides
+            if info.job_class in slos and not look.isdisjoint(info.nodes):
                 for on, gpu in who.gpus_of.get(jid, ()):
-                    infer_jobs.setdefault(gpu_key(on, gpu), []).append(jid)
+                    if on in look:
+                        infer_jobs.setdefault(gpu_key(on, gpu), []).append(jid)
     for key, rung in mem.ladder.items():
         if rung.cause and key not in infer_jobs:
             live = who.live.get(rung.cause)
