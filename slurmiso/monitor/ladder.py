@@ -56,6 +56,7 @@ class Breach:
     figure: Optional[float] = None
     limit: Optional[float] = None
     why: str = ""
+    job_class: str = ""
 
     @property
     def ratio(self) -> float:
@@ -101,7 +102,7 @@ def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
             unknown = unknown or f"inference job {jid}'s {name} is unknown"
             continue
         b = Breach(HOT if value > limit else CALM, jid, name, float(value), limit,
-                   _text(name, value, limit))
+                   _text(name, value, limit), slo.class_name)
         if top is None or (b.kind == HOT, b.ratio) > (top.kind == HOT, top.ratio):
             top = b
         calm = calm and value <= limit * margin
@@ -419,9 +420,14 @@ _VERB = {"throttle": "throttled: asked to slow down", "suspend": "suspended",
 
 
 def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
-    return {"gpu": gpu_key(rec.node, rec.gpu), "node": rec.node, "cause": v.job or rec.cause,
-            "signal": v.signal or rec.signal, "figure": v.figure, "limit": v.limit,
-            "figure_before": rec.figure}
+    """What the journal line says of the cause: which inference job, which signal, its
+    figure now and when the job was first restrained (the audit counts these)."""
+    out = {"gpu": gpu_key(rec.node, rec.gpu), "node": rec.node, "cause": v.job or rec.cause,
+           "signal": v.signal or rec.signal, "figure": v.figure, "limit": v.limit,
+           "figure_before": rec.figure}
+    if v.signal == "p99_ms" and v.figure is not None:  # the audit's latency samples
+        out.update(p99_latency_ms=v.figure, **{"class": v.job_class})
+    return out
 
 
 def _act(kind: str, jid: str, rec: Restraint, v: Breach, now: float, budget: str,
