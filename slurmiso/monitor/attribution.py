@@ -42,7 +42,7 @@ class Attribution:
         self._serving: Dict[Tuple[str, ...], bool] = {}
         self._by_node: Optional[Dict[str, List[JobInfo]]] = None
         named: Set[GpuKey] = set()
-        live, labelled = self.live, self._labelled
+        live, labelled, on_gpu, gpus_of = self.live, self._labelled, self.on_gpu, self.gpus_of
         for node in snap.nodes:  # the hot loop of a cycle: 24,000 GPUs at 3,000 nodes
             if node.mode not in SHARED_MODES:
                 continue  # a GPU nobody shares: neither admission nor the ladder looks
@@ -50,10 +50,13 @@ class Attribution:
             for g in node.gpus:
                 if g.jobs:
                     labelled.add(name)
-                    named.add((name, g.index))
+                    key = (name, g.index)
+                    named.add(key)
                     for jid in g.jobs:
-                        if jid in live:
-                            self._add(name, g.index, jid)
+                        job = live.get(jid)
+                        if job is not None and name in job.nodes:  # as Slurm says
+                            on_gpu.setdefault(key, []).append(jid)
+                            gpus_of.setdefault(jid, []).append(key)
                 elif g.classes:
                     labelled.add(name)
         for sig in snap.job_signals.values():
