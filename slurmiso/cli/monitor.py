@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> None:
                    "JSON-lines file (replayed in order, each at its own time)")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="override a policy knob for this run (e.g. min_dwell_s=120, "
-                   "admission=hold); repeatable")
+                   "admission=hold, ladder.throttle.after_s=30, ladder.steps=hold,throttle); "
+                   "repeatable")
     p.add_argument("--state", metavar="FILE", default="",
                    help="memory file (default: <state_dir>/monitor/state.json)")
     p.add_argument("--lock", metavar="FILE", default="",
