@@ -53,7 +53,8 @@ def add_parser(sub: Any) -> None:
                    "JSON-lines file (replayed in order, each at its own time)")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="override a policy knob for this run (e.g. min_dwell_s=120, "
-                   "admission=hold); repeatable")
+                   "admission=hold, ladder.throttle.after_s=30, ladder.steps=hold,throttle); "
+                   "repeatable")
     p.add_argument("--state", metavar="FILE", default="",
                    help="memory file (default: <state_dir>/monitor/state.json)")
     p.add_argument("--lock", metavar="FILE", default="",
@@ -272,6 +273,9 @@ def _report(mon: Any, outcomes: List[Any], dry_run: bool, as_json: bool, print_j
                     "holds": sorted(mon.memory.holds), "lent": mon.memory.lent,
                     "excluded": sorted(mon.memory.excluded),
                     "relayout": mon.memory.relayout,
+                    "ladder": {k: r.to_dict() for k, r in sorted(mon.memory.ladder.items())},
+                    "restrained": {k: r.to_dict()
+                                   for k, r in sorted(mon.memory.restrained.items())},
                     "unknown": mon.stats.unknown,
                     "exit": {"code": code, "reasons": reasons}})
         return

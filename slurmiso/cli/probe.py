@@ -33,7 +33,7 @@ output contract of your commands (run with /bin/sh -c):
 
 recommendation: the softest mode (timeslice < mps < mig-dynamic/mig-static < exclusive:
   rate-limit first, then quotas, then partition or dedicate) whose P99 beside training meets
-  monitor.slo p99_latency_ms of the inference class (and max_error_pct, if set), keeping the
+  monitor.slo p99_latency_ms of the inference class (and max_error_rate, if set), keeping the
   most training throughput; "none" when no mode does. Exit 0 when a mode holds the SLO, 1 when
   none does, 2 on bad options, 5 when Slurm fails; a failing workload is one error naming the
   command and its output files.
@@ -86,7 +86,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--p99-ms", type=float, default=None,
                    help="P99 target instead of monitor.slo's p99_latency_ms")
     p.add_argument("--max-error-pct", type=float, default=None,
-                   help="highest error rate in %% instead of monitor.slo's max_error_pct")
+                   help="highest error rate in %% (monitor.slo's max_error_rate is a fraction)")
     p.add_argument("--gpu", type=int, default=0, help="--local: the GPU index to share")
     p.add_argument("--work-dir", default="", metavar="DIR",
                    help="where runs write their files (Slurm: a directory the nodes see; "

@@ -13,14 +13,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Ty
 
 from slurmiso.config.model import (
     ISOLATIONS,
+    LADDER_STEPS,
     POOL_MODES,
     SEVERITIES,
     SIGNALS,
+    THROTTLE_SIGNALS,
     AuditSettings,
     Checkpoint,
     Config,
     GpuSettings,
     JobClass,
+    Ladder,
+    LadderStep,
     Limits,
     Match,
     MigGroup,
@@ -344,18 +348,6 @@ def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
     return tuple(layouts)
 
 
-def _error_pct(s: _Section) -> Optional[float]:
-    """``max_error_pct``: a number 0..100 (percent of requests failed or timed out)."""
-    value = s.raw("max_error_pct", None)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
-        s.p.add(s.key("max_error_pct"), f"{_show(value)} is not a percentage (allowed: a "
-                "number 0..100)")
-        return None
-    return float(value)
-
-
 def _read_monitor(s: _Section) -> MonitorSettings:
     t = s.section("thresholds")
     thresholds = Thresholds(
@@ -399,7 +391,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
                 max_queue_wait_s=ss.converted("max_queue_wait", None, _duration, "duration"),
                 p99_latency_ms=ss.raw("p99_latency_ms", None),
                 latency_query=ss.text("latency_query", ""),
-                max_error_pct=_error_pct(ss),
+                max_error_rate=_fraction(ss, "max_error_rate"),
             )
         )
         ss.done()
@@ -417,13 +409,94 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         stagger=stagger,
         telemetry=telemetry,
         slo=tuple(slos),
-        admission=s.text("admission", "hold", ("nodes", "hold", "qos-limit")),
+        admission=s.text("admission", "nodes", ("nodes", "hold", "qos-limit")),
         relayout=relayout,
         unknown_admits=s.flag("unknown_admits", False),
         limits=limits,
+        ladder=_read_ladder(s.section("ladder")),
     )
     s.done()
     return mon
+
+
+def _fraction(s: _Section, name: str) -> Optional[float]:
+    v = s.raw(name, None)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        s.p.add(s.key(name), f"expected a fraction of requests 0 < x <= 1 (0.01 = 1 %), "
+                f"got {_show(v)}")
+        return None
+    return float(v)
+
+
+def _dwell(s: _Section, name: str, default: int) -> int:
+    v = s.raw(name, default)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+        s.p.add(s.key(name), f"{v} is negative (a dwell is a duration >= 0, e.g. 90s, 5m)")
+        return default
+    got = s.converted(name, default, _duration, "duration")
+    return default if got is None else int(got)
+
+
+def _read_ladder(s: _Section) -> Ladder:
+    """``monitor.ladder``: which steps, in order, and each one's dwell and budget."""
+    base = {st.name: st for st in Ladder.steps}
+    raw = s.raw("steps", list(LADDER_STEPS))
+    names: List[str] = []
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        s.p.add(s.key("steps"), f"expected a list of steps ({', '.join(LADDER_STEPS)}), "
+                f"got {_show(raw)}")
+    else:
+        for x in raw:
+            if x not in LADDER_STEPS:
+                s.p.add(s.key("steps"), f"unknown step {x!r} (allowed: "
+                        f"{', '.join(LADDER_STEPS)})")
+            elif x in names:
+                s.p.add(s.key("steps"), f"{x!r} is listed twice")
+            else:
+                names.append(x)
+        order = [LADDER_STEPS.index(x) for x in names]
+        if order != sorted(order):
+            s.p.add(s.key("steps"), f"steps go soft to hard, in the order "
+                    f"{', '.join(LADDER_STEPS)} (got {', '.join(names)})")
+        if names and names[0] != "hold":
+            s.p.add(s.key("steps"), "hold must be the first step: without it new training "
+                    "(and the job the ladder requeued) starts again on the GPU the ladder "
+                    "is protecting")
+    steps = []
+    for name in LADDER_STEPS:
+        if name not in s.data and name not in names:
+            s.seen.add(name)
+            continue
+        st = s.section(name)
+        d = base[name]
+        if name not in names and name in s.data:
+            s.p.warn(st.path, f"settings for {name!r} are unused: it is not in "
+                     f"{s.key('steps')}")
+        after = _dwell(st, "after", d.after_s)
+        release = _dwell(st, "release_after", d.release_after_s)
+        per_job = per_hour = 0
+        if name != "hold":  # hold gates new training only: it has no budget
+            per_job = st.integer("per_job", d.per_job, 0, 100_000)
+            per_hour = st.integer("per_hour", d.per_hour, 0, 1_000_000)
+            for key, n in (("per_job", per_job), ("per_hour", per_hour)):
+                if n == 0 and name in names:
+                    st.p.add(st.key(key), f"0 would never let {name!r} happen: leave it "
+                             f"out of {s.key('steps')} instead")
+        st.done()
+        if name in names:
+            steps.append(LadderStep(name, after, release, per_job, per_hour))
+    throttle = s.text("throttle_signal", "URG", THROTTLE_SIGNALS)
+    unthrottle = s.text("unthrottle_signal", "WINCH", THROTTLE_SIGNALS)
+    if throttle == unthrottle:
+        s.p.add(s.key("unthrottle_signal"), f"{unthrottle!r} is also the throttle_signal: "
+                "the wrapper could not tell slow down from full speed")
+    ladder = Ladder(steps=tuple(steps),
+                    hysteresis_pct=s.integer("hysteresis", 10, 0, 90),
+                    throttle_signal=throttle, unthrottle_signal=unthrottle)
+    s.done()
+    return ladder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,6 +606,15 @@ def _check(cfg: Config, p: _Problems) -> None:
                 _check_layout(layout, model, pool, key, p, pack)
         elif pool.mig_layout:
             p.add(f"{key}.mig_layout", f"only used when mode is mig-static (mode is {pool.mode})")
+    ladder = cfg.monitor.ladder
+    if any(st.name == "throttle" for st in ladder.steps):
+        for i, c in enumerate(cfg.classes):
+            sig = c.checkpoint.signal if c.checkpoint else ""
+            if c.preemptible and sig in (ladder.throttle_signal, ladder.unthrottle_signal):
+                p.add("monitor.ladder.throttle_signal",
+                      f"{sig} is classes[{i}] ({c.name})'s checkpoint signal: a throttle "
+                      "would ask it to checkpoint (use another of "
+                      f"{', '.join(THROTTLE_SIGNALS)})")
     for i, slo in enumerate(cfg.monitor.slo):
         if cfg.job_class(slo.class_name) is None:
             p.add(

@@ -26,6 +26,11 @@ MODE_ISOLATION = {
     "timeslice": "timeslice",
 }
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT")
+#: The monitor's ladder on running training, soft to hard (docs/monitor.md).
+LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
+#: Signals the throttle may use: ignored by default by every process (a program that does not
+#: know them is not hurt) and not meaning checkpoint, preempt or job control.
+THROTTLE_SIGNALS = ("URG", "WINCH")
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -183,8 +188,37 @@ class Slo(Value):
     max_queue_wait_s: Optional[int] = None
     p99_latency_ms: Optional[float] = None
     latency_query: str = ""
-    #: Highest share of failed or timed-out requests, in percent (None = not checked).
-    max_error_pct: Optional[float] = None
+    #: Highest share of failed requests (0..1) an inference job of the class may answer.
+    max_error_rate: Optional[float] = None
+
+
+class LadderStep(Value):
+    """One step of the ladder: taken once a breach has lasted ``after_s`` at the step below,
+    stepped back from after ``release_after_s`` of calm; at most ``per_job`` times an hour for
+    any one job (the training job it acts on, the inference job whose breach asks for it)
+    and ``per_hour`` times an hour in all (hold has no budget: it only gates new training)."""
+
+    name: str
+    after_s: int = 0
+    release_after_s: int = 300
+    per_job: int = 0
+    per_hour: int = 0
+
+
+class Ladder(Value):
+    """The ladder on running training where an inference job breaches its SLO."""
+
+    steps: Tuple[LadderStep, ...] = (
+        LadderStep("hold", 0, 300),
+        LadderStep("throttle", 60, 300, 6, 120),
+        LadderStep("suspend", 180, 300, 3, 30),
+        LadderStep("requeue", 600, 300, 1, 10),
+    )
+    #: Calm = this many percent below the SLO (latency, error rate).
+    hysteresis_pct: int = 10
+    #: Sent with ``scancel --signal --full``: slow down / back to full speed.
+    throttle_signal: str = "URG"
+    unthrottle_signal: str = "WINCH"
 
 
 class Relayout(Value):
@@ -203,15 +237,16 @@ class MonitorSettings(Value):
     stagger: Stagger = Stagger()
     telemetry: TelemetrySource = TelemetrySource()
     slo: Tuple[Slo, ...] = ()
-    #: ``nodes`` (recommended): keep pending training off hot or unknown nodes with the job's
-    #: ExcNodeList; ``hold`` (default, as before) pending training jobs, or ``qos-limit``: cap
-    #: the training QoS's GrpTRES at what training uses now (jobs wait with reason
-    #: QOSGrpGRES; none is held).
-    admission: str = "hold"
+    #: ``nodes`` (default): keep pending training off the nodes where inference needs its
+    #: GPUs with the job's ExcNodeList; ``hold`` pending training jobs partition-wide (as
+    #: before issue 24), or ``qos-limit``: cap the training QoS's GrpTRES at what training
+    #: uses now (jobs wait with reason QOSGrpGRES; none is held).
+    admission: str = "nodes"
     relayout: Relayout = Relayout()
     #: Unknown or stale telemetry admits training as if calm (default: it admits none).
     unknown_admits: bool = False
     limits: Limits = Limits()
+    ladder: Ladder = Ladder()
 
 
 class AuditSettings(Value):

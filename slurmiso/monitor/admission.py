@@ -26,6 +26,7 @@ import math
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.hostlist import compress
+from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
@@ -35,12 +36,18 @@ HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
 Verdict = Tuple[str, str, Dict[str, Any]]
 
 
-def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
+def node_load(node: NodeInfo, policy: Policy,
+              who: Optional[Attribution] = None) -> Optional[Verdict]:
     """The verdict on one node's shared GPUs; None for nodes admission ignores (exclusive
-    pools, nodes Slurm does not schedule on)."""
+    pools, nodes Slurm does not schedule on). With ``who``, only the GPUs inference uses
+    count: training's own load never keeps training off a node (a node with no inference
+    is calm, whatever its GPUs do)."""
     if node.mode not in SHARED_MODES or not node.usable:
         return None
     name = node.name
+    serving = who.inference_gpus(node) if who is not None else None
+    if serving is not None and not serving:
+        return CALM, f"no inference on {name}", {"node": name}
     if node.telemetry_age_s is None:
         return UNKNOWN, f"no telemetry from {name}", {"node": name, "unknown": "telemetry"}
     if node.telemetry_age_s > policy.max_data_age_s:
@@ -53,6 +60,8 @@ def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
     calm = True
     unknown = ""
     for gpu in node.gpus:
+        if serving is not None and gpu.index not in serving:
+            continue
         mem = gpu.memory_pct
         act, what = gpu.sm_active_pct, "SM"
         if act is None:
@@ -68,7 +77,9 @@ def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
         over = max(over_m, over_a)
         if best is None or over > best[0]:
             best = (over, gpu, mem, act, what, over_m >= over_a)
-    assert best is not None
+    if best is None:
+        return UNKNOWN, f"{name} reported none of the GPUs inference uses", {
+            "node": name, "unknown": "gpus"}
     over, g, mem, act, what, by_mem = best
     if over < 0 and unknown:
         return UNKNOWN, unknown, {"node": name, "unknown": "signal"}
@@ -80,7 +91,13 @@ def node_load(node: NodeInfo, policy: Policy) -> Optional[Verdict]:
              "sm_active_pct": None if g.sm_active_pct is None else round(g.sm_active_pct, 1),
              "gr_active_pct": None if g.gr_active_pct is None else round(g.gr_active_pct, 1)}
     verdict = HOT if over >= 0 else CALM if calm else BETWEEN
-    return verdict, f"{name} GPU {g.index} {text}", facts
+    there = ""
+    if who is not None:
+        ids = who.inference_on(name, g)
+        there = (f", inference job {','.join(ids[:3])}{'...' if len(ids) > 3 else ''} there"
+                 if ids else ", inference there")
+        facts["inference_jobs"] = ids[:10]
+    return verdict, f"{name} GPU {g.index} {text}{there}", facts
 
 
 def combine(verdicts: Sequence[Verdict]) -> Verdict:
@@ -170,8 +187,13 @@ def gate(mem: Memory, scope: str, verdict: str, why: str, now: float,
     return bool(new["closed"])
 
 
-def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
-    """Gates, then holds / exclusions / releases / begin-time releases for training."""
+def admission(snap: Snapshot, policy: Policy, mem: Memory,
+              who: Optional[Attribution] = None,
+              ladder_blocked: Optional[Dict[str, str]] = None) -> List[Action]:
+    """Gates, then holds / exclusions / releases / begin-time releases for training.
+    ``ladder_blocked``: nodes the ladder holds (an inference job there breaches its SLO),
+    closed as long as it says, with its reason (its own dwell and hysteresis)."""
+    ladder_blocked = ladder_blocked or {}
     from slurmiso.monitor.caps import qos_caps, unhold_all
     from slurmiso.monitor.exclusions import exclusions, members
     from slurmiso.monitor.requeue import begin_now
@@ -184,16 +206,21 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory) -> List[Action]:
     closed: Dict[str, str] = {}  # node -> why training is kept off it
     unknown: Dict[str, str] = {}
     for node in snap.nodes:
-        v = node_load(node, policy)
+        v = node_load(node, policy, who)
         if v is None:
             continue
+        held = ladder_blocked.get(node.name)
+        if held is not None and policy.admission != "nodes":
+            v = (HOT, held, {"node": node.name, "ladder": "hold"})
         verdicts[node.name] = v
         if policy.admission != "nodes":  # partition gates below; unknown nodes listed
             if v[0] == UNKNOWN:
                 unknown[node.name] = v[1]
             continue
         g = gate(mem, f"node:{node.name}", v[0], v[1], snap.ts, policy)
-        if g:
+        if held is not None:
+            closed[node.name] = held
+        elif g:
             closed[node.name] = mem.gates[f"node:{node.name}"]["why"] if v[0] != HOT else v[1]
         elif g is None:
             unknown[node.name] = v[1]

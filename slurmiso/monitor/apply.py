@@ -47,6 +47,12 @@ class Outcome:
     action: Action
     ok: bool
     error: str = ""
+    #: What Slurm said of an action that needed nothing ("already suspended", "ended").
+    note: str = ""
+
+
+#: The ladder's job actions, applied one job per call (they are budgeted: a few an hour).
+LADDER_KINDS = ("throttle", "unthrottle", "suspend", "resume-job", "ladder-end")
 
 
 class Applier:
@@ -155,8 +161,29 @@ class Applier:
                 break
         return out
 
+    def _ladder(self, act: Action) -> str:
+        """One ladder action; the answer ("done", "already", "gone") becomes the note."""
+        d = act.details
+        if act.kind == "throttle":
+            return str(self.slurm.signal_job(act.target, str(d.get("sends") or "URG")))
+        if act.kind == "unthrottle":
+            return str(self.slurm.signal_job(act.target, str(d.get("sends") or "WINCH")))
+        if act.kind == "suspend":
+            return str(self.slurm.suspend(act.target))
+        if act.kind == "resume-job":
+            return str(self.slurm.resume_job(act.target))
+        if act.kind == "requeue" and "restraint" in d:
+            return str(self.slurm.requeue_job(act.target, bool(d.get("suspended"))))
+        return "done"  # ladder-end: a journal line only
+
     def _one(self, act: Action) -> Outcome:
         try:
+            if act.kind in LADDER_KINDS or (act.kind == "requeue" and
+                                            "restraint" in act.details):
+                said = self._ladder(act)
+                note = {"already": "Slurm shows the job as asked already",
+                        "gone": "the job had ended: nothing to do"}.get(said, "")
+                return Outcome(act, True, note=note)
             if act.kind == "partition-update":
                 self.slurm.set_partition_nodes(act.target, compress(act.details["nodes"]))
             elif act.kind == "drain":
@@ -226,6 +253,8 @@ class Applier:
                                   "details": act.details, "ok": out.ok}
         if out.error:
             fields["error"] = out.error
+        if out.note:
+            fields["note"] = out.note
         level = logging.INFO if out.ok else logging.WARNING
         log.log(level, "monitor: %s%s%s", "(dry-run) " if dry_run else "", act.describe(),
                 "" if out.ok else f" -- FAILED: {out.error}")

@@ -6,7 +6,10 @@ replays exactly, dry-run is the same call with the actions left unapplied, and t
 tables. Each policy is one function:
 
 * admission (:mod:`slurmiso.monitor.admission`): per-node gates and the inference SLO keep
-  new training off hot or unknown nodes; starts are staggered in Slurm's priority order;
+  new training off nodes where inference's GPUs are hot or unknown; starts are staggered in
+  Slurm's priority order;
+* the ladder (:mod:`slurmiso.monitor.ladder`): where an inference job breaches its SLO, the
+  training sharing its GPU is held off, throttled, suspended, requeued, one step at a time;
 * partitions: idle inference nodes are lent to a training partition; when inference waits,
   only the nodes it needs come back (at most ``partition_updates_per_hour`` lendings);
 * MIG re-layout (:mod:`slurmiso.monitor.relayout`): one node at a time, hourly limited;
@@ -22,6 +25,9 @@ from typing import Dict, List, Tuple
 
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission import admission
+from slurmiso.monitor.attribution import Attribution
+from slurmiso.monitor.ladder import ladder
+from slurmiso.monitor.ladder_state import Restraint
 from slurmiso.monitor.policy import KINDS, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, Snapshot, jobs_by_node
@@ -37,7 +43,10 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
     running = jobs_by_node(list(snap.jobs))
     actions = relayout(snap, policy, mem, running)
     actions += _partitions(snap, policy, mem, running)
-    actions += admission(snap, policy, mem)
+    who = Attribution(snap, policy.train_classes)
+    steps, held = ladder(snap, policy, mem, who)
+    actions += admission(snap, policy, mem, who, held)
+    actions += steps
     actions += _reconcile(snap, policy, mem, running)
     actions.sort(key=lambda a: KINDS.index(a.kind))
     mem.last_ts = snap.ts
@@ -68,11 +77,36 @@ def reconcile_intent(snap: Snapshot, mem: Memory) -> None:
             mem.excluded[target] = dict(mem.excluded[target], set=job.exc_nodes)
         elif kind == "begin-now" and job is not None and job.reason == "BeginTime":
             mem.requeued.setdefault(target, snap.ts)
+        elif kind in ("suspend", "resume-job", "unthrottle"):
+            _reconcile_restraint(snap, mem, kind, target)
         elif kind == "partition-update" and op == "reclaim":
             members = set(snap.partitions.get(target, ()))
             for node in (n for n in moved.split(",") if n in members):
                 mem.lent.setdefault(node, {"from": "", "to": target, "ts": snap.ts})
     mem.intent = []
+
+
+def _reconcile_restraint(snap: Snapshot, mem: Memory, kind: str, target: str) -> None:
+    """A suspend Slurm does not show never happened; a resume it does not show is owed
+    again (the job stays ours to resume); an unthrottle may not have been sent, so it is
+    sent again (it is idempotent). A throttle is kept as if sent: the ladder escalates past
+    a program that did not slow down anyway."""
+    import dataclasses
+
+    live = next((j for j in snap.jobs if j.id == target), None)
+    rec = mem.restrained.get(target)
+    if live is None:
+        return
+    if kind == "suspend" and rec is not None and live.state != "SUSPENDED":
+        mem.restrained[target] = dataclasses.replace(rec, suspended_since=None)
+    elif kind == "resume-job" and live.state == "SUSPENDED" and live.nodes:
+        base = rec or Restraint(live.nodes[0], -1, why="a resume the monitor meant before it "
+                                "stopped")
+        mem.restrained[target] = dataclasses.replace(base, suspended_since=snap.ts)
+    elif kind == "unthrottle" and live.state in ("RUNNING", "SUSPENDED") and live.nodes:
+        base = rec or Restraint(live.nodes[0], -1, why="an unthrottle the monitor meant "
+                                "before it stopped")
+        mem.restrained[target] = dataclasses.replace(base, throttled_since=snap.ts)
 
 
 def failed(memory: Memory, action: Action, error: str) -> Memory:
@@ -109,14 +143,46 @@ def failed(memory: Memory, action: Action, error: str) -> Memory:
             mem.caps.pop(action.target, None)
         else:
             mem.caps[action.target] = {"tres": dict(d["previous"]), "ts": 0.0}
-    elif action.kind == "requeue" and mem.relayout is not None:
+    elif action.kind == "requeue" and mem.relayout is not None and "restraint" not in d:
         done = [j for j in mem.relayout.get("requeued", []) if j != action.target]
         mem.relayout = dict(mem.relayout, requeued=done)
+    elif action.kind in ("throttle", "suspend", "requeue", "unthrottle", "resume-job") \
+            and "restraint" in d:
+        _restraint_failed(mem, action)
     elif action.kind in ("mig-apply", "resume"):
         mem.relayout = {"node": action.target, "pool": d.get("pool", ""),
                         "layout": d.get("layout", ""), "phase": "failed", "since": 0.0,
                         "error": error}
     return mem
+
+
+def _restraint_failed(mem: Memory, action: Action) -> None:
+    """Undo one ladder action in memory: an escalation gives its budget back and the job
+    is as before it; a release that failed leaves the job restrained (retried next cycle)."""
+    import dataclasses
+
+    d = action.details
+    before = Restraint.from_dict(d["restraint"])
+    for key in d.get("budget_keys", ()):
+        stamps = mem.events.get(key, [])
+        if stamps and stamps[-1] == d.get("ts"):
+            mem.events[key] = stamps[:-1]
+    cur = mem.restrained.get(action.target)
+    if action.kind == "requeue":
+        mem.restrained[action.target] = before
+        return
+    if action.kind == "throttle":
+        rec = cur and dataclasses.replace(cur, throttled_since=None)
+    elif action.kind == "suspend":
+        rec = cur and dataclasses.replace(cur, suspended_since=None)
+    elif action.kind == "unthrottle":
+        rec = dataclasses.replace(cur or before, throttled_since=before.throttled_since)
+    else:  # resume-job
+        rec = dataclasses.replace(cur or before, suspended_since=before.suspended_since)
+    if rec is None or (rec.throttled_since is None and rec.suspended_since is None):
+        mem.restrained.pop(action.target, None)
+    else:
+        mem.restrained[action.target] = rec
 
 
 # ---------------------------------------------------------------------------- partitions

@@ -31,7 +31,7 @@ def live_snapshot(
     try:
         raw_nodes = slurm.show_all("node")
         raw_parts = slurm.show_all("partition")
-        raw_jobs = slurm.queue()
+        raw_jobs = slurm.queue("PENDING,RUNNING,SUSPENDED")
     except SlurmError as exc:
         log.warning("monitor: Slurm did not answer: %s", exc)
         return Snapshot(now, slurm_ok=False, errors=(f"slurm: {exc}",))
@@ -60,8 +60,25 @@ def live_snapshot(
             pool.name if pool else "", pool.mode if pool else "", _gres(f.get("Gres", "")),
             addrs[name], gpus, reading.ages.get(name)))
     jobs = parse_queue(cfg, raw_jobs)
-    return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
-                    reading.latency_age_s, True, tuple(reading.errors), dict(reading.unknown))
+    snap = Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
+                    reading.latency_age_s, True, tuple(reading.errors), dict(reading.unknown),
+                    dict(reading.job_signals))
+    return attributed(snap, [c.name for c in cfg.classes if c.preemptible])
+
+
+def attributed(snap: Snapshot, train_classes: List[str]) -> Snapshot:
+    """``snap`` with each GPU sample naming the live jobs on it and their classes, where
+    the agent left them out (``telemetry.job_labels: false``, or a Prometheus source): from
+    the per-job signals, for jobs Slurm shows on that node (:mod:`.attribution`)."""
+    import dataclasses
+
+    from slurmiso.monitor.attribution import Attribution
+
+    if not snap.job_signals:
+        return snap
+    who = Attribution(snap, train_classes)
+    nodes = tuple(dataclasses.replace(n, gpus=who.filled(n)) for n in snap.nodes)
+    return dataclasses.replace(snap, nodes=nodes)
 
 
 def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
@@ -85,7 +102,7 @@ def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
         out.append(JobInfo(
             r["id"], state, classes[key], parts, r.get("qos", ""), _epoch(r.get("submit", "")),
             state == "PENDING" and reason in _HELD, reason if reason != "None" else "",
-            tuple(_expand(r.get("nodes", ""))) if state == "RUNNING" else (),
+            tuple(_expand(r.get("nodes", ""))) if state in ("RUNNING", "SUSPENDED") else (),
             _gres(r.get("gres", "")), _number(r.get("priority", "")),
             _gres(r.get("exc_nodes", "")), max(1, int(_number(r.get("num_nodes", "1")) or 1)),
             _epoch(r.get("start", "")) if state == "PENDING" else 0.0,

@@ -62,6 +62,9 @@ class Stats:
     unknown: Dict[str, int] = field(default_factory=dict)
     excluded_jobs: int = 0
     slurm_ok: bool = True
+    #: The ladder: GPUs per step in force, training jobs throttled / suspended by it.
+    ladder_gpus: Dict[str, int] = field(default_factory=dict)
+    restrained: Dict[str, int] = field(default_factory=dict)
 
 
 class EndOfSnapshots(Exception):
@@ -78,6 +81,10 @@ class DryRunOverlay:
         self.exc: Dict[str, str] = {}
         self.begun: set = set()
         self.parts: Dict[str, List[str]] = {}
+        #: The ladder's: running jobs suspended / resumed / requeued.
+        self.suspended: set = set()
+        self.resumed: set = set()
+        self.requeued: set = set()
 
     def record(self, outcomes: List[Outcome]) -> None:
         for out in outcomes:
@@ -96,12 +103,28 @@ class DryRunOverlay:
                 self.begun.add(a.target)
             elif a.kind == "partition-update":
                 self.parts[a.target] = list(a.details.get("nodes", ()))
+            elif a.kind == "suspend":
+                self.suspended.add(a.target)
+                self.resumed.discard(a.target)
+            elif a.kind == "resume-job":
+                self.resumed.add(a.target)
+                self.suspended.discard(a.target)
+            elif a.kind == "requeue" and "restraint" in a.details:
+                self.requeued.add(a.target)
 
     def apply(self, snap: Snapshot) -> Snapshot:
         import dataclasses
 
         jobs = []
         for j in snap.jobs:
+            if not j.pending and j.id in self.requeued:
+                j = dataclasses.replace(j, state="PENDING", nodes=(), reason="BeginTime")
+            elif j.state == "RUNNING" and j.id in self.suspended:
+                j = dataclasses.replace(j, state="SUSPENDED")
+            elif j.state == "SUSPENDED" and j.id in self.resumed:
+                j = dataclasses.replace(j, state="RUNNING")
+            elif j.pending:
+                self.requeued.discard(j.id)  # Slurm shows it pending: the overlay is done
             if j.pending and (j.id in self.held or j.id in self.released or j.id in self.exc
                               or j.id in self.begun):
                 held = j.id in self.held or (j.held and j.id not in self.released)
@@ -243,6 +266,15 @@ class Monitor:
         st.slurm_ok = snap.slurm_ok
         st.unknown = dict(snap.unknown)
         st.excluded_jobs = len(self.memory.excluded)
+        steps: Dict[str, int] = {}
+        for rung in self.memory.ladder.values():
+            steps[rung.step] = steps.get(rung.step, 0) + 1
+        st.ladder_gpus = steps
+        st.restrained = {
+            "throttled": sum(1 for r in self.memory.restrained.values()
+                             if r.throttled_since is not None),
+            "suspended": sum(1 for r in self.memory.restrained.values()
+                             if r.suspended_since is not None)}
         stamps = [float(h.get("ts", snap.ts)) for h in self.memory.holds.values()]
         st.oldest_hold_s = max(0.0, snap.ts - min(stamps)) if stamps else None
         by: Dict[str, int] = {}
@@ -398,6 +430,17 @@ class MonitorCollector:
         for scope in st.closed_gates:
             gates.add_metric([scope], 1.0)
         yield gates
+        rungs = GaugeMetricFamily("slurmiso_monitor_ladder_gpus",
+                                  "GPUs where the ladder holds a step, by step", labels=["step"])
+        for step, n in sorted(st.ladder_gpus.items()):
+            rungs.add_metric([step], float(n))
+        yield rungs
+        held_back = GaugeMetricFamily("slurmiso_monitor_restrained_jobs",
+                                      "Training jobs the ladder throttles or suspends",
+                                      labels=["state"])
+        for state, n in sorted(st.restrained.items()):
+            held_back.add_metric([state], float(n))
+        yield held_back
         stale = GaugeMetricFamily("slurmiso_monitor_stale", "1 while a scope's data is stale",
                                   labels=["scope"])
         for scope in st.stale_scopes:

@@ -11,13 +11,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurmiso.monitor.ladder_state import Restraint, Rung
+
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
 SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
 #: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
 ADMISSIONS = ("nodes", "hold", "qos-limit")
-#: Action kinds, in the order they are applied within one cycle.
-KINDS = ("resume", "drain", "requeue", "mig-apply", "partition-update", "qos-limit", "hold",
-         "exclude", "release", "begin-now", "reconcile")
+#: Action kinds, in the order they are applied within one cycle: what protects inference
+#: first (the ladder's escalations with the re-layout's), what gives training back last.
+#: ``resume`` is a node's (State=RESUME), ``resume-job`` a suspended job's.
+KINDS = ("resume", "drain", "requeue", "throttle", "suspend", "mig-apply", "partition-update",
+         "qos-limit", "hold", "exclude", "release", "begin-now", "resume-job", "unthrottle",
+         "ladder-end", "reconcile")
+#: The ladder's steps on running training, soft to hard.
+LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
+#: Pool modes where suspending training frees what inference shares with it (SMs): on MIG a
+#: suspended job keeps its instance, so the ladder goes from throttle to requeue there.
+SUSPEND_MODES = ("mps", "timeslice")
 #: Kinds that change one job each; the applier sends many of them in one Slurm call.
 JOB_KINDS = ("hold", "release", "exclude", "begin-now")
 
@@ -41,9 +51,50 @@ class Action:
 
 @dataclass(frozen=True)
 class SloLimit:
+    """A class's SLO. ``p99_latency_ms`` is the class-wide figure (a latency query);
+    ``job_p99_latency_ms`` and ``max_error_rate`` are checked per job on the agents'
+    signals (the ladder)."""
+
     class_name: str
     max_queue_wait_s: Optional[float] = None
     p99_latency_ms: Optional[float] = None
+    max_error_rate: Optional[float] = None
+    job_p99_latency_ms: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """One ladder step: dwell before taking it and before stepping back, and its budget."""
+
+    name: str
+    after_s: float = 0.0
+    release_after_s: float = 300.0
+    per_job: int = 0
+    per_hour: int = 0
+
+
+@dataclass(frozen=True)
+class LadderPolicy:
+    """The ladder: its steps in order (none: it never acts), hysteresis and signals."""
+
+    steps: Tuple[StepPolicy, ...] = (
+        StepPolicy("hold", 0, 300),
+        StepPolicy("throttle", 60, 300, 6, 120),
+        StepPolicy("suspend", 180, 300, 3, 30),
+        StepPolicy("requeue", 600, 300, 1, 10),
+    )
+    hysteresis_pct: float = 10
+    throttle_signal: str = "URG"
+    unthrottle_signal: str = "WINCH"
+
+    def step(self, name: str) -> Optional[StepPolicy]:
+        for st in self.steps:
+            if st.name == name:
+                return st
+        return None
+
+    def names(self) -> Tuple[str, ...]:
+        return tuple(st.name for st in self.steps)
 
 
 @dataclass(frozen=True)
@@ -98,6 +149,8 @@ class Policy:
     #: start with no isolation record and be refused. Shorten cred_expire instead (that wait
     #: IS the BeginTime delay); turn this on only where the Prolog is known to rerun.
     release_requeue_delay: bool = False
+    #: The ladder on running training where an inference job breaches its SLO.
+    ladder: LadderPolicy = LadderPolicy()
 
     @property
     def release_memory_pct(self) -> float:
@@ -133,8 +186,10 @@ def policy_from_config(
         train_classes=tuple(c.name for c in train),
         # A latency limit without a query to measure it would be unknown forever (and so
         # admit no training): only limits that can be measured are policy.
+        # Per job, the agents' signals measure latency and errors without any query.
         slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s,
-                           s.p99_latency_ms if s.latency_query else None) for s in mon.slo),
+                           s.p99_latency_ms if s.latency_query else None,
+                           s.max_error_rate, s.p99_latency_ms) for s in mon.slo),
         lend=tuple(lend),
         lend_reserve=lend_reserve,
         mig_layouts=mig_candidates(cfg),
@@ -151,6 +206,11 @@ def policy_from_config(
         partition_updates_per_hour=mon.limits.partition_updates_per_hour,
         relayouts_per_hour=mon.limits.relayouts_per_hour,
         gate_opens_per_hour=mon.limits.gate_opens_per_hour,
+        ladder=LadderPolicy(
+            tuple(StepPolicy(st.name, float(st.after_s), float(st.release_after_s),
+                             st.per_job, st.per_hour) for st in mon.ladder.steps),
+            float(mon.ladder.hysteresis_pct), mon.ladder.throttle_signal,
+            mon.ladder.unthrottle_signal),
     )
 
 
@@ -162,14 +222,18 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
     from slurmiso.errors import UsageError
 
     changes: Dict[str, Any] = {}
-    knobs = {f.name: f for f in dataclasses.fields(policy)}
+    knobs = {f.name: f for f in dataclasses.fields(policy) if f.name != "ladder"}
+    ladder = policy.ladder
     for item in assignments:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
+        if sep and key.startswith("ladder."):
+            ladder = _override_ladder(ladder, key, text.strip())
+            continue
         if not sep or key not in knobs:
             what = "expected KNOB=VALUE" if not sep else f"no policy knob {key!r}"
             raise UsageError(f"--set {item!r}: {what}",
-                             hint="knobs: " + ", ".join(sorted(knobs)))
+                             hint="knobs: " + ", ".join(sorted(knobs)) + LADDER_KNOBS)
         current = getattr(policy, key)
         try:
             if isinstance(current, bool):
@@ -192,7 +256,57 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
     if changes.get("admission", policy.admission) not in ADMISSIONS:
         raise UsageError(f"--set admission={changes['admission']!r}: one of "
                          + ", ".join(ADMISSIONS))
-    return dataclasses.replace(policy, **changes)
+    return dataclasses.replace(policy, ladder=ladder, **changes)
+
+
+LADDER_KNOBS = ("; ladder.steps=hold,throttle,... ladder.hysteresis_pct=N "
+                "ladder.throttle_signal=URG ladder.unthrottle_signal=WINCH "
+                "ladder.<step>.after_s|release_after_s|per_job|per_hour=N")
+
+
+def _override_ladder(ladder: LadderPolicy, key: str, text: str) -> LadderPolicy:
+    """``--set ladder.KNOB=V`` / ``ladder.<step>.KNOB=V``, checked as check-config would."""
+    import dataclasses
+
+    from slurmiso.errors import UsageError
+
+    parts = key.split(".")[1:]
+    base = {st.name: st for st in LadderPolicy.steps}
+    try:
+        if parts == ["steps"]:
+            names = [x.strip() for x in text.split(",") if x.strip()]
+            bad = [x for x in names if x not in LADDER_STEPS]
+            order = [LADDER_STEPS.index(x) for x in names if x in LADDER_STEPS]
+            if bad or order != sorted(set(order)) or (names and names[0] != "hold"):
+                raise UsageError(f"--set {key}={text!r}: steps are a soft-to-hard subset of "
+                                 f"{','.join(LADDER_STEPS)} starting with hold")
+            have = {st.name: st for st in ladder.steps}
+            return dataclasses.replace(ladder, steps=tuple(have.get(n, base[n])
+                                                           for n in names))
+        if parts == ["hysteresis_pct"]:
+            return dataclasses.replace(ladder, hysteresis_pct=float(text))
+        if parts in (["throttle_signal"], ["unthrottle_signal"]):
+            if text.upper() not in ("URG", "WINCH"):
+                raise UsageError(f"--set {key}={text!r}: URG or WINCH")
+            if parts[0] == "throttle_signal":
+                return dataclasses.replace(ladder, throttle_signal=text.upper())
+            return dataclasses.replace(ladder, unthrottle_signal=text.upper())
+        if len(parts) == 2 and parts[0] in LADDER_STEPS and parts[1] in (
+                "after_s", "release_after_s", "per_job", "per_hour"):
+            step = ladder.step(parts[0])
+            if step is None:
+                raise UsageError(f"--set {key}: {parts[0]!r} is not in ladder.steps "
+                                 f"({','.join(ladder.names()) or 'none'})")
+            value: Any = int(text) if parts[1].startswith("per_") else float(text)
+            if value < 0 or (parts[1].startswith("per_") and value == 0):
+                raise UsageError(f"--set {key}={text!r}: must be "
+                                 f"{'>= 1' if parts[1].startswith('per_') else '>= 0'}")
+            steps = tuple(dataclasses.replace(st, **{parts[1]: value})
+                          if st.name == parts[0] else st for st in ladder.steps)
+            return dataclasses.replace(ladder, steps=steps)
+    except ValueError:
+        raise UsageError(f"--set {key}={text!r}: not a number") from None
+    raise UsageError(f"--set {key}: no ladder knob", hint=LADDER_KNOBS.lstrip("; "))
 
 
 def mig_candidates(
@@ -268,12 +382,23 @@ class Memory:
     requeued: Dict[str, float] = field(default_factory=dict)
     #: Scope (node, partition, "slo") -> since when its data has been unknown.
     unknown_since: Dict[str, float] = field(default_factory=dict)
+    #: The ladder: GPU ("node/index") -> the step in force there and its timers.
+    ladder: Dict[str, Rung] = field(default_factory=dict)
+    #: Training jobs the ladder throttles or suspends: job id -> since when and why.
+    restrained: Dict[str, Restraint] = field(default_factory=dict)
+    #: Jobs someone else resumed (or unthrottled) after the ladder acted: never touched by
+    #: the ladder again (pruned to the jobs that still run).
+    ladder_exempt: List[str] = field(default_factory=list)
+
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Memory:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["ladder"] = {k: Rung.from_dict(v) for k, v in (known.get("ladder") or {}).items()}
+        known["restrained"] = {k: Restraint.from_dict(v)
+                               for k, v in (known.get("restrained") or {}).items()}
         return cls(**known)
 
     def copy(self) -> Memory:
@@ -286,7 +411,8 @@ class Memory:
                       dict(self.caps), dict(self.excluded),
                       {k: list(v) for k, v in self.events.items()}, self.last_ts,
                       list(self.running_train), list(self.intent), dict(self.requeued),
-                      dict(self.unknown_since))
+                      dict(self.unknown_since), dict(self.ladder), dict(self.restrained),
+                      list(self.ladder_exempt))
 
     def count(self, key: str, now: float) -> int:
         """Events of ``key`` within the hour before ``now`` (older ones are dropped)."""

@@ -12,7 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-SNAPSHOT_VERSION = 1
+from slurmiso.monitor.signals import JobSignals
+
+SNAPSHOT_VERSION = 2
+#: Versions that still load: 1 had no per-job signals (read as none reported).
+READ_VERSIONS = (1, 2)
 #: squeue reasons of a pending job that waits for GPUs and nothing else.
 ELIGIBLE_REASONS = frozenset(("", "None", "Resources", "Priority", "ReqNodeNotAvail"))
 
@@ -110,7 +114,7 @@ class JobInfo:
     whether it is held (``hold_reason`` JobHeldUser/JobHeldAdmin)."""
 
     id: str
-    state: str  # PENDING | RUNNING
+    state: str  # PENDING | RUNNING | SUSPENDED
     job_class: str = ""
     partitions: Tuple[str, ...] = ()
     qos: str = ""
@@ -184,6 +188,8 @@ class Snapshot:
     errors: Tuple[str, ...] = ()
     #: "source/reason" -> count of signals that came back unknown this cycle.
     unknown: Dict[str, int] = field(default_factory=dict)
+    #: Per-job signals from the node agents (job id -> signals); the ladder's input.
+    job_signals: Dict[str, JobSignals] = field(default_factory=dict)
 
     def node(self, name: str) -> Optional[NodeInfo]:
         for n in self.nodes:
@@ -198,14 +204,16 @@ class Snapshot:
                 "jobs": [j.to_dict() for j in self.jobs],
                 "latency_p99_ms": dict(self.latency_p99_ms),
                 "latency_age_s": self.latency_age_s, "slurm_ok": self.slurm_ok,
-                "errors": list(self.errors), "unknown": dict(self.unknown)}
+                "errors": list(self.errors), "unknown": dict(self.unknown),
+                "job_signals": [s.to_dict() for _, s in sorted(self.job_signals.items())]}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
         from slurmiso.errors import UsageError
 
-        if not isinstance(d, dict) or d.get("version") != SNAPSHOT_VERSION:
-            raise UsageError(f"not a slurmiso monitor snapshot (version {SNAPSHOT_VERSION})")
+        if not isinstance(d, dict) or d.get("version") not in READ_VERSIONS:
+            raise UsageError("not a slurmiso monitor snapshot (version "
+                             f"{', '.join(map(str, READ_VERSIONS))})")
         g = d.get
         return cls(
             float(d["ts"]),
@@ -217,6 +225,7 @@ class Snapshot:
             bool(g("slurm_ok", True)),
             tuple(g("errors", ())),
             {str(k): int(v) for k, v in (g("unknown") or {}).items()},
+            {s.job: s for s in (JobSignals.from_dict(x) for x in g("job_signals") or ())},
         )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 from slurmiso.monitor import scrape
+from slurmiso.monitor.signals import JobSignals
 from slurmiso.monitor.snapshot import GpuSample
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class Reading:
     errors: List[str] = field(default_factory=list)
     #: "source/reason" -> how many signals came back unknown for that reason.
     unknown: Dict[str, int] = field(default_factory=dict)
+    #: Per-job signals, job id -> signals (the node agents fill them).
+    job_signals: Dict[str, JobSignals] = field(default_factory=dict)
 
     def miss(self, source: str, reason: str, line: str) -> None:
         """Count an unknown signal and keep one line about it (the first 200 only)."""

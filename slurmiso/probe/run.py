@@ -51,7 +51,7 @@ def target_for(cfg: Config, req: Request) -> Target:
     slo = next((s for s in cfg.monitor.slo if s.class_name == req.infer_class), None)
     p99 = req.p99_ms if req.p99_ms is not None else (slo.p99_latency_ms if slo else None)
     err = req.max_error_pct if req.max_error_pct is not None else (
-        slo.max_error_pct if slo else None)
+        slo.max_error_rate * 100.0 if slo and slo.max_error_rate is not None else None)
     source = ("--p99-ms" if req.p99_ms is not None
               else f"monitor.slo of {req.infer_class} in {cfg.source}" if slo else "none")
     return Target(req.infer_class, None if p99 is None else float(p99),

@@ -211,7 +211,7 @@ class SlurmCli:
                     "account", "priority", "exc_nodes", "num_nodes", "start", "comment")
 
     def queue(self, states: str = "PENDING,RUNNING") -> List[Dict[str, str]]:
-        """Pending and running jobs as dicts keyed by :attr:`QUEUE_FIELDS`."""
+        """Jobs in ``states`` as dicts keyed by :attr:`QUEUE_FIELDS`."""
         out = self.run("squeue", ["-h", "-t", states, "-o",
                                   "%i|%T|%P|%q|%V|%r|%N|%b|%a|%Q|%x|%D|%S|%k"],
                        timeout=max(self.timeout, 30.0))
@@ -239,6 +239,59 @@ class SlurmCli:
         """``scontrol requeue``: the job is signalled (SIGTERM, KillWait before SIGKILL), goes
         back to PENDING and keeps its id; the slurmiso wrapper checkpoints on the signal."""
         self.run("scontrol", ["requeue", ",".join(job_ids)])
+
+    # -- running jobs (the monitor's ladder): "already so" is an answer, not a failure ------
+    #: What slurmctld says when a job is already as asked, or no longer there to act on.
+    GONE = ("Job/step already completing or completed", "Invalid job id specified",
+            "Job has already finished")
+
+    def _job_op(self, args: Sequence[str], already: Sequence[str]) -> str:
+        """Run a job operation: "done", "already" (the job is as asked) or "gone" (it ended);
+        any other refusal is a SlurmError naming the job and Slurm's words."""
+        try:
+            self.run(args[0], list(args[1:]))
+        except SlurmUnavailable:
+            raise
+        except SlurmError as exc:
+            text = str(exc)
+            if any(s in text for s in already):
+                return "already"
+            if any(s in text for s in self.GONE):
+                return "gone"
+            raise
+        return "done"
+
+    def suspend(self, job_id: str) -> str:
+        """``scontrol suspend``: SIGSTOP to the job's processes, its time limit paused (an
+        operator's or SlurmUser's right). "already": it was not running (suspended, or
+        ended just now: the next snapshot tells)."""
+        return self._job_op(["scontrol", "suspend", str(job_id)],
+                            ("Job is current suspended", "Job is not running"))
+
+    def resume_job(self, job_id: str) -> str:
+        """``scontrol resume`` of a job this monitor suspended."""
+        return self._job_op(["scontrol", "resume", str(job_id)], ("Job is not suspended",))
+
+    def signal_job(self, job_id: str, signal: str) -> str:
+        """``scancel --signal=SIG --full``: every process of the job, the batch script's
+        included (a wrapper run without srun is there). Only for signals ignored by default
+        (URG, WINCH), so a shell or program that does not know them is not hurt. Names Slurm
+        knows are passed as names, others (WINCH) as the number."""
+        import signal as _signal
+
+        name = signal.upper().removeprefix("SIG")
+        known = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG",
+                 "CONT", "STOP", "TSTP", "TTIN", "TTOU")
+        value = name if name in known else str(int(getattr(_signal, "SIG" + name)))
+        return self._job_op(["scancel", f"--signal={value}", "--full", str(job_id)], ())
+
+    def requeue_job(self, job_id: str, resume_first: bool = False) -> str:
+        """``scontrol requeue`` of a running job (the wrapper checkpoints on the SIGTERM);
+        a job this monitor suspended is resumed first, since Slurm holds a suspended job it
+        requeues and a stopped program cannot checkpoint. "already": it is pending."""
+        if resume_first:
+            self.resume_job(job_id)
+        return self._job_op(["scontrol", "requeue", str(job_id)], ("Job is pending execution",))
 
     def set_qos_grp_tres(self, qos: str, tres: Dict[str, int]) -> None:
         """Set a QoS's ``GrpTRES`` for GRES counts: ``{"gpu": 4, "shard": -1}`` ->

@@ -43,7 +43,7 @@ def test_defaults_are_safe() -> None:
         data = yaml.safe_load(fh)
     data["monitor"].pop("admission", None)
     cfg = parse_config(data)
-    assert cfg.monitor.admission == "hold" and cfg.monitor.unknown_admits is False
+    assert cfg.monitor.admission == "nodes" and cfg.monitor.unknown_admits is False
     assert cfg.monitor.telemetry.agent_addr == "127.0.0.1"
     assert cfg.monitor.telemetry.job_labels is False
 
@@ -57,3 +57,71 @@ def test_defaults_are_safe() -> None:
 def test_bad_values_name_the_key(monitor: Dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _with(monitor)
+
+
+# ------------------------------------------------------------------ monitor.ladder (issue 24)
+def test_ladder_keys_reach_the_policy() -> None:
+    cfg = _with({"ladder": {"steps": ["hold", "throttle", "requeue"], "hysteresis": 20,
+                            "throttle": {"after": "30s", "release_after": "2m", "per_job": 2,
+                                         "per_hour": 9},
+                            "requeue": {"after": "15m", "per_job": 1, "per_hour": 3}}})
+    lad = policy_from_config(cfg).ladder
+    assert lad.names() == ("hold", "throttle", "requeue") and lad.hysteresis_pct == 20
+    th = lad.step("throttle")
+    assert th is not None and (th.after_s, th.release_after_s, th.per_job, th.per_hour) == (
+        30, 120, 2, 9)
+    assert (lad.throttle_signal, lad.unthrottle_signal) == ("URG", "WINCH")
+    slo = policy_from_config(cfg).slo[0]
+    assert slo.job_p99_latency_ms == 250 and slo.max_error_rate == 0.01
+    assert slo.p99_latency_ms is None, "class-wide latency only with a query"
+
+
+def test_ladder_defaults_are_the_whole_ladder() -> None:
+    with open(ETC, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data["monitor"].pop("ladder")
+    assert policy_from_config(parse_config(data)).ladder.names() == (
+        "hold", "throttle", "suspend", "requeue")
+
+
+@pytest.mark.parametrize("ladder,key,words", [
+    ({"steps": ["hold", "pause"]}, "monitor.ladder.steps", "unknown step 'pause'"),
+    ({"steps": ["hold", "suspend", "throttle"]}, "monitor.ladder.steps", "soft to hard"),
+    ({"steps": ["throttle"]}, "monitor.ladder.steps", "hold must be the first step"),
+    ({"steps": ["hold", "hold"]}, "monitor.ladder.steps", "listed twice"),
+    ({"steps": "hold"}, "monitor.ladder.steps", "expected a list"),
+    ({"throttle": {"after": -30}}, "monitor.ladder.throttle.after", "negative"),
+    ({"suspend": {"release_after": "-5m"}}, "monitor.ladder.suspend.release_after",
+     "not a valid duration"),
+    ({"requeue": {"per_hour": 0}}, "monitor.ladder.requeue.per_hour", "never let"),
+    ({"throttle": {"per_job": 0}}, "monitor.ladder.throttle.per_job", "never let"),
+    ({"hold": {"per_hour": 3}}, "monitor.ladder.hold.per_hour", "unknown key"),
+    ({"throttle_signal": "USR1"}, "monitor.ladder.throttle_signal", "not allowed"),
+    ({"unthrottle_signal": "URG"}, "monitor.ladder.unthrottle_signal", "also the throttle"),
+    ({"hysteresis": 95}, "monitor.ladder.hysteresis", "out of range"),
+    ({"pause": {}}, "monitor.ladder.pause", "unknown key"),
+])
+def test_ladder_nonsense_is_a_check_config_error(ladder: Dict[str, Any], key: str,
+                                                 words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _with({"ladder": ladder})
+    lines = [p for p in err.value.problems if key in p]
+    assert lines and words in lines[0], err.value.problems
+
+
+def test_a_throttle_signal_that_is_a_checkpoint_signal_is_refused() -> None:
+    with open(ETC, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    for c in data["classes"]:
+        if c.get("checkpoint"):
+            c["checkpoint"]["signal"] = "URG"
+    with pytest.raises(ConfigError, match="checkpoint signal"):
+        parse_config(data)
+
+
+def test_error_rate_is_a_fraction() -> None:
+    with open(ETC, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data["monitor"]["slo"][0]["max_error_rate"] = 5
+    with pytest.raises(ConfigError, match=r"max_error_rate: expected a fraction"):
+        parse_config(data)

@@ -18,7 +18,8 @@ POLICY = Policy(memory_used_pct=75, sm_active_pct=85, hysteresis_pct=10, min_dwe
 def node(name: str, mem_pct: float = 10, sm: float = 10, age: Optional[float] = 5,
          part: str = "shared", mode: str = "mps", state: str = "MIXED", gres: str = "",
          pool: str = "p") -> NodeInfo:
-    gpus = (GpuSample(0, int(800 * mem_pct), 80_000, sm, sm),)
+    # inference shares the GPU: only such GPUs' load keeps training off a node (issue 24)
+    gpus = (GpuSample(0, int(800 * mem_pct), 80_000, sm, sm, classes=("infer",)),)
     return NodeInfo(name, state, (part,), pool, mode, gres, "", gpus, age)
 
 

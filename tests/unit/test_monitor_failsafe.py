@@ -151,7 +151,9 @@ def test_trickling_and_hanging_agents_end_within_the_deadline(serve: Any) -> Non
 def held_snapshot(n1: NodeInfo, ts: float, **kw: Any) -> Snapshot:
     job = JobInfo("1", "PENDING", "train", ("shared",), "train", T0 - 100, True,
                   "JobHeldAdmin")
-    return Snapshot(ts, (n1,), {"shared": ("n1",)}, (job,), **kw)
+    serving = JobInfo("9", "RUNNING", "infer", ("shared",), "infer", T0 - 900,
+                      nodes=("n1",))  # inference runs there: unknown is not calm
+    return Snapshot(ts, (n1,), {"shared": ("n1",)}, (job, serving), **kw)
 
 
 HOLD = dataclasses.replace(BASE, admission="hold")

@@ -17,7 +17,7 @@ from slurmiso.state import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOT = Snapshot(1000.0, (NodeInfo("n1", "MIXED", ("p",), "x", "mps", "", "",
-                                 (GpuSample(0, 70_000, 80_000, 95.0),), 1.0),),
+                                 (GpuSample(0, 70_000, 80_000, 95.0, classes=("infer",)),), 1.0),),
                {"p": ("n1",)}, (JobInfo("7", "PENDING", "train", ("p",), "train", 900.0),))
 
 

@@ -22,9 +22,11 @@ BASE = Policy(memory_used_pct=75, sm_active_pct=85, hysteresis_pct=10, min_dwell
               admission="nodes")
 
 
-def gpu(mem_pct: Optional[float], sm: Optional[float], index: int = 0) -> GpuSample:
+def gpu(mem_pct: Optional[float], sm: Optional[float], index: int = 0,
+        classes: Tuple[str, ...] = ("infer",)) -> GpuSample:
+    """A GPU that inference shares (the agent labels it so), unless ``classes`` says not."""
     return GpuSample(index, int(800 * (mem_pct or 0)), 80_000 if mem_pct is not None else 0,
-                     sm, sm)
+                     sm, sm, classes=classes)
 
 
 class FakeCluster:
@@ -180,9 +182,11 @@ def test_stale_and_unknown_agents_admit_no_new_training() -> None:
     c.load["n2"] = (None, None, 1.0)
     c.submit("1")
     c.jobs["9"] = JobInfo("9", "RUNNING", "train", ("shared",), "train", T0, nodes=("n1",))
+    # n2's agent names no GPU, but Slurm shows inference there: unknown, not calm
+    c.jobs["8"] = JobInfo("8", "RUNNING", "infer", ("shared",), "infer", T0, nodes=("n2",))
     steps, mem = run(c, BASE, 1)
     assert c.jobs["1"].exc_nodes == "n[1-2]" and "calm GPUs" in c.jobs["1"].comment
-    assert not any(a.target == "9" for a in steps[0])
+    assert not any(a.target in ("8", "9") for a in steps[0])
     assert {"n1", "n2"} <= set(mem.stale)
     c2 = FakeCluster(["n1", "n2"], {"shared": ["n1", "n2"]})
     c2.load["n1"] = (10.0, 10.0, 500.0)

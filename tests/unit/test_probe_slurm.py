@@ -84,7 +84,7 @@ class FakeSlurm:
 def cfg():
     with open(SANDBOX_CONFIG) as fh:
         data = yaml.safe_load(fh)
-    data["monitor"]["slo"] = [{"class": "infer", "p99_latency_ms": 500, "max_error_pct": 5}]
+    data["monitor"]["slo"] = [{"class": "infer", "p99_latency_ms": 500, "max_error_rate": 0.05}]
     return parse_config(data, SANDBOX_CONFIG)
 
 

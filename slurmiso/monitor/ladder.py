@@ -1,0 +1,462 @@
+"""The ladder on running training (pure): where an inference job breaches its SLO, the
+training jobs sharing its GPU are slowed, then stopped, only as far as the breach needs.
+
+Per GPU that an inference job of an SLO class shares with training, one step at a time:
+
+1. ``hold``: no new training on the node (admission excludes it, naming the job and signal);
+2. ``throttle``: the training jobs there are asked to slow down (a signal the wrapper owns);
+3. ``suspend`` (MPS and time-slice pools only: on MIG a suspended job keeps its instance):
+   ``scontrol suspend``;
+4. ``requeue``: ``scontrol requeue`` (the wrapper checkpoints on the SIGTERM); the job starts
+   again elsewhere, since hold keeps it off this node.
+
+A step is taken once the breach (per-job P99 latency or error rate above the SLO) has lasted
+that step's ``after_s`` at the step below; the ladder steps back, in reverse, after
+``release_after_s`` below the SLO by the hysteresis margin. Between the two it holds
+position; so it does on unknown or stale signals: no step and no release. Escalations are
+budgeted per hour, in all and per job on either side (the training job acted on, the
+inference job whose breach asks for it), lowest Slurm priority first; releases never are.
+Inference jobs are never acted on, and a job's signals reach only the training jobs on its
+own GPUs (:mod:`slurmiso.monitor.attribution`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from slurmiso.monitor.attribution import Attribution, gpu_key
+from slurmiso.monitor.ladder_state import Restraint, Rung
+from slurmiso.monitor.policy import (
+    LADDER_STEPS,
+    SHARED_MODES,
+    SUSPEND_MODES,
+    Action,
+    Memory,
+    Policy,
+    SloLimit,
+    StepPolicy,
+)
+from slurmiso.monitor.signals import JobSignals
+from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
+
+HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
+_RANK = {HOT: 0, UNKNOWN: 1, BETWEEN: 2, CALM: 3}
+
+
+@dataclass(frozen=True)
+class Breach:
+    """The verdict on one inference job (or a GPU: its worst job's): HOT, CALM, BETWEEN or
+    UNKNOWN, which signal, its figure and limit, and a reason naming the job."""
+
+    kind: str
+    job: str = ""
+    signal: str = ""
+    figure: Optional[float] = None
+    limit: Optional[float] = None
+    why: str = ""
+    job_class: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return (self.figure or 0.0) / self.limit if self.limit else 0.0
+
+
+def limits(slo: SloLimit) -> List[Tuple[str, float]]:
+    """The per-job limits of a class: (JobSignals field, limit)."""
+    p99 = slo.job_p99_latency_ms if slo.job_p99_latency_ms is not None else slo.p99_latency_ms
+    return [(n, float(v)) for n, v in (("p99_ms", p99), ("error_rate", slo.max_error_rate))
+            if v is not None]
+
+
+def _text(signal: str, value: float, limit: float) -> str:
+    if signal == "error_rate":
+        return f"error rate {value:.1%} (SLO {limit:.1%})"
+    return f"P99 {value:.0f} ms (SLO {limit:g} ms)"
+
+
+def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
+                policy: Policy) -> Breach:
+    """One inference job against its class's per-job SLO. A figure that is missing, named
+    unknown by the agent, or older than ``max_data_age_s`` is unknown (never calm); a job
+    that served no request at all in the window is calm (no one is waiting on it)."""
+    if sig is None:
+        return Breach(UNKNOWN, jid, why=f"no signals from inference job {jid}")
+    age = sig.latency_age_s
+    if age is None or age > policy.max_data_age_s:
+        return Breach(UNKNOWN, jid, why=(
+            f"inference job {jid}'s signals are "
+            f"{'of unknown age' if age is None else f'{age:.0f}s old'} "
+            f"(limit {policy.max_data_age_s:g}s)"))
+    if sig.requests is not None and sig.requests <= 0:
+        return Breach(CALM, jid, why=f"inference job {jid} served no requests")
+    margin = 1.0 - policy.ladder.hysteresis_pct / 100.0
+    told = {u.split(":", 1)[0] for u in sig.unknown}
+    top: Optional[Breach] = None  # the figure nearest its limit, breached or not
+    unknown = ""
+    calm = True
+    for name, limit in limits(slo):
+        value = getattr(sig, name)
+        if value is None or name in told:
+            unknown = unknown or f"inference job {jid}'s {name} is unknown"
+            continue
+        b = Breach(HOT if value > limit else CALM, jid, name, float(value), limit,
+                   _text(name, value, limit), slo.class_name)
+        if top is None or (b.kind == HOT, b.ratio) > (top.kind == HOT, top.ratio):
+            top = b
+        calm = calm and value <= limit * margin
+    if top is not None and top.kind == HOT:
+        return top
+    if unknown:
+        return Breach(UNKNOWN, jid, why=unknown)
+    kind = CALM if calm else BETWEEN
+    if top is None:
+        return Breach(kind, jid, why=f"inference job {jid} has no per-job limit")
+    return dataclasses.replace(top, kind=kind)
+
+
+def _breaches(sig: JobSignals, slo: SloLimit, max_age: float) -> bool:
+    """Whether fresh signals breach a per-job limit (the cheap test, every job a cycle)."""
+    if sig.latency_age_s is None or sig.latency_age_s > max_age or sig.requests == 0:
+        return False
+    for name, limit in limits(slo):
+        value = getattr(sig, name)
+        if value is not None and value > limit:
+            return True
+    return False
+
+
+def worst(verdicts: List[Breach]) -> Breach:
+    """A GPU's verdict from its inference jobs': the hottest breach, else unknown, else
+    between, else calm."""
+    return min(verdicts, key=lambda b: (_RANK[b.kind], -b.ratio))
+
+
+def node_steps(policy: Policy, node: Optional[NodeInfo]) -> Tuple[StepPolicy, ...]:
+    """The steps that apply on ``node``: suspend only where GPUs are shared by SMs."""
+    mode = node.mode if node is not None else ""
+    return tuple(st for st in policy.ladder.steps
+                 if st.name != "suspend" or mode in SUSPEND_MODES)
+
+
+def _index(steps: Tuple[StepPolicy, ...], name: str) -> int:
+    """Position of ``name`` among ``steps``; a step no longer configured counts as the
+    nearest configured one below it (-1: none)."""
+    if not name:
+        return -1
+    rank = LADDER_STEPS.index(name)
+    return sum(1 for st in steps if LADDER_STEPS.index(st.name) <= rank) - 1
+
+
+def ladder(snap: Snapshot, policy: Policy, mem: Memory,
+           who: Attribution) -> Tuple[List[Action], Dict[str, str]]:
+    """This cycle's ladder actions, and the nodes where it holds new training (node -> why
+    a user can read)."""
+    now = snap.ts
+    nodes = {n.name: n for n in snap.nodes}
+    slos = {s.class_name: s for s in policy.slo if limits(s)}
+    exempt = {j for j in mem.ladder_exempt if j in who.live}
+    if not policy.ladder.steps and mem.ladder:
+        mem.ladder = {}  # the ladder is off: every restraint is released below
+    # -- the GPUs to look at: where a rung stands, or an SLO inference job breaches now ----
+    verdicts: Dict[str, Tuple[Breach, str, int]] = {}
+    infer_jobs: Dict[str, List[str]] = {}
+    if policy.ladder.steps:
+        look = {k.rsplit("/", 1)[0] for k in mem.ladder}
+        for jid, sig in snap.job_signals.items():
+            info = who.live.get(jid)
+            if info is not None and info.job_class in slos and \
+                    _breaches(sig, slos[info.job_class], policy.max_data_age_s):
+                look.update(info.nodes)
+        for jid, info in who.live.items():  # every SLO job on those GPUs: the worst decides
+            if info.job_class in slos and not look.isdisjoint(info.nodes):
+                for on, gpu in who.gpus_of.get(jid, ()):
+                    if on in look:
+                        infer_jobs.setdefault(gpu_key(on, gpu), []).append(jid)
+    for key, rung in mem.ladder.items():
+        if rung.cause and key not in infer_jobs:
+            live = who.live.get(rung.cause)
+            if live is not None and key.rsplit("/", 1)[0] in live.nodes:
+                infer_jobs[key] = [rung.cause]  # sticky: its node's labels may be missing
+    for key in set(infer_jobs) | set(mem.ladder):
+        node_name, _, index = key.rpartition("/")
+        node = nodes.get(node_name)
+        if node is None or node.mode not in SHARED_MODES:
+            v = Breach(CALM, why=f"{node_name} is no longer a shared pool's node")
+        elif node.telemetry_age_s is None or node.telemetry_age_s > policy.max_data_age_s:
+            v = Breach(UNKNOWN, why=f"no fresh telemetry from {node_name}")
+        elif key in infer_jobs:
+            v = worst([job_verdict(j, snap.job_signals.get(j),
+                                   slos[who.live[j].job_class], policy)
+                       for j in infer_jobs[key]])
+        else:
+            v = Breach(CALM, why=f"no inference job left on {node_name} GPU {index}")
+        verdicts[key] = (v, node_name, int(index))
+    # -- training on each GPU and the restraints in force ----------------------------------
+    victims: Dict[str, List[JobInfo]] = {}
+    for key, (_, at, gpu) in verdicts.items():
+        victims[key] = [j for j in who.jobs_on(at, gpu)
+                        if j.job_class in who.train and j.id not in exempt]
+    for jid, rec in mem.restrained.items():
+        held = who.live.get(jid)
+        key = gpu_key(rec.node, rec.gpu)
+        if held is not None and rec.node in held.nodes and key in victims and \
+                all(j.id != jid for j in victims[key]):
+            victims[key].append(held)  # sticky while it lives on that node
+    # -- move each rung one step at most --------------------------------------------------
+    for key in sorted(verdicts):
+        v, at, gpu = verdicts[key]
+        _move(mem, key, v, node_steps(policy, nodes.get(at)), now, victims.get(key, []),
+              at, gpu)
+    # -- what each training job should be, and the actions that get it there ------------
+    actions = _restrain(snap, policy, mem, who, verdicts, victims, exempt)
+    mem.ladder_exempt = sorted(exempt)
+    _prune_events(mem, now)
+    blocked: Dict[str, str] = {}
+    if "hold" in policy.ladder.names():
+        for key, rung in sorted(mem.ladder.items()):
+            node_name = key.rsplit("/", 1)[0]
+            if rung.step and node_name not in blocked:
+                blocked[node_name] = rung.why
+    return actions, blocked
+
+
+def _applied(rec: Optional[Restraint], step: str) -> bool:
+    if step == "throttle":
+        return rec is not None and rec.throttled_since is not None
+    if step == "suspend":
+        return rec is not None and rec.suspended_since is not None
+    return step == "hold"
+
+
+def _move(mem: Memory, key: str, v: Breach, steps: Tuple[StepPolicy, ...], now: float,
+          victims: List[JobInfo], node: str, index: int) -> None:
+    """One GPU's rung after this verdict (see the module doc)."""
+    rung = mem.ladder.get(key)
+    if rung is None and v.kind != HOT:
+        return
+    if v.kind in (UNKNOWN, BETWEEN):  # hold position: neither dwell goes on
+        if rung is not None and (rung.breach_since, rung.calm_since) != (None, None):
+            mem.ladder[key] = dataclasses.replace(rung, breach_since=None, calm_since=None)
+        return
+    old = rung or Rung()
+    idx = _index(steps, old.step)
+    if v.kind == CALM:
+        calm_since = old.calm_since if old.calm_since is not None else now
+        cur = steps[idx].release_after_s if idx >= 0 else 0.0
+        if now - max(calm_since, old.since) < cur:
+            new = dataclasses.replace(old, breach_since=None, calm_since=calm_since)
+        elif idx <= 0:
+            mem.ladder.pop(key, None)
+            return
+        else:
+            new = dataclasses.replace(old, step=steps[idx - 1].name, since=now,
+                                      breach_since=None, calm_since=now, capped="")
+        mem.ladder[key] = new
+        return
+    breach_since = old.breach_since if old.breach_since is not None else now
+    new = dataclasses.replace(old, breach_since=breach_since, calm_since=None,
+                              cause=v.job, signal=v.signal, why=_where(v, node, index))
+    if idx + 1 < len(steps):
+        nxt = steps[idx + 1]
+        start = breach_since if rung is None else max(breach_since, old.since)
+        lagging = [j.id for j in victims if not _applied(mem.restrained.get(j.id), old.step)]
+        if now - start >= nxt.after_s and (nxt.name == "hold" or victims):
+            if lagging and idx >= 0:
+                new = dataclasses.replace(new, capped=(
+                    f"{nxt.name} waits: {old.step} not yet applied to {','.join(lagging)}"
+                    f"{' (' + old.capped + ')' if old.capped else ''}")[:200])
+            else:
+                new = dataclasses.replace(new, step=nxt.name, since=now, capped="",
+                                          figure=old.figure if rung else v.figure,
+                                          limit=old.limit if rung else v.limit)
+    if new != rung:
+        mem.ladder[key] = new
+
+
+def _where(v: Breach, node: str, gpu: int) -> str:
+    """The cause as a user reads it: which inference job, where, which signal."""
+    return f"inference job {v.job} on {node} GPU {gpu}: {v.why}"
+
+
+def _order(job: JobInfo) -> Tuple[float, float, str]:
+    """Who gives way first: lowest Slurm priority, then the youngest."""
+    return (job.priority, -job.submit_ts, job.id)
+
+
+def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
+              verdicts: Dict[str, Tuple[Breach, str, int]], victims: Dict[str, List[JobInfo]],
+              exempt: Set[str]) -> List[Action]:
+    now = snap.ts
+    nodes = {n.name: n for n in snap.nodes}
+    want: Dict[str, Tuple[int, str]] = {}  # job -> (ladder index wanted, GPU key)
+    for key, jobs in victims.items():
+        rung = mem.ladder.get(key)
+        level = LADDER_STEPS.index(rung.step) if rung is not None and rung.step else -1
+        for j in jobs:
+            if level > want.get(j.id, (-1, ""))[0]:
+                want[j.id] = (level, key)
+    actions: List[Action] = []
+    todo = sorted(set(want) | set(mem.restrained),
+                  key=lambda j: _order(who.live[j]) if j in who.live else (0.0, 0.0, j))
+    for jid in todo:
+        rec = mem.restrained.get(jid)
+        job = who.live.get(jid)
+        level, key = want.get(jid, (-1, gpu_key(rec.node, rec.gpu) if rec else ""))
+        if job is None or (rec is not None and rec.node not in job.nodes):
+            if rec is not None:  # ended, cancelled, or requeued by someone else
+                del mem.restrained[jid]
+                actions.append(_end(jid, rec, now, "it no longer runs there",
+                                    verdicts.get(key)))
+            continue
+        if jid in exempt:
+            continue
+        suspended_now = job.state == "SUSPENDED"
+        if rec is not None and rec.suspended_since is not None and not suspended_now:
+            del mem.restrained[jid]  # someone resumed it: theirs from now on
+            exempt.add(jid)
+            actions.append(_end(jid, rec, now, "someone else resumed it: the ladder leaves "
+                                "it alone from now on", verdicts.get(key)))
+            continue
+        if suspended_now and (rec is None or rec.suspended_since is None):
+            continue  # suspended by someone else: never ours to resume or requeue
+        node_name, _, index = key.rpartition("/")
+        steps = {st.name: st for st in node_steps(policy, nodes.get(node_name))}
+        v = verdicts.get(key, (Breach(UNKNOWN), node_name, 0))[0]
+        rung = mem.ladder.get(key)
+        hot = v.kind == HOT
+        wanted = {n for n in ("throttle", "suspend", "requeue")
+                  if n in steps and level >= LADDER_STEPS.index(n)}
+        rec = rec or Restraint(node_name, int(index), v.job or (rung.cause if rung else ""),
+                               rung.why if rung else v.why, v.signal or
+                               (rung.signal if rung else ""),
+                               v.figure if hot else (rung.figure if rung else None))
+        if "requeue" in wanted and hot:
+            ok, note, keys = _spend(mem, steps["requeue"], jid, v, now)
+            if ok:
+                mem.restrained.pop(jid, None)
+                actions.append(_act("requeue", jid, rec, v, now, note, keys, {
+                    "suspended": suspended_now, "throttled_s": _since(rec.throttled_since, now),
+                    "suspended_s": _since(rec.suspended_since, now)}))
+                continue
+            _cap(mem, key, note)
+        if "suspend" in wanted and rec.suspended_since is None and hot:
+            ok, note, keys = _spend(mem, steps["suspend"], jid, v, now)
+            if ok:
+                if "throttle" in wanted and rec.throttled_since is None:
+                    ok2, note2, keys2 = _spend(mem, steps["throttle"], jid, v, now)
+                    if ok2:
+                        actions.append(_act("throttle", jid, rec, v, now, note2, keys2,
+                                            {"sends": policy.ladder.throttle_signal}))
+                        rec = dataclasses.replace(rec, throttled_since=now)
+                actions.append(_act("suspend", jid, rec, v, now, note, keys, {}))
+                rec = dataclasses.replace(rec, suspended_since=now)
+            else:
+                _cap(mem, key, note)
+        elif "suspend" not in wanted and rec.suspended_since is not None:
+            actions.append(_release("resume-job", jid, rec, v, now, "suspended_s",
+                                    rec.suspended_since))
+            rec = dataclasses.replace(rec, suspended_since=None)
+            suspended_now = False
+        if "throttle" in wanted and rec.throttled_since is None and hot and not suspended_now:
+            ok, note, keys = _spend(mem, steps["throttle"], jid, v, now)
+            if ok:
+                actions.append(_act("throttle", jid, rec, v, now, note, keys,
+                                    {"sends": policy.ladder.throttle_signal}))
+                rec = dataclasses.replace(rec, throttled_since=now)
+            else:
+                _cap(mem, key, note)
+        elif "throttle" not in wanted and rec.throttled_since is not None:
+            actions.append(_release("unthrottle", jid, rec, v, now, "throttled_s",
+                                    rec.throttled_since, policy.ladder.unthrottle_signal))
+            rec = dataclasses.replace(rec, throttled_since=None)
+        if rec.throttled_since is None and rec.suspended_since is None:
+            mem.restrained.pop(jid, None)
+        elif mem.restrained.get(jid) != rec:
+            mem.restrained[jid] = rec
+    return actions
+
+
+def _since(ts: Optional[float], now: float) -> Optional[float]:
+    return None if ts is None else round(now - ts, 1)
+
+
+def _cap(mem: Memory, key: str, note: str) -> None:
+    rung = mem.ladder.get(key)
+    if rung is not None and rung.capped != note:
+        mem.ladder[key] = dataclasses.replace(rung, capped=note)
+
+
+def _spend(mem: Memory, step: StepPolicy, victim: str, v: Breach,
+           now: float) -> Tuple[bool, str, List[str]]:
+    """Take one ``step`` from the budgets (in all, the training job's, the inference
+    job's), or say which one is spent."""
+    total, mine, theirs = (f"ladder:{step.name}", f"ladder:{step.name}:{victim}",
+                           f"ladder:{step.name}:{v.job}")
+    if mem.count(total, now) >= step.per_hour:
+        return False, f"{step.name} budget spent: {step.per_hour} an hour in all", []
+    if mem.count(mine, now) >= step.per_job:
+        return False, f"{step.name} budget of job {victim} spent: {step.per_job} an hour", []
+    if v.job and mem.count(theirs, now) >= step.per_job:
+        return False, (f"{step.name} budget of inference job {v.job} spent: "
+                       f"{step.per_job} an hour"), []
+    keys = [total, mine, theirs] if v.job else [total, mine]
+    for k in keys:
+        mem.note(k, now)
+    return True, f"{step.name} {mem.count(total, now)}/{step.per_hour} this hour", keys
+
+
+def _prune_events(mem: Memory, now: float) -> None:
+    """Per-job budget counters of jobs long gone go (the others prune as they count)."""
+    old = [k for k, ts in mem.events.items()
+           if k.startswith("ladder:") and (not ts or ts[-1] <= now - 3600)]
+    for k in old:
+        del mem.events[k]
+
+
+_VERB = {"throttle": "throttled: asked to slow down", "suspend": "suspended",
+         "requeue": "requeued: checkpoints, then starts again off this node"}
+
+
+def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
+    """What the journal line says of the cause: which inference job, which signal, its
+    figure now and when the job was first restrained (the audit counts these)."""
+    out = {"gpu": gpu_key(rec.node, rec.gpu), "node": rec.node, "cause": v.job or rec.cause,
+           "signal": v.signal or rec.signal, "figure": v.figure, "limit": v.limit,
+           "figure_before": rec.figure}
+    if v.signal == "p99_ms" and v.figure is not None:  # the audit's latency samples
+        out.update(p99_latency_ms=v.figure, **{"class": v.job_class})
+    return out
+
+
+def _act(kind: str, jid: str, rec: Restraint, v: Breach, now: float, budget: str,
+         keys: List[str], extra: Dict[str, Any]) -> Action:
+    reason = f"training {_VERB[kind]}: {_where(v, rec.node, rec.gpu)}"
+    return Action(kind, jid, reason[:300], dict(_facts(rec, v), step=kind, budget=budget,
+                                                budget_keys=keys, restraint=rec.to_dict(),
+                                                ts=now, **extra))
+
+
+def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: str,
+             since: float, sends: str = "") -> Action:
+    how = "resumed" if kind == "resume-job" else "back to full speed"
+    figure = "" if v.figure is None else f" ({_text(v.signal, v.figure, v.limit or 0)})"
+    reason = (f"training {how} after {now - since:.0f}s: inference on {rec.node} GPU "
+              f"{rec.gpu} within its SLO{figure}")
+    extra: Dict[str, Any] = {what: round(now - since, 1)}
+    if sends:
+        extra["sends"] = sends
+    return Action(kind, jid, reason, dict(_facts(rec, v), step=kind, restraint=rec.to_dict(),
+                                          ts=now, figure_after=v.figure, **extra))
+
+
+def _end(jid: str, rec: Restraint, now: float, why: str,
+         verdict: Optional[Tuple[Breach, str, int]]) -> Action:
+    """A journal line, no Slurm call: the restraint ended without the ladder (job ended,
+    someone resumed it), with how long it lasted."""
+    v = verdict[0] if verdict else Breach(UNKNOWN)
+    return Action("ladder-end", jid, f"training restraint over: {why}",
+                  dict(_facts(rec, v), restraint=rec.to_dict(), ts=now,
+                       figure_after=v.figure, throttled_s=_since(rec.throttled_since, now),
+                       suspended_s=_since(rec.suspended_since, now)))

@@ -1,0 +1,69 @@
+"""What the ladder remembers between cycles: where it stands per GPU, what it did per job.
+
+Frozen records: :func:`~slurmiso.monitor.decide.decide` shares them between the memory it was
+given and the one it returns, so a change is a new record (``dataclasses.replace``), never an
+edit. JSON through :meth:`to_dict`/:meth:`from_dict` (the monitor's state file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Optional, Type, TypeVar
+
+R = TypeVar("R")
+
+
+def _from(cls: Type[R], data: Dict[str, Any]) -> R:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Rung:
+    """The step in force on one GPU (``""``: none) and the timers that move it: since when
+    the breach (or the calm) has lasted, and what the breach was when the ladder stepped."""
+
+    step: str = ""
+    #: When this step was taken or stepped back to (each dwell counts from here too).
+    since: float = 0.0
+    breach_since: Optional[float] = None
+    calm_since: Optional[float] = None
+    #: The inference job and signal behind the last step, as a reason a user can read.
+    cause: str = ""
+    signal: str = ""
+    why: str = ""
+    #: The SLO figure (ms, or error rate) and its limit when the ladder first stepped here.
+    figure: Optional[float] = None
+    limit: Optional[float] = None
+    #: Why the next step waits although the breach lasts (a budget spent), "" if it does not.
+    capped: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> Rung:
+        return _from(cls, data)
+
+
+@dataclass(frozen=True)
+class Restraint:
+    """A training job the ladder slowed or stopped: on which GPU, because of whom, since
+    when (the journal's durations come from here)."""
+
+    node: str
+    gpu: int
+    cause: str = ""
+    why: str = ""
+    signal: str = ""
+    #: The SLO figure when the job was first restrained (the "before" of the journal).
+    figure: Optional[float] = None
+    throttled_since: Optional[float] = None
+    suspended_since: Optional[float] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> Restraint:
+        return _from(cls, data)
