@@ -288,35 +288,49 @@ def run_monitor(sbx: SandboxClient, config: str, folder: str, *args: str) -> str
 
 
 def monitor_hold_scenario(sbx: SandboxClient, folder: str) -> Dict[str, Any]:
-    """A job runs GPU 0 of n5 hot (simulated load); a pending training job is held by one
-    monitor cycle, nothing more happens while it stays hot, and it is released once calm."""
+    """An inference job on the MPS node n2 runs its GPUs hot (simulated load); a training job
+    that arrives for that partition is held by one monitor cycle (``admission: hold``), nothing
+    more happens while it stays hot, and it is released once the inference job is done and
+    the GPUs are calm. Training's own load would hold nothing: only GPUs inference uses count.
+
+    The training job arrives with a begin time (as one arriving between cycles would), so it
+    cannot start before the cycle that holds it."""
     config = monitor_config(sbx, folder)
-    state = sbx.path("sim", "n5.json")
+    with open(config) as fh:
+        text = fh.read()
+    with open(config, "w") as fh:
+        fh.write(text.replace("\nmonitor:\n", "\nmonitor:\n  admission: hold\n", 1))
+    state = sbx.path("sim", "n2.json")
     flag = os.path.join(sbx.jobs_dir, f"stop-load-{os.getpid()}")
     sim = (f"PYTHONPATH={sbx.job_pythonpath} {sbx.job_python} -m slurmiso sim load "
-           f"--state {state} --gpu 0")
-    load = sbx.submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
-                      f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
-                      "-p", "tslice", "--qos=train", "--exclusive")
+           f"--state {state}")
+    load = sbx.submit(f"#!/bin/bash\n{sim} --gpu 0 --sm 95 --mem 70G\n"
+                      f"{sim} --gpu 1 --sm 95 --mem 70G\necho loaded\n"
+                      f"while [ ! -e {flag} ]; do sleep 0.3; done\n"
+                      f"{sim} --gpu 0 --sm 0\n{sim} --gpu 1 --sm 0\n",
+                      "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", "n2", "-J", "infer-load")
     out: Dict[str, Any] = {"load_job": load}
     try:
         sbx.wait_for(load, {"RUNNING"}, timeout=40)
         _wait(lambda: "loaded" in sbx.job_output(load), 30, "the load to start")
-        pending = sbx.submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
-                             "--gres=shard:1")
+        pending = sbx.submit("#!/bin/bash\nsleep 1\n", "-p", "mps", "--qos=train",
+                             "--gres=mps:50", "--begin=now+600")
         out["pending_job"] = pending
         out["hot"] = run_monitor(sbx, config, folder)
         out["held"] = sbx.job_fields(pending).get("Reason", "") in ("JobHeldAdmin",
                                                                      "JobHeldUser")
+        sbx.cmd("scontrol", "update", f"JobId={pending}", "StartTime=now")
         out["still_hot"] = run_monitor(sbx, config, folder)
         open(flag, "w").close()
         sbx.wait_for(load, timeout=40)
+        _wait_released(sbx, "n2", [load])
         out["calm"] = run_monitor(sbx, config, folder)
         sbx.wait_for(pending, timeout=60)
         out["pending_state"] = sbx.job_state(pending)
     finally:
         open(flag, "w").close()
-        sbx.slurmiso("sim", "load", "--state", state, "--gpu", "0", "--sm", "0")
+        for gpu in ("0", "1"):
+            sbx.slurmiso("sim", "load", "--state", state, "--gpu", gpu, "--sm", "0")
     return out
 
 
@@ -329,8 +343,8 @@ def step_monitor(sbx: SandboxClient) -> str:
             _say(f"    {line}")
     if not r["held"] or f"did release {r['pending_job']}" not in r["calm"]:
         raise SandboxError("the monitor did not hold and then release the training job")
-    return (f"GPU 0 of n5 ran hot: training job {r['pending_job']} held, released when calm, "
-            f"then {r['pending_state']}")
+    return (f"inference ran n2's GPUs hot: training job {r['pending_job']} held, released "
+            f"when calm, then {r['pending_state']}")
 
 
 PERNODE_PART = "slurmiso-demo-pernode"
@@ -359,8 +373,9 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
                                ) -> Dict[str, Any]:
     """``admission: nodes`` on one partition of two shared nodes (a temporary one: n4, n5).
 
-    GPU 0 of n4 runs hot (simulated load); three training jobs of 4 shards each (a whole
-    GPU's worth) wait for the monitor's cycle (a begin time: what arrives between cycles).
+    An inference job's GPU on n4 runs hot (simulated load); three training jobs of 4 shards
+    each (a whole GPU's worth on n5) wait for the monitor's cycle (a begin time: what
+    arrives between cycles).
     The cycle keeps them off n4 (ExcNodeList, comment); once free to start, two run on n5
     (all its shards) and the third waits although n4 is free, its comment saying why. When
     n4 is calm again a cycle restores the job's own list and it starts on n4. A control job
@@ -378,8 +393,15 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
     jobs: List[str] = []
     sbx.cmd("scontrol", "create", f"PartitionName={PERNODE_PART}", "Nodes=n4,n5",
             "State=UP", "MaxTime=INFINITE", "Default=NO")
+    infer = ""
     try:
-        hot.set_load(0, util=95, sm_active=95, memory_used_mb=72 * 1024)  # of 80 GB
+        # The hot GPU is one an inference job uses: training's own load never holds training.
+        infer = sbx.submit("#!/bin/bash\nsleep 600\n", "-p", "migd", "--qos=infer",
+                           "--gres=shard:3", "-w", "n4", "-J", "infer-hot")
+        sbx.wait_for(infer, {"RUNNING"}, timeout=60)
+        gpu = _record_gpu(sbx, "n4", infer)
+        out["infer_job"], out["hot_gpu"] = infer, gpu
+        hot.set_load(gpu, util=95, sm_active=95, memory_used_mb=72 * 1024)  # of 80 GB
         script = f"#!/bin/bash\necho ran on $SLURMD_NODENAME\nsleep {hold_s}\n"
         jobs = [sbx.submit(script, "-p", PERNODE_PART, "--qos=train", "--gres=shard:4",
                            "--begin=now+600", "-J", f"train-{n}") for n in (1, 2, 3)]
@@ -395,7 +417,10 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
         out["while_hot"] = _queue(sbx, jobs)
         _say("  once eligible, n4 still hot:")
         _say_queue(sbx, jobs)
-        hot.clear_load(0)
+        hot.clear_load(gpu)
+        sbx.cmd("scancel", infer, check=False)
+        sbx.wait_for(infer, timeout=60)
+        _wait_released(sbx, "n4", [infer])
         out["calm"] = run_monitor(sbx, config, folder)
         sbx.wait_for(jobs[2], {"RUNNING", "COMPLETED"}, timeout=60)
         out["after_calm"] = _queue(sbx, jobs)
@@ -413,8 +438,9 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
         out["control"] = sbx.job_output(control).strip()
         _wait_released(sbx, "n4", [control])
     finally:
-        hot.clear_load(0)
-        for job in jobs:
+        for g in (0, 1):
+            hot.clear_load(g)
+        for job in jobs + ([infer] if infer else []):
             sbx.cmd("scancel", job, check=False)
         for _ in range(50):  # a partition with jobs in it cannot be deleted
             if not sbx.cmd("squeue", "-h", "-p", PERNODE_PART, check=False).strip():
@@ -422,6 +448,25 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
             time.sleep(0.5)
         sbx.cmd("scontrol", "delete", f"PartitionName={PERNODE_PART}", check=False)
     return out
+
+
+def _record_gpu(sbx: SandboxClient, node: str, job: str, timeout: float = 30) -> int:
+    """The GPU the prolog gave ``job`` on ``node``, from its record (what the agent reads)."""
+    import json
+
+    path = sbx.path("state", node, "jobs", f"{job}.json")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as fh:
+                rec = json.load(fh)
+            gpus = [r["gpu"] for r in rec.get("resources", []) if r.get("gpu") is not None]
+            if rec.get("status") == "ready" and gpus:
+                return int(gpus[0])
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise SandboxError(f"job {job} has no ready record with a GPU on {node}")
 
 
 def step_pernode(sbx: SandboxClient) -> str:

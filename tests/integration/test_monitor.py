@@ -64,7 +64,8 @@ def test_load_holds_training_and_calm_releases_it(sandbox: Any, tmp_path: Any) -
 
     r = monitor_hold_scenario(sandbox, str(tmp_path))
     pending = r["pending_job"]
-    assert f"did hold {pending}: training held: n5 GPU 0" in r["hot"], r["hot"]
+    assert f"did hold {pending}: training held: n2 GPU" in r["hot"], r["hot"]
+    assert "inference job" in r["hot"], r["hot"]  # the cause named: the job whose GPU it is
     assert r["held"]
     assert "no action" in r["still_hot"], "hot still: nothing more to do"
     assert f"did release {pending}" in r["calm"], r["calm"]
@@ -163,34 +164,41 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
     text = text.replace("monitor:\n", "monitor:\n  admission: qos-limit\n", 1)
     with open(cfg, "w") as fh:
         fh.write(text)
-    state = sandbox.path("sim", "n5.json")
+    # The hot GPUs are an inference job's (training's own load holds nothing): an inference
+    # job on the MPS node n2 loads both its GPUs, a training job runs beside it on n2.
+    state = sandbox.path("sim", "n2.json")
     flag = os.path.join(sandbox.jobs_dir, f"stop-load-{os.getpid()}-qos")
     sim = (f"PYTHONPATH={sandbox.job_pythonpath} {sandbox.job_python} -m slurmiso sim load "
-           f"--state {state} --gpu 0")
+           f"--state {state}")
 
     def grp_tres() -> str:
         return sandbox.cmd("sacctmgr", "-n", "-P", "show", "qos", "train",
                            "format=GrpTRES").strip()
 
     try:
-        load = submit(f"#!/bin/bash\n{sim} --sm 95 --mem 70G\necho loaded\n"
-                      f"while [ ! -e {flag} ]; do sleep 0.3; done\n{sim} --sm 0\n",
-                      "-p", "tslice", "--qos=train", "--gres=shard:2")
+        load = submit(f"#!/bin/bash\n{sim} --gpu 0 --sm 95 --mem 70G\n"
+                      f"{sim} --gpu 1 --sm 95 --mem 70G\necho loaded\n"
+                      f"while [ ! -e {flag} ]; do sleep 0.3; done\n"
+                      f"{sim} --gpu 0 --sm 0\n{sim} --gpu 1 --sm 0\n",
+                      "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", "n2")
         wait_for(load, {"RUNNING"}, timeout=40)
         _wait(lambda: "loaded" in sandbox.job_output(load), 30, "the load to start")
-        # 3 shards: more than the cap of 2 even once the load has ended and freed its 2, so
-        # the job waits on the cap until the monitor raises it (with 1 shard it started as
-        # soon as the load ended, before the calm cycle: a race seen on 24.11.5)
-        later = submit("#!/bin/bash\nsleep 1\n", "-p", "tslice", "--qos=train",
-                       "--gres=shard:3", "--begin=now+15")
+        beside = submit(f"#!/bin/bash\nwhile [ ! -e {flag} ]; do sleep 0.3; done\n",
+                        "-p", "mps", "--qos=train", "--gres=mps:50", "-w", "n2")
+        wait_for(beside, {"RUNNING"}, timeout=40)
+        # 60 mps: more than the cap of 50 even once the others have ended and freed theirs,
+        # so the job waits on the cap until the monitor raises it
+        later = submit("#!/bin/bash\nsleep 1\n", "-p", "mps", "--qos=train",
+                       "--gres=mps:60", "--begin=now+15")
         out = run_monitor(sandbox, cfg, str(tmp_path))
-        assert "did qos-limit train: training capped at what it uses: n5 GPU 0" in out, out
-        assert sorted(grp_tres().split(",")) == ["gres/gpu=0", "gres/mps=0", "gres/shard=2"]
+        assert "did qos-limit train: training capped at what it uses: n2 GPU" in out, out
+        assert "gres/mps=50" in grp_tres().split(","), grp_tres()
         _wait(lambda: sandbox.job_fields(later).get("Reason") == "QOSGrpGRES", 60,
               "the eligible training job to wait on the cap")
         assert sandbox.job_fields(later).get("JobState") == "PENDING"
         open(flag, "w").close()
         wait_for(load, timeout=40)
+        wait_for(beside, timeout=40)
         out = run_monitor(sandbox, cfg, str(tmp_path))
         assert "did qos-limit train: calm for 0s: cap raised for the next 1 training job" in out
         wait_for(later, timeout=60)
@@ -200,7 +208,8 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
         assert grp_tres() == ""
     finally:
         open(flag, "w").close()
-        sandbox.slurmiso("sim", "load", "--state", state, "--gpu", "0", "--sm", "0")
+        for gpu in ("0", "1"):
+            sandbox.slurmiso("sim", "load", "--state", state, "--gpu", gpu, "--sm", "0")
         sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", "name=train", "set",
                     "GrpTRES=gres/gpu=-1,gres/shard=-1,gres/mps=-1", check=False)
 
