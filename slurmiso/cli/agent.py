@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     node = node_name(args.node)
     if args.once:
-        print(agent.render(agent.registry_for(cfg, node)), end="")
+        refresher = agent.signals_for(cfg, node)
+        refresher.once()  # one reading: latency needs a second one for its window
+        print(agent.render(agent.registry_for(cfg, node, refresher.state)), end="")
         return 0
     agent.serve(cfg, node, args.port or cfg.monitor.telemetry.agent_port, args.addr)
     return 0

@@ -88,6 +88,7 @@ R_FIRST_SAMPLE = "first-sample"  # one reading so far: no window yet
 R_PARSE = "parse"  # the answer is not Prometheus text
 R_STALE = "stale"  # the agent's background reader fell behind
 R_NO_REPORT = "no-report"  # a training job that reported no step (slurmiso.checkpoint)
+R_NO_RECENT = "no-recent-steps"  # steps reported, none within the step window
 R_REFUSED = "refused"  # step file not a regular file of the job's user (or a symlink)
 R_BAD_FILE = "bad-file"  # step file unreadable as the wrapper writes it
 R_NO_ERRORS = "no-error-series"  # latency known, failures not
