@@ -70,10 +70,14 @@ def parse_selector(text: str) -> Selector:
             if not m:
                 raise BadSelector(f"{text!r}: a label name expected at {body[i:i + 10]!r}")
             label, i = m.group(0), m.end()
+            while i < len(body) and body[i] == " ":
+                i += 1
             op = next((o for o in ("=~", "!~", "!=", "=") if body.startswith(o, i)), "")
             if not op:
                 raise BadSelector(f"{text!r}: =, !=, =~ or !~ expected after {label}")
             i += len(op)
+            while i < len(body) and body[i] == " ":
+                i += 1
             value, i = _quoted(body, i, text)
             regex = None
             if op in ("=~", "!~"):
