@@ -26,10 +26,14 @@ def path_for(work_dir: str, job_id: str) -> Optional[str]:
     return None if events is None else os.path.join(work_dir, f".slurmiso-steps.{job_id}.json")
 
 
+def report_path_for(steps_file: str) -> str:
+    """The program's report beside the step file (``.slurmiso-steps.<job>.report.json``)."""
+    base = steps_file[:-5] if steps_file.endswith(".json") else steps_file
+    return base + ".report.json"
+
+
 def remove(path: str, uid: int) -> None:
     """Remove the step file and the program's report beside it (the job is over)."""
-    from slurmiso.wrapper.steps import report_path_for
-
     folder = os.path.dirname(path)
     try:
         dir_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

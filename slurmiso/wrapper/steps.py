@@ -27,6 +27,9 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from slurmiso.hooks.stepfiles import report_path_for
+
+__all__ = ["StepFolder", "decode", "read_bounded", "report_path_for"]
 log = logging.getLogger(__name__)
 
 #: Set by the prolog (task prolog env): where the wrapper writes the job's step file.
@@ -40,12 +43,6 @@ MAX_REPORT_BYTES = 64 * 1024
 MAX_FILE_BYTES = 64 * 1024
 FOLD_S = 2.0
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
-def report_path_for(steps_file: str) -> str:
-    """The program's report beside the step file (``.slurmiso-steps.<job>.report.json``)."""
-    base = steps_file[:-5] if steps_file.endswith(".json") else steps_file
-    return base + ".report.json"
 
 
 def _number(value: Any, lo: float = 0.0, hi: float = 1e15) -> Optional[float]:
