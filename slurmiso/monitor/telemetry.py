@@ -140,8 +140,8 @@ def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]
         if s.name == M_COLLECTED:
             collected = s.value
             continue
-        if "gpu" not in s.labels or s.name.startswith("DCGM_"):
-            continue
+        if "gpu" not in s.labels or s.name.startswith(("DCGM_", "slurmiso_job_")):
+            continue  # (the per-job series are read by monitor/signals.py)
         try:
             index = int(s.labels["gpu"])
         except ValueError:
