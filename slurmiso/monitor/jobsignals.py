@@ -233,8 +233,8 @@ class JobSignalsState:
         j.window.add(now, answer.counters)
         lat = figures(answer, j.window)
         j.latency, j.reason = lat, ""
-        if sig.R_FIRST_SAMPLE not in lat.unknown:
-            j.last_ok = now
+        if lat.quantiles or (lat.requests == 0 and not lat.unknown):
+            j.last_ok = now  # a latency figure, or an idle window: fresh; anything else is not
         j.said = ""
 
     # -- what a scrape shows ----------------------------------------------------------------

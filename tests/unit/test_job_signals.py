@@ -271,6 +271,23 @@ def test_only_127_0_0_1_is_ever_connected_to() -> None:
         j: ("latency:parse",) for j in ("2", "3", "4")}
 
 
+def test_totals_without_quantiles_are_no_fresh_latency(server: Server) -> None:
+    """Triton without summaries: requests and errors, but the latency age stays +Inf."""
+    n = [10]
+    server.text("/metrics", lambda: f'nv_inference_request_success{{model="m"}} {n[0]}\n'
+                                    'nv_inference_request_failure{model="m"} 0\n')
+    clock = Clock()
+    st = state(clock)
+    recs = {"41": record("41", f"{server.port}/metrics")}
+    st.refresh(recs)
+    n[0] = 30
+    clock.t += 5
+    st.refresh(recs)
+    js = read(st)["41"]
+    assert js.requests == 20 and js.error_rate == 0.0 and js.p99_ms is None
+    assert js.unknown == ("latency:no-quantiles",) and js.latency_age_s == math.inf
+
+
 def test_jobs_expected_to_serve_latency_but_without_an_endpoint_are_unknown() -> None:
     st = state(Clock())
     st.refresh({"41": record("41", ""), "50": record("50", "", cls="debug")})
