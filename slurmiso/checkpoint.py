@@ -241,11 +241,10 @@ class _Steps:
             "pid": self.pid, "steps": self.steps, "timed": self.timed,
             "seconds": round(self.seconds, 6), "samples": self.samples, "first": self.first,
         }
-        tmp = f"{self.path}.{self.pid}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(body, separators=(",", ":")))
-            os.replace(tmp, self.path)
+            from slurmiso.atomic import write_atomic
+
+            write_atomic(self.path, json.dumps(body, separators=(",", ":")), durable=False)
         except OSError as exc:
             self.failures += 1
             if self.failures == 1:

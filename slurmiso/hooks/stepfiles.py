@@ -40,8 +40,7 @@ def remove(path: str, uid: int) -> None:
     except OSError:
         return
     try:
-        for name in (os.path.basename(path), os.path.basename(report_path_for(path)),
-                     os.path.basename(path) + ".tmp"):
+        for name in (os.path.basename(path), os.path.basename(report_path_for(path))):
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode) and (uid < 0 or st.st_uid == uid):

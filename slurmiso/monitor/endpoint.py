@@ -20,9 +20,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
+from slurmiso.config.model import ServerProfile
 from slurmiso.config.selector import Selector, parse_selector
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor.histogram import Counters
+from slurmiso.monitor.telemetry import Sample, parse_prometheus_text
 
 MAX_LINES = 200_000
 MAX_SERIES = 20_000
@@ -46,15 +48,12 @@ class Profile:
     errors_missing: str = "unknown"
 
     @classmethod
-    def from_config(cls, p: object) -> Profile:
-        """From a ``config.model.ServerProfile`` (selectors as text, checked by the loader)."""
+    def from_config(cls, p: ServerProfile) -> Profile:
+        """From the config's profile (selectors as text, checked by the loader)."""
         return cls(
-            getattr(p, "name"),  # noqa: B009 - a Value of the config model
-            tuple(parse_selector(t) for t in getattr(p, "latency")),  # noqa: B009
-            _UNITS[getattr(p, "unit", "s")],
-            tuple(parse_selector(t) for t in getattr(p, "requests", ())),
-            tuple(parse_selector(t) for t in getattr(p, "errors", ())),
-            getattr(p, "errors_missing", "unknown"),
+            p.name, tuple(parse_selector(t) for t in p.latency), _UNITS[p.unit],
+            tuple(parse_selector(t) for t in p.requests),
+            tuple(parse_selector(t) for t in p.errors), p.errors_missing,
         )
 
 
@@ -87,10 +86,8 @@ class Profiles:
         alts = "|".join(sorted(names)) or "(?!)"
         self._wanted = re.compile(f"(?:{alts})(?:_bucket|_count|_sum)?")
 
-    def samples(self, text: str) -> List[object]:
+    def samples(self, text: str) -> List[Sample]:
         """The answer's samples whose name a profile asks for (bounded)."""
-        from slurmiso.monitor.telemetry import parse_prometheus_text
-
         keep: List[str] = []
         for n, line in enumerate(text.splitlines()):
             if n >= MAX_LINES:
@@ -103,7 +100,7 @@ class Profiles:
                 keep.append(line)
                 if len(keep) > MAX_SERIES:
                     raise BadAnswer("too-many-series", f"more than {MAX_SERIES} series")
-        return list(parse_prometheus_text("\n".join(keep)))
+        return parse_prometheus_text("\n".join(keep))
 
     def read(self, text: str) -> Answer:
         """The first profile present in ``text``; BadAnswer(no-known-series) if none is."""
@@ -115,8 +112,8 @@ class Profiles:
         raise BadAnswer(sig.R_NO_SERIES, "none of the configured servers' series")
 
 
-def _value(s: object) -> Optional[float]:
-    v = getattr(s, "value")  # noqa: B009
+def _value(s: Sample) -> Optional[float]:
+    v = s.value
     return v if isinstance(v, float) and math.isfinite(v) and v >= 0 else None
 
 
@@ -124,12 +121,11 @@ def _identity(labels: Dict[str, str]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in labels.items() if k not in _SHAPE_LABELS))
 
 
-def _family(sel: Selector, samples: Sequence[object]) -> Tuple[str, str]:
+def _family(sel: Selector, samples: Sequence[Sample]) -> Tuple[str, str]:
     """(kind, family name) of the first histogram or summary ``sel`` names, or ("", "")."""
     found = set()
     for s in samples:
-        name: str = getattr(s, "name")  # noqa: B009
-        labels: Dict[str, str] = getattr(s, "labels")  # noqa: B009
+        name, labels = s.name, s.labels
         if name.endswith("_bucket") and "le" in labels and sel.name.fullmatch(name[:-7]):
             found.add(("histogram", name[:-7]))
         elif "quantile" in labels and sel.name.fullmatch(name):
@@ -137,11 +133,11 @@ def _family(sel: Selector, samples: Sequence[object]) -> Tuple[str, str]:
     return min(found, key=lambda f: f[1]) if found else ("", "")
 
 
-def _present(sels: Iterable[Selector], samples: Sequence[object]) -> bool:
-    return any(sel.name.fullmatch(getattr(s, "name")) for sel in sels for s in samples)  # noqa: B009
+def _present(sels: Iterable[Selector], samples: Sequence[Sample]) -> bool:
+    return any(sel.name.fullmatch(s.name) for sel in sels for s in samples)
 
 
-def _apply(p: Profile, samples: Sequence[object]) -> Optional[Answer]:
+def _apply(p: Profile, samples: Sequence[Sample]) -> Optional[Answer]:
     kind = family = ""
     chosen: Optional[Selector] = None
     for sel in p.latency:
@@ -154,8 +150,7 @@ def _apply(p: Profile, samples: Sequence[object]) -> Optional[Answer]:
     answer = Answer(p.name, kind)
     c = answer.counters
     for s in samples:
-        name: str = getattr(s, "name")  # noqa: B009
-        labels: Dict[str, str] = getattr(s, "labels")  # noqa: B009
+        name, labels = s.name, s.labels
         v = _value(s)
         if v is None or chosen is None or not chosen.labels_match(labels):
             continue
@@ -177,11 +172,9 @@ def _apply(p: Profile, samples: Sequence[object]) -> Optional[Answer]:
     for tag, sels in (("r", p.requests), ("e", p.errors)):
         for i, sel in enumerate(sels):
             for s in samples:
-                name = getattr(s, "name")  # noqa: B009
-                labels = getattr(s, "labels")  # noqa: B009
                 v = _value(s)
-                if v is not None and sel.name.fullmatch(name) and sel.labels_match(labels):
-                    c[(tag, i, name, _identity(labels))] = v
+                if v is not None and sel.name.fullmatch(s.name) and sel.labels_match(s.labels):
+                    c[(tag, i, s.name, _identity(s.labels))] = v
     answer.errors_known = bool(p.errors) and (
         _present(p.errors, samples) or p.errors_missing == "zero")
     return answer

@@ -204,11 +204,7 @@ class StepFolder:
             "v": VERSION, "job": self.job_id, "ts": round(now, 3), "steps": self.steps,
             "samples": self.samples, "first": self.first, "recent": self.recent,
         }, separators=(",", ":"))
-        tmp = f"{self.steps_file}.tmp"
+        from slurmiso.atomic import write_atomic
+
         # 0644: an agent on an NFS home with root squashed reads it as nobody
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, body.encode("utf-8"))
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.steps_file)
+        write_atomic(self.steps_file, body, 0o644, durable=False)
