@@ -32,7 +32,8 @@ series                                 labels                              value
 
 Attribution (``slurmiso_job_gpu``) comes from the hooks' records and from the GPU's processes
 mapped to jobs through their cgroup; a process of no job is ``job="" class="foreign"``, one of
-a job without a record here ``class="unrecorded"``. MIG instances are listed per instance.
+a job without a record here ``class="unrecorded"``. MIG instances are listed per instance
+(``gi="?"``: a process on a MIG device the driver did not list).
 
 Unknown is never good: a signal that cannot be read has no value series, an age that keeps
 growing (``+Inf`` if it was never read) and a ``slurmiso_job_signal_unknown`` line with the
