@@ -16,6 +16,12 @@ the allocator); the program checks ``req.pending`` at a safe point. ``done()`` w
 marker file atomically, so a crash while saving leaves the previous checkpoint the one
 offered as ``SLURMISO_RESUME``. The contract for other languages is in docs/checkpoint.md.
 
+Training step times for the monitor (how much the inference beside the job slows it):
+
+    for batch in loader:
+        train_one_step(batch)
+        checkpoint.report_step(samples=len(batch))   # or report_step(seconds=measured)
+
 Standard library only at import; :func:`done` and :func:`restart_count` import two small
 slurmiso modules (``atomic``, ``slurm.jobenv``) when called, so a container that runs the
 program needs slurmiso importable (``pip install slurmiso``; it pulls in nothing for this).
@@ -26,10 +32,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
+import time
 from types import FrameType
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 __all__ = [
     "Request",
@@ -37,6 +45,7 @@ __all__ = [
     "done",
     "install",
     "on_request",
+    "report_step",
     "requested",
     "restart_count",
     "resume_path",
@@ -171,3 +180,92 @@ def restart_count() -> int:
 def ckpt_dir(default: str = ".") -> str:
     """Where to write checkpoints (``$SLURMISO_CKPT_DIR``; it survives requeues)."""
     return os.environ.get("SLURMISO_CKPT_DIR") or default
+
+
+# --------------------------------------------------------------------------- step times
+#: Where the wrapper wants the running totals (wrapper/steps.py); unset: nobody listens.
+STEP_REPORT_ENV = "SLURMISO_STEP_REPORT"
+#: At most one write of the totals per this many seconds (and one at exit).
+STEP_WRITE_S = 1.0
+_FIRST_KEPT = 256
+
+
+class _Steps:
+    """Running totals of report_step; written to the wrapper's report, rate-limited."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.path: Optional[str] = None
+        self.steps = 0
+        self.timed = 0
+        self.seconds = 0.0
+        self.samples = 0.0
+        self.first: List[float] = []
+        self.last_call: Optional[float] = None
+        self.next_write = 0.0
+        self.failures = 0
+        self.pid = os.getpid()
+
+    def report(self, seconds: Optional[float], samples: Optional[float]) -> None:
+        now = time.monotonic()
+        if os.getpid() != self.pid:  # a forked child: only the process the wrapper
+            self.reset()              # started reports (two writers would mix totals)
+            self.path = ""
+        if self.path is None:
+            self.path = os.environ.get(STEP_REPORT_ENV, "")
+            if self.path:
+                import atexit
+
+                atexit.register(self.write)
+        if seconds is None and self.last_call is not None:
+            seconds = now - self.last_call
+        self.last_call = now
+        self.steps += 1
+        if seconds is not None and math.isfinite(seconds) and seconds >= 0:
+            self.timed += 1
+            self.seconds += seconds
+            if len(self.first) < _FIRST_KEPT:
+                self.first.append(round(seconds, 6))
+        if samples is not None and math.isfinite(samples) and samples >= 0:
+            self.samples += samples
+        if self.path and now >= self.next_write and self.failures < 3:
+            self.next_write = now + STEP_WRITE_S
+            self.write()
+
+    def write(self) -> None:
+        if not self.path or os.getpid() != self.pid:
+            return
+        body: Dict[str, Any] = {
+            "pid": self.pid, "steps": self.steps, "timed": self.timed,
+            "seconds": round(self.seconds, 6), "samples": self.samples, "first": self.first,
+        }
+        try:
+            from slurmiso.atomic import write_atomic
+
+            write_atomic(self.path, json.dumps(body, separators=(",", ":")), durable=False)
+        except OSError as exc:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("step times not reported to slurmiso run (%s): %s", self.path, exc)
+
+
+_steps = _Steps()
+
+
+def report_step(seconds: Optional[float] = None, samples: Optional[float] = None) -> None:
+    """Count one finished training step, for the monitor's view of the job's speed.
+
+    ``seconds``: how long the step took (default: the time since the previous call, so the
+    first call only starts the clock); ``samples``: how many samples it processed. Cheap (a
+    few additions; the totals reach the wrapper at most once a second), and it never raises
+    into the program: outside ``slurmiso run`` it only counts.
+    """
+    try:
+        _steps.report(
+            None if seconds is None else float(seconds),
+            None if samples is None else float(samples),
+        )
+    except Exception as exc:  # noqa: BLE001 - never break the user's training loop
+        log.debug("report_step: %s", exc)

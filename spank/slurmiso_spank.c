@@ -1,9 +1,10 @@
 /*
- * slurmiso SPANK plugin: the job options --iso-class, --iso-mps-mem, --iso-mig-profile and
- * --iso-ckpt-dir, checked where the user types them (sbatch/salloc/srun refuse a bad value
- * with a message) and handed to the Prolog/Epilog through the job control environment as
- * SPANK_SLURMISO_CLASS, SPANK_SLURMISO_MPS_MEM, SPANK_SLURMISO_MIG_PROFILE and
- * SPANK_SLURMISO_CKPT_DIR (slurmiso/hooks/jobenv.py reads them and checks them again: a
+ * slurmiso SPANK plugin: the job options --iso-class, --iso-mps-mem, --iso-mig-profile,
+ * --iso-ckpt-dir and --iso-metrics, checked where the user types them (sbatch/salloc/srun
+ * refuse a bad value with a message) and handed to the Prolog/Epilog through the job control
+ * environment as SPANK_SLURMISO_CLASS, SPANK_SLURMISO_MPS_MEM, SPANK_SLURMISO_MIG_PROFILE,
+ * SPANK_SLURMISO_CKPT_DIR and SPANK_SLURMISO_METRICS (slurmiso/slurm/jobenv.py reads them
+ * and checks them again: a
  * client-side plugin is a convenience, never a security boundary).
  *
  * The checks are slurmiso_validate.h, with limits generated from slurmiso/submit/options.py
@@ -30,11 +31,12 @@ SPANK_PLUGIN(slurmiso, 1);
 
 enum { OPT_CLASS = SLURMISO_OPT_CLASS, OPT_MPS_MEM = SLURMISO_OPT_MPS_MEM,
        OPT_MIG_PROFILE = SLURMISO_OPT_MIG_PROFILE, OPT_CKPT_DIR = SLURMISO_OPT_CKPT_DIR,
-       OPT_COUNT = SLURMISO_OPT_COUNT };
+       OPT_METRICS = SLURMISO_OPT_METRICS, OPT_COUNT = SLURMISO_OPT_COUNT };
 
 /* Exported names: spank_job_control_setenv prefixes SPANK_, jobenv.py maps them back. */
 static const char *const env_names[OPT_COUNT] = {
 	"SLURMISO_CLASS", "SLURMISO_MPS_MEM", "SLURMISO_MIG_PROFILE", "SLURMISO_CKPT_DIR",
+	"SLURMISO_METRICS",
 };
 
 static char allowed_classes[LIST_MAX];
@@ -81,6 +83,12 @@ static void refuse(int val, const char *v, size_t n)
 			slurm_error("slurmiso: --iso-mig-profile=%s is not a MIG profile of this "
 				    "cluster's GPUs (allowed: %s)", show, allowed_profiles);
 		break;
+	case OPT_METRICS:
+		slurm_error("slurmiso: --iso-metrics=%s is not PORT[/PATH] (allowed: a port of "
+			    "%d to %d, then optionally a path of '/' and up to %d letters, digits, "
+			    "/ _ . -; e.g. 8000 or 8000/metrics)", show, SLURMISO_METRICS_PORT_MIN,
+			    SLURMISO_METRICS_PORT_MAX, SLURMISO_METRICS_PATH_MAX_LEN - 1);
+		break;
 	default:
 		slurm_error("slurmiso: --iso-ckpt-dir=%s must be an absolute directory without "
 			    "'..' components, of letters, digits and / . _ - + @ %% , = (e.g. "
@@ -101,6 +109,9 @@ static struct spank_option options[] = {
 	{ "iso-ckpt-dir", "DIR",
 	  "slurmiso: absolute directory for the job's checkpoints",
 	  1, OPT_CKPT_DIR, check_option },
+	{ "iso-metrics", "PORT[/PATH]",
+	  "slurmiso: the job's Prometheus endpoint on 127.0.0.1 (latency for the monitor)",
+	  1, OPT_METRICS, check_option },
 };
 
 static int check_option(int val, const char *optarg, int remote)

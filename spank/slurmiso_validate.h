@@ -15,7 +15,7 @@
 #include "slurmiso_limits.h"
 
 enum { SLURMISO_OPT_CLASS, SLURMISO_OPT_MPS_MEM, SLURMISO_OPT_MIG_PROFILE,
-       SLURMISO_OPT_CKPT_DIR, SLURMISO_OPT_COUNT };
+       SLURMISO_OPT_CKPT_DIR, SLURMISO_OPT_METRICS, SLURMISO_OPT_COUNT };
 
 /* Whether byte c is one of the characters of set (the NUL byte never is). */
 static inline int slurmiso_in_set(char c, const char *set)
@@ -130,6 +130,28 @@ static inline int slurmiso_valid_dir(const char *s, size_t n)
 	return 1;
 }
 
+/* PORT[/PATH]: a port of 4-5 digits without a leading zero in range, then nothing or a path
+ * of '/' and up to SLURMISO_METRICS_PATH_MAX_LEN - 1 more allowed characters. */
+static inline int slurmiso_valid_metrics(const char *s, size_t n)
+{
+	size_t i = 0, j;
+	unsigned long port = 0;
+
+	while (i < n && slurmiso_is_digit(s[i]))
+		port = port * 10 + (unsigned long)(s[i++] - '0');
+	if (i < 4 || i > 5 || s[0] == '0' || port < SLURMISO_METRICS_PORT_MIN ||
+	    port > SLURMISO_METRICS_PORT_MAX)
+		return 0;
+	if (i == n)
+		return 1;
+	if (s[i] != '/' || n - i > SLURMISO_METRICS_PATH_MAX_LEN)
+		return 0;
+	for (j = i; j < n; j++)
+		if (!slurmiso_in_set(s[j], SLURMISO_METRICS_PATH_CHARS))
+			return 0;
+	return 1;
+}
+
 /* 1 if option opt may take value v (n bytes), else 0. allowed_* may be NULL or "". */
 static inline int slurmiso_option_ok(int opt, const char *v, size_t n,
 				     const char *allowed_classes, const char *allowed_profiles)
@@ -146,6 +168,8 @@ static inline int slurmiso_option_ok(int opt, const char *v, size_t n,
 		return slurmiso_valid_profile(v, n, allowed_profiles);
 	case SLURMISO_OPT_CKPT_DIR:
 		return slurmiso_valid_dir(v, n);
+	case SLURMISO_OPT_METRICS:
+		return slurmiso_valid_metrics(v, n);
 	}
 	return 0;
 }

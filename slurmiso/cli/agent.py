@@ -14,8 +14,10 @@ def add_parser(sub: Any) -> None:
             "Every scrape reads the GPU backend and this node's slurmiso records afresh: per "
             "GPU and per MIG instance, memory used/total, SM and engine activity, processes, "
             "with the class as a label (job ids only with monitor.telemetry.job_labels), under "
-            "slurmiso's names and the DCGM exporter's. The monitor (telemetry source 'agents') "
-            "or a Prometheus server scrapes it."
+            "slurmiso's names and the DCGM exporter's; and per job (slurmiso_job_*): the GPUs "
+            "and MIG instances it holds, the latency of its --iso-metrics endpoint and its "
+            "training step times, read in the background (monitor.signals). The monitor "
+            "(telemetry source 'agents') or a Prometheus server scrapes it."
         ),
         epilog="examples:\n  slurmiso agent                 # port from monitor.telemetry."
         "agent_port\n  slurmiso agent --once --node n3  # print one scrape and exit",
@@ -38,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     node = node_name(args.node)
     if args.once:
-        print(agent.render(agent.registry_for(cfg, node)), end="")
+        refresher = agent.signals_for(cfg, node)
+        refresher.once()  # one reading: latency needs a second one for its window
+        print(agent.render(agent.registry_for(cfg, node, refresher.state)), end="")
         return 0
     agent.serve(cfg, node, args.port or cfg.monitor.telemetry.agent_port, args.addr)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 EPILOG = """\
 examples:
@@ -161,19 +161,35 @@ def run(args: argparse.Namespace) -> int:
 
         journal = Journal(events_path)
     keep_dirs = bool(job.in_slurm or args.ckpt_dir or env.get("SLURMISO_CKPT_DIR"))
+    steps = _step_folder(env, job, settings.rank)
     # exit_process: after a stop, end the process at once (no interpreter teardown on the
     # preemption path); outside Slurm the empty folders must still be cleaned up below.
     supervisor = Supervisor(argv, settings, job, env, isolation_env(record), Events(journal),
-                            exit_process=keep_dirs)
-    if keep_dirs:
-        return supervisor.run()
-    # Outside Slurm with the default directory: leave nothing behind unless a checkpoint
-    # was written (directories that stayed empty are removed; rmdir never removes content).
-    created = _missing_dirs(settings.ckpt_dir, os.getcwd())
+                            exit_process=keep_dirs, tick=steps.tick if steps else None)
+    created = [] if keep_dirs else _missing_dirs(settings.ckpt_dir, os.getcwd())
     try:
         return supervisor.run()
     finally:
+        if steps is not None:
+            steps.finish()
+        # Outside Slurm with the default directory: leave nothing behind unless a checkpoint
+        # was written (directories that stayed empty are removed; rmdir never removes content).
         _remove_if_empty(created)
+
+
+def _step_folder(env: Dict[str, str], job: Any, rank: int) -> Optional[Any]:
+    """Where the prolog named a step file, the designated rank's wrapper folds the program's
+    step report into it (wrapper/steps.py); the program learns where to report in its env."""
+    from slurmiso.wrapper.steps import STEPS_FILE_ENV
+
+    path = env.get(STEPS_FILE_ENV, "")
+    if not path or job.procid != rank:
+        return None
+    from slurmiso.wrapper.steps import StepFolder
+
+    folder = StepFolder(path, job.job_id or "local")
+    env.update(folder.start())
+    return folder
 
 
 def _missing_dirs(ckpt_dir: str, stop: str) -> List[str]:

@@ -35,6 +35,8 @@ from slurmiso.config.model import (
     Pool,
     QosSpec,
     Relayout,
+    ServerProfile,
+    SignalSettings,
     Slo,
     Stagger,
     TelemetrySource,
@@ -414,6 +416,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         unknown_admits=s.flag("unknown_admits", False),
         limits=limits,
         ladder=_read_ladder(s.section("ladder")),
+        signals=_read_signals(s.section("signals")),
     )
     s.done()
     return mon
@@ -497,6 +500,64 @@ def _read_ladder(s: _Section) -> Ladder:
                     throttle_signal=throttle, unthrottle_signal=unthrottle)
     s.done()
     return ladder
+
+def _read_signals(s: _Section) -> SignalSettings:
+    base = SignalSettings()
+    out = SignalSettings(
+        refresh_s=s.converted("refresh", base.refresh_s, _duration, "duration (e.g. 5s)"),
+        window_s=s.converted("window", base.window_s, _duration, "duration (e.g. 60s)"),
+        timeout_s=s.converted("timeout", base.timeout_s, _duration, "duration (e.g. 1s)"),
+        max_body_mb=s.converted("max_body", base.max_body_mb, _size, "size (e.g. 1M)"),
+        baseline_steps=s.integer("baseline_steps", base.baseline_steps, 0, 256),
+        step_window_s=s.converted("step_window", base.step_window_s, _duration, "duration"),
+        servers=_read_servers(s) if "servers" in s.data else base.servers,
+    )
+    for key, value, lo, hi in (("refresh", out.refresh_s, 1, 3600),
+                               ("window", out.window_s, 2, 86400),
+                               ("timeout", out.timeout_s, 1, 30),
+                               ("max_body", out.max_body_mb, 1, 64),
+                               ("step_window", out.step_window_s, 1, 86400)):
+        if isinstance(value, int) and not lo <= value <= hi:
+            s.p.add(s.key(key), f"{value} is out of range (allowed: {lo}..{hi})")
+    if out.window_s < 2 * out.refresh_s:
+        s.p.add(s.key("window"), f"{out.window_s}s holds fewer than two readings "
+                f"{out.refresh_s}s apart (allowed: at least 2 x refresh)")
+    if out.timeout_s >= out.refresh_s and out.refresh_s > 1:
+        s.p.warn(s.key("timeout"), "as long as refresh: one hanging endpoint delays every "
+                 "job's next reading")
+    s.done()
+    return out
+
+
+def _read_servers(s: _Section) -> Tuple[ServerProfile, ...]:
+    from slurmiso.config.selector import BadSelector, parse_selector
+
+    out = []
+    for i, item in enumerate(s.seq("servers")):
+        ss = _Section(item, f"{s.key('servers')}[{i}]", s.p)
+        prof = ServerProfile(
+            name=ss.text("name"),
+            latency=ss.strlist("latency"),
+            unit=ss.text("unit", "s", ("s", "ms", "us")),
+            requests=ss.strlist("requests"),
+            errors=ss.strlist("errors"),
+            errors_missing=ss.text("errors_missing", "unknown", ("unknown", "zero")),
+        )
+        if not prof.latency and not prof.requests:
+            ss.p.add(ss.path, "a server needs `latency:` (a histogram or summary) or "
+                     "`requests:`")
+        for key in ("latency", "requests", "errors"):
+            for text in getattr(prof, key):
+                try:
+                    parse_selector(text)
+                except BadSelector as exc:
+                    ss.p.add(ss.key(key), str(exc))
+        ss.done()
+        out.append(prof)
+    if not out:
+        s.p.add(s.key("servers"), "an empty list reads no endpoint (leave it out for the "
+                "defaults: vllm, tgi, triton, generic)")
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -229,6 +229,67 @@ class Relayout(Value):
     preempt_after_s: int = 0
 
 
+class ServerProfile(Value):
+    """Which series of an inference server's ``/metrics`` are its latency, requests and
+    failures (``monitor.signals.servers``; selectors as slurmiso.monitor.endpoint reads
+    them). ``latency``: alternatives, the first family present wins; ``requests`` and
+    ``errors``: summed."""
+
+    name: str
+    latency: Tuple[str, ...]
+    unit: str = "s"  # of the latency values: s, ms or us
+    requests: Tuple[str, ...] = ()  # (): the latency family's own count
+    errors: Tuple[str, ...] = ()
+    #: The errors' series absent altogether: "unknown", or "zero" where the server creates
+    #: its failure counter at the first failure.
+    errors_missing: str = "unknown"
+
+
+#: Server defaults, each name checked in the server's own documentation:
+#: vLLM (docs.vllm.ai "Production Metrics"; vllm/v1/engine/__init__.py FINISH_REASON_STRINGS:
+#: stop, length, abort, error, repetition; "error" is always a 500, "abort" a request the
+#: client gave up on, often a slow answer): ``vllm:e2e_request_latency_seconds`` histogram,
+#: ``vllm:request_success_total{finished_reason}``.
+#: TGI (huggingface.co/docs/text-generation-inference/reference/metrics): ``tgi_request_duration``
+#: histogram (seconds), counters ``tgi_request_count`` and ``tgi_request_failure{err}``, the
+#: latter created at the first failure (router/src: ``increment_counter!``), some exporters
+#: add ``_total``.
+#: Triton (server docs/user_guide/metrics.md): latency quantiles only as the summary
+#: ``nv_inference_request_summary_us`` (``--metrics-config summary_latencies=true``; the
+#: default ``nv_inference_request_duration_us`` is a cumulative total: no quantile can come
+#: from it), counters ``nv_inference_request_success`` / ``nv_inference_request_failure``.
+#: Generic (prometheus_client / OpenTelemetry HTTP servers): ``*_request_duration_seconds``
+#: histogram, ``*_requests_total`` with a ``status`` or ``code`` label.
+DEFAULT_SERVERS: Tuple[ServerProfile, ...] = (
+    ServerProfile("vllm", ("vllm:e2e_request_latency_seconds",), "s",
+                  ("vllm:request_success_total",),
+                  ('vllm:request_success_total{finished_reason=~"error|abort"}',)),
+    ServerProfile("tgi", ("tgi_request_duration",), "s",
+                  ("tgi_request_count", "tgi_request_count_total"),
+                  ("tgi_request_failure", "tgi_request_failure_total"), "zero"),
+    ServerProfile("triton", ("nv_inference_request_summary_us",), "us",
+                  ("nv_inference_request_success", "nv_inference_request_failure"),
+                  ("nv_inference_request_failure",)),
+    ServerProfile("generic", ("*_request_duration_seconds",), "s", ("*_requests_total",),
+                  ('*_requests_total{status=~"5.."}', '*_requests_total{code=~"5.."}')),
+)
+
+
+class SignalSettings(Value):
+    """How ``slurmiso agent`` reads the jobs' own signals (``monitor.signals``): inference
+    endpoints declared with ``--iso-metrics``, training steps from ``slurmiso.checkpoint.
+    report_step``. All of it in a background reader, so a scrape never waits on a job."""
+
+    refresh_s: int = 5
+    window_s: int = 60  # latency, requests and errors: over the last window
+    timeout_s: int = 1  # per endpoint
+    max_body_mb: int = 1  # MiB read of an endpoint's answer
+    #: Solo baseline: the median of the job's first N step times (0: no baseline).
+    baseline_steps: int = 20
+    step_window_s: int = 60  # the recent mean step time: steps of the last window
+    servers: Tuple[ServerProfile, ...] = DEFAULT_SERVERS
+
+
 class MonitorSettings(Value):
     interval_s: int = 30
     dry_run: bool = False
@@ -247,6 +308,7 @@ class MonitorSettings(Value):
     unknown_admits: bool = False
     limits: Limits = Limits()
     ladder: Ladder = Ladder()
+    signals: SignalSettings = SignalSettings()
 
 
 class AuditSettings(Value):

@@ -122,6 +122,14 @@ local VALID = {
     return #v >= 1 and #v <= L.dir_max_len and string.sub(v, 1, 1) == "/"
       and only(v, "A-Za-z0-9/._%-+@%%,=") and string.find("/" .. v .. "/", "/%.%./") == nil
   end,
+  iso_metrics = function(v) -- PORT[/PATH]: the job's own endpoint on 127.0.0.1
+    local port, path = string.match(v, "^([1-9]%d%d%d%d?)(.*)$")
+    if not port then return false end
+    local n = tonumber(port)
+    return n >= L.metrics_port_min and n <= L.metrics_port_max
+      and (path == "" or (string.sub(path, 1, 1) == "/" and #path <= L.metrics_path_max_len
+        and only(path, "A-Za-z0-9/_.%-")))
+  end,
 }
 local ALLOWED = {
   iso_class = function() return table.concat(SLURMISO.class_list, ", ") end,
@@ -129,6 +137,11 @@ local ALLOWED = {
   iso_mig_profile = function() return table.concat(SLURMISO.mig_profiles, ", ") end,
   iso_ckpt_dir = function()
     return "an absolute path of letters, digits and / . _ - + @ % , = without '..'"
+  end,
+  iso_metrics = function()
+    return string.format("PORT[/PATH]: a port of %d to %d, then optionally a path of '/' and "
+      .. "up to %d letters, digits, / _ . -", L.metrics_port_min, L.metrics_port_max,
+      L.metrics_path_max_len - 1)
   end,
 }
 

@@ -213,6 +213,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
             )
         ctx.job_class = cls
         ctx.record.job_class, ctx.record.class_reason = cls.name, why
+        _record_metrics(ctx)
         from slurmiso.config.model import ISOLATION_STRENGTH, MODE_ISOLATION
 
         gives = MODE_ISOLATION[ctx.pool.mode]
@@ -225,6 +226,7 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
         ctx.save()
         handler.setup(ctx)
         _open_events_file(ctx)
+        _name_steps_file(ctx)
     except JobProblem as problem:
         _refuse(ctx, str(problem))
         return
@@ -316,6 +318,29 @@ def _open_events_file(ctx: Context) -> None:
     from slurmiso.hooks.requeue import ENV_FLAG
 
     ctx.set_env(ENV_FLAG, "1")  # this epilog requeues on the wrapper's request (hooks/requeue.py)
+
+
+def _record_metrics(ctx: Context) -> None:
+    """The job's ``--iso-metrics`` endpoint (validated with the other options), normalized to
+    PORT/PATH, for the node's agent: which job owns which port is root's record, not the
+    job's word at scrape time."""
+    value = ctx.env.spank.get("iso_metrics", "")
+    if value:
+        from slurmiso.submit.options import metrics_endpoint
+
+        port, path = metrics_endpoint(value)
+        ctx.record.metrics = f"{port}{path}"
+
+
+def _name_steps_file(ctx: Context) -> None:
+    """Name the file the job's wrapper folds its training step times into (hooks/stepfiles.py),
+    in the job's working directory, as the events file."""
+    from slurmiso.hooks import stepfiles
+
+    path = stepfiles.path_for(ctx.env.work_dir, ctx.job_id)
+    if path is not None:
+        ctx.record.steps_file = path
+        ctx.set_env("SLURMISO_STEPS_FILE", path)
 
 
 def _fold_events(ctx: Context) -> List[Any]:
@@ -425,6 +450,10 @@ def epilog(ctx: Context) -> None:
 
     reported = _fold_events(ctx)
     _journal_unpreempted_end(ctx, reported)
+    if record.steps_file:
+        from slurmiso.hooks import stepfiles
+
+        stepfiles.remove(record.steps_file, record.uid)
     if requested(reported, ctx.record.restart_count):
         from slurmiso.hooks.requeue import requeue_job
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.errors import SlurmisoError
+from slurmiso.monitor import signals as sig
 from slurmiso.monitor import telemetry as t
 from slurmiso.monitor.snapshot import GpuSample
 from slurmiso.state.record import JobRecord
@@ -54,6 +55,8 @@ class NodeReport:
     node: str
     collected: float
     rows: List[DeviceRow] = field(default_factory=list)
+    #: (job, class, gpu, gi): records and processes (monitor/gpu_owners.py)
+    attribution: Set[Tuple[str, str, int, str]] = field(default_factory=set)
 
     def samples(self) -> List[GpuSample]:
         """The monitor's view: one sample per GPU, MIG instances folded in."""
@@ -75,7 +78,7 @@ class NodeReport:
 
 def gather_node(
     cfg: Any, node: str, backend: Any = None, records: Optional[Dict[str, JobRecord]] = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.time, proc: str = "/proc",
 ) -> NodeReport:
     """Read ``node``'s GPUs (``backend``, else the configured one) and job records (``records``,
     else its state dir). Raises :class:`SlurmisoError` when the GPUs cannot be read."""
@@ -111,6 +114,9 @@ def gather_node(
                     inst.memory_used_mb, inst.memory_total_mb, None, None,
                     sum(1 for p in procs if inst.uuid and p.mig_uuid == inst.uuid),
                     tuple(sorted(j for j, _ in held)), tuple(sorted({c for _, c in held if c}))))
+        from slurmiso.monitor.gpu_owners import rows
+
+        report.attribution = rows(records, procs, instances, proc)
         return report
     finally:
         if own:
@@ -185,6 +191,12 @@ class NodeCollector:
             if r.gr_active is not None:
                 fams[t.M_GR].add_metric(values, r.gr_active)
         yield from fams.values()
+        held = GaugeMetricFamily(sig.M_JOB_GPU, "1 per job and GPU or MIG instance it holds "
+                                 "(records and processes; job \"\" class \"foreign\": no job)",
+                                 labels=[sig.L_JOB, sig.L_CLASS, sig.L_GPU, sig.L_GI])
+        for job, cls, gpu, gi in sorted(report.attribution):
+            held.add_metric([job, cls, str(gpu), gi], 1.0)
+        yield held
         if self.dcgm_names:
             yield from self._dcgm(report)
 
@@ -215,15 +227,36 @@ class NodeCollector:
         yield from (used, free, sm, util)
 
 
-def registry_for(cfg: Any, node: str) -> Any:
-    """A fresh registry holding only this node's collector (never the global one: the
-    process/platform collectors would add noise to every node's scrape)."""
+def registry_for(cfg: Any, node: str, signals: Any = None) -> Any:
+    """A fresh registry holding only this node's collectors (never the global one: the
+    process/platform collectors would add noise to every node's scrape); ``signals``: a
+    :class:`~slurmiso.monitor.jobsignals.JobSignalsState` whose per-job series it adds."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(lambda: gather_node(cfg, node), node,
                                     job_labels=cfg.monitor.telemetry.job_labels))
+    if signals is not None:
+        from slurmiso.monitor.jobsignals import JobSignalsCollector
+
+        registry.register(JobSignalsCollector(signals))
     return registry
+
+
+def signals_for(cfg: Any, node: str) -> Any:
+    """The jobs' signals of ``node`` and their background reader (not started)."""
+    from slurmiso.monitor.jobsignals import JobSignalsState, Refresher
+
+    state = JobSignalsState(
+        cfg.monitor.signals, tuple(s.class_name for s in cfg.monitor.slo),
+        tuple(c.name for c in cfg.classes if c.preemptible))
+
+    def records() -> Dict[str, JobRecord]:
+        from slurmiso.state import NodeState
+
+        return NodeState(cfg.paths.state_dir_for(node)).jobs()
+
+    return Refresher(state, records, cfg.monitor.signals.refresh_s)
 
 
 def render(registry: Any) -> str:
@@ -240,8 +273,9 @@ def serve(cfg: Any, node: str, port: int, addr: str = "") -> None:
     from slurmiso.errors import UsageError
 
     where = addr or cfg.monitor.telemetry.agent_addr
+    refresher = signals_for(cfg, node).start()
     try:
-        start_http_server(port, addr=where, registry=registry_for(cfg, node))
+        start_http_server(port, addr=where, registry=registry_for(cfg, node, refresher.state))
     except OSError as exc:
         raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
                          hint="pick another --port or --addr, or stop what holds it") from None

@@ -1,23 +1,108 @@
-"""Per-job signals the node agent reports: how an inference job answers, how a training job
-steps. The monitor's ladder decides on these (the inference SLO), never on training's own
-GPU load. Every figure may be None: unknown, never read as 0.
+"""The per-job signals contract: what ``slurmiso agent`` exports about each job, and the
+monitor's reader of it (:func:`parse`).
+
+The agent (:mod:`slurmiso.monitor.jobsignals`) writes these series; the monitor's SLO ladder
+reads them back through :func:`parse` into one :class:`JobSignals` per job. Both sides use the
+names below and nothing else, so a rename is one edit here.
+
+=====================================  ==================================  ===================
+series                                 labels                              value
+=====================================  ==================================  ===================
+``slurmiso_job_gpu``                   job, class, gpu, gi                 1 per job and GPU
+                                                                           or MIG instance
+                                                                           (gi "" = whole GPU)
+``slurmiso_job_latency_seconds``       job, class, quantile (0.5, 0.95,    request latency
+                                       0.99)                               over the window
+``slurmiso_job_error_ratio``           job, class                          failed / all
+                                                                           requests, window
+``slurmiso_job_requests``              job, class                          requests finished
+                                                                           in the window
+``slurmiso_job_signal_age_seconds``    job, class, signal (latency,        seconds since the
+                                       steps)                              last fresh sample;
+                                                                           +Inf: never
+``slurmiso_job_signal_unknown``        job, class, signal, reason          1 while the signal
+                                                                           cannot be read
+``slurmiso_job_step_seconds``          job, class                          recent mean
+                                                                           training step time
+``slurmiso_job_steps_total``           job, class                          steps reported
+                                                                           (this attempt)
+``slurmiso_job_throughput_vs_solo``    job, class                          baseline step time
+                                                                           / recent step time
+=====================================  ==================================  ===================
+
+Attribution (``slurmiso_job_gpu``) comes from the hooks' records and from the GPU's processes
+mapped to jobs through their cgroup; a process of no job is ``job="" class="foreign"``, one of
+a job without a record here ``class="unrecorded"``. MIG instances are listed per instance
+(``gi="?"``: a process on a MIG device the driver did not list).
+
+Unknown is never good: a signal that cannot be read has no value series, an age that keeps
+growing (``+Inf`` if it was never read) and a ``slurmiso_job_signal_unknown`` line with the
+reason. An inference server that served nothing in the window has ``requests 0``, a fresh age
+and no latency series (idle, not unknown). Everything here is what the job itself serves or
+writes: a job can lie about its own figures, never about another job's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-_FIGURES = ("p50_ms", "p95_ms", "p99_ms", "error_rate", "requests", "latency_age_s",
-            "step_s", "throughput_vs_solo", "steps_age_s")
+M_JOB_GPU = "slurmiso_job_gpu"
+M_LATENCY = "slurmiso_job_latency_seconds"
+M_ERROR_RATIO = "slurmiso_job_error_ratio"
+M_REQUESTS = "slurmiso_job_requests"
+M_SIGNAL_AGE = "slurmiso_job_signal_age_seconds"
+M_SIGNAL_UNKNOWN = "slurmiso_job_signal_unknown"
+M_STEP_SECONDS = "slurmiso_job_step_seconds"
+M_STEPS_TOTAL = "slurmiso_job_steps_total"
+M_THROUGHPUT_VS_SOLO = "slurmiso_job_throughput_vs_solo"
+
+#: Every per-job series, in the order the agent writes them.
+SERIES: Tuple[str, ...] = (
+    M_JOB_GPU, M_LATENCY, M_ERROR_RATIO, M_REQUESTS, M_SIGNAL_AGE, M_SIGNAL_UNKNOWN,
+    M_STEP_SECONDS, M_STEPS_TOTAL, M_THROUGHPUT_VS_SOLO,
+)
+
+L_JOB, L_CLASS, L_GPU, L_GI = "job", "class", "gpu", "gi"
+L_QUANTILE, L_SIGNAL, L_REASON = "quantile", "signal", "reason"
+
+#: The latency quantiles, as the ``quantile`` label writes them.
+QUANTILES: Tuple[str, ...] = ("0.5", "0.95", "0.99")
+SIGNAL_LATENCY = "latency"
+SIGNAL_STEPS = "steps"
+SIGNALS: Tuple[str, ...] = (SIGNAL_LATENCY, SIGNAL_STEPS)
+
+#: ``class`` of a GPU process that belongs to no Slurm job.
+CLASS_FOREIGN = "foreign"
+#: ``class`` of a GPU process of a job that has no slurmiso record on this node.
+CLASS_UNRECORDED = "unrecorded"
+
+#: Why a signal is unknown (the ``reason`` label). Transport reasons are the scraper's
+#: (:mod:`slurmiso.monitor.scrape`): unreachable, timeout, deadline, not-http, http-status,
+#: truncated, too-large.
+R_NO_ENDPOINT = "no-endpoint"  # an SLO class's job that declared no --iso-metrics
+R_PORT_NOT_OWNED = "port-not-owned"  # the port's listener is not the job's user
+R_NO_SERIES = "no-known-series"  # the answer has none of the configured latency series
+R_NO_QUANTILES = "no-quantiles"  # latency only as totals (e.g. Triton without summaries)
+R_FIRST_SAMPLE = "first-sample"  # one reading so far: no window yet
+R_PARSE = "parse"  # the answer is not Prometheus text
+R_STALE = "stale"  # the agent's background reader fell behind
+R_NO_REPORT = "no-report"  # a training job that reported no step (slurmiso.checkpoint)
+R_NO_RECENT = "no-recent-steps"  # steps reported, none within the step window
+R_REFUSED = "refused"  # step file not a regular file of the job's user (or a symlink)
+R_BAD_FILE = "bad-file"  # step file unreadable as the wrapper writes it
+R_NO_ERRORS = "no-error-series"  # latency known, failures not
 
 
 @dataclass(frozen=True)
 class JobSignals:
-    """One job's signals on one node: latency percentiles (ms), error rate (0..1) and
-    request count over the agent's window and that window's age; training step time,
-    throughput against running alone and their age; ``unknown`` names figures the agent
-    could not read (and why, ``"p99_ms:no-samples"``)."""
+    """One job's signals as one agent exported them; None where the agent had no figure.
+
+    ``unknown`` holds ``"signal:reason"`` items (``"latency:timeout"``). ``latency_age_s``
+    and ``steps_age_s`` are ``inf`` when the signal was never read, None when the agent
+    exported no age for it (the job is not expected to have that signal).
+    """
 
     job: str
     job_class: str = ""
@@ -53,3 +138,102 @@ class JobSignals:
                    tuple((int(g[0]), str(g[1]) if len(g) > 1 else "")
                          for g in d.get("gpus", ())),
                    unknown=tuple(str(u) for u in d.get("unknown", ())), **figures)
+
+
+#: The figures of a :class:`JobSignals`, as snapshots store them (None: left out).
+_FIGURES = ("p50_ms", "p95_ms", "p99_ms", "error_rate", "requests", "latency_age_s",
+            "step_s", "throughput_vs_solo", "steps_age_s")
+
+
+def parse(text: str, node: str = "") -> Dict[str, JobSignals]:
+    """One agent's answer (Prometheus text) as job id -> :class:`JobSignals`.
+
+    Only the series of this module are read; a line that does not parse is skipped (the
+    agent's own GPU series are checked strictly by the telemetry reader). Foreign GPU
+    processes (``job=""``) are not a job and are left out: ask :func:`foreign_gpus`.
+    """
+    from slurmiso.monitor.telemetry import parse_prometheus_text
+
+    wanted = set(SERIES)
+    samples = [s for s in parse_prometheus_text(text) if s.name in wanted]
+    return from_samples(samples, node)
+
+
+def from_samples(samples: Iterable[Any], node: str = "") -> Dict[str, JobSignals]:
+    """:func:`parse` on samples already parsed (``telemetry.Sample``: name, labels, value)."""
+    acc: Dict[str, _Acc] = {}
+    for s in samples:
+        job = s.labels.get(L_JOB, "")
+        if not job or s.name not in SERIES:
+            continue
+        a = acc.get(job)
+        if a is None:
+            a = acc[job] = _Acc()
+        a.fold(s.name, s.labels, s.value)
+    return {job: a.signals(job, node) for job, a in acc.items()}
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None
+
+
+_QUANTILE_FIELD = {"0.5": "p50_ms", "0.95": "p95_ms", "0.99": "p99_ms"}
+_AGE_FIELD = {SIGNAL_LATENCY: "latency_age_s", SIGNAL_STEPS: "steps_age_s"}
+
+
+class _Acc:
+    """One job's series while :func:`from_samples` reads them."""
+
+    def __init__(self) -> None:
+        self.job_class = ""
+        self.gpus: Set[Tuple[int, str]] = set()
+        self.unknown: Set[str] = set()
+        self.values: Dict[str, Optional[float]] = {}
+
+    def fold(self, name: str, labels: Dict[str, str], value: float) -> None:
+        self.job_class = self.job_class or labels.get(L_CLASS, "")
+        v = _finite(value)
+        key = ""
+        if name == M_JOB_GPU:
+            gpu = labels.get(L_GPU, "")
+            if value >= 1 and gpu.isdigit() and len(gpu) <= 4:
+                self.gpus.add((int(gpu), labels.get(L_GI, "")))
+            return
+        if name == M_SIGNAL_UNKNOWN:
+            if value >= 1:
+                self.unknown.add(f"{labels.get(L_SIGNAL, '')}:{labels.get(L_REASON, '')}")
+            return
+        if name == M_SIGNAL_AGE:
+            key = _AGE_FIELD.get(labels.get(L_SIGNAL, ""), "")
+            if key and not math.isnan(value):
+                self.values[key] = max(0.0, value)  # +Inf kept: never read
+            return
+        if v is None or v < 0:
+            return  # a figure the job's own answer made absurd is no figure
+        if name == M_LATENCY:
+            key = _QUANTILE_FIELD.get(labels.get(L_QUANTILE, ""), "")
+            v *= 1000.0
+        elif name == M_ERROR_RATIO:
+            key, v = "error_rate", min(1.0, v)
+        elif name == M_REQUESTS:
+            key = "requests"
+        elif name in (M_STEP_SECONDS, M_THROUGHPUT_VS_SOLO) and v > 0:
+            key = "step_s" if name == M_STEP_SECONDS else "throughput_vs_solo"
+        if key:
+            self.values[key] = v
+
+    def signals(self, job: str, node: str) -> JobSignals:
+        return JobSignals(job, self.job_class, node, tuple(sorted(self.gpus)),
+                          unknown=tuple(sorted(self.unknown)), **self.values)
+
+
+def foreign_gpus(text: str) -> List[Tuple[int, str]]:
+    """(gpu, gi) of the GPUs and MIG instances where a process of no job runs."""
+    from slurmiso.monitor.telemetry import parse_prometheus_text
+
+    out = set()
+    for s in parse_prometheus_text(text):
+        if (s.name == M_JOB_GPU and s.labels.get(L_CLASS) == CLASS_FOREIGN
+                and s.labels.get(L_GPU, "").isdigit() and s.value >= 1):
+            out.add((int(s.labels[L_GPU]), s.labels.get(L_GI, "")))
+    return sorted(out)

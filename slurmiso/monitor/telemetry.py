@@ -23,7 +23,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
-from slurmiso.monitor import scrape
+from slurmiso.monitor import scrape, signals
 from slurmiso.monitor.signals import JobSignals
 from slurmiso.monitor.snapshot import GpuSample
 
@@ -143,8 +143,8 @@ def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]
         if s.name == M_COLLECTED:
             collected = s.value
             continue
-        if "gpu" not in s.labels or s.name.startswith("DCGM_"):
-            continue
+        if "gpu" not in s.labels or s.name.startswith(("DCGM_", "slurmiso_job_")):
+            continue  # (the per-job series are read by monitor/signals.py)
         try:
             index = int(s.labels["gpu"])
         except ValueError:
@@ -181,6 +181,14 @@ def agent_view(text: str, now: float) -> Tuple[List[GpuSample], Optional[float]]
     """One agent's answer as (GPUs, data age); the age is None when the agent did not say
     when it read the GPUs (not measured, never "fresh"). :class:`BadData` when it cannot be
     trusted: unparsable, ``slurmiso_agent_up 0``, no GPU series, a memory total missing."""
+    gpus, age, _ = agent_reading(text, now)
+    return gpus, age
+
+
+def agent_reading(text: str, now: float) -> Tuple[List[GpuSample], Optional[float],
+                                                   List[Sample]]:
+    """:func:`agent_view` plus the parsed samples, so the per-job signals in the same answer
+    (:mod:`slurmiso.monitor.signals`) are read without parsing it twice."""
     samples = parse_prometheus_text(text, strict=True)
     if any(s.name == M_UP and s.value < 1 for s in samples):
         raise BadData("agent-down", "the agent could not read its GPUs (slurmiso_agent_up 0)")
@@ -189,7 +197,7 @@ def agent_view(text: str, now: float) -> Tuple[List[GpuSample], Optional[float]]
         raise BadData("no-gpus", "no GPU series in the answer")
     if any(not g.memory_total_mb for g in gpus):
         raise BadData("no-memory", "a GPU without its memory total")
-    return gpus, (None if collected is None else max(0.0, now - collected))
+    return gpus, (None if collected is None else max(0.0, now - collected)), samples
 
 
 def http_get(url: str, timeout: float) -> str:
@@ -228,11 +236,16 @@ class AgentSource:
                              f"{' (' + res.detail + ')' if res.detail else ''}")
                 continue
             try:
-                gpus, age = agent_view(res.body, now)
+                gpus, age, samples = agent_reading(res.body, now)
             except BadData as exc:
                 reading.miss("agents", exc.reason, f"agent {urls[node]}: {exc}")
                 continue
             reading.gpus[node] = gpus
+            # Each inference job's own figures (the ladder's input). A job on several nodes
+            # keeps one node's: the first its agents answered for (jobs that span nodes are
+            # rare for serving; noted in docs/monitor.md).
+            for jid, js in signals.from_samples(samples, node).items():
+                reading.job_signals.setdefault(jid, js)
             if age is not None:  # no age: unknown, and gather treats it so
                 reading.ages[node] = age
         return reading

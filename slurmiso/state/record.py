@@ -204,6 +204,7 @@ _SCALARS: Dict[str, Any] = {
     "class_reason": ("class_reason", str, ""), "reason": ("reason", str, ""),
     "events_file": ("events_file", str, ""), "isolation_note": ("isolation_note", str, ""),
     "restart_count": ("restart_count", int, 0), "late_epilogs": ("late_epilogs", int, 0),
+    "metrics": ("metrics", str, ""), "steps_file": ("steps_file", str, ""),
 }
 
 
@@ -212,8 +213,9 @@ class JobRecord:
 
     __slots__ = ("job_id", "uid", "user", "node", "partition", "account", "qos", "pool",
                  "mode", "job_class", "class_reason", "reason", "events_file",
-                 "isolation_note", "restart_count", "late_epilogs", "status", "gpus", "env",
-                 "resources", "claims", "warnings", "times", "fence", "updated", "extra")
+                 "isolation_note", "restart_count", "late_epilogs", "metrics", "steps_file",
+                 "status", "gpus", "env", "resources", "claims", "warnings", "times", "fence",
+                 "updated", "extra")
 
     job_id: str
     uid: int  # -1: unknown
@@ -232,6 +234,11 @@ class JobRecord:
     restart_count: int  # the attempt this record is for (Slurm's restart count)
     #: Epilogs of earlier attempts this record still owes a skip (see hooks/runner.epilog).
     late_epilogs: int
+    #: ``--iso-metrics`` as validated, "PORT/PATH" ("" if none): the job's own endpoint the
+    #: agent reads at 127.0.0.1 (schema 2 as before: older readers keep it in ``extra``).
+    metrics: str
+    #: The job's step file (wrapper/steps.py), named by the prolog in the job's work dir.
+    steps_file: str
     status: RecordStatus
     gpus: List[int]  # the job's GPU GRES indices on this node
     env: Dict[str, str]  # what the job's tasks must see
@@ -250,7 +257,8 @@ class JobRecord:
         account: str = "", qos: str = "", pool: str = "", mode: str = "",
         job_class: str = "", class_reason: str = "", reason: str = "",
         events_file: str = "", isolation_note: str = "", restart_count: int = 0,
-        late_epilogs: int = 0, gpus: Iterable[int] = (),
+        late_epilogs: int = 0, metrics: str = "", steps_file: str = "",
+        gpus: Iterable[int] = (),
         env: Optional[Mapping[str, str]] = None, resources: Iterable[Resource] = (),
         claims: Iterable[str] = (), warnings: Iterable[str] = (),
         times: Optional[Mapping[str, float]] = None,
@@ -264,6 +272,7 @@ class JobRecord:
         self.job_class, self.class_reason, self.reason = job_class, class_reason, reason
         self.events_file, self.isolation_note = events_file, isolation_note
         self.restart_count, self.late_epilogs = restart_count, late_epilogs
+        self.metrics, self.steps_file = metrics, steps_file
         self.gpus = list(gpus)
         self.env = dict(env or {})
         self.resources = list(resources)

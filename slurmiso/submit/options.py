@@ -17,7 +17,8 @@ from typing import Dict, Iterable, Optional, Tuple
 from slurmiso.classname import CLASS_CHARS, CLASS_FIRST, CLASS_MAX_LEN, class_name_problem
 
 #: The options, as the Prolog names them (``--iso-mps-mem`` -> ``iso_mps_mem``).
-OPTIONS: Tuple[str, ...] = ("iso_class", "iso_mps_mem", "iso_mig_profile", "iso_ckpt_dir")
+OPTIONS: Tuple[str, ...] = (
+    "iso_class", "iso_mps_mem", "iso_mig_profile", "iso_ckpt_dir", "iso_metrics")
 
 #: ``--iso-mps-mem``: DIGITS[.FRACTION][K|M|G|T][B|iB], at most 1 TiB, at least 1 MiB.
 SIZE_MAX_LEN = 16
@@ -38,6 +39,15 @@ DIR_MAX_LEN = 1024
 DIR_CHARS = (
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789" "/._-+@%,="
 )
+
+#: ``--iso-metrics``: PORT[/PATH], the job's own Prometheus endpoint, which the node's agent
+#: reads at 127.0.0.1:PORT only. PORT 1024..65535 without leading zeros; PATH starts with
+#: "/", at most 64 characters of these (no query, no spaces, no "%").
+METRICS_PORT_MIN = 1024
+METRICS_PORT_MAX = 65535
+METRICS_PATH_MAX_LEN = 64
+METRICS_PATH_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/_.-"
+METRICS_DEFAULT_PATH = "/metrics"
 
 
 def show(value: str, limit: int = 40) -> str:
@@ -79,6 +89,23 @@ def size_mib(text: str) -> int:
     milli = int(whole) * 1000 + int((frac + "000")[:3])
     scaled = milli * SIZE_UNITS_KIB[unit]  # thousandths of a KiB
     return -(-scaled // (1000 * 1024))
+
+
+def metrics_endpoint(value: str) -> Tuple[int, str]:
+    """(port, path) of a ``--iso-metrics`` value; ValueError saying which rule it breaks."""
+    port_text, slash, rest = value.partition("/")
+    if not 4 <= len(port_text) <= 5 or not all("0" <= ch <= "9" for ch in port_text) or (
+            port_text[0] == "0"):
+        raise ValueError(f"must start with a port of {METRICS_PORT_MIN} to "
+                         f"{METRICS_PORT_MAX} (digits, no leading zero)")
+    port = int(port_text)
+    if not METRICS_PORT_MIN <= port <= METRICS_PORT_MAX:
+        raise ValueError(f"port must be {METRICS_PORT_MIN} to {METRICS_PORT_MAX}")
+    path = slash + rest
+    if len(path) > METRICS_PATH_MAX_LEN or any(ch not in METRICS_PATH_CHARS for ch in path):
+        raise ValueError(f"the path must be '/' and at most {METRICS_PATH_MAX_LEN - 1} of "
+                         "letters, digits, / _ . -")
+    return port, path or METRICS_DEFAULT_PATH
 
 
 def _class_problem(value: str, classes: Optional[Iterable[str]]) -> Optional[str]:
@@ -144,6 +171,12 @@ def problem(
         why = _profile_problem(value, list(profiles) if profiles is not None else None)
     elif name == "iso_ckpt_dir":
         why = _dir_problem(value)
+    elif name == "iso_metrics":
+        try:
+            metrics_endpoint(value)
+            why = None
+        except ValueError as exc:
+            why = f"is not PORT[/PATH] ({exc}; e.g. 8000 or 8000/metrics)"
     else:
         return f"--{name.replace('_', '-')} is not a slurmiso option"
     if why is None:
@@ -164,6 +197,9 @@ def lua_limits() -> Dict[str, object]:
         "profile_max_len": PROFILE_MAX_LEN,
         "profile_max_mem_digits": PROFILE_MAX_MEM_DIGITS,
         "dir_max_len": DIR_MAX_LEN,
+        "metrics_port_min": METRICS_PORT_MIN,
+        "metrics_port_max": METRICS_PORT_MAX,
+        "metrics_path_max_len": METRICS_PATH_MAX_LEN,
     }
 
 
@@ -186,6 +222,10 @@ def render_c_header() -> str:
         ("SLURMISO_PROFILE_MAX_MEM_DIGITS", str(PROFILE_MAX_MEM_DIGITS)),
         ("SLURMISO_DIR_MAX_LEN", str(DIR_MAX_LEN)),
         ("SLURMISO_DIR_CHARS", _c_string(DIR_CHARS)),
+        ("SLURMISO_METRICS_PORT_MIN", str(METRICS_PORT_MIN)),
+        ("SLURMISO_METRICS_PORT_MAX", str(METRICS_PORT_MAX)),
+        ("SLURMISO_METRICS_PATH_MAX_LEN", str(METRICS_PATH_MAX_LEN)),
+        ("SLURMISO_METRICS_PATH_CHARS", _c_string(METRICS_PATH_CHARS)),
     ]
     units = ", ".join(f"{SIZE_UNITS_KIB[u]}ULL" for u in "KMGT")
     body = "".join(f"#define {name} {value}\n" for name, value in defines)

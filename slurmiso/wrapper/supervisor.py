@@ -133,11 +133,14 @@ class Supervisor:
         slurm: Optional[Callable[[], requeue.SlurmRunner]] = None,
         clock: Callable[[], float] = time.monotonic,
         exit_process: bool = False,
+        tick: Optional[Callable[[], None]] = None,
     ) -> None:
         """``exit_process``: this process is the wrapper and nothing else (the CLI), so after
-        a stop it may end at once (see :func:`exit_now`) instead of returning."""
+        a stop it may end at once (see :func:`exit_now`) instead of returning. ``tick``: run
+        on every turn of the loop while the program runs (never raises; wrapper/steps.py)."""
         self.argv = list(argv)
         self.exit_process = exit_process
+        self.tick = tick
         self.stopped = False
         self.settings = settings
         self.job = job
@@ -231,6 +234,8 @@ class Supervisor:
             self._forward(child, handler)
             if self.designated:
                 self._take_report(watcher, requested=False)
+            if self.tick is not None:
+                self.tick()
             if handler.stop_cause is not None:
                 return self._stop(child, handler, watcher)
             status = child.poll()

@@ -45,6 +45,15 @@ def test_fsyncs_the_file_and_then_the_directory(tmp_path: Path, monkeypatch: Any
     assert synced == ["file", "dir"]
 
 
+def test_not_durable_skips_the_fsyncs_only(tmp_path: Path, monkeypatch: Any) -> None:
+    synced: List[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    atomic.write_atomic(str(tmp_path / "f"), "x", 0o644, durable=False)
+    assert synced == [] and (tmp_path / "f").read_text() == "x"
+    assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == 0o644
+    assert os.listdir(tmp_path) == ["f"]
+
+
 def test_failed_rename_keeps_the_old_file_and_removes_the_temp(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "inside").write_text("keep")

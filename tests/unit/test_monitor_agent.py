@@ -11,6 +11,7 @@ from slurmiso.gpu.backend import create_mig_device
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.monitor import telemetry as t
 from slurmiso.monitor.agent import NodeCollector, gather_node
+from slurmiso.monitor.signals import SERIES
 from slurmiso.state.record import JobRecord
 
 
@@ -66,8 +67,9 @@ def test_collector_reports_down_instead_of_failing(tmp_path: os.PathLike[str]) -
 
 
 def test_no_job_label_by_default_and_dcgm_names(tmp_path: os.PathLike[str]) -> None:
-    """Per-GPU series carry no job id unless asked (cardinality); DCGM exporter names and
-    labels are there for existing dashboards: FB in MiB, SM as a ratio, GPU_UTIL in %."""
+    """Per-GPU series carry no job id unless asked (cardinality; the per-job series of
+    monitor/signals.py are one per job anyway); DCGM exporter names and labels are there for
+    existing dashboards: FB in MiB, SM as a ratio, GPU_UTIL in %."""
     backend = _node(str(tmp_path))
     inst = backend.instances(0)[0]
     records = {"42": JobRecord.from_dict(
@@ -77,7 +79,8 @@ def test_no_job_label_by_default_and_dcgm_names(tmp_path: os.PathLike[str]) -> N
         lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0),
         "n3"))
     samples = t.parse_prometheus_text(generate_latest(registry).decode())
-    assert not any("job" in s.labels or "hpc_job" in s.labels for s in samples)
+    assert not any("job" in s.labels or "hpc_job" in s.labels for s in samples
+                   if s.name not in SERIES)
     dcgm = {(s.name, s.labels["gpu"], s.labels["GPU_I_ID"]): s for s in samples
             if s.name.startswith("DCGM_")}
     assert dcgm[(t.DCGM_USED, "1", "")].value == 30_000, "MiB, as DCGM"

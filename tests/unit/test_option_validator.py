@@ -88,6 +88,33 @@ HOSTILE: List[Tuple[str, str]] = [
     ("iso_ckpt_dir", "/tmp/x;rm"),
     ("iso_ckpt_dir", "/tmp/\x00x"),
     ("iso_ckpt_dir", "/tmp/\x1b[31mred"),
+    ("iso_metrics", ""),
+    ("iso_metrics", "80"),  # below 1024: a system port
+    ("iso_metrics", "1023"),
+    ("iso_metrics", "65536"),
+    ("iso_metrics", "99999"),
+    ("iso_metrics", "08000"),  # a leading zero: two spellings of one port
+    ("iso_metrics", "123456"),
+    ("iso_metrics", "8000 "),
+    ("iso_metrics", "8000\n"),
+    ("iso_metrics", "8000\x00/metrics"),
+    ("iso_metrics", "-8000"),
+    ("iso_metrics", "+8000"),
+    ("iso_metrics", "8000.5"),
+    ("iso_metrics", "0x1f40"),
+    ("iso_metrics", "localhost:8000"),
+    ("iso_metrics", "10.0.0.5:8000/metrics"),  # another host: only 127.0.0.1 is read
+    ("iso_metrics", "http://evil/8000"),
+    ("iso_metrics", "8000metrics"),
+    ("iso_metrics", "8000/metrics?x=1"),
+    ("iso_metrics", "8000/metrics#x"),
+    ("iso_metrics", "8000/me trics"),
+    ("iso_metrics", "8000/%2e%2e/admin"),
+    ("iso_metrics", "8000/metrics\r\nHost: other"),  # request smuggling
+    ("iso_metrics", "8000/" + "a" * 64),  # a path of 65 characters
+    ("iso_metrics", "8000/\u00e9t\u00e9"),
+    ("iso_metrics", "\uff18000"),  # fullwidth 8
+    ("iso_metrics", "8000/$(id)"),
 ]
 
 #: Accepted by all three (a validator that refuses everything must fail this test).
@@ -106,6 +133,13 @@ VALID: List[Tuple[str, str]] = [
     ("iso_mig_profile", "7g.80gb"),
     ("iso_ckpt_dir", "/scratch/u-1/ckpt_2"),
     ("iso_ckpt_dir", "/a/..b/c..d/.x"),
+    ("iso_metrics", "8000"),
+    ("iso_metrics", "1024"),
+    ("iso_metrics", "65535"),
+    ("iso_metrics", "8000/metrics"),
+    ("iso_metrics", "8000/"),
+    ("iso_metrics", "9100/v1/prom_metrics-2.txt"),
+    ("iso_metrics", "8000/" + "a" * 63),
 ]
 ALL = HOSTILE + VALID
 
@@ -197,7 +231,8 @@ int main(int argc, char **argv)
 }
 """
 
-_C_OPT = {"iso_class": 0, "iso_mps_mem": 1, "iso_mig_profile": 2, "iso_ckpt_dir": 3}
+_C_OPT = {"iso_class": 0, "iso_mps_mem": 1, "iso_mig_profile": 2, "iso_ckpt_dir": 3,
+          "iso_metrics": 4}
 
 
 def c_verdicts(cfg: Any, tmp: Any) -> List[bool]:

@@ -1,0 +1,122 @@
+"""Which job holds which GPU or MIG instance: the records, and the processes really there.
+
+Two sources, both root's: the hooks' records (what each job was given) and the GPU's compute
+processes, each mapped to its job through its cgroup (``/proc/PID/cgroup``), which slurmstepd
+sets and the job cannot leave: ``.../job_<id>/step_<s>/...`` under cgroup v1 (freezer,
+devices, memory, cpuset) and v2 (``/system.slice/slurmstepd.scope/job_<id>/...``). The
+*first* ``job_<id>`` component counts, since a job with a delegated cgroup can make deeper
+ones of any name. Never the process's environment: a process may claim any SLURM_JOB_ID.
+
+A process of no job is ``job="" class="foreign"``; one whose job has no record on this node,
+or whose uid is not its job's, is that job's with ``class="unrecorded"`` or foreign.
+An MPS server (``nvidia-cuda-mps-server``) runs outside every job, as a child of the MPS
+control daemon a record names: it is slurmiso's, not foreign, and not a job's, so it is left
+out (its clients are the jobs' processes). MIG instances are attributed per instance (a
+process on MIG device X is on X, never on "its GPU"), so two jobs on two instances of one GPU
+are two rows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
+
+from slurmiso.monitor import signals as sig
+
+_JOB = re.compile(r"(?:^|/)job_([0-9]{1,12})(?:/|$)")
+#: Controllers that follow the job's processes, in order of trust (v2's line has none).
+_PREFERRED = ("freezer", "devices", "memory", "cpuset", "")
+MAX_CGROUP_BYTES = 16384
+
+#: (job, class, gpu, gi)
+Row = Tuple[str, str, int, str]
+
+
+def job_of_cgroup(text: str) -> Optional[str]:
+    """The Slurm job a ``/proc/PID/cgroup`` text puts its process in, or None."""
+    by_controller: Dict[str, str] = {}
+    for line in text.splitlines()[:64]:
+        _hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        m = _JOB.search(path)
+        if m:
+            for c in controllers.split(",") if controllers else [""]:
+                by_controller.setdefault(c.replace("name=", ""), m.group(1))
+    for c in _PREFERRED:
+        if c in by_controller:
+            return by_controller[c]
+    return next(iter(by_controller.values()), None)
+
+
+def read_cgroup(pid: int, proc: str = "/proc") -> Optional[str]:
+    try:
+        with open(f"{proc}/{int(pid)}/cgroup", "rb") as fh:
+            return fh.read(MAX_CGROUP_BYTES).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+
+
+def pid_uid(pid: int, proc: str = "/proc") -> Optional[int]:
+    try:
+        return os.stat(f"{proc}/{int(pid)}").st_uid
+    except (OSError, ValueError):
+        return None
+
+
+def parent_pid(pid: int, proc: str = "/proc") -> Optional[int]:
+    try:
+        with open(f"{proc}/{int(pid)}/stat", "rb") as fh:
+            stat = fh.read(4096)
+        fields = stat[stat.rindex(b")") + 2:].split()  # the name may hold spaces and ")"
+        return int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def rows(
+    records: Dict[str, Any], processes: Iterable[Any], instances: Iterable[Any],
+    proc: str = "/proc", cgroup: Optional[Callable[[int], Optional[str]]] = None,
+    uid_of: Optional[Callable[[int], Optional[int]]] = None,
+    parent_of: Optional[Callable[[int], Optional[int]]] = None,
+) -> Set[Row]:
+    """Every (job, class, gpu, gi) holding: the records' resources and the processes'.
+
+    ``processes``: the backend's GpuProcess (pid, gpu_index, mig_uuid); ``instances``: its
+    MigInstance (gpu_index, gi_id, uuid), to place a process on its instance.
+    """
+    read = cgroup or (lambda pid: read_cgroup(pid, proc))
+    uid = uid_of or (lambda pid: pid_uid(pid, proc))
+    parent = parent_of or (lambda pid: parent_pid(pid, proc))
+    daemons = {r.daemon_pid for rec in records.values() for r in rec.resources
+               if r.kind == "mps" and r.daemon_pid}
+    gi_of = {i.uuid: (i.gpu_index, str(i.gi_id)) for i in instances if i.uuid}
+    out: Set[Row] = set()
+    for job, rec in records.items():
+        for res in rec.resources:
+            if res.gpu is None:
+                continue
+            if res.gi is not None:
+                out.add((str(job), rec.job_class, res.gpu, str(res.gi)))
+            elif res.uuid and res.uuid in gi_of:
+                out.add((str(job), rec.job_class, *gi_of[res.uuid]))
+            elif not res.is_mig:
+                out.add((str(job), rec.job_class, res.gpu, ""))
+    for p in processes:
+        where = gi_of.get(p.mig_uuid) if p.mig_uuid else (p.gpu_index, "")
+        if where is None:  # on a MIG device the backend does not list: its GPU, unplaced
+            where = (p.gpu_index, "?")
+        text = read(p.pid)
+        owner = job_of_cgroup(text) if text is not None else None
+        held = records.get(owner) if owner is not None else None
+        if owner is None and daemons and parent(p.pid) in daemons:
+            continue  # a recorded MPS daemon's server
+        if owner is None:
+            out.add(("", sig.CLASS_FOREIGN, *where))
+        elif held is None:
+            out.add((owner, sig.CLASS_UNRECORDED, *where))
+        elif held.uid >= 0 and uid(p.pid) not in (held.uid, None):
+            out.add(("", sig.CLASS_FOREIGN, *where))  # in the job's cgroup, not its user
+        else:
+            out.add((owner, held.job_class, *where))
+    return out

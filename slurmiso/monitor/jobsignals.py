@@ -1,0 +1,377 @@
+"""The agent's per-job signals: inference latency from each job's own endpoint, training step
+times from each job's step file, read in the background and exported on every scrape.
+
+A scrape must stay fast whatever the jobs do, so nothing here runs in the scrape: a
+:class:`Refresher` thread reads every ``monitor.signals.refresh`` (all endpoints at once through
+the non-blocking :mod:`slurmiso.monitor.scrape`, each limited to ``timeout`` and ``max_body``),
+and the collector only renders the last :class:`JobSignalsState` with ages as of the scrape.
+A refresher that fell behind (a step file on a hung NFS mount) shows as growing ages and
+``reason="stale"``, never as old figures passed off as fresh.
+
+Trust: the agent connects to 127.0.0.1:PORT only, the port and path from the prolog's record
+(``--iso-metrics``), and only when the kernel says the listener there is the job's user
+(:mod:`slurmiso.monitor.ports`); an answer only ever fills its own job's series, so a job can
+lie about itself and nothing else. Redirects, non-200 answers, bodies over the limit and
+garbage are unknown with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
+
+from slurmiso.monitor import signals as sig
+from slurmiso.monitor.endpoint import Answer, BadAnswer, Profile, Profiles
+from slurmiso.monitor.histogram import Window, quantile
+from slurmiso.monitor.stepfile import StepFigures
+
+log = logging.getLogger(__name__)
+
+#: A refresher this many intervals behind makes every job's signals stale.
+STALE_AFTER = 3
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One reading's figures: quantiles in seconds (absent when idle), requests and error
+    ratio over the window, and what is unknown about them."""
+
+    quantiles: Dict[str, float] = field(default_factory=dict)
+    requests: Optional[float] = None
+    error_ratio: Optional[float] = None
+    unknown: Tuple[str, ...] = ()
+
+
+@dataclass
+class _Job:
+    window: Window
+    profile: str = ""
+    last_ok: Optional[float] = None
+    latency: Optional[Latency] = None
+    reason: str = ""  # why the last reading gave no figure
+    said: str = ""  # the last reason logged
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job as a scrape renders it. An age of None: that signal is not expected of the
+    job (no row); ``inf``: expected, never read."""
+
+    job: str
+    job_class: str
+    latency: Optional[Latency] = None
+    latency_age: Optional[float] = None
+    latency_unknown: Tuple[str, ...] = ()
+    steps: Optional[StepFigures] = None
+    steps_age: Optional[float] = None
+    steps_unknown: Tuple[str, ...] = ()
+
+
+def figures(answer: Answer, window: Window) -> Latency:
+    """The window's figures after ``answer`` was added to it."""
+    inc = window.increases()
+    unknown: List[str] = []
+    buckets: Dict[float, float] = {}
+    requests: Optional[float] = None
+    errors: Optional[float] = None
+    counted: Optional[float] = None
+    if inc is not None:
+        req = [v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "r"]
+        err = [v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "e"]
+        for k, v in inc.items():
+            if isinstance(k, tuple) and k[0] == "b":
+                buckets[k[2]] = buckets.get(k[2], 0.0) + v
+        if answer.kind == "histogram":
+            counted = buckets.get(math.inf)
+        elif answer.kind == "summary":
+            counted = sum(v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "n")
+        requests = sum(req) if req else counted
+        errors = sum(err) if answer.errors_known else None
+    quantiles: Dict[str, float] = {}
+    if answer.kind == "summary":
+        quantiles = dict(answer.quantiles)
+    elif answer.kind == "histogram" and buckets:
+        for q in sig.QUANTILES:
+            qv = quantile(float(q), sorted(buckets.items()))
+            if qv is not None:
+                quantiles[q] = qv
+    if not quantiles:
+        if answer.kind == "":
+            unknown.append(sig.R_NO_QUANTILES)
+        elif inc is None and answer.kind == "histogram":
+            unknown.append(sig.R_FIRST_SAMPLE)
+        elif not requests:
+            pass  # idle: nothing served in the window is no latency, not unknown latency
+        else:
+            unknown.append(sig.R_NO_QUANTILES)
+    ratio = None
+    if requests and errors is not None:
+        ratio = min(1.0, errors / requests)
+    elif requests and not answer.errors_known:
+        unknown.append(sig.R_NO_ERRORS)
+    return Latency(quantiles, requests, ratio, tuple(unknown))
+
+
+class JobSignalsState:
+    """Per-job windows and last figures, updated by :meth:`refresh`, read by :meth:`view`.
+
+    ``records``: job id -> JobRecord (the node's). ``slo_classes``: classes with an SLO
+    (their jobs are expected to serve latency); ``training_classes``: preemptible classes
+    (expected to report steps). ``fetch``/``listeners``/``steps``/``clock`` are injectable.
+    """
+
+    def __init__(
+        self, settings: Any, slo_classes: Tuple[str, ...] = (),
+        training_classes: Tuple[str, ...] = (), fetch: Optional[Callable[..., Any]] = None,
+        listeners: Optional[Callable[[], Optional[Mapping[int, Set[int]]]]] = None,
+        steps: Optional[Callable[..., StepFigures]] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from slurmiso.monitor import ports, scrape, stepfile
+
+        self.settings = settings
+        self.profiles = Profiles([Profile.from_config(p) for p in settings.servers])
+        self.slo_classes = set(slo_classes)
+        self.training_classes = set(training_classes)
+        self.fetch = fetch or scrape.fetch_all
+        self.listeners = listeners or ports.loopback_listeners
+        self.steps = steps or stepfile.figures
+        self.clock = clock
+        self.jobs: Dict[str, _Job] = {}
+        self.step_figures: Dict[str, StepFigures] = {}
+        self.records: Dict[str, Any] = {}
+        self.refreshed_at: Optional[float] = None
+        self.lock = threading.Lock()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def refresh(self, records: Mapping[str, Any]) -> None:
+        """Read every running job's endpoint and step file once (bounded in time)."""
+        s = self.settings
+        live = {j: r for j, r in records.items() if getattr(r.status, "value", r.status)
+                == "ready"}
+        urls, refused = self._urls(live)
+        got = self.fetch(urls, s.timeout_s + 0.5, 64, float(s.timeout_s),
+                         s.max_body_mb * 1024 * 1024) if urls else {}
+        now = self.clock()
+        steps: Dict[str, StepFigures] = {}
+        for job, rec in live.items():
+            if rec.steps_file:
+                steps[job] = self.steps(rec.steps_file, job, rec.uid, now, s.step_window_s,
+                                        s.baseline_steps)
+        with self.lock:
+            for job in list(self.jobs):
+                if job not in live or not live[job].metrics:
+                    del self.jobs[job]
+            for job, why in refused.items():
+                self._failed(job, why)
+            for job, res in got.items():
+                if res.body is None:
+                    self._failed(job, res.reason, res.detail)
+                else:
+                    self._answered(job, res.body, now)
+            self.step_figures = steps
+            self.records = dict(live)
+            self.refreshed_at = now
+
+    def _urls(self, live: Mapping[str, Any]) -> Tuple[Dict[str, str], Dict[str, str]]:
+        urls: Dict[str, str] = {}
+        refused: Dict[str, str] = {}
+        wanted = {j: r for j, r in live.items() if r.metrics}
+        if not wanted:
+            return urls, refused
+        owners = self.listeners()
+        from slurmiso.submit.options import metrics_endpoint
+
+        for job, rec in wanted.items():
+            try:  # the record is root's, but the URL is built from it: checked again
+                port, path = metrics_endpoint(rec.metrics)
+            except ValueError:
+                refused[job] = sig.R_PARSE
+                continue
+            uids = None if owners is None else owners.get(port, set())
+            if uids is not None and not uids:
+                refused[job] = "unreachable"  # nothing listens there: nothing to connect to
+            elif uids is not None and rec.uid >= 0 and uids != {rec.uid}:
+                refused[job] = sig.R_PORT_NOT_OWNED
+            else:  # (no /proc/net: the uid check is not possible; the read still is)
+                urls[job] = f"http://127.0.0.1:{port}{path}"
+        return urls, refused
+
+    def _job(self, job: str) -> _Job:
+        j = self.jobs.get(job)
+        if j is None:
+            n = int(self.settings.window_s / max(1, self.settings.refresh_s)) + 4
+            j = self.jobs[job] = _Job(Window(self.settings.window_s, n))
+        return j
+
+    def _failed(self, job: str, reason: str, detail: str = "") -> None:
+        j = self._job(job)
+        j.latency, j.reason = None, reason
+        if j.said != reason:
+            log.info("job %s: latency unknown (%s%s)", job, reason,
+                     f": {detail[:120]}" if detail else "")
+            j.said = reason
+
+    def _answered(self, job: str, body: str, now: float) -> None:
+        try:
+            answer = self.profiles.read(body)
+        except BadAnswer as exc:
+            self._failed(job, exc.reason, str(exc))
+            return
+        except (ValueError, IndexError) as exc:
+            self._failed(job, sig.R_PARSE, str(exc))
+            return
+        j = self._job(job)
+        if answer.profile != j.profile:
+            j.window.readings.clear()  # another server now: its counters are not the old ones
+            j.profile = answer.profile
+        j.window.add(now, answer.counters)
+        lat = figures(answer, j.window)
+        j.latency, j.reason = lat, ""
+        if lat.quantiles or (lat.requests == 0 and not lat.unknown):
+            j.last_ok = now  # a latency figure, or an idle window: fresh; anything else is not
+        j.said = ""
+
+    # -- what a scrape shows ----------------------------------------------------------------
+
+    def view(self, now: Optional[float] = None) -> List[JobView]:
+        now = self.clock() if now is None else now
+        with self.lock:
+            stale = self.refreshed_at is None or (
+                now - self.refreshed_at > STALE_AFTER * self.settings.refresh_s)
+            out = []
+            for job, rec in sorted(self.records.items()):
+                out.append(self._view(job, rec, now, stale))
+            return out
+
+    def _view(self, job: str, rec: Any, now: float, stale: bool) -> JobView:
+        cls = rec.job_class
+        lat = None
+        lat_age: Optional[float] = None
+        lat_unknown: Tuple[str, ...] = ()
+        j = self.jobs.get(job)
+        if rec.metrics:
+            lat_age = math.inf if j is None or j.last_ok is None else max(0.0, now - j.last_ok)
+            if stale:
+                lat_unknown = (sig.R_STALE,)
+            elif j is None:
+                lat_unknown = (sig.R_FIRST_SAMPLE,)
+            elif j.latency is None:
+                lat_unknown = (j.reason,)
+            else:
+                lat, lat_unknown = j.latency, j.latency.unknown
+        elif cls in self.slo_classes:
+            lat_age, lat_unknown = math.inf, (sig.R_NO_ENDPOINT,)
+        st = self.step_figures.get(job)
+        st_age: Optional[float] = None
+        st_unknown: Tuple[str, ...] = ()
+        expected = cls in self.training_classes
+        if st is not None and (expected or st.reason != sig.R_NO_REPORT):
+            st_age = math.inf if st.reported_at is None else max(0.0, now - st.reported_at)
+            if stale:
+                st, st_unknown = None, (sig.R_STALE,)
+            elif st.reason:
+                st_unknown = (st.reason,)
+            elif st.step_s is None:
+                st_unknown = (sig.R_NO_RECENT,)
+        elif expected:
+            st_age, st_unknown, st = math.inf, (sig.R_NO_REPORT,), None
+        else:
+            st = None
+        return JobView(job, cls, lat, lat_age, lat_unknown, st, st_age, st_unknown)
+
+
+class JobSignalsCollector:
+    """client_python custom collector: renders :meth:`JobSignalsState.view` as of the scrape."""
+
+    def __init__(self, state: JobSignalsState) -> None:
+        self.state = state
+
+    def describe(self) -> List[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        jc = [sig.L_JOB, sig.L_CLASS]
+        fam = {
+            sig.M_LATENCY: GaugeMetricFamily(
+                sig.M_LATENCY, "Request latency over the window (the job's own endpoint)",
+                labels=[*jc, sig.L_QUANTILE]),
+            sig.M_ERROR_RATIO: GaugeMetricFamily(
+                sig.M_ERROR_RATIO, "Failed / all requests over the window", labels=jc),
+            sig.M_REQUESTS: GaugeMetricFamily(
+                sig.M_REQUESTS, "Requests finished in the window", labels=jc),
+            sig.M_SIGNAL_AGE: GaugeMetricFamily(
+                sig.M_SIGNAL_AGE, "Seconds since the signal's last fresh reading (+Inf: never)",
+                labels=[*jc, sig.L_SIGNAL]),
+            sig.M_SIGNAL_UNKNOWN: GaugeMetricFamily(
+                sig.M_SIGNAL_UNKNOWN, "1 while the signal cannot be read, with why",
+                labels=[*jc, sig.L_SIGNAL, sig.L_REASON]),
+            sig.M_STEP_SECONDS: GaugeMetricFamily(
+                sig.M_STEP_SECONDS, "Mean training step time over the step window", labels=jc),
+            sig.M_STEPS_TOTAL: GaugeMetricFamily(
+                sig.M_STEPS_TOTAL, "Training steps the job reported (this attempt)", labels=jc),
+            sig.M_THROUGHPUT_VS_SOLO: GaugeMetricFamily(
+                sig.M_THROUGHPUT_VS_SOLO, "Baseline step time / recent step time", labels=jc),
+        }
+        for v in self.state.view():
+            who = [v.job, v.job_class]
+            if v.latency_age is not None:
+                fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_LATENCY], v.latency_age)
+            for reason in v.latency_unknown:
+                fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_LATENCY, reason], 1.0)
+            if v.latency is not None:
+                for q, value in sorted(v.latency.quantiles.items()):
+                    fam[sig.M_LATENCY].add_metric([*who, q], value)
+                if v.latency.requests is not None:
+                    fam[sig.M_REQUESTS].add_metric(who, v.latency.requests)
+                if v.latency.error_ratio is not None:
+                    fam[sig.M_ERROR_RATIO].add_metric(who, v.latency.error_ratio)
+            if v.steps_age is not None:
+                fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_STEPS], v.steps_age)
+            for reason in v.steps_unknown:
+                fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_STEPS, reason], 1.0)
+            st = v.steps
+            if st is not None and not st.reason:
+                if st.steps_total is not None:
+                    fam[sig.M_STEPS_TOTAL].add_metric(who, st.steps_total)
+                if st.step_s is not None:
+                    fam[sig.M_STEP_SECONDS].add_metric(who, st.step_s)
+                if st.throughput_vs_solo is not None:
+                    fam[sig.M_THROUGHPUT_VS_SOLO].add_metric(who, st.throughput_vs_solo)
+        yield from fam.values()
+
+
+class Refresher:
+    """The background reader: ``state.refresh(read_records())`` every ``interval`` seconds,
+    in a daemon thread; an exception is logged and the next turn tries again."""
+
+    def __init__(self, state: JobSignalsState, read_records: Callable[[], Mapping[str, Any]],
+                 interval: float) -> None:
+        self.state = state
+        self.read_records = read_records
+        self.interval = interval
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="slurmiso-signals", daemon=True)
+
+    def start(self) -> Refresher:
+        self.thread.start()
+        return self
+
+    def once(self) -> None:
+        try:
+            self.state.refresh(self.read_records())
+        except Exception:  # noqa: BLE001 - one bad turn never ends the agent's signals
+            log.exception("agent: reading the jobs' signals failed; trying again next turn")
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            self.once()
+            self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))

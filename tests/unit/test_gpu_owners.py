@@ -1,0 +1,126 @@
+"""Which job holds which GPU or MIG instance: records plus GPU processes mapped through their
+cgroup, MIG per instance, foreign and unrecorded processes, MPS servers (issue 24)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from slurmiso.gpu.backend import create_mig_device
+from slurmiso.gpu.sim import SimBackend, init_state
+from slurmiso.monitor import signals as sig
+from slurmiso.monitor.agent import NodeCollector, gather_node
+from slurmiso.monitor.gpu_owners import job_of_cgroup
+from slurmiso.state.record import JobRecord
+
+V1 = """12:freezer:/slurm_n1/uid_1000/job_41/step_0
+11:devices:/slurm_n1/uid_1000/job_41/step_0/task_0
+10:memory:/slurm/uid_1000/job_41/step_0
+4:cpuset:/slurm/uid_1000/job_41/step_0
+1:name=systemd:/user.slice
+0::/
+"""
+V2 = "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n"
+#: A job whose delegated cgroup v2 subtree names a deeper "job_99": the first one counts.
+NESTED = "0::/system.slice/slurmstepd.scope/job_43/step_0/user/job_99/x\n"
+
+
+@pytest.mark.parametrize("text, job", [
+    (V1, "41"), (V2, "42"), (NESTED, "43"),
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", None),  # an ssh login
+    ("", None), ("garbage\x00\n::::\n", None),
+    ("0::/system.slice/job_12x/\n", None),  # not a job_<digits> component
+    ("3:freezer:/elsewhere\n2:devices:/slurm/uid_1/job_7/step_0\n", "7"),
+])
+def test_job_of_cgroup(text: str, job: Any) -> None:
+    assert job_of_cgroup(text) == job
+
+
+@pytest.fixture
+def sleepers() -> Iterator[List[int]]:
+    """Real processes (the simulated driver lists only live pids)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+             for _ in range(6)]
+    yield [p.pid for p in procs]
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def _fake_proc(root: str, pid: int, cgroup: str, ppid: int = 1) -> None:
+    d = os.path.join(root, str(pid))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "cgroup"), "w") as fh:
+        fh.write(cgroup)
+    with open(os.path.join(d, "stat"), "w") as fh:
+        fh.write(f"{pid} (nvidia-cuda-mps-server) S {ppid} 1 1 0 -1\n")
+
+
+def test_mig_instances_per_instance_foreign_unrecorded_and_mps(
+        tmp_path: Any, sleepers: List[int]) -> None:
+    """GPU 0 is MIG with two instances held by two jobs; GPU 1 is whole, shared by a job and
+    a process of no job; a process of a job unknown here; an MPS server under a recorded
+    daemon is nobody's and not foreign."""
+    path = os.path.join(str(tmp_path), "n3.json")
+    init_state(path, "H100-80GB", 2, mig=True, node="n3")
+    backend = SimBackend(path)
+    backend.set_mig_mode(1, False)
+    a = create_mig_device(backend, 0, "3g.40gb")
+    b = create_mig_device(backend, 0, "3g.40gb")
+    p41, p42, pforeign, punrec, pmps, pother_uid = sleepers
+    backend.add_process(0, p41, 10_000, a.uuid, "vllm")
+    backend.add_process(0, p42, 10_000, b.uuid, "train")
+    backend.add_process(1, pforeign, 5_000, "", "miner")
+    backend.add_process(1, punrec, 5_000, "", "x")
+    backend.add_process(1, pmps, 100, "", "nvidia-cuda-mps-server")
+    proc = os.path.join(str(tmp_path), "proc")
+    _fake_proc(proc, p41, V1)
+    _fake_proc(proc, p42, V2)
+    _fake_proc(proc, pforeign, "0::/user.slice/user-1000.slice/session-3.scope\n")
+    _fake_proc(proc, punrec, "0::/system.slice/slurmstepd.scope/job_77/step_0\n")
+    _fake_proc(proc, pmps, "0::/system.slice/slurmiso.service\n", ppid=4242)
+    me = os.getuid()
+    records: Dict[str, JobRecord] = {j: JobRecord.from_dict(r) for j, r in {
+        "41": {"class": "infer", "uid": me, "resources": [
+            {"kind": "mig-static", "gpu": 0, "gi": a.gi_id, "uuid": a.uuid}]},
+        "42": {"class": "train", "uid": me, "resources": [
+            {"kind": "mig-dynamic", "gpu": 0, "gi": b.gi_id, "start": 0,
+             "profile": "3g.40gb", "uuid": b.uuid, "state": "ready"}]},
+        "44": {"class": "train", "uid": me, "resources": [
+            {"kind": "mps", "gpu": 1, "daemon_pid": 4242}]},
+    }.items()}
+    report = gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0,
+                         proc=proc)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(lambda: report, "n3"))
+    text = generate_latest(registry).decode()
+    got = sig.parse(text, "n3")
+    assert got["41"].gpus == ((0, str(a.gi_id)),), "a MIG instance, never its whole GPU"
+    assert got["42"].gpus == ((0, str(b.gi_id)),)
+    assert got["41"].job_class == "infer" and got["42"].job_class == "train"
+    assert got["77"].job_class == sig.CLASS_UNRECORDED and got["77"].gpus == ((1, ""),)
+    assert got["44"].gpus == ((1, ""),)
+    assert sig.foreign_gpus(text) == [(1, "")], "the miner; the MPS server is not foreign"
+    assert set(got) == {"41", "42", "44", "77"}
+
+
+def test_a_process_in_a_jobs_cgroup_of_another_uid_is_foreign(tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from slurmiso.monitor.gpu_owners import rows
+
+    rec = JobRecord.from_dict({"class": "infer", "uid": 1000, "resources": []})
+    procs = [SimpleNamespace(pid=5, gpu_index=2, mig_uuid="")]
+    out = rows({"41": rec}, procs, [], cgroup=lambda pid: V1, uid_of=lambda pid: 2000)
+    assert out == {("", sig.CLASS_FOREIGN, 2, "")}
+    out = rows({"41": rec}, procs, [], cgroup=lambda pid: V1, uid_of=lambda pid: 1000)
+    assert out == {("41", "infer", 2, "")}
+    # a process on a MIG device the backend does not list: its GPU, instance unknown
+    procs = [SimpleNamespace(pid=5, gpu_index=2, mig_uuid="MIG-gone")]
+    out = rows({}, procs, [], cgroup=lambda pid: None, uid_of=lambda pid: 0)
+    assert out == {("", sig.CLASS_FOREIGN, 2, "?")}

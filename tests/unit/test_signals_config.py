@@ -1,0 +1,132 @@
+"""monitor.signals in slurmiso.yaml, --iso-metrics in the prolog's record, and the agent's
+background reader keeping a scrape fast while an endpoint hangs (issue 24)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict
+
+import pytest
+import yaml
+
+from slurmiso.config import parse_config
+from slurmiso.config.model import DEFAULT_SERVERS
+from slurmiso.errors import ConfigError
+from slurmiso.hooks.runner import run_hook
+from slurmiso.monitor import signals as sig
+from slurmiso.monitor import telemetry as t
+from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _example(signals: Any) -> Dict[str, Any]:
+    with open(os.path.join(REPO, "etc", "slurmiso.yaml")) as fh:
+        data = yaml.safe_load(fh)
+    data.setdefault("monitor", {})["signals"] = signals
+    return data
+
+
+def test_defaults_and_a_site_profile() -> None:
+    cfg = parse_config(_example({}), "x.yaml")
+    s = cfg.monitor.signals
+    assert (s.refresh_s, s.window_s, s.timeout_s, s.max_body_mb, s.baseline_steps) == (
+        5, 60, 1, 1, 20)
+    assert [p.name for p in s.servers] == ["vllm", "tgi", "triton", "generic"]
+    cfg = parse_config(_example({"refresh": "10s", "window": "2m", "max_body": "4M", "servers": [
+        {"name": "mine", "latency": "app_latency_ms", "unit": "ms",
+         "errors": ['app_requests_total{outcome="fail"}']}]}), "x.yaml")
+    s = cfg.monitor.signals
+    assert (s.refresh_s, s.window_s, s.max_body_mb) == (10, 120, 4)
+    assert s.servers[0].latency == ("app_latency_ms",) and s.servers[0].unit == "ms"
+
+
+@pytest.mark.parametrize("signals, needle", [
+    ({"refresh": "0s"}, "monitor.signals.refresh: 0 is out of range"),
+    ({"window": "5s"}, "monitor.signals.window: 5s holds fewer than two readings"),
+    ({"timeout": "1m"}, "monitor.signals.timeout: 60 is out of range"),
+    ({"max_body": "1G"}, "monitor.signals.max_body: 1024 is out of range"),
+    ({"baseline_steps": 1000}, "monitor.signals.baseline_steps: 1000 is out of range"),
+    ({"servers": []}, "monitor.signals.servers: an empty list reads no endpoint"),
+    ({"servers": [{"name": "x"}]}, "a server needs `latency:`"),
+    ({"servers": [{"name": "x", "latency": 'a{b=~"("}'}]}, "monitor.signals.servers[0].latency"),
+    ({"servers": [{"name": "x", "latency": "a", "unit": "h"}]}, "'h' is not allowed"),
+    ({"servers": [{"name": "x", "latency": "a", "errors_missing": "maybe"}]}, "not allowed"),
+    ({"servers": [{"name": "x", "latency": "a", "colour": "red"}]}, "unknown key"),
+    ({"refreshh": "5s"}, "monitor.signals.refreshh: unknown key"),
+])
+def test_check_config_names_what_is_wrong(signals: Any, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_example(signals), "x.yaml")
+    assert any(needle in p for p in err.value.problems), err.value.problems
+
+
+def test_the_shipped_selectors_parse() -> None:
+    from slurmiso.config.selector import parse_selector
+
+    for p in DEFAULT_SERVERS:
+        for text in (*p.latency, *p.requests, *p.errors):
+            parse_selector(text)
+
+
+def test_the_prolog_records_the_endpoint_normalized(tmp_path: Any) -> None:
+    tmp = str(tmp_path)
+    cfg = write_config(tmp, "exclusive")
+    for job, value, recorded in (("50", "8000", "8000/metrics"), ("51", "9100/", "9100/"),
+                                 ("52", "8000/v1/metrics", "8000/v1/metrics")):
+        env = job_env(job=job, qos="debug", gpus="0",
+                      SPANK__SLURM_SPANK_OPTION_slurmiso_iso_metrics=value)
+        assert run_hook("prolog", env, cfg, Drains()) == 0
+        rec = state(tmp).read_job(job)
+        assert rec is not None and rec.status == "ready" and rec.metrics == recorded
+        assert rec.to_dict()["metrics"] == recorded
+        assert run_hook("epilog", env, cfg, Drains()) == 0
+    env = job_env(job="53", SPANK_SLURMISO_METRICS="localhost:8000")
+    assert run_hook("prolog", env, cfg, Drains()) == 0
+    rec = state(tmp).read_job("53")
+    assert rec is not None and rec.status == "refused" and "--iso-metrics=" in rec.reason
+    assert rec.metrics == ""
+    assert run_hook("epilog", env, cfg, Drains()) == 0
+
+
+def test_a_scrape_stays_fast_while_an_endpoint_hangs(tmp_path: Any) -> None:
+    """The background reader waits on the hanging endpoint; every scrape meanwhile renders
+    at once (the last reading, ages as of the scrape)."""
+    from slurmiso.config.model import SignalSettings
+    from slurmiso.monitor.agent import render
+    from slurmiso.monitor.jobsignals import JobSignalsCollector, JobSignalsState, Refresher
+    from tests.unit.test_job_signals import Server, _hang, record
+
+    server = Server()
+    try:
+        server.routes["/metrics"] = _hang
+        st = JobSignalsState(SignalSettings(refresh_s=1, window_s=60, timeout_s=1),
+                             slo_classes=("infer",))
+        recs = {"41": record("41", f"{server.port}/metrics")}
+        refresher = Refresher(st, lambda: recs, 1).start()
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(JobSignalsCollector(st))
+        worst = 0.0
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            text = render(registry)
+            worst = max(worst, time.monotonic() - started)
+            time.sleep(0.05)
+        refresher.stop.set()
+        assert worst < 0.2, f"a scrape took {worst:.3f}s"
+        assert sig.parse(text)["41"].unknown == ("latency:timeout",)
+    finally:
+        server.close()
+
+
+def test_the_gpu_reader_ignores_the_per_job_series() -> None:
+    """slurmiso_job_gpu has a gpu label; the monitor's GPU view must not read it as a GPU."""
+    text = ('slurmiso_gpu_memory_total_bytes{node="n",gpu="0",gi="",profile="",uuid="",'
+            'class=""} 1048576\n'
+            'slurmiso_job_gpu{job="",class="foreign",gpu="5",gi=""} 1\n')
+    gpus, _ = t.agent_gpus(t.parse_prometheus_text(text))
+    assert [g.index for g in gpus] == [0] and gpus[0].classes == ()
