@@ -53,6 +53,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "one this dir was made with). A release the host lacks runs from a cached Debian "
         "root (debootstrap; 24.11: trixie, 26.05: sid). Ports: $SLURMISO_SANDBOX_PORT_BASE "
         "(default 16800) plus fixed offsets")
+    up.add_argument(
+        "--cgroup", choices=("v1", "v2"),
+        help="cgroup version of Slurm's cgroup plugin (CgroupPlugin=cgroup/v1|v2; default: "
+        "$SLURMISO_SANDBOX_CGROUP, the one this dir was made with, else v1 where the host "
+        "mounts the v1 devices controller). v2 on a hybrid host runs the Slurm daemons in a "
+        "mount namespace with the cgroup2 hierarchy at /sys/fs/cgroup")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop every sandbox process")
     down.add_argument("--dir", help=DIR_HELP)
@@ -132,7 +138,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     cluster = sandbox_module("cluster")
     report = cluster.up(args.dir, args.slurm, from_packages=args.from_packages,
-                        force=args.force)
+                        force=args.force, cgroup=args.cgroup)
     if args.json:
         print_json(cluster.report_dict(report))
         return 0
@@ -190,7 +196,10 @@ def _status_text(data: Dict[str, Any]) -> str:
              + ("" if data["exists"] else " (does not exist)"),
              f"slurm {data['slurm_version'] or 'unknown'}"
              + (f" from {data['slurm_root']}" if data["slurm_root"] else " (host)")
-             + f", slurmctld port {data['ports']['slurmctld']}"]
+             + f", slurmctld port {data['ports']['slurmctld']}"
+             + f", cgroup v{data.get('cgroup_version', 1)}"
+             + (f" (mount namespace of pid {data['cgroup_namespace']['pid']})"
+                if data.get("cgroup_namespace") else "")]
     rows = [(s["name"], "running" if s["running"] else "stopped", s["pid"] or "",
              "sandbox" if s.get("started_by_sandbox") else "")
             for s in data["services"]]
