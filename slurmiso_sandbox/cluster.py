@@ -175,7 +175,8 @@ def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
     v2 = v2_fields(root, version)
     if release:
         py = os.path.join(root, "lib", "py")
-        return L.Site(**v2, 
+        return L.Site(
+            **v2,
             root=root,
             host=socket.gethostname().split(".")[0],
             python=SYSTEM_PYTHON,
