@@ -103,7 +103,19 @@ def check_gres_types(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_prolog_flags(snap: Snapshot, cfg: Config) -> List[Finding]:
-    if "alloc" in _items(conf(snap, "PrologFlags")):
+    flags = _items(conf(snap, "PrologFlags"))
+    if "runinjob" in flags:  # 24.05+: implies Alloc and Contain
+        mps = [p.name for p in cfg.pools if p.mode == "mps"]
+        return [Finding("error", "prolog-run-in-job",
+                        f"PrologFlags={conf(snap, 'PrologFlags')}: RunInJob runs slurmiso's "
+                        "Prolog and Epilog in the job's extern step (its cgroup, its device "
+                        "constraint): an MPS control daemon the Prolog starts for a GPU would be "
+                        "killed with the first job that started it and fenced like it, under the "
+                        "later jobs sharing it"
+                        + (f" (mps pool(s) {', '.join(mps)}: the prolog refuses to start one "
+                           "there and drains the node)" if mps else ""),
+                        "set PrologFlags=Alloc,Contain (without RunInJob) in slurm.conf")]
+    if "alloc" in flags:
         return []
     return [Finding("error", "prolog-flags",
                     f"PrologFlags={conf(snap, 'PrologFlags') or '(none)'}: without Alloc the "
