@@ -100,6 +100,23 @@ class SandboxClient:
             return int(recorded[1])
         return 1 if os.path.isdir("/sys/fs/cgroup/devices") else 2
 
+    def node_slurmiso(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``slurmiso ARGS`` as a node of this sandbox runs it (its hooks do): in the cgroup v2
+        namespace where there is one, in the Slurm root with the root's Python on the copy
+        ``up`` made, and with the hybrid-host shim the slurmds have (hybrid_shim.c), so
+        /sys/fs/cgroup and /proc/self/cgroup read as on a pure cgroup v2 node."""
+        from slurmiso_sandbox.cluster import make_site
+
+        site = make_site(self.root)
+        env = [f"SLURM_CONF={self.slurm_conf}", f"SLURMISO_CONFIG={self.slurmiso_config}",
+               f"PYTHONPATH={self.job_pythonpath}"]
+        if site.hybrid_shim:
+            env.append(f"LD_PRELOAD={site.hybrid_shim}")
+        argv = site.exe("/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *env,
+                        self.job_python, "-m", "slurmiso", *args)
+        return subprocess.run(self.ns_argv(*argv), text=True, capture_output=True,
+                              timeout=timeout)
+
     def ns_argv(self, *argv: str) -> List[str]:
         """``argv`` as it must run to see what the daemons see at /sys/fs/cgroup: in the cgroup
         v2 sandbox's mount namespace where it has one (a hybrid host), else as it is."""

@@ -129,6 +129,8 @@ def check_cgroup_v2_fences(snap: Snapshot, cfg: Config) -> List[Finding]:
                                "set ConstrainDevices=yes in cgroup.conf and restart slurmd"))
         needs = int(job.get("deny", 0)) + int(job.get("narrow", 0))
         for task in job.get("tasks", []):
+            if not task.get("procs", 1):
+                continue  # an empty cgroup (Slurm makes task_special for every step) runs nothing
             tasks += 1
             eff = task.get("effective", [])
             if SLURM_PROG not in eff:

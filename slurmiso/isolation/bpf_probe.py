@@ -207,9 +207,12 @@ def v2_node_facts(node: str, state_dir: str, mount: str = "/sys/fs/cgroup") -> D
                     continue
                 try:
                     _flags, eff = device_programs(task, True)
+                    with open(os.path.join(task, "cgroup.procs"), encoding="ascii") as fh:
+                        procs = len(fh.read().split())
                 except OSError:
                     continue  # the task ended meanwhile
-                entry["tasks"].append({"path": os.path.relpath(task, path), "effective": eff})
+                entry["tasks"].append({"path": os.path.relpath(task, path), "effective": eff,
+                                       "procs": procs})
             facts["jobs"].append(entry)
     return facts
 

@@ -271,3 +271,38 @@ def test_each_job_sees_slurms_placement_of_the_sandboxs_cgroup_version(
         open(f"{tag}.go", "w").close()
     for job in jobs:
         wait_for(job, timeout=60)
+
+
+def test_doctor_sees_slurms_and_slurmisos_device_programs_on_a_v2_node(
+    sandbox: Any, submit: Any, wait_for: Any,
+) -> None:
+    """doctor on the mig-dynamic node while two jobs run there (a batch task, an srun task):
+    on cgroup v2 it finds Slurm's device program on each job's cgroup and slurmiso_fence's in
+    effect beside it on each task (BPF_PROG_QUERY, by program name), and nothing wrong."""
+    if sandbox.cgroup_version != 2:
+        pytest.skip("the cgroup v2 fence check (doctor on a cgroup/v2 node)")
+    gate = os.path.join(sandbox.jobs_dir, f"doctor-{uuid.uuid4().hex[:8]}")
+    wait = f"for i in $(seq 1 300); do [ -e {gate} ] && break; sleep 0.2; done\n"
+    jobs = [submit("#!/bin/bash\n" + wait, "-p", "migd", "--gres=shard:3", "--qos=infer",
+                   user=L.TEST_USER),
+            submit(f"#!/bin/bash\nsrun bash -c '{wait.strip()}'\n", "-p", "migd",
+                   "--gres=shard:3", "--qos=infer", user=L.TEST_USER)]
+    try:
+        for job in jobs:
+            wait_for(job, {"RUNNING"}, timeout=60)
+        report: Dict[str, Any] = {}
+        for _ in range(50):  # until the srun step's task runs
+            cp = sandbox.node_slurmiso("doctor", "--node", "n4", "--json")
+            report = json.loads(cp.stdout)
+            v2 = {f["code"]: f for f in report["findings"] if f["code"].startswith("cgroup-v2")}
+            if "2 running job(s), 3 task(s)" in v2.get("cgroup-v2-fences", {}).get("message", ""):
+                break
+            time.sleep(0.5)
+        assert set(v2) == {"cgroup-v2-fences"}, v2
+        assert v2["cgroup-v2-fences"]["severity"] == "info"
+        assert "3 task(s) with slurmiso's fence in effect beside Slurm's" in \
+            v2["cgroup-v2-fences"]["message"], v2
+    finally:
+        open(gate, "w").close()
+    for job in jobs:
+        wait_for(job, timeout=60)

@@ -344,7 +344,10 @@ def _v2(jobs: List[Dict[str, Any]], **top: Any) -> Dict[str, Any]:
 SLURM, FENCE = "Slurm_Cgroup_v2", "slurmiso_fence"
 MIGD_JOB = {"dir": "s42DM918PDCP00", "job": "2605001", "own": [SLURM], "flags": 1, "deny": 1080,
             "narrow": 0, "tasks": [{"path": "step_batch/user/task_0",
-                                     "effective": [SLURM, FENCE]}]}
+                                     "effective": [SLURM, FENCE], "procs": 2},
+                                    # measured: Slurm makes task_special, empty, unfenced
+                                    {"path": "step_batch/user/task_special",
+                                     "effective": [SLURM], "procs": 0}]}
 EXCL_JOB = {"dir": "job_2411003", "job": "2411003", "own": [SLURM], "flags": 1, "deny": 0,
             "narrow": 0, "tasks": [{"path": "step_0/user/task_0", "effective": [SLURM]}]}
 
@@ -371,7 +374,10 @@ def test_cgroup_v2_fences_in_place_is_one_info_line() -> None:
      "cgroup-v2-fence-missing"),
     (lambda s: s["cgroup_v2"]["jobs"][0]["tasks"][0].update(effective=[FENCE]),
      "cgroup-v2-slurm-fence-replaced"),
-], ids=["not-unified", "hybrid-proc", "no-constrain", "no-fence", "slurm-replaced"])
+    (lambda s: s["cgroup_v2"]["jobs"][0]["tasks"][1].update(procs=1),
+     "cgroup-v2-fence-missing"),
+], ids=["not-unified", "hybrid-proc", "no-constrain", "no-fence", "slurm-replaced",
+        "task-special-runs-unfenced"])
 def test_cgroup_v2_fence_problems(plant: Callable[[Dict[str, Any]], Any], code: str) -> None:
     snap = _v2([copy.deepcopy(MIGD_JOB), copy.deepcopy(EXCL_JOB)])
     plant(snap)
