@@ -21,12 +21,21 @@ INTEGRATION ?= tests/integration
 # host lacks runs from a cached Debian root: make test SLURM=24.11, make demo SLURM=26.05.
 SLURM ?=
 SLURM_ARG = $(if $(SLURM),--slurm $(SLURM))
+# cgroup version of the sandbox's Slurm (v1, v2; empty: the host's, v1 on a hybrid host).
+# v2 on a hybrid host runs the daemons in a mount namespace with cgroup2 at /sys/fs/cgroup, in
+# its own dir (/var/lib/slurmiso-sbx-<release>-v2): make test SLURM=26.05 CGROUP=v2
+CGROUP ?=
+CGROUP_ARG = $(if $(CGROUP),--cgroup $(CGROUP))
+V2_SUFFIX = $(if $(filter v2,$(CGROUP)),-v2)
 # Extra 'sandbox up' arguments. It refuses a host whose Slurm or munge setup it did not create;
 # SANDBOX_UP_ARGS=--force runs anyway once and records it as the sandbox's (README).
 SANDBOX_UP_ARGS ?=
 export SLURMISO_SANDBOX_SLURM = $(SLURM)
+export SLURMISO_SANDBOX_CGROUP = $(CGROUP)
 ifneq ($(SLURM),)
-export SLURMISO_SANDBOX_DIR ?= /var/lib/slurmiso-sbx-$(SLURM)
+export SLURMISO_SANDBOX_DIR ?= /var/lib/slurmiso-sbx-$(SLURM)$(V2_SUFFIX)
+else ifneq ($(V2_SUFFIX),)
+export SLURMISO_SANDBOX_DIR ?= /var/lib/slurmiso-sandbox$(V2_SUFFIX)
 endif
 
 .PHONY: all install sandbox sandbox-down test unit integration demo bench lint clean deb rpm \
@@ -38,7 +47,7 @@ install:
 	$(PIP) install --quiet --disable-pip-version-check -e '.[test]'
 
 sandbox: install
-	$(PYTHON) -m slurmiso -v sandbox up $(SLURM_ARG) $(SANDBOX_UP_ARGS)
+	$(PYTHON) -m slurmiso -v sandbox up $(SLURM_ARG) $(CGROUP_ARG) $(SANDBOX_UP_ARGS)
 
 sandbox-down:
 	$(PYTHON) -m slurmiso sandbox down

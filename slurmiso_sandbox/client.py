@@ -6,6 +6,7 @@ so both drive the cluster the same way. Slurm clients run with the sandbox's ``S
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -86,6 +87,46 @@ class SandboxClient:
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
+
+    @property
+    def cgroup_version(self) -> int:
+        """1 or 2: the cgroup plugin the sandbox's slurmds run (``sandbox up --cgroup``)."""
+        try:
+            data = json.loads(Path(self.root, "run", "sandbox.json").read_text())
+        except (OSError, ValueError):
+            data = {}
+        recorded = data.get("cgroup") if isinstance(data, dict) else None
+        if recorded in ("v1", "v2"):
+            return int(recorded[1])
+        return 1 if os.path.isdir("/sys/fs/cgroup/devices") else 2
+
+    def node_slurmiso(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``slurmiso ARGS`` as a node of this sandbox runs it (its hooks do): in the cgroup v2
+        namespace where there is one, in the Slurm root with the root's Python on the copy
+        ``up`` made, and with the hybrid-host shim the slurmds have (hybrid_shim.c), so
+        /sys/fs/cgroup and /proc/self/cgroup read as on a pure cgroup v2 node."""
+        from slurmiso_sandbox.cluster import make_site
+
+        site = make_site(self.root)
+        env = [f"SLURM_CONF={self.slurm_conf}", f"SLURMISO_CONFIG={self.slurmiso_config}",
+               f"PYTHONPATH={self.job_pythonpath}"]
+        if site.hybrid_shim:
+            env.append(f"LD_PRELOAD={site.hybrid_shim}")
+        argv = site.exe("/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", *env,
+                        self.job_python, "-m", "slurmiso", *args)
+        return subprocess.run(self.ns_argv(*argv), text=True, capture_output=True,
+                              timeout=timeout)
+
+    def ns_argv(self, *argv: str) -> List[str]:
+        """``argv`` as it must run to see what the daemons see at /sys/fs/cgroup: in the cgroup
+        v2 sandbox's mount namespace where it has one (a hybrid host), else as it is."""
+        from slurmiso_sandbox.procs import process_matches, read_pid
+
+        pid = read_pid(self.path("run", "cgroup-ns.pid"))
+        if self.cgroup_version == 2 and pid and process_matches(
+                pid, ("sleep",), (f"slurmiso-cgroup-ns {self.root}",)):
+            return ["/usr/bin/nsenter", f"--mount=/proc/{pid}/ns/mnt", "--", *argv]
+        return list(argv)
 
     def slurmiso(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
         """Run ``python -m slurmiso ARGS`` from this checkout."""

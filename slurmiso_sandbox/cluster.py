@@ -68,6 +68,11 @@ GROUPADD = "/usr/sbin/groupadd"
 SCONTROL = "/usr/bin/scontrol"
 SINFO = "/usr/bin/sinfo"
 MAKE = "/usr/bin/make"
+GCC = "/usr/bin/gcc"
+UNSHARE = "/usr/bin/unshare"
+NSENTER = "/usr/bin/nsenter"
+BASH = "/bin/bash"
+ENV = "/usr/bin/env"
 
 NODES_TIMEOUT = 60.0
 #: Node states that count as "up" for a warm cluster that may be running jobs.
@@ -157,7 +162,7 @@ def plain_gpu(root: str, wanted: Optional[str] = None) -> str:
 
 
 def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
-              plain: Optional[str] = None) -> L.Site:
+              plain: Optional[str] = None, cgroup: Optional[str] = None) -> L.Site:
     """The sandbox's :class:`~slurmiso_sandbox.layout.Site` on this machine, right now.
 
     Hooks are wired only once the repository has them, and run by this interpreter with this
@@ -173,13 +178,17 @@ def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
     epilog = os.path.join(pkg_parent, "epilog", "slurmiso-epilog")
     hooks = os.path.isfile(prolog) and os.path.isfile(epilog) and hooks_wanted()
     release = choose_release(root, slurm)
+    version = choose_cgroup(root, cgroup)
     base = port_base(_read_state_dir(root).get("port_base")
-                     or L.PORT_BASE + 1000 * RELEASE_PORT_SHIFT.get(release, 0))
+                     or L.PORT_BASE + 1000 * RELEASE_PORT_SHIFT.get(release, 0)
+                     + (V2_PORT_SHIFT if version == "v2" and host_cgroup() == "v1" else 0))
     nodes = L.with_plain_gpu(tuple(replace(n, port=n.port - L.PORT_BASE + base)
                                    for n in L.NODES), plain_gpu(root, plain))
+    v2 = v2_fields(root, version)
     if release:
         py = os.path.join(root, "lib", "py")
         return L.Site(
+            **v2,
             root=root,
             host=socket.gethostname().split(".")[0],
             python=SYSTEM_PYTHON,
@@ -189,7 +198,6 @@ def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
             task_python=SYSTEM_PYTHON,
             spank_plugin=os.path.join(root, "lib", "slurmiso.so")
             if os.path.isfile(spank_source(pkg_parent)) else "",
-            cgroup=host_cgroup(),
             nodes=nodes,
             port_base=base,
             slurm=release,
@@ -198,6 +206,7 @@ def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
             chroot=R.root_path(release),
         )
     return L.Site(
+        **v2,
         root=root,
         host=socket.gethostname().split(".")[0],
         python=sys.executable,
@@ -207,7 +216,6 @@ def make_site(root: Optional[str] = None, slurm: Optional[str] = None,
         task_python="" if world_reachable(sys.executable) else SYSTEM_PYTHON,
         spank_plugin=os.path.join(root, "lib", "slurmiso.so")
         if os.path.isfile(spank_source(pkg_parent)) else "",
-        cgroup=host_cgroup(),
         nodes=nodes,
         port_base=base,
     )
@@ -284,6 +292,8 @@ class Service:
     proc_names: Tuple[str, ...]
     needles: Tuple[str, ...] = ()
     port: int = 0
+    #: Runs in the sandbox's cgroup v2 mount namespace (where the site has one).
+    ns: bool = False
 
     def pid(self) -> Optional[int]:
         pid = read_pid(self.pidfile)
@@ -292,26 +302,72 @@ class Service:
         return None
 
 
+#: The cgroup v2 namespace holder: a mount namespace whose /sys/fs/cgroup (and the Slurm
+#: root's) is the cgroup2 hierarchy alone; every Slurm daemon of the sandbox enters it.
+#: ``$1`` is the Slurm root ("" for the host's Slurm), ``$2`` the sandbox dir.
+CGROUP_NS_SCRIPT = """set -e
+umount -l /sys/fs/cgroup 2>/dev/null || true
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+if [ -n "$1" ]; then
+  umount -l "$1/sys/fs/cgroup" 2>/dev/null || true
+  mount --bind /sys/fs/cgroup "$1/sys/fs/cgroup"
+fi
+exec -a "slurmiso-cgroup-ns $2" sleep infinity
+"""
+
+
+def cgroup_ns_service(site: L.Site) -> Service:
+    return Service(
+        "cgroup-ns",
+        (UNSHARE, "--mount", "--propagation", "slave", "--", BASH, "-c", CGROUP_NS_SCRIPT,
+         "slurmiso-cgroup-ns", site.chroot, site.root),
+        site.path("run", "cgroup-ns.pid"), site.path("log", "cgroup-ns.out"), ("sleep",),
+        (f"slurmiso-cgroup-ns {site.root}",))
+
+
+def _daemon(site: L.Site, *argv: str, shim: bool = False) -> Tuple[str, ...]:
+    """A Slurm daemon's argv in this site: in its root, and with the hybrid-host shim
+    (hybrid_shim.c) preloaded where ``shim`` and the site needs it (``env`` inside the root:
+    the shim is built against the root's C library, not the host's)."""
+    if shim and site.hybrid_shim:
+        return tuple(site.exe(ENV, f"LD_PRELOAD={site.hybrid_shim}", *argv))
+    return tuple(site.exe(*argv))
+
+
 def services(site: L.Site) -> List[Service]:
     """Every daemon the sandbox runs, in start order (munged is listed separately)."""
     p = site.path
     my = A.mysql_paths(site)
-    out = [
+    ns = site.cgroup_ns
+    out = [cgroup_ns_service(site)] if ns else []
+    out += [
         Service("mariadb", tuple(A.mariadbd_argv(site)), my["pidfile"], my["log"],
                 ("mariadbd", "mysqld"), (f"--datadir={my['datadir']}",), site.mysql_port),
-        Service("slurmdbd", tuple(site.exe(SLURMDBD, "-D")), p("run", "slurmdbd.pid"),
-                p("log", "slurmdbd.log"), ("slurmdbd",), (), site.dbd_port),
-        Service("slurmctld", tuple(site.exe(SLURMCTLD, "-D", "-f", site.slurm_conf)),
+        Service("slurmdbd", _daemon(site, SLURMDBD, "-D"), p("run", "slurmdbd.pid"),
+                p("log", "slurmdbd.log"), ("slurmdbd",), (), site.dbd_port, ns=ns),
+        Service("slurmctld", _daemon(site, SLURMCTLD, "-D", "-f", site.slurm_conf),
                 p("run", "slurmctld.pid"), p("log", "slurmctld.log"), ("slurmctld",),
-                (site.slurm_conf,), site.ctld_port),
+                (site.slurm_conf,), site.ctld_port, ns=ns),
     ]
     for n in site.nodes:
         out.append(Service(
-            f"slurmd-{n.name}", tuple(site.exe(SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name)),
+            f"slurmd-{n.name}",
+            _daemon(site, SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name, shim=True),
             p("run", f"slurmd-{n.name}.pid"), p("log", f"slurmd-{n.name}.log"), ("slurmd",),
-            (site.slurm_conf, f"-N {n.name}"), n.port,
+            (site.slurm_conf, f"-N {n.name}"), n.port, ns=ns,
         ))
     return out
+
+
+def ns_argv(site: L.Site, *argv: str) -> List[str]:
+    """``argv`` run in the sandbox's cgroup v2 mount namespace (as is where it has none)."""
+    if not site.cgroup_ns:
+        return list(argv)
+    holder = cgroup_ns_service(site).pid()
+    if holder is None:
+        raise SandboxError("the sandbox's cgroup v2 namespace holder is not running",
+                           hint="slurmiso sandbox up")
+    return [NSENTER, f"--mount=/proc/{holder}/ns/mnt", "--", *argv]
 
 
 def service(site: L.Site, name: str) -> Service:
@@ -331,7 +387,8 @@ def start(site: L.Site, svc: Service) -> int:
                 hint="is another sandbox running? stop it with 'slurmiso sandbox down --dir ...'",
             )
     out = site.path("log", f"{svc.name}.out")
-    pid = spawn(svc.argv, env=slurm_env(site), logfile=out)
+    argv = ns_argv(site, *svc.argv) if svc.ns else list(svc.argv)
+    pid = spawn(argv, env=slurm_env(site), logfile=out)
     Path(svc.pidfile).write_text(f"{pid}\n")
     log.info("started %s (pid %d)", svc.name, pid)
     return pid
@@ -492,6 +549,93 @@ def _mknod(dev: L.DeviceNode) -> bool:
 def host_cgroup() -> str:
     """``v1`` where the host mounts the v1 devices controller, else ``v2`` (pure unified)."""
     return "v1" if os.path.isdir("/sys/fs/cgroup/devices") else "v2"
+
+
+#: A cgroup v2 sandbox on a hybrid host moves its default ports (beside the v1 one).
+V2_PORT_SHIFT = 500
+CGROUP_VERSIONS = ("v1", "v2")
+
+
+def choose_cgroup(root: str, cgroup: Optional[str]) -> str:
+    """The cgroup version a sandbox runs: ``--cgroup`` (or ``SLURMISO_SANDBOX_CGROUP``), else
+    the one ``up`` recorded in the dir, else the host's (v1 on a hybrid host). A dir made for
+    one version is not switched to the other while it holds a sandbox."""
+    recorded = str(_read_state_dir(root).get("cgroup") or "")
+    want = (cgroup or os.environ.get("SLURMISO_SANDBOX_CGROUP") or "").strip().lower()
+    if not want:
+        return recorded or host_cgroup()
+    want = want if want.startswith("v") else f"v{want}"
+    if want not in CGROUP_VERSIONS:
+        raise SandboxError(f"unknown cgroup version {cgroup!r} for the sandbox",
+                           hint="choose v1 or v2")
+    if want == "v1" and host_cgroup() == "v2":
+        raise SandboxError("--cgroup v1: this host has no cgroup v1 devices controller "
+                           "(/sys/fs/cgroup is the unified hierarchy)", hint="use --cgroup v2")
+    if recorded and want != recorded and os.path.exists(os.path.join(root, "etc",
+                                                                      "slurm.conf")):
+        raise SandboxError(f"{root} holds a cgroup {recorded} sandbox, not {want}",
+                           hint="use another --dir (SLURMISO_SANDBOX_DIR), or 'sandbox down "
+                           "--purge' it first")
+    return want
+
+
+def proc_cgroup_is_hybrid(path: str = "/proc/self/cgroup") -> bool:
+    """Whether the kernel lists cgroup v1 hierarchies for a process (lines other than the
+    unified ``0::`` one): what Slurm's cgroup/v2 plugin refuses as "Hybrid mode"."""
+    try:
+        lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    except OSError:
+        return False
+    return any(not ln.startswith("0::") for ln in lines)
+
+
+def cgroup2_root_controllers() -> Tuple[str, ...]:
+    """The controllers of the cgroup2 root (``cgroup.controllers``), wherever the host mounts
+    it (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host); () when unmounted."""
+    from slurmiso.isolation.bpf_probe import cgroup2_mount
+
+    mount = cgroup2_mount()
+    if not mount:
+        return ()
+    try:
+        return tuple(Path(mount, "cgroup.controllers").read_text().split())
+    except OSError:
+        return ()
+
+
+def v2_fields(root: str, version: str) -> Dict[str, Any]:
+    """The :class:`~slurmiso_sandbox.layout.Site` fields of the cgroup version ``version``."""
+    if version != "v2":
+        return {"cgroup": "v1"}
+    return {
+        "cgroup": "v2",
+        "cgroup_ns": host_cgroup() == "v1" or not _unified_at_sys_fs_cgroup(),
+        "v2_controllers": cgroup2_root_controllers(),
+        "hybrid_shim": os.path.join(root, "lib", "slurmiso-hybrid-shim.so")
+        if proc_cgroup_is_hybrid() else "",
+    }
+
+
+def _unified_at_sys_fs_cgroup() -> bool:
+    try:
+        return os.statvfs("/sys/fs/cgroup") is not None and _fstype("/sys/fs/cgroup") == "cgroup2"
+    except OSError:
+        return False
+
+
+def _fstype(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The file system type mounted at ``path`` (from ``mountinfo``), "" if none."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return ""
+    found = ""
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if sep and len(fields) > 4 and fields[4] == path:
+            found = tail.split()[0]  # the last mount at a path is the one seen
+    return found
 
 
 def write_files(site: L.Site) -> List[str]:
@@ -680,6 +824,50 @@ def _checkout() -> str:
     return str(Path(slurmiso.__file__).resolve().parent.parent)
 
 
+def build_shim(site: L.Site) -> str:
+    """Compile hybrid_shim.c for the Slurm daemons (in the root, against its C library)."""
+    src = os.path.join(site.pythonpath or _checkout(), "slurmiso_sandbox", "hybrid_shim.c")
+    out = site.hybrid_shim
+    try:
+        if os.stat(out).st_mtime >= os.stat(src).st_mtime:
+            return "shim up to date"
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = f"{out}.tmp"
+    run(site.exe(GCC, "-shared", "-fPIC", "-O2", "-Wall", "-o", tmp, src, "-ldl"), timeout=120)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    return f"built {out}"
+
+
+def _ns_ready(site: L.Site, pid: int) -> bool:
+    """The holder's namespace is set up: cgroup2 at /sys/fs/cgroup (and in the root)."""
+    mountinfo = f"/proc/{pid}/mountinfo"
+    want = ["/sys/fs/cgroup"] + ([site.chroot + "/sys/fs/cgroup"] if site.chroot else [])
+    return all(_fstype(w, mountinfo) == "cgroup2" for w in want) and process_matches(
+        pid, ("sleep",))
+
+
+def start_cgroup_ns(site: L.Site) -> str:
+    """The mount namespace every Slurm daemon of a cgroup v2 sandbox runs in. A holder that
+    died leaves the daemons in its namespace: they are restarted in the new one."""
+    done = [build_shim(site)] if site.hybrid_shim else []
+    svc = cgroup_ns_service(site)
+    pid = svc.pid()
+    if pid and _ns_ready(site, pid):
+        return "; ".join(done + [f"running (pid {pid})"])
+    stranded = stop([s for s in services(site) if s.ns])
+    if stranded:
+        log.warning("cgroup v2 namespace holder gone: restarting %s in a new one",
+                    ", ".join(stranded))
+    pid = start(site, svc)
+    wait_until("cgroup v2 namespace", lambda: _ns_ready(site, pid), timeout=20,
+               logfile=svc.logfile, alive=alive(svc), interval=0.1)
+    shown = ", ".join(site.v2_controllers) or "none"
+    return "; ".join(done + [f"started (pid {pid}; cgroup2 root controllers: {shown})"])
+
+
 def start_mariadb(site: L.Site) -> str:
     fresh = A.install_db(site)
     svc = service(site, "mariadb")
@@ -781,7 +969,8 @@ def lock_path(site: L.Site) -> str:
 
 def up(root: Optional[str] = None, slurm: Optional[str] = None,
        from_packages: bool = False, force: bool = False,
-       host: Optional[G.Host] = None, plain: Optional[str] = None) -> UpReport:
+       host: Optional[G.Host] = None, plain: Optional[str] = None,
+       cgroup: Optional[str] = None) -> UpReport:
     """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time).
 
     ``from_packages``: Slurm runs the installed packages' hooks and plugins, not the checkout's.
@@ -791,7 +980,7 @@ def up(root: Optional[str] = None, slurm: Optional[str] = None,
     """
     if os.geteuid() != 0:
         raise SandboxError("sandbox up must run as root (it runs Slurm's daemons and mknod)")
-    site = make_site(root, slurm, plain)
+    site = make_site(root, slurm, plain, cgroup)
     if from_packages:
         if site.chroot:
             raise SandboxError("--from-packages runs the host's Slurm only",
@@ -827,7 +1016,7 @@ def _up(site: L.Site, record_host: Callable[[], List[str]] = lambda: []) -> UpRe
             s.detail = prepare_root(site)
     os.makedirs(site.path("run"), exist_ok=True)
     _write_state(site, slurm=site.slurm, port_base=site.port_base,
-                 plain_gpu=_plain_spec(site))
+                 plain_gpu=_plain_spec(site), cgroup=site.cgroup)
     with _step(report, "spank plugin") as s:
         s.detail = build_spank(site)
     with _step(report, "simulated GPUs") as s:
@@ -842,6 +1031,9 @@ def _up(site: L.Site, record_host: Callable[[], List[str]] = lambda: []) -> UpRe
         made = record_host()
         if made:
             s.detail += f"; recorded as the sandbox's: {', '.join(made)}"
+    if site.cgroup_ns:
+        with _step(report, "cgroup v2 namespace") as s:
+            s.detail = start_cgroup_ns(site)
     with _step(report, "mariadb") as s:
         s.detail = start_mariadb(site)
     with _step(report, "slurmdbd") as s:
@@ -935,7 +1127,7 @@ def _down(site: L.Site, purge: bool) -> DownReport:
     report = DownReport()
     svcs = services(site)
     # Slurmds first (they report to slurmctld), slurmdbd before its database.
-    for group in ("slurmd-", "slurmctld", "slurmdbd", "mariadb"):
+    for group in ("slurmd-", "slurmctld", "slurmdbd", "mariadb", "cgroup-ns"):
         report.stopped += stop([s for s in svcs if s.name.startswith(group)])
     munged = _read_state(site).get("munged_pid")
     if munged and process_matches(int(munged), ("munged",)):
@@ -994,10 +1186,17 @@ def status(root: Optional[str] = None) -> Dict[str, Any]:
         uid: Optional[int] = pwd.getpwnam(L.TEST_USER).pw_uid
     except KeyError:
         uid = None
+    holder = cgroup_ns_service(site).pid() if site.cgroup_ns else None
     return {
         "dir": site.root,
         "exists": os.path.isdir(site.root),
         "cluster": L.CLUSTER,
+        "cgroup_version": 2 if site.cgroup == "v2" else 1,
+        # where the daemons see cgroup2 at /sys/fs/cgroup: enter it with
+        # nsenter --mount=/proc/<pid>/ns/mnt (null: the host's own mount namespace)
+        "cgroup_namespace": {"pid": holder, "hybrid_shim": site.hybrid_shim or None}
+        if site.cgroup_ns else None,
+        "constrain_off": [opt for opt, _ctl in L.v2_constrain_off(site)],
         "slurm_version": R.slurm_version(site_root(site)) if not site.chroot
         or os.path.isdir(site.chroot) else "",
         "slurm_root": site.chroot,

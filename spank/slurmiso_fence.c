@@ -415,10 +415,92 @@ static int cgroup2_mount(char *out, size_t len)
 	return rc;
 }
 
+/* The "0::" (unified) cgroup path of process pid (0: this one), "" if none. */
+static int unified_path(pid_t pid, char *out, size_t len)
+{
+	char path[64], line[1024];
+
+	out[0] = '\0';
+	if (pid)
+		snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	else
+		snprintf(path, sizeof(path), "/proc/self/cgroup");
+	FILE *fh = fopen(path, "re");
+	if (!fh)
+		return -1;
+	while (fgets(line, sizeof(line), fh))
+		if (strncmp(line, "0::", 3) == 0) {
+			snprintf(out, len, "%s", line + 3);
+			out[strcspn(out, "\n")] = '\0';
+			break;
+		}
+	fclose(fh);
+	return out[0] ? 0 : -1;
+}
+
+/* A SLUID as Slurm 26.05 prints it (src/common/sluid.c, print_sluid): "s" and 13 digits of
+ * Crockford's base32, upper case. */
+static int is_sluid(const char *s, size_t n)
+{
+	static const char cb32[] = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+	if (n != 14 || s[0] != 's')
+		return 0;
+	for (size_t i = 1; i < n; i++)
+		if (!s[i] || !strchr(cb32, s[i]))
+			return 0;
+	return 1;
+}
+
+/*
+ * The job directory of a cgroup v2 path, ".../<job dir>/step_...": its offset and length in
+ * cg (-1: none). Slurm's cgroup/v2 plugin names it job_<id> (up to 25.11, and from 26.05 with
+ * CgroupJobIdPaths=yes) or by the job's SLUID (26.05's default, cgroup_p_step_create).
+ */
+static int job_dir_of(const char *cg, size_t *len)
+{
+	const char *step = strstr(cg, "/step_");
+	if (!step || step == cg)
+		return -1;
+	const char *start = step;
+	while (start > cg && start[-1] != '/')
+		start--;
+	if (start == step)
+		return -1;
+	*len = (size_t)(step - start);
+	return (int)(start - cg);
+}
+
+/* Process whose own cgroup names this job's directory: slurmstepd itself (Slurm moved it into
+ * <job dir>/step_<s>/slurm before any task forks); the test program names one (stepd=PID). */
+static pid_t stepd_pid;
+
+/*
+ * Whether cgroup path cg is in job job_id's directory: named job_<job_id>, or a SLUID that is
+ * the job directory of this step's slurmstepd too (same path up to it), since nothing else
+ * tells a SLUID's job id here (SPANK has no SLUID item in 26.05).
+ */
+static int is_this_jobs(const char *cg, uint32_t job_id)
+{
+	char want[32], stepd[1024];
+	size_t n = 0, m = 0;
+	int off = job_dir_of(cg, &n);
+
+	if (off < 0)
+		return 0;
+	snprintf(want, sizeof(want), "job_%u", job_id);
+	if (n == strlen(want) && strncmp(cg + off, want, n) == 0)
+		return 1;
+	if (!is_sluid(cg + off, n) || unified_path(stepd_pid, stepd, sizeof(stepd)) != 0)
+		return 0;
+	int soff = job_dir_of(stepd, &m);
+	return soff == off && m == n && strncmp(stepd, cg, (size_t)off + n) == 0;
+}
+
 /*
  * The task's own v2 cgroup directory, only if it is this job's. Under Slurm's cgroup/v2 the
- * task is in <scope>/job_<j>/step_<s>/user/task_<t> (or task_special) when task_post_fork
- * runs; anywhere else under the job it is moved into a new leaf task_<t> of its current
+ * task is in <scope>/<job dir>/step_<s>/user/task_<t> (or task_special) when task_post_fork
+ * runs (the job dir is job_<j>, or the job's SLUID on 26.05: see is_this_jobs); anywhere
+ * else under the job it is moved into a new leaf task_<t> of its current
  * cgroup (a leaf, so v2's "no internal processes" rule holds: its parent kept no
  * controller enabled, or the task could not have been there). Returns 0, -2 (not this
  * job's cgroup), -3 (cannot make or enter the leaf) or -1 (no unified hierarchy).
@@ -426,23 +508,11 @@ static int cgroup2_mount(char *out, size_t len)
 static int task_v2_cgroup(char *out, size_t len, const char *mount, pid_t pid,
 			  uint32_t job_id, uint32_t task_id)
 {
-	char path[64], line[1024], cg[1024] = "", want[64];
+	char cg[1024];
 
-	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
-	FILE *fh = fopen(path, "re");
-	if (!fh)
+	if (unified_path(pid, cg, sizeof(cg)) != 0)
 		return -1;
-	while (fgets(line, sizeof(line), fh))
-		if (strncmp(line, "0::", 3) == 0) {
-			snprintf(cg, sizeof(cg), "%s", line + 3);
-			cg[strcspn(cg, "\n")] = '\0';
-			break;
-		}
-	fclose(fh);
-	if (!cg[0])
-		return -1;
-	snprintf(want, sizeof(want), "/job_%u/", job_id);
-	if (!strstr(cg, want) || strstr(cg, "/../") || strstr(cg, "(deleted)"))
+	if (!is_this_jobs(cg, job_id) || strstr(cg, "/../") || strstr(cg, "(deleted)"))
 		return -2;
 	const char *base = strrchr(cg, '/');
 	int w;
@@ -664,7 +734,9 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 #else
 /* ------------------------------------------------------------------------ test program */
 /*
- *   fence_test v2 JOB TASK PID [state_dir=D] [gpu_majors=M,...]  fence PID as task_post_fork
+ *   fence_test v2 JOB TASK PID [stepd=SPID] [state_dir=D] [gpu_majors=M,...]
+ *                    fence PID as task_post_fork; SPID stands in for slurmstepd (whose own
+ *                    cgroup names a SLUID job directory as this job's)
  *   fence_test v1 JOB TASK CGDIR PROG [ARG...] [-- state_dir=D ...]
  *                    enter v1 devices cgroup CGDIR, fence as task_init_privileged, exec PROG
  *   fence_test attach CGDIR none|override|multi RULE...   attach a plain deny program, as
@@ -701,6 +773,12 @@ int main(int ac, char **av)
 	char fpath[700];
 
 	if (ac >= 5 && strcmp(av[1], "v2") == 0) {
+		if (ac >= 6 && strncmp(av[5], "stepd=", 6) == 0) {
+			stepd_pid = (pid_t)atoi(av[5] + 6);
+			for (int i = 5; i + 1 < ac; i++)
+				av[i] = av[i + 1];
+			ac--;
+		}
 		if (parse_args(ac - 5, av + 5) != 0 ||
 		    fence_path(fpath, sizeof(fpath), (uint32_t)atol(av[2])) != 0)
 			return 2;

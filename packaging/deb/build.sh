@@ -53,7 +53,7 @@ echo "built $OUT/slurmiso_${VERSION}-${DEBREV}_all.deb"
 # ----------------------------------------------------------------------- slurmiso-sandbox
 X=$WORK/slurmiso-sandbox
 install -d "$X/usr/lib/slurmiso/python/slurmiso_sandbox" "$X/usr/share/doc/slurmiso-sandbox"
-install -m 0644 slurmiso_sandbox/*.py "$X/usr/lib/slurmiso/python/slurmiso_sandbox/"
+install -m 0644 slurmiso_sandbox/*.py slurmiso_sandbox/*.c "$X/usr/lib/slurmiso/python/slurmiso_sandbox/"
 $PY packaging/deb/copyright.py > "$X/usr/share/doc/slurmiso-sandbox/copyright"
 printf 'slurmiso-sandbox (%s-%s) unstable; urgency=medium\n\n  * Package build from the source tree.\n\n -- %s  %s\n' \
     "$VERSION" "$DEBREV" "$MAINT" "$(date -R -d @${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)})" \

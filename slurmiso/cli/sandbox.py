@@ -59,6 +59,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "L4, RTX-4090, or any NAME:MEMORY (RTX-A5000:24G); MIG nodes keep H100-80GB. "
         "Default: $SLURMISO_SANDBOX_PLAIN_GPU, else what the dir was made with, else "
         "A100-80GB/H100-80GB")
+    up.add_argument(
+        "--cgroup", choices=("v1", "v2"),
+        help="cgroup version of Slurm's cgroup plugin (CgroupPlugin=cgroup/v1|v2; default: "
+        "$SLURMISO_SANDBOX_CGROUP, the one this dir was made with, else v1 where the host "
+        "mounts the v1 devices controller). v2 on a hybrid host runs the Slurm daemons in a "
+        "mount namespace with the cgroup2 hierarchy at /sys/fs/cgroup")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop every sandbox process")
     down.add_argument("--dir", help=DIR_HELP)
@@ -138,7 +144,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     cluster = sandbox_module("cluster")
     report = cluster.up(args.dir, args.slurm, from_packages=args.from_packages,
-                        force=args.force, plain=args.plain_gpu)
+                        force=args.force, plain=args.plain_gpu, cgroup=args.cgroup)
     if args.json:
         print_json(cluster.report_dict(report))
         return 0
@@ -196,7 +202,10 @@ def _status_text(data: Dict[str, Any]) -> str:
              + ("" if data["exists"] else " (does not exist)"),
              f"slurm {data['slurm_version'] or 'unknown'}"
              + (f" from {data['slurm_root']}" if data["slurm_root"] else " (host)")
-             + f", slurmctld port {data['ports']['slurmctld']}"]
+             + f", slurmctld port {data['ports']['slurmctld']}"
+             + f", cgroup v{data.get('cgroup_version', 1)}"
+             + (f" (mount namespace of pid {data['cgroup_namespace']['pid']})"
+                if data.get("cgroup_namespace") else "")]
     rows = [(s["name"], "running" if s["running"] else "stopped", s["pid"] or "",
              "sandbox" if s.get("started_by_sandbox") else "")
             for s in data["services"]]

@@ -127,18 +127,22 @@ def check_gres_types(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 def check_prolog_flags(snap: Snapshot, cfg: Config) -> List[Finding]:
     flags = _items(conf(snap, "PrologFlags"))
-    if "alloc" not in flags:  # scontrol prints Alloc for Contain and RunInJob too
+    if "runinjob" in flags:  # 24.05+: implies Alloc and Contain
+        mps = [p.name for p in cfg.pools if p.mode == "mps"]
+        return [Finding("error", "prolog-run-in-job",
+                        f"PrologFlags={conf(snap, 'PrologFlags')}: RunInJob runs slurmiso's "
+                        "Prolog and Epilog in the job's extern step (its cgroup, its device "
+                        "constraint): an MPS control daemon the Prolog starts for a GPU would be "
+                        "killed with the first job that started it and fenced like it, under the "
+                        "later jobs sharing it"
+                        + (f" (mps pool(s) {', '.join(mps)}: the prolog refuses to start one "
+                           "there and drains the node)" if mps else ""),
+                        "set PrologFlags=Alloc,Contain (without RunInJob) in slurm.conf")]
+    if "alloc" not in flags:
         return [Finding("error", "prolog-flags",
                         f"PrologFlags={conf(snap, 'PrologFlags') or '(none)'}: without Alloc "
                         "the Prolog runs only when the first step starts, so a job can start on "
                         "a GPU slurmiso has not prepared", "set PrologFlags=Alloc in slurm.conf")]
-    mps = [p.name for p in cfg.pools if p.mode == "mps"]
-    if "runinjob" in flags and mps:
-        return [Finding("warning", "prolog-flags",
-                        f"PrologFlags={conf(snap, 'PrologFlags')}: RunInJob runs the Prolog in "
-                        f"the job's own cgroup, so the MPS daemon it starts on pool(s) "
-                        f"{', '.join(mps)} dies with that job while other jobs use it",
-                        "drop RunInJob from PrologFlags in slurm.conf (keep Alloc,Contain)")]
     return []
 
 

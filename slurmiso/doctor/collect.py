@@ -138,6 +138,9 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
     snap["hooks"] = _hooks(config)
     snap["gpu_node"] = _gpu_node(cfg, node_name(node))
     snap["fence_kernel"] = _fence_kernel() if snap["gpu_node"] else None
+    snap["cgroup_v2"] = (_cgroup_v2(cfg, node_name(node))
+                         if snap["gpu_node"] and config.get("CgroupPlugin", "").lower()
+                         == "cgroup/v2" else None)
     return snap
 
 
@@ -147,6 +150,16 @@ def _fence_kernel() -> Dict[str, Any]:
 
     ok, detail = bpf_device_support()
     return {"cgroup2": cgroup2_mount(), "bpf_device": ok, "detail": detail}
+
+
+def _cgroup_v2(cfg: Config, node: str) -> Dict[str, Any]:
+    """The cgroup v2 fences as they are on this node now (doctor/fences.py): as root only,
+    since reading device programs needs CAP_SYS_ADMIN."""
+    if os.geteuid() != 0:
+        return {"error": "not root: the device programs of job cgroups are root's to read"}
+    from slurmiso.isolation.bpf_probe import v2_node_facts
+
+    return v2_node_facts(node, cfg.paths.state_dir_for(node))
 
 
 def load_snapshot(path: str) -> Snapshot:

@@ -133,4 +133,72 @@ def check_fence_cgroup_version(snap: Snapshot, cfg: Config) -> List[Finding]:
                     "own ConstrainDevices on cgroup/v2 needs them too); see docs/security.md")]
 
 
-CHECKS: List[Check] = [check_device_constraint, check_fence_plugin, check_fence_cgroup_version]
+#: The names the two sides load their device programs with (isolation/bpf_probe.py).
+SLURM_PROG = "Slurm_Cgroup_v2"
+FENCE_PROG = "slurmiso_fence"
+
+
+def check_cgroup_v2_fences(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """On a cgroup v2 GPU node, as the kernel has it now: /sys/fs/cgroup is the unified
+    hierarchy alone; every running job's cgroup carries Slurm's device program (its
+    ConstrainDevices); every task of a job slurmiso fences has slurmiso_fence's program in
+    effect *beside* Slurm's (the kernel runs both: docs/security.md, "Composing")."""
+    facts = snap.get("cgroup_v2")
+    if not facts or conf(snap, "CgroupPlugin").lower() != "cgroup/v2":
+        return []
+    if facts.get("error") and "jobs" not in facts:
+        return [Finding("info", "cgroup-v2-fences", f"cgroup/v2 fences not checked: "
+                        f"{facts['error']}", "run 'slurmiso doctor' as root on a GPU node")]
+    if not facts.get("unified") or facts.get("hybrid_proc"):
+        return [Finding("error", "cgroup-v2-hierarchy",
+                        f"CgroupPlugin=cgroup/v2 but {facts.get('mount', '/sys/fs/cgroup')} "
+                        "on this node is not the unified hierarchy alone"
+                        + (" (/proc/<pid>/cgroup lists cgroup v1 hierarchies)"
+                           if facts.get("hybrid_proc") else "")
+                        + ": Slurm's cgroup/v2 plugin refuses such a host ('Hybrid mode is "
+                        "not supported'), so slurmd does not start",
+                        "boot the node with the unified hierarchy only "
+                        "(systemd.unified_cgroup_hierarchy=1, or cgroup_no_v1=all), or use "
+                        "CgroupPlugin=cgroup/v1 where Slurm still ships it")]
+    out: List[Finding] = []
+    tasks = fenced = 0
+    for job in facts.get("jobs", []):
+        name = job.get("job") or job.get("dir", "?")
+        if SLURM_PROG not in job.get("own", []):
+            out.append(Finding("error", "cgroup-v2-device-constraint",
+                               f"job {name}'s cgroup ({job.get('dir')}) has no device program "
+                               f"of Slurm's: its processes can open every device of the node",
+                               "set ConstrainDevices=yes in cgroup.conf and restart slurmd"))
+        needs = int(job.get("deny", 0)) + int(job.get("narrow", 0))
+        for task in job.get("tasks", []):
+            if not task.get("procs", 1):
+                continue  # an empty cgroup (Slurm makes task_special for every step) runs nothing
+            tasks += 1
+            eff = task.get("effective", [])
+            if SLURM_PROG not in eff:
+                out.append(Finding("error", "cgroup-v2-slurm-fence-replaced",
+                                   f"job {name} {task.get('path')}: Slurm's device program is "
+                                   f"not in effect (programs in effect: {eff or 'none'}): its "
+                                   "GPU constraint is gone", "see docs/security.md, "
+                                   "'Composing with Slurm's device programs'"))
+            if needs and FENCE_PROG not in eff:
+                out.append(Finding("error", "cgroup-v2-fence-missing",
+                                   f"job {name} {task.get('path')}: its fence has {needs} "
+                                   f"rule(s) but no {FENCE_PROG} program is in effect",
+                                   "check plugstack.conf loads slurmiso_fence.so (required) and "
+                                   "slurmd's log for 'slurmiso_fence'"))
+            elif needs:
+                fenced += 1
+    if not out:
+        jobs = len(facts.get("jobs", []))
+        out.append(Finding("info", "cgroup-v2-fences",
+                           f"cgroup/v2: {jobs} running job(s), {tasks} task(s) checked: Slurm's "
+                           f"device program on each job, {fenced} task(s) with slurmiso's fence "
+                           "in effect beside Slurm's" if jobs else
+                           "cgroup/v2: unified hierarchy; no job runs here to check its fences",
+                           ""))
+    return out
+
+
+CHECKS: List[Check] = [check_device_constraint, check_fence_plugin, check_fence_cgroup_version,
+                       check_cgroup_v2_fences]

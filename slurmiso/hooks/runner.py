@@ -263,11 +263,14 @@ def _fence_facts(ctx: Context, env: Mapping[str, str]) -> Dict[str, Any]:
     """What a device fence needs to close a refused job off its GPUs: who, and which devices
     Slurm gave it (GRES indices, and the raw device list for MIG-typed GRES)."""
     visible = env.get("CUDA_VISIBLE_DEVICES", "")[:4096]
-    return {
+    facts: Dict[str, Any] = {
         "uid": ctx.env.uid,
         "gpus": list(ctx.env.gpus),
         "slurm_visible_devices": visible if visible.isprintable() else "",
     }
+    if ctx.env.sluid:  # 26.05+: the name of the job's cgroup/v2 directory (slurmiso/sluid.py)
+        facts["sluid"] = ctx.env.sluid
+    return facts
 
 
 def _check_identity(ctx: Context) -> None:

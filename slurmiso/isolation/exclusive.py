@@ -36,7 +36,8 @@ def device_indices(ctx: Context) -> List[int]:
 
 def check_clean(ctx: Context, gpus: List[int]) -> None:
     """NodeFault if a process that is not this job's holds one of ``gpus``."""
-    strangers = foreign_processes(on_devices(ctx.backend.processes(), gpus), ctx.job_id)
+    strangers = foreign_processes(on_devices(ctx.backend.processes(), gpus), ctx.job_id,
+                                  sluid=ctx.env.sluid)
     if strangers:
         desc = ", ".join(f"pid {p.pid} on GPU {p.gpu_index}" for p in strangers)
         raise NodeFault(
@@ -68,9 +69,10 @@ class ExclusiveIsolation:
         gpus = [r.gpu for r in ctx.record.of_kind("gpu") if r.gpu is not None]
         if not gpus:
             return
-        clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus)
+        clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus, sluid=ctx.env.sluid)
         survivors = job_processes(
-            on_devices(ctx.backend.processes(), gpus), ctx.job_id, ctx.env.uid
+            on_devices(ctx.backend.processes(), gpus), ctx.job_id, ctx.env.uid,
+            sluid=ctx.env.sluid,
         )
         if survivors:
             raise NodeFault(

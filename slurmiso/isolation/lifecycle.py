@@ -58,6 +58,7 @@ def reconcile_node(
     from slurmiso.gpu import open_backend
     from slurmiso.hostlist import node_name
     from slurmiso.isolation.base import ReconcileContext
+    from slurmiso.sluid import valid_sluid
     from slurmiso.slurm.jobenv import JobEnv
     from slurmiso.state import Journal, NodeState
 
@@ -81,6 +82,7 @@ def reconcile_node(
                 env = JobEnv(
                     jid, rec.uid, rec.user, node, rec.partition, rec.account, rec.qos,
                     tuple(rec.gpus), rec.restart_count,
+                    sluid=valid_sluid(str(rec.fence.get("sluid", ""))),
                 )
                 ctx = Context(
                     cfg,

@@ -208,7 +208,8 @@ class MigDynamic:
                     with ctx.state.unlocked():  # the record still names it: nobody takes it
                         if inst.uuid:
                             processes.clean_job_devices(
-                                backend, ctx.job_id, ctx.env.uid, mig_uuids=[inst.uuid]
+                                backend, ctx.job_id, ctx.env.uid, mig_uuids=[inst.uuid],
+                                sluid=ctx.env.sluid,
                             )
                         destroy_mig_device(backend, inst)
                 except GpuNotFound:

@@ -76,7 +76,7 @@ class MigStatic:
             on_it = processes.on_devices(
                 procs, gpus=[entry.gpu], mig_uuids=[entry.uuid] if entry.is_mig else []
             )
-            foreign = processes.foreign_processes(on_it, ctx.job_id)
+            foreign = processes.foreign_processes(on_it, ctx.job_id, sluid=ctx.env.sluid)
             if foreign:
                 pids = ", ".join(str(p.pid) for p in foreign)
                 raise NodeFault(
@@ -100,11 +100,12 @@ class MigStatic:
             backend = backend or ctx.backend
             uuids = [res.uuid] if res.profile and res.uuid else []
             processes.clean_job_devices(
-                backend, ctx.job_id, ctx.env.uid, gpus=[res.gpu], mig_uuids=uuids
+                backend, ctx.job_id, ctx.env.uid, gpus=[res.gpu], mig_uuids=uuids,
+                sluid=ctx.env.sluid,
             )
             left = processes.job_processes(
                 processes.on_devices(backend.processes(), [res.gpu], uuids),
-                ctx.job_id, ctx.env.uid,
+                ctx.job_id, ctx.env.uid, sluid=ctx.env.sluid,
             )
             if left:
                 pids = ", ".join(str(p.pid) for p in left)

@@ -178,6 +178,23 @@ def _unregister(state: NodeState, gpu: int, job_id: str) -> bool:
     return True
 
 
+def refuse_run_in_job(job_id: str, gpu: int, sluid: str = "", proc: str = "/proc") -> None:
+    """NodeFault when this prolog runs inside a job's cgroup (PrologFlags=RunInJob, 24.05+:
+    Slurm forks the Prolog from the job's extern slurmstepd, src/slurmd/slurmstepd/mgr.c).
+    A daemon started there lives in that job's cgroup: proctrack/cgroup kills it when that
+    job ends, under every later job sharing it, and the job's device constraint is its own.
+    slurmiso needs PrologFlags=Alloc,Contain without RunInJob (doctor says so too)."""
+    from slurmiso.isolation.processes import job_of_cgroup
+
+    holder = job_of_cgroup(os.getpid(), proc)
+    if holder is not None and holder in (job_id.split("_")[0], sluid or None):
+        raise NodeFault(
+            f"PrologFlags=RunInJob: the prolog of job {job_id} runs in the job's own cgroup; "
+            f"an MPS daemon started there for GPU {gpu} would die with that job",
+            hint="set PrologFlags=Alloc,Contain (without RunInJob) in slurm.conf, restart "
+            "slurmd, then resume the node")
+
+
 def _warn_job(state: NodeState, job_id: str, message: str) -> None:
     """Add a warning to another job's persisted record (callers hold the node lock)."""
     record = state.read_job(job_id)
@@ -276,6 +293,7 @@ class MpsIsolation:
                 clients=[c.job_id for c in sharing],
             )
             control.stop(paths["pipe"], STOP_TIMEOUT_S)  # clears a corpse's files and servers
+        refuse_run_in_job(ctx.job_id, key.gpu, ctx.env.sluid)
         try:
             prepare_dirs(paths)
         except OSError as exc:
@@ -334,7 +352,8 @@ class MpsIsolation:
             if entry.state is ResourceState.RELEASED:
                 continue
             key = entry_key(entry, ctx.job_id)
-            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=[key.gpu])
+            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=[key.gpu],
+                              sluid=ctx.env.sluid)
             _unregister(ctx.state, key.gpu, ctx.job_id)
             if not daemon_clients(ctx.state, key, exclude=ctx.job_id):
                 self._stop_daemon(

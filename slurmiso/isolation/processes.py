@@ -1,9 +1,11 @@
 """Which GPU processes belong to a job, and ending the ones a job left behind.
 
 Ownership is decided by the kernel's view of the process, never by what the job says: the
+job's cgroup (``job_<id>``, or on Slurm 26.05's cgroup/v2 the job's SLUID: its job cgroup is
+``<scope>/s<13 base32 digits>/step_*``, unless ``CgroupJobIdPaths=yes``), else the
 ``SLURM_JOB_ID`` slurmstepd put in the process's initial environment (``/proc/PID/environ``,
-readable only by root and the owner) or a ``job_<id>`` cgroup, *and* the job's uid. A process
-of another uid is never killed by this job's epilog.
+readable only by root and the owner), *and* the job's uid. A process of another uid is never
+killed by this job's epilog.
 """
 
 from __future__ import annotations
@@ -16,24 +18,43 @@ from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence
 
 from slurmiso.gpu.backend import GpuProcess
 from slurmiso.pids import pid_alive
+from slurmiso.sluid import is_sluid
 
 if TYPE_CHECKING:  # the protocols are costly to define; hooks only annotate with them
     from slurmiso.gpu.protocols import GpuBackend
 
 log = logging.getLogger(__name__)
 _CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
+#: Slurm 26.05's cgroup/v2 job directory: the job's SLUID (slurmiso/sluid.py).
+_CGROUP_SLUID = re.compile(r"^0::.*/(s[0-9A-HJKMNP-TV-Z]{13})(?:/|$)")
 
 
 def job_of_pid(pid: int, proc: str = "/proc") -> Optional[str]:
-    """The Slurm job a process belongs to (cgroup first, then initial environment), or None."""
+    """The Slurm job a process belongs to, or None: the job id of a ``job_<id>`` cgroup, the
+    SLUID of a 26.05 cgroup/v2 job cgroup, else the initial environment's job id."""
+    return job_of_cgroup(pid, proc) or _environ_job(pid, proc)
+
+
+def job_of_cgroup(pid: int, proc: str = "/proc") -> Optional[str]:
+    """The job whose cgroup holds the process (its job id, or its SLUID), from the kernel's
+    /proc/PID/cgroup alone; None outside every job's cgroup."""
     try:
         with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                m = _CGROUP_JOB.search(line)
-                if m:
-                    return m.group(1)
+            lines = fh.read().splitlines()
     except OSError:
-        pass
+        lines = []
+    for line in lines:
+        m = _CGROUP_JOB.search(line)
+        if m:
+            return m.group(1)
+    for line in lines:
+        m = _CGROUP_SLUID.search(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _environ_job(pid: int, proc: str) -> Optional[str]:
     try:
         with open(f"{proc}/{pid}/environ", "rb") as fh:
             for item in fh.read().split(b"\0"):
@@ -65,24 +86,38 @@ def on_devices(
     return out
 
 
+def belongs_to(pid: int, job_id: str, sluid: str = "", proc: str = "/proc") -> bool:
+    """Whether process ``pid`` is job ``job_id``'s (``sluid``: the job's SLUID, which Slurm
+    26.05 exports to the Prolog and Epilog as ``SLURM_JOB_SLUID``). A SLUID cgroup is the job's
+    only when it is ``sluid``; a caller that does not know the job's SLUID (an older Slurm's
+    hook cannot meet one) falls back to the process's initial environment, as before."""
+    key = job_of_pid(pid, proc)
+    if key is None:
+        return False
+    base = job_id.split("_")[0]
+    if key in (job_id, base):
+        return True
+    if is_sluid(key):
+        return key == sluid if sluid else _environ_job(pid, proc) in (job_id, base)
+    return False
+
+
 def job_processes(
-    procs: Iterable[GpuProcess], job_id: str, uid: int, proc: str = "/proc"
+    procs: Iterable[GpuProcess], job_id: str, uid: int, proc: str = "/proc", sluid: str = ""
 ) -> List[GpuProcess]:
     """The processes of ``procs`` that belong to ``job_id`` and run as ``uid``."""
-    base = job_id.split("_")[0]
     return [
         p
         for p in procs
-        if job_of_pid(p.pid, proc) in (job_id, base) and (uid < 0 or uid_of_pid(p.pid, proc) == uid)
+        if belongs_to(p.pid, job_id, sluid, proc) and (uid < 0 or uid_of_pid(p.pid, proc) == uid)
     ]
 
 
 def foreign_processes(
-    procs: Iterable[GpuProcess], job_id: str, proc: str = "/proc"
+    procs: Iterable[GpuProcess], job_id: str, proc: str = "/proc", sluid: str = ""
 ) -> List[GpuProcess]:
     """Processes that are not this job's (a leftover of another job, or a rogue user)."""
-    base = job_id.split("_")[0]
-    return [p for p in procs if job_of_pid(p.pid, proc) not in (job_id, base)]
+    return [p for p in procs if not belongs_to(p.pid, job_id, sluid, proc)]
 
 
 def end_processes(
@@ -126,10 +161,11 @@ def clean_job_devices(
     gpus: Sequence[int] = (),
     mig_uuids: Sequence[str] = (),
     grace_s: float = 5.0,
+    sluid: str = "",
 ) -> List[int]:
     """End the job's leftover processes on its devices; return the pids ended."""
     procs = on_devices(backend.processes(), gpus, mig_uuids)
-    mine = job_processes(procs, job_id, uid)
+    mine = job_processes(procs, job_id, uid, sluid=sluid)
     if not mine:
         return []
     pids = [p.pid for p in mine]

@@ -39,7 +39,8 @@ class TimesliceIsolation:
     def teardown(self, ctx: Context) -> None:
         gpus = [r.gpu for r in ctx.record.of_kind("shared-gpu") if r.gpu is not None]
         if gpus:
-            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus)
+            clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=gpus,
+                              sluid=ctx.env.sluid)
 
     def reconcile(self, ctx: ReconcileContext) -> List[str]:
         return []

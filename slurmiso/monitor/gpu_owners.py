@@ -23,6 +23,7 @@ import re
 from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
 
 from slurmiso.monitor import signals as sig
+from slurmiso.sluid import is_sluid
 
 _JOB = re.compile(r"(?:^|/)job_([0-9]{1,12})(?:/|$)")
 #: Controllers that follow the job's processes, in order of trust (v2's line has none).
@@ -33,13 +34,23 @@ MAX_CGROUP_BYTES = 16384
 Row = Tuple[str, str, int, str]
 
 
-def job_of_cgroup(text: str) -> Optional[str]:
-    """The Slurm job a ``/proc/PID/cgroup`` text puts its process in, or None."""
+def job_of_cgroup(text: str, sluids: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """The Slurm job a ``/proc/PID/cgroup`` text puts its process in, or None.
+
+    ``sluids``: SLUID -> job id, from the records (Slurm 26.05's cgroup/v2 names a job's
+    directory by its SLUID, which gives no job id back: slurmiso/sluid.py); a SLUID no
+    record names is no job's here."""
     by_controller: Dict[str, str] = {}
     for line in text.splitlines()[:64]:
         _hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         m = _JOB.search(path)
+        if not m and sluids:
+            named = next((sluids[part] for part in path.split("/") if part in sluids), None)
+            if named is not None:
+                for c in controllers.split(",") if controllers else [""]:
+                    by_controller.setdefault(c.replace("name=", ""), named)
+            continue
         if m:
             for c in controllers.split(",") if controllers else [""]:
                 by_controller.setdefault(c.replace("name=", ""), m.group(1))
@@ -91,6 +102,8 @@ def rows(
     daemons = {r.daemon_pid for rec in records.values() for r in rec.resources
                if r.kind == "mps" and r.daemon_pid}
     gi_of = {i.uuid: (i.gpu_index, str(i.gi_id)) for i in instances if i.uuid}
+    sluids = {str(rec.fence.get("sluid")): str(job) for job, rec in records.items()
+              if is_sluid(str(getattr(rec, "fence", {}).get("sluid") or ""))}
     out: Set[Row] = set()
     for job, rec in records.items():
         for res in rec.resources:
@@ -107,7 +120,7 @@ def rows(
         if where is None:  # on a MIG device the backend does not list: its GPU, unplaced
             where = (p.gpu_index, "?")
         text = read(p.pid)
-        owner = job_of_cgroup(text) if text is not None else None
+        owner = job_of_cgroup(text, sluids) if text is not None else None
         held = records.get(owner) if owner is not None else None
         if owner is None and daemons and parent(p.pid) in daemons:
             continue  # a recorded MPS daemon's server

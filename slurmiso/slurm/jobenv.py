@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple
 
+from slurmiso.sluid import valid_sluid
 from slurmiso.values import Value, field
 
 SPANK_PLUGIN = "slurmiso"
@@ -58,6 +59,7 @@ HOOK_VARS = {
     "restart_count": "SLURM_JOB_RESTART_COUNT", "uid": "SLURM_JOB_UID",
     "user": "SLURM_JOB_USER", "gpus": "SLURM_JOB_GPUS", "partition": "SLURM_JOB_PARTITION",
     "account": "SLURM_JOB_ACCOUNT", "qos": "SLURM_JOB_QOS", "work_dir": "SLURM_JOB_WORK_DIR",
+    "sluid": "SLURM_JOB_SLUID",
 }
 #: Read for the GPU indices only when ``SLURM_JOB_GPUS`` is absent (an mps-only job; see [#]).
 MPS_ONLY_GPUS = "CUDA_VISIBLE_DEVICES"
@@ -114,6 +116,9 @@ class JobEnv(Value, eq=True):
     option_problems: Tuple[str, ...] = ()
     #: SLURM_JOB_WORK_DIR: where the job's own files (its events file) belong; "" if unknown.
     work_dir: str = ""
+    #: SLURM_JOB_SLUID (Slurm 26.05+): the name of the job's cgroup/v2 directory unless
+    #: CgroupJobIdPaths=yes; "" before 26.05 or when malformed.
+    sluid: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], node: str = "") -> JobEnv:
@@ -144,6 +149,7 @@ class JobEnv(Value, eq=True):
             spank=spank,
             option_problems=problems,
             work_dir=env.get(HOOK_VARS["work_dir"], ""),
+            sluid=valid_sluid(env.get(HOOK_VARS["sluid"], "")),
         )
 
 

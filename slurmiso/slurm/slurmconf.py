@@ -82,7 +82,8 @@ def required_settings(cfg: Config, prefix: str = DEFAULT_PREFIX,
                 "'slurmiso gen cgroup-conf'): a job opens only the GPUs it was given"),
         Setting("PrologFlags", "Alloc",
                 "the Prolog runs at allocation, before the job starts (salloc too), so the "
-                "GPU is prepared before any step"),
+                "GPU is prepared before any step; never RunInJob (24.05+): the Prolog would "
+                "run in the job's cgroup, and the MPS daemons it starts die with that job"),
         Setting("GresTypes", ",".join(types), "GRES the pools use"),
         Setting("AccountingStorageTRES", ",".join(f"gres/{t}" for t in types),
                 "sacct/audit see GPUs per job (without gres/gpu the count is missing)"),

@@ -44,6 +44,8 @@ def _bring_up(root: str) -> None:
     env = dict(os.environ, PYTHONPATH=REPO)
     release = os.environ.get("SLURMISO_SANDBOX_SLURM")  # make test SLURM=24.11
     argv = [sys.executable, "-m", "slurmiso", "sandbox", "up", "--dir", root]
+    cgroup = os.environ.get("SLURMISO_SANDBOX_CGROUP")  # make test CGROUP=v2
+    argv += ["--cgroup", cgroup] if cgroup else []
     cp = subprocess.run(argv + (["--slurm", release] if release else []),
                         env=env, text=True, capture_output=True, timeout=900, cwd=REPO)
     if cp.returncode != 0:

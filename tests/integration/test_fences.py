@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
 import uuid
 from typing import Any, Dict, List, Set, Tuple
 
@@ -194,3 +196,113 @@ def test_step_of_a_job_whose_fence_vanished_reaches_no_gpu(
     wait_for(job, timeout=60)
     result = _probe(sandbox, job_output, job)
     assert _reached(result) == set(), sorted(_reached(result))
+
+
+PLACEMENT = r"""#!/bin/bash
+touch {tag}.$SLURM_JOB_ID
+for i in $(seq 1 150); do [ $(ls {tag}.[0-9]* 2>/dev/null | wc -l) -ge 2 ] && break; sleep 0.2; done
+echo "BATCH $(grep -m1 '^0::' /proc/self/cgroup)"
+echo "BATCHDEV $(grep -m1 -E '^[0-9]+:([^:]*,)?devices(,[^:]*)?:' /proc/self/cgroup)"
+echo "SLUID ${{SLURM_JOB_SLUID:-}}"
+srun bash -c 'echo "STEP $(grep -m1 "^0::" /proc/self/cgroup)"'
+touch {tag}.printed.$SLURM_JOB_ID
+for i in $(seq 1 150); do [ -e {tag}.go ] && break; sleep 0.2; done
+"""
+
+
+def _line(out: str, key: str) -> str:
+    found = [ln[len(key) + 1:] for ln in out.splitlines() if ln.startswith(key + " ")]
+    assert found, (key, out)
+    return found[-1]
+
+
+def test_each_job_sees_slurms_placement_of_the_sandboxs_cgroup_version(
+    sandbox: Any, submit: Any, wait_for: Any, job_output: Any,
+) -> None:
+    """Which cgroup version fences the jobs above: each job's own /proc/self/cgroup.
+
+    cgroup v2: the unified ("0::") line is Slurm's cgroup/v2 placement,
+    ``<slice>/<node>_slurmstepd.scope/<job dir>/step_batch/user/task_0`` (and ``step_0`` for an
+    srun step), where the job dir is ``job_<id>`` or, from 26.05 (CgroupJobIdPaths=no), the
+    job's SLUID, the one in its environment and in ``scontrol show job -d``; on a hybrid host
+    the task's v1 devices cgroup is the root (it allows everything), so the BPF programs alone
+    decide. While the jobs run, that cgroup exists at /sys/fs/cgroup as the daemons see it (the
+    sandbox's mount namespace). cgroup v1: the v1 devices line is the job's and step's."""
+    tag = os.path.join(sandbox.jobs_dir, f"place-{uuid.uuid4().hex[:8]}")
+    jobs = [submit(PLACEMENT.format(tag=tag), "-p", "gpu", "--gres=gpu:1", "--qos=debug",
+                   user=L.TEST_USER) for _ in range(2)]
+    try:
+        for job in jobs:
+            for _ in range(300):
+                if os.path.exists(f"{tag}.printed.{job}"):
+                    break
+                time.sleep(0.2)
+        outs = {job: job_output(job) for job in jobs}
+        dirs = set()
+        for job, out in outs.items():
+            batch, step = _line(out, "BATCH"), _line(out, "STEP")
+            if sandbox.cgroup_version == 1:
+                dev = _line(out, "BATCHDEV")
+                assert f"/job_{job}/step_batch" in dev, (job, out)
+                continue
+            m = re.fullmatch(r"0::(/.*)/([^/]+)/step_batch/user/task_0", batch)
+            assert m, (job, batch)
+            scope, job_dir = m.groups()
+            assert re.fullmatch(r"/[^/]+\.slice/n1_slurmstepd\.scope", scope), (job, batch)
+            assert step == f"0::{scope}/{job_dir}/step_0/user/task_0", (job, step)
+            sluid = _line(out, "SLUID") if "SLUID " in out else ""
+            if job_dir.startswith("job_"):
+                assert job_dir == f"job_{job}" and not sluid, (job, job_dir, sluid)
+            else:  # 26.05's default: the SLUID
+                fields = sandbox.cmd("scontrol", "show", "job", "-d", job)
+                assert re.fullmatch(r"s[0-9A-HJKMNP-TV-Z]{13}", job_dir), job_dir
+                assert job_dir == sluid and f"SLUID={job_dir}" in fields, (job, job_dir, sluid)
+            dev = [ln for ln in out.splitlines() if ln.startswith("BATCHDEV ")]
+            if dev and dev[-1].strip() != "BATCHDEV":  # a hybrid host: v1 devices is the root
+                assert dev[-1].rstrip().endswith(":/"), (job, dev)
+            cg = f"/sys/fs/cgroup{batch[3:]}"
+            seen = subprocess.run(sandbox.ns_argv("cat", f"{cg}/cgroup.procs"),
+                                  capture_output=True, text=True, timeout=30)
+            assert seen.returncode == 0 and seen.stdout.split(), (cg, seen.stderr)
+            dirs.add(job_dir)
+        if sandbox.cgroup_version == 2:
+            assert len(dirs) == 2  # two jobs, two job dirs
+    finally:
+        open(f"{tag}.go", "w").close()
+    for job in jobs:
+        wait_for(job, timeout=60)
+
+
+def test_doctor_sees_slurms_and_slurmisos_device_programs_on_a_v2_node(
+    sandbox: Any, submit: Any, wait_for: Any,
+) -> None:
+    """doctor on the mig-dynamic node while two jobs run there (a batch task, an srun task):
+    on cgroup v2 it finds Slurm's device program on each job's cgroup and slurmiso_fence's in
+    effect beside it on each task (BPF_PROG_QUERY, by program name), and nothing wrong."""
+    if sandbox.cgroup_version != 2:
+        pytest.skip("the cgroup v2 fence check (doctor on a cgroup/v2 node)")
+    gate = os.path.join(sandbox.jobs_dir, f"doctor-{uuid.uuid4().hex[:8]}")
+    wait = f"for i in $(seq 1 300); do [ -e {gate} ] && break; sleep 0.2; done\n"
+    jobs = [submit("#!/bin/bash\n" + wait, "-p", "migd", "--gres=shard:3", "--qos=infer",
+                   user=L.TEST_USER),
+            submit(f"#!/bin/bash\nsrun bash -c '{wait.strip()}'\n", "-p", "migd",
+                   "--gres=shard:3", "--qos=infer", user=L.TEST_USER)]
+    try:
+        for job in jobs:
+            wait_for(job, {"RUNNING"}, timeout=60)
+        report: Dict[str, Any] = {}
+        for _ in range(50):  # until the srun step's task runs
+            cp = sandbox.node_slurmiso("doctor", "--node", "n4", "--json")
+            report = json.loads(cp.stdout)
+            v2 = {f["code"]: f for f in report["findings"] if f["code"].startswith("cgroup-v2")}
+            if "2 running job(s), 3 task(s)" in v2.get("cgroup-v2-fences", {}).get("message", ""):
+                break
+            time.sleep(0.5)
+        assert set(v2) == {"cgroup-v2-fences"}, v2
+        assert v2["cgroup-v2-fences"]["severity"] == "info"
+        assert "3 task(s) with slurmiso's fence in effect beside Slurm's" in \
+            v2["cgroup-v2-fences"]["message"], v2
+    finally:
+        open(gate, "w").close()
+    for job in jobs:
+        wait_for(job, timeout=60)

@@ -63,8 +63,16 @@ def applied(sandbox: Any) -> Iterator[str]:
     assert show_qos(sandbox) == before
 
 
+def run_doctor(sandbox: Any, *args: str) -> Any:
+    """``slurmiso doctor`` as a node runs it: on a cgroup v2 sandbox in the nodes' view
+    (their mount namespace, where /sys/fs/cgroup is the cgroup2 hierarchy), not the host's."""
+    if sandbox.cgroup_version == 2:
+        return sandbox.node_slurmiso("doctor", *args)
+    return sandbox.slurmiso("doctor", *args)
+
+
 def doctor(sandbox: Any, *args: str) -> Dict[str, Any]:
-    cp = sandbox.slurmiso("doctor", "--json", *args)
+    cp = run_doctor(sandbox, "--json", *args)
     assert cp.returncode in (0, 1), cp.stderr
     data = json.loads(cp.stdout)
     assert (cp.returncode == 0) == data["ok"]
@@ -126,7 +134,7 @@ def test_doctor_is_clean_on_the_sandbox(sandbox: Any, applied: str) -> None:
 @pytest.fixture(scope="module")
 def live_snapshot(sandbox: Any, applied: str, tmp_path_factory: Any) -> Dict[str, Any]:
     path = str(tmp_path_factory.mktemp("doctor") / "live.json")
-    cp = sandbox.slurmiso("doctor", "--node", "n3", "--save-snapshot", path)
+    cp = run_doctor(sandbox, "--node", "n3", "--save-snapshot", path)
     assert cp.returncode in (0, 1), cp.stderr
     with open(path) as fh:
         return json.load(fh)

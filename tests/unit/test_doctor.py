@@ -96,6 +96,7 @@ CASES: List[Any] = [
     ("tres-no-gpu", conf("AccountingStorageTRES", "cpu,mem,energy,node"), {"accounting-tres"}),
     ("gres-types", conf("GresTypes", "gpu"), {"gres-types"}),
     ("prolog-flags", conf("PrologFlags", "Contain"), {"prolog-flags"}),
+    ("prolog-run-in-job", conf("PrologFlags", "Alloc,Contain,RunInJob"), {"prolog-run-in-job"}),
     ("gpu-acct", lambda s: (conf("JobAcctGatherParams", "(null)")(s), s.__setitem__("slurm_version", "23.11.4")), {"gpu-acct"}),
     ("energy-gpu", conf("AcctGatherEnergyType", "acct_gather_energy/gpu"), {"gpu-acct"}),
     ("prolog-unset", conf("Prolog", "(null)"), {"hook-unset"}),
@@ -331,3 +332,68 @@ def test_cgroup_v2_fence_is_fine_where_the_kernel_loads_bpf_device_programs() ->
     snap["fence_kernel"] = {"cgroup2": "/sys/fs/cgroup", "bpf_device": False, "detail": "x"}
     err = next(f for f in run_checks(snap, sandbox_config()) if f.code == "fence-cgroup-v2")
     assert err.severity == "error" and "migd" in err.message and "CONFIG_CGROUP_BPF" in err.fix
+
+
+def _v2(jobs: List[Dict[str, Any]], **top: Any) -> Dict[str, Any]:
+    snap = recorded()
+    snap["config"]["CgroupPlugin"] = "cgroup/v2"
+    snap["fence_kernel"] = {"cgroup2": "/sys/fs/cgroup", "bpf_device": True, "detail": "ok"}
+    snap["cgroup_v2"] = {"mount": "/sys/fs/cgroup", "unified": True, "hybrid_proc": False,
+                         "scopes": ["/sys/fs/cgroup/system.slice/n4_slurmstepd.scope"],
+                         "jobs": jobs, "error": "", **top}
+    return snap
+
+
+SLURM, FENCE = "Slurm_Cgroup_v2", "slurmiso_fence"
+MIGD_JOB = {"dir": "s42DM918PDCP00", "job": "2605001", "own": [SLURM], "flags": 1, "deny": 1080,
+            "narrow": 0, "tasks": [{"path": "step_batch/user/task_0",
+                                     "effective": [SLURM, FENCE], "procs": 2},
+                                    # measured: Slurm makes task_special, empty, unfenced
+                                    {"path": "step_batch/user/task_special",
+                                     "effective": [SLURM], "procs": 0}]}
+EXCL_JOB = {"dir": "job_2411003", "job": "2411003", "own": [SLURM], "flags": 1, "deny": 0,
+            "narrow": 0, "tasks": [{"path": "step_0/user/task_0", "effective": [SLURM]}]}
+
+
+def _codes(snap: Dict[str, Any]) -> Dict[str, str]:
+    return {f.code: f.severity for f in run_checks(snap, sandbox_config())
+            if f.code.startswith("cgroup-v2")}
+
+
+def test_cgroup_v2_fences_in_place_is_one_info_line() -> None:
+    """What the 26.05 sandbox on cgroup v2 measured: Slurm's program on each job cgroup
+    (ALLOW_OVERRIDE), slurmiso's in effect beside it on a mig-dynamic job's task."""
+    snap = _v2([copy.deepcopy(MIGD_JOB), copy.deepcopy(EXCL_JOB)])
+    info = [f for f in run_checks(snap, sandbox_config()) if f.code == "cgroup-v2-fences"]
+    assert _codes(snap) == {"cgroup-v2-fences": "info"}
+    assert "2 running job(s), 2 task(s)" in info[0].message and "1 task(s)" in info[0].message
+
+
+@pytest.mark.parametrize("plant, code", [
+    (lambda s: s["cgroup_v2"].update(unified=False), "cgroup-v2-hierarchy"),
+    (lambda s: s["cgroup_v2"].update(hybrid_proc=True), "cgroup-v2-hierarchy"),
+    (lambda s: s["cgroup_v2"]["jobs"][1].update(own=[]), "cgroup-v2-device-constraint"),
+    (lambda s: s["cgroup_v2"]["jobs"][0]["tasks"][0].update(effective=[SLURM]),
+     "cgroup-v2-fence-missing"),
+    (lambda s: s["cgroup_v2"]["jobs"][0]["tasks"][0].update(effective=[FENCE]),
+     "cgroup-v2-slurm-fence-replaced"),
+    (lambda s: s["cgroup_v2"]["jobs"][0]["tasks"][1].update(procs=1),
+     "cgroup-v2-fence-missing"),
+], ids=["not-unified", "hybrid-proc", "no-constrain", "no-fence", "slurm-replaced",
+        "task-special-runs-unfenced"])
+def test_cgroup_v2_fence_problems(plant: Callable[[Dict[str, Any]], Any], code: str) -> None:
+    snap = _v2([copy.deepcopy(MIGD_JOB), copy.deepcopy(EXCL_JOB)])
+    plant(snap)
+    assert _codes(snap) == {code: "error"}
+
+
+def test_cgroup_v2_fences_not_checked_off_root_or_on_v1() -> None:
+    snap = _v2([])
+    snap["cgroup_v2"] = {"error": "not root: the device programs of job cgroups are root's"}
+    assert _codes(snap) == {"cgroup-v2-fences": "info"}
+    snap = _v2([copy.deepcopy(MIGD_JOB)])
+    snap["config"]["CgroupPlugin"] = "cgroup/v1"
+    assert _codes(snap) == {}
+    snap = _v2([])
+    assert "no job runs here" in next(f.message for f in run_checks(snap, sandbox_config())
+                                      if f.code == "cgroup-v2-fences")

@@ -159,7 +159,7 @@ CASES: List[Tuple[str, Plant, str, str, bool]] = [
      "prep/script", True),
     ("prolog-flags-contain-only", conf("PrologFlags", "Contain"), "prolog-flags", "Alloc", False),
     ("prolog-flags-none", conf("PrologFlags", "(null)"), "prolog-flags", "Alloc", False),
-    ("prolog-flags-run-in-job", conf("PrologFlags", "Alloc,Contain,RunInJob"), "prolog-flags",
+    ("prolog-flags-run-in-job", conf("PrologFlags", "Alloc,Contain,RunInJob"), "prolog-run-in-job",
      "RunInJob", True),
     # (c) spellings: a raw config file read with another case, spacing or comments
     ("gres-conf-lowercase-spaced-file-only",

@@ -134,11 +134,23 @@ class World:
         fence.write(self.state, job, "test", rules, narrow)
 
     def apply(self, job: str, task: int, proc: subprocess.Popen[str],
-              state_dir: Optional[str] = None) -> subprocess.CompletedProcess[str]:
-        """fence_v2(), as slurm_spank_task_post_fork runs it."""
-        return subprocess.run([self.exe, "v2", job, str(task), str(proc.pid),
+              state_dir: Optional[str] = None,
+              stepd: Optional[subprocess.Popen[str]] = None) -> subprocess.CompletedProcess[str]:
+        """fence_v2(), as slurm_spank_task_post_fork runs it (in slurmstepd: ``stepd`` stands
+        in for it, a process in the step's ``slurm`` cgroup; default: this test program)."""
+        extra = [f"stepd={stepd.pid}"] if stepd is not None else []
+        return subprocess.run([self.exe, "v2", job, str(task), str(proc.pid), *extra,
                                f"state_dir={state_dir or self.state}", GPU_MAJORS],
                               capture_output=True, text=True)
+
+    def stepd(self, rel: str) -> subprocess.Popen[str]:
+        """A stand-in for slurmstepd, in cgroup rel (Slurm's <job dir>/step_<s>/slurm)."""
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                stdin=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        with open(os.path.join(self.cgroup(rel), "cgroup.procs"), "w") as fh:
+            fh.write(str(proc.pid))
+        return proc
 
     def attach(self, rel: str, flags: str, *rules: str) -> subprocess.CompletedProcess[str]:
         """A stand-in for one of Slurm's device programs (deny rules, default allow)."""
@@ -354,6 +366,61 @@ def test_narrow_lines_alone_never_refuse_a_task_outside_its_job_cgroup(world: Wo
     assert world.apply("42", 0, outside).returncode == 0
     assert reached(world.probe(inside)) == GPUS | OTHERS | (ALL_CAPS - {cap_minor_path(2)})
     assert reached(world.probe(outside)) == GPUS | OTHERS | ALL_CAPS
+
+
+# ------------------------------------------------------------------------ 26.05: SLUID paths
+#: Slurm 26.05 names a job's v2 cgroup by its SLUID ("s" + 13 Crockford base32 digits,
+#: src/common/sluid.c print_sluid), not job_<id>, unless CgroupJobIdPaths=yes.
+SLUID = "s42DM918PDCP00"
+OTHER_SLUID = "s42DM918PDCQ00"
+
+
+def test_sluid_job_dir_is_this_jobs_when_slurmstepd_lives_in_it(world: World) -> None:
+    """Nothing tells a SLUID's job id to a SPANK plugin: the job dir is this job's when it is
+    also the job dir of the step's slurmstepd (in <job dir>/step_<s>/slurm)."""
+    world.write_fence("42", ["c 195:1"])
+    stepd = world.stepd(f"{SLUID}/step_0/slurm")
+    proc = world.task(f"{SLUID}/step_0/user/task_0")
+    res = world.apply("42", 0, proc, stepd=stepd)
+    assert res.returncode == 0, res.stderr
+    assert reached(world.probe(proc)) == (GPUS - {"nvidia1"}) | OTHERS | ALL_CAPS
+
+
+def test_sluid_mig_static_narrow_lines_are_applied(world: World) -> None:
+    """The mig-static fence is "narrow" lines only: on a SLUID job dir they must still be
+    applied (the 26.05 sandbox measured every cap open before this check knew SLUIDs)."""
+    world.write_fence("42", [], ["c 237:2"])
+    stepd = world.stepd(f"{SLUID}/step_batch/slurm")
+    proc = world.task(f"{SLUID}/step_batch/user/task_0")
+    assert world.apply("42", 0, proc, stepd=stepd).returncode == 0
+    assert reached(world.probe(proc)) == GPUS | OTHERS | (ALL_CAPS - {cap_minor_path(2)})
+
+
+@pytest.mark.parametrize("stepd_rel", [f"{OTHER_SLUID}/step_0/slurm", None, "elsewhere"],
+                         ids=["other-job", "no-stepd", "stepd-not-in-a-job"])
+def test_sluid_job_dir_of_another_job_refuses_the_task(world: World,
+                                                      stepd_rel: Optional[str]) -> None:
+    world.write_fence("42", ["c 195:1"])
+    stepd = world.stepd(stepd_rel) if stepd_rel else None
+    proc = world.task(f"{SLUID}/step_0/user/task_0")
+    res = world.apply("42", 0, proc, stepd=stepd)
+    assert res.returncode == 1 and "not in this job's cgroup" in res.stderr
+
+
+def test_a_job_id_dir_must_be_exactly_this_jobs(world: World) -> None:
+    """job_420 is not job_42's: the job dir is compared whole."""
+    world.write_fence("42", ["c 195:1"])
+    proc = world.task("job_420/step_0/user/task_0")
+    res = world.apply("42", 0, proc)
+    assert res.returncode == 1 and "not in this job's cgroup" in res.stderr
+
+
+def test_malformed_sluid_is_not_a_job_dir(world: World) -> None:
+    world.write_fence("42", ["c 195:1"])
+    stepd = world.stepd("s42dm918pdcp00/step_0/slurm")
+    proc = world.task("s42dm918pdcp00/step_0/user/task_0")  # lower case: not print_sluid's
+    res = world.apply("42", 0, proc, stepd=stepd)
+    assert res.returncode == 1 and "not in this job's cgroup" in res.stderr
 
 
 def cap_minor_path(minor: int) -> str:

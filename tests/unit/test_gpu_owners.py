@@ -124,3 +124,13 @@ def test_a_process_in_a_jobs_cgroup_of_another_uid_is_foreign(tmp_path: Any) -> 
     procs = [SimpleNamespace(pid=5, gpu_index=2, mig_uuid="MIG-gone")]
     out = rows({}, procs, [], cgroup=lambda pid: None, uid_of=lambda pid: 0)
     assert out == {("", sig.CLASS_FOREIGN, 2, "?")}
+
+
+def test_a_process_in_a_sluid_cgroup_belongs_to_the_job_whose_record_names_that_sluid() -> None:
+    """Slurm 26.05's cgroup/v2 names a job's directory by its SLUID (not job_<id>)."""
+    from slurmiso.monitor.gpu_owners import job_of_cgroup
+
+    text = "0::/system.slice/n1_slurmstepd.scope/s42DM918PDCP00/step_0/user/task_0\n"
+    assert job_of_cgroup(text, {"s42DM918PDCP00": "77"}) == "77"
+    assert job_of_cgroup(text, {"s42DM918PDCP01": "78"}) is None  # no record names it
+    assert job_of_cgroup(text) is None

@@ -114,6 +114,10 @@ def test_cancelled_job_is_never_requeued() -> None:
     running = requeue.decide(PREEMPTED, job_id="9", restart_count=0, max_requeues=20,
                              checkpoint_ok=True, slurm_state="RUNNING")
     assert running.requeue
+    # a running job while slurmctld delivers the preemption's SIGCONT (26.05.5, measured)
+    signaling = requeue.decide(PREEMPTED, job_id="9", restart_count=0, max_requeues=20,
+                               checkpoint_ok=True, slurm_state="SIGNALING")
+    assert signaling.requeue
 
 
 def test_slurm_job_state_reads_squeue_fields_and_tolerates_failure() -> None:
