@@ -42,11 +42,9 @@ _terminated = threading.Event()
 
 
 def _write_json(path: str, data: Dict[str, Any]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
+    from slurmiso.atomic import write_atomic
+
+    write_atomic(path, json.dumps(data, sort_keys=True) + "\n", durable=False)
 
 
 def _touch(path: str) -> None:
