@@ -47,7 +47,8 @@ NOT_ON_PATH = (
     "slurmiso.submit",  # SPANK option rules: only for a job that passed options
     "slurmiso.cli",
     "slurmiso.gpu.nvml",
-    "slurmiso.config.schema",
+    "slurmiso.doctor",
+    "slurmiso.probe",
     "slurmiso.slurm.client",
     "slurmiso.audit",
     "slurmiso.monitor",
@@ -204,3 +205,18 @@ def test_sim_uuids_are_uuid5(name: str) -> None:
     from slurmiso.gpu.sim import _UUID_NS, uuid5_text
 
     assert uuid5_text(name) == str(uuid.uuid5(uuid.UUID(_UUID_NS), name))
+
+
+@pytest.mark.parametrize("name", NOT_ON_PATH)
+def test_each_name_kept_off_the_hook_path_is_a_real_module(name: str) -> None:
+    """A misspelt name in NOT_ON_PATH would never be "loaded" and so always pass (issue 27):
+    each must name a module this interpreter can find."""
+    import importlib.util
+
+    assert importlib.util.find_spec(name) is not None, f"{name} is no module: fix NOT_ON_PATH"
+
+
+def test_the_real_module_check_fails_for_a_name_that_does_not_exist() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("slurmiso.no_such_module_anywhere") is None
