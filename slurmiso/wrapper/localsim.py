@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from slurmiso.slurm import versions
+
 log = logging.getLogger(__name__)
 
 #: Called with the seconds since the run started; True = preempt now.
@@ -130,7 +132,7 @@ class LocalSlurm:
         self.epilog_requeue = epilog_requeue
         self.events_file = os.path.join(self.workdir, f".slurmiso-events.{job_id}.jsonl")
         self.epilog_requeues = 0  # requeues the simulated epilog ran
-        self.release = tuple(release)
+        self.release: Tuple[int, int, int] = (release[0], release[1], release[2])
         self.grace_mark = False  # slurmctld's GRACE_PREEMPT (24.05+)
         self._fake_scontrol()
 
@@ -229,7 +231,7 @@ class LocalSlurm:
             if ending is None:
                 if trigger is not None and trigger(elapsed):
                     ending, kill_at = "PREEMPTED", now + self.grace_s
-                    self.grace_mark = self.release >= (24, 5, 0)
+                    self.grace_mark = versions.has("grace_preempt_sticky", self.release) is True
                     self._signal_all(proc.pid, (signal.SIGCONT, signal.SIGTERM), att)
                 elif self._request_count() > requests_before:
                     ending, kill_at = "REQUEUED", now + self.kill_wait_s
