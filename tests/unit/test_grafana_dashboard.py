@@ -1,10 +1,9 @@
 """etc/grafana/slurmiso.json names only metrics that exist, and shows each live figure beside
 its probe baseline.
 
-KNOWN is, for now, a constant: the agent's metrics of today (slurmiso/monitor/telemetry.py),
-the per-job series the signals branch adds (the contract below), and the probe's textfile
-series (slurmiso.probe.store). Once the signals branch lands, take the agent's names from its
-real output (a scrape of NodeCollector) instead of JOB_CONTRACT.
+KNOWN: the agent's GPU series (slurmiso/monitor/telemetry.py), its per-job series (the
+contract the agent writes and the monitor reads, slurmiso/monitor/signals.py: the agent's own
+tests check it writes them) and the probe's textfile series (slurmiso.probe.store).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Set
 
+from slurmiso.monitor import signals
 from slurmiso.monitor import telemetry as t
 from slurmiso.probe.store import metric_names
 
@@ -21,15 +21,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DASHBOARD = os.path.join(ROOT, "etc", "grafana", "slurmiso.json")
 AGENT = [t.M_MEM_USED, t.M_MEM_TOTAL, t.M_SM, t.M_GR, t.M_PROCS, t.M_COLLECTED, t.M_UP,
          t.DCGM_USED, t.DCGM_FREE, t.DCGM_SM, t.DCGM_GR, t.DCGM_UTIL]
-#: The agent's per-job series being added on the signals branch (names and labels agreed).
+#: The per-job series the dashboard must show, from the signals contract itself.
 JOB_CONTRACT = {
-    "slurmiso_job_latency_seconds": {"job", "class", "quantile"},
-    "slurmiso_job_error_ratio": {"job", "class"},
-    "slurmiso_job_step_seconds": {"job", "class"},
-    "slurmiso_job_throughput_vs_solo": {"job", "class"},
-    "slurmiso_job_gpu": {"job", "class", "gpu", "gi"},
+    signals.M_LATENCY: {signals.L_JOB, signals.L_CLASS, signals.L_QUANTILE},
+    signals.M_ERROR_RATIO: {signals.L_JOB, signals.L_CLASS},
+    signals.M_STEP_SECONDS: {signals.L_JOB, signals.L_CLASS},
+    signals.M_THROUGHPUT_VS_SOLO: {signals.L_JOB, signals.L_CLASS},
+    signals.M_JOB_GPU: {signals.L_JOB, signals.L_CLASS, signals.L_GPU, signals.L_GI},
 }
-KNOWN: Set[str] = set(AGENT) | set(JOB_CONTRACT) | set(metric_names())
+KNOWN: Set[str] = set(AGENT) | set(signals.SERIES) | set(metric_names())
 #: PromQL words that look like metric names but are not.
 _NOT_METRICS = {"by", "without", "sum", "max", "min", "avg", "count", "time", "label_values",
                 "on", "ignoring", "group_left", "group_right", "rate", "and", "or", "unless"}
