@@ -2,7 +2,7 @@
 
 The pipeline is a stream, so a year of accounting fits in a few hundred MB::
 
-    sacct (-P or --json) -> sacct.parse_*() -> JobRecord --+
+    sacct (-P or --json) -> sacct.parse_*() -> AcctRecord --+
                                                              +-> analyze.Aggregator -> report dict
     journals -> digest.JournalDigest -----------------------+        |
                                                      findings / live +-> render_* (text, md,

@@ -1,7 +1,7 @@
-"""``sacct -P`` folded straight into an :class:`~slurmiso.audit.analyze.Aggregator`.
+"""``sacct -P`` folded straight into an :class:`~slurmiso.audit.figures.aggregate.Aggregator`.
 
-The record path (:func:`~slurmiso.audit.sacct.parse_parsable` yields a
-:class:`~slurmiso.audit.sacct.JobRecord`, :meth:`Aggregator.add` folds it) costs about four
+The record path (:func:`~slurmiso.audit.read.sacct.parse_parsable` yields a
+:class:`~slurmiso.audit.read.sacct.AcctRecord`, :meth:`Aggregator.add` folds it) costs about four
 times a plain ``csv`` pass over the same file. This loop does the same work with no record,
 no generator and no method call per row for the common case: a job row, split only as far
 as the last column read, whose timestamps hit a per-hour cache, whose TRES, state and class
@@ -24,14 +24,14 @@ import itertools
 from heapq import heappush, heapreplace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from slurmiso.audit.analyze import _MAX_IDS, _TOP, Aggregator, ClassStats, Who, efficiency
-from slurmiso.audit.jobset import MAX_BIT_ID
-from slurmiso.audit.quantiles import EXACT, LogHistogram
-from slurmiso.audit.sacct import (
+from slurmiso.audit.figures.aggregate import _MAX_IDS, _TOP, Aggregator, ClassStats, Who, efficiency
+from slurmiso.audit.figures.jobset import MAX_BIT_ID
+from slurmiso.audit.figures.quantiles import EXACT, LogHistogram
+from slurmiso.audit.read.sacct import (
     NO_TIME,
     SLACK_S,
     AuditInputError,
-    JobRecord,
+    AcctRecord,
     ParseStats,
     _number,
     _read_header,
@@ -162,7 +162,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     eligible: Optional[float]
     records = steps = new_ids = 0
     pkey: Optional[str] = None  # the job whose steps may follow; None: none
-    prec: Optional[JobRecord] = None  # ... as a record, when it took the record path
+    prec: Optional[AcctRecord] = None  # ... as a record, when it took the record path
     putil: Optional[float] = None  # ... its GPU utilisation (the max over its steps)
     # ... and what folding that in needs (pgpus 0: nothing to fold)
     pgpus = pgh = 0.0
@@ -260,7 +260,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 pkey = None
 
             # ... then this one: read, checked, and folded in but for its utilisation
-            rec: Optional[JobRecord] = None
+            rec: Optional[AcctRecord] = None
             why: Optional[str] = None
             if "+" not in job_id:
                 try:  # a KeyError or ValueError: the record path reads the row instead

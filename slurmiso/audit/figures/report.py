@@ -9,12 +9,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence
 
-from slurmiso.audit.analyze import Aggregator, ClassStats, Who
-from slurmiso.audit.definitions import DEFINITIONS, DOC
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import sort_findings
-from slurmiso.audit.quantiles import EXACT, RELATIVE_ERROR
-from slurmiso.audit.sacct import ParseStats
+from slurmiso.audit.figures.aggregate import Aggregator, ClassStats, Who
+from slurmiso.audit.figures.definitions import DEFINITIONS, DOC
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.figures.findings import sort_findings
+from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR
+from slurmiso.audit.read.sacct import ParseStats
 from slurmiso.doctor import Finding
 
 #: Figures made unknown (None) by a finding about the input: code -> figure keys.

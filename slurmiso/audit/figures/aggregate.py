@@ -1,11 +1,11 @@
 """Online aggregation of job records into the audit's figures. Pure: no I/O, no clock.
 
-:class:`Aggregator` takes one :class:`~slurmiso.audit.sacct.JobRecord` at a time and keeps only
+:class:`Aggregator` takes one :class:`~slurmiso.audit.read.sacct.AcctRecord` at a time and keeps only
 counters, histograms, bounded top-N lists and a bitmap of job ids, so memory does not grow
-with the number of records (see :mod:`slurmiso.audit.jobset`).
+with the number of records (see :mod:`slurmiso.audit.figures.jobset`).
 
 Every figure is defined in ``docs/audit.md``; the keys used there are in
-:mod:`slurmiso.audit.definitions`. In short:
+:mod:`slurmiso.audit.figures.definitions`. In short:
 
 - *attempt*: one allocation record (``sacct -D`` lists each requeued attempt);
   *jobs*: distinct job ids; *requeues* = attempts - jobs.
@@ -29,10 +29,10 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.jobset import JobSet
-from slurmiso.audit.quantiles import LogHistogram
-from slurmiso.audit.sacct import JobRecord
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.figures.jobset import JobSet
+from slurmiso.audit.figures.quantiles import LogHistogram
+from slurmiso.audit.read.sacct import AcctRecord
 
 _MAX_IDS = 50
 _TOP = 20
@@ -136,7 +136,7 @@ class Who:
 class Aggregator:
     """Fold records into per-class, per-pool, per-user and over-time statistics.
 
-    A large file is folded in parts by several processes (:mod:`slurmiso.audit.parallel`):
+    A large file is folded in parts by several processes (:mod:`slurmiso.audit.read.parallel`):
     each part's aggregator travels back pickled (its figures only, see ``__getstate__``)
     and :meth:`merge` adds it to the one before it.
     """
@@ -253,7 +253,7 @@ class Aggregator:
 
     # -- classification ------------------------------------------------------------------
 
-    def class_of(self, rec: JobRecord) -> str:
+    def class_of(self, rec: AcctRecord) -> str:
         """The prolog's classifier on what sacct recorded; the journal's class wins where the
         prolog saw more (a SPANK ``--iso-class``, a QoS 22.05 does not show the prolog)."""
         return self.class_for(rec.job, rec.qos, rec.partition, rec.account)
@@ -275,9 +275,9 @@ class Aggregator:
 
     # -- records -------------------------------------------------------------------------
 
-    def add_all(self, records: Iterable[JobRecord]) -> None:
+    def add_all(self, records: Iterable[AcctRecord]) -> None:
         """Fold every record in; a source that can fold itself (``sacct -P``, see
-        :mod:`slurmiso.audit.fold`) does so without making the records."""
+        :mod:`slurmiso.audit.read.fold`) does so without making the records."""
         fold = getattr(records, "fold_into", None)
         if fold is not None:
             fold(self)
@@ -286,7 +286,7 @@ class Aggregator:
         for rec in records:
             add(rec)
 
-    def add(self, rec: JobRecord) -> None:
+    def add(self, rec: AcctRecord) -> None:
         """Fold one record in. The hot path of a million rows: fields unpacked once, the
         common cases (a classified QoS, a named pool, one or two time buckets) inline."""
         (job, _name, user, account, partition, qos, state, submit, eligible, start, end,

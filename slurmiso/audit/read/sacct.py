@@ -1,6 +1,6 @@
 """Streaming parsers for ``sacct -P`` and ``sacct --json`` output.
 
-Both yield one :class:`JobRecord` per job *allocation* (one per attempt when ``-D`` shows
+Both yield one :class:`AcctRecord` per job *allocation* (one per attempt when ``-D`` shows
 requeued attempts); job steps (``.batch``, ``.extern``, ``.0``) are folded into the record of
 their job, because the audit counts jobs, not steps. Nothing is kept beyond the record being
 built, so a million jobs never sit in memory.
@@ -9,7 +9,7 @@ Slurm versions differ and both parsers take what each gives:
 
 - ``AllocTRES``: ``gres/gpu=2`` (22.05) or ``gres/gpu:a100=2,gres/gpu=2`` (24.11 adds typed
   entries); the untyped count wins, typed ones are summed when it is absent.
-- ``--json`` (:mod:`slurmiso.audit.sacct_json`): the schema changes with ``data_parser``.
+- ``--json`` (:mod:`slurmiso.audit.read.sacct_json`): the schema changes with ``data_parser``.
 - ids: arrays ``123_4`` (pending ``123_[5-9]``), heterogeneous ``123+1`` (folded into ``123``).
 
 Bad input never raises mid-stream: torn or garbage lines are skipped and counted in
@@ -69,7 +69,7 @@ class AuditInputError(UsageError):
     kind = "audit-input"
 
 
-class JobRecord(NamedTuple):
+class AcctRecord(NamedTuple):
     """One job allocation (one attempt) as the audit needs it. Times are Unix seconds."""
 
     job: str  # job id with array task (``123_4``); het components folded to the leader
@@ -122,7 +122,7 @@ class ParseStats:
         return dict(self.__dict__)
 
     def merge(self, other: ParseStats) -> None:
-        """Add the counts of the input that follows (:mod:`slurmiso.audit.parallel`, which
+        """Add the counts of the input that follows (:mod:`slurmiso.audit.read.parallel`, which
         sets ``lines`` and the header's fields itself); samples stay in input order."""
         self.records += other.records
         self.steps += other.steps
@@ -224,7 +224,7 @@ NO_TIME = frozenset(("", "Unknown", "None", "N/A"))
 SLACK_S = 2.0
 
 
-def problem(rec: JobRecord) -> Optional[str]:
+def problem(rec: AcctRecord) -> Optional[str]:
     """Why ``rec`` cannot be summed (negative or inconsistent durations), or None.
 
     Shared by both parsers: a record that fails here is counted bad, sampled and left out of
@@ -265,8 +265,8 @@ def het_offset(job_id: str) -> int:
 
 
 def checked_record(
-    make: Callable[[List[str], str], JobRecord], parts: List[str], job_id: str,
-) -> Tuple[str, Optional[JobRecord], Optional[str]]:
+    make: Callable[[List[str], str], AcctRecord], parts: List[str], job_id: str,
+) -> Tuple[str, Optional[AcctRecord], Optional[str]]:
     """(job key, record, why it is a bad row or None) for one job row's fields: the one check
     both readers (this module's and ``fold.py``'s) apply."""
     key = job_id.split("+", 1)[0] if "+" in job_id else job_id
@@ -298,16 +298,16 @@ def detect_format(head: str) -> str:
     return "json" if head.lstrip()[:1] in ("{", "[") else "parsable"
 
 
-def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
     """Records from ``sacct -P`` (``--parsable2``) output with its header line."""
     stats.format = stats.format or "parsable"
     header: Optional[List[str]] = None
-    pending: Optional[JobRecord] = None
+    pending: Optional[AcctRecord] = None
     pending_key = ""
     idx: Dict[str, int] = {}
     ncol = 0
     ave = tot = -1
-    make: Optional[Callable[[List[str], str], JobRecord]] = None
+    make: Optional[Callable[[List[str], str], AcctRecord]] = None
     steps = psteps = 0  # steps in all; steps of the pending job (set on it when yielded)
     i_job = 0
     number = 0
@@ -376,7 +376,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
 
-def _fold_step(job: JobRecord, parts: List[str], ave: int, tot: int) -> JobRecord:
+def _fold_step(job: AcctRecord, parts: List[str], ave: int, tot: int) -> AcctRecord:
     """The job with a step's GPU usage folded in: the max over steps (Ave, else Tot)."""
     util = mem = None
     if ave >= 0 and "gres/gpu" in parts[ave]:
@@ -431,8 +431,8 @@ def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[s
     return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
 
 
-def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], JobRecord]:
-    """A function ``(parts, key) -> JobRecord`` for this header, with every column index bound
+def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], AcctRecord]:
+    """A function ``(parts, key) -> AcctRecord`` for this header, with every column index bound
     once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
     one extra ``""`` at index ``ncol``, which a field the header lacks reads."""
 
@@ -464,7 +464,7 @@ def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], 
             raise ValueError(f"bad {name} time {text[:32]!r}")
         return value
 
-    def make(parts: List[str], key: str) -> JobRecord:
+    def make(parts: List[str], key: str) -> AcctRecord:
         text = parts[i_start]  # the common case inline: a cached hour and two ints
         base = hours.get(text[:13])
         if base is not None and len(text) == 19 and text[16] == ":":
@@ -505,7 +505,7 @@ def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], 
         submit = parts[i_submit]
         eligible = parts[i_elig]
         submitted = when(submit, "Submit")
-        return new(JobRecord, (
+        return new(AcctRecord, (
             key, parts[i_name], parts[i_user], parts[i_acct], parts[i_part], parts[i_qos],
             state.split(" ", 1)[0].upper() if state else "UNKNOWN",
             submitted,

@@ -25,8 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmiso.audit.quantiles import LogHistogram
-from slurmiso.audit.sacct import parse_time
+from slurmiso.audit.figures.quantiles import LogHistogram
+from slurmiso.audit.read.sacct import parse_time
 from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
 #: Journal events the audit reads (passed to ``read_journals`` so the rest is skipped early).
@@ -95,7 +95,7 @@ class JournalDigest:
     reconcile_fixes: Counter = field(default_factory=Counter)  # node -> fixes made
     mps_conflicts: List[Tuple[str, str]] = field(default_factory=list)  # (node, job)
     #: MPS jobs' time on their GPU (node, gpu, uid, start, end), from ``job-end`` lines:
-    #: what :mod:`slurmiso.audit.mps_sharing` splits into concurrent and serialised
+    #: what :mod:`slurmiso.audit.figures.mps_sharing` splits into concurrent and serialised
     mps_intervals: List[Tuple[str, int, int, float, float]] = field(default_factory=list)
     refused: Counter = field(default_factory=Counter)  # prolog refusal reasons
     rejected: int = 0  # lines whose writer cannot have written that event (see WRITER)
@@ -129,7 +129,7 @@ class JournalDigest:
             if event == "prolog" and rec.get("outcome") == "refused":
                 self.refused[str(rec.get("reason", "?"))[:120]] += 1
             if event == "job-end" and rec.get("mode") == "mps":
-                from slurmiso.audit.mps_sharing import interval_of
+                from slurmiso.audit.figures.mps_sharing import interval_of
 
                 span = interval_of(rec)
                 if span is not None:

@@ -1,12 +1,12 @@
 """A large saved ``sacct -P`` file folded in parts by forked worker processes.
 
-The serial fold (:mod:`slurmiso.audit.fold`) is one Python loop on one core. A regular file
+The serial fold (:mod:`slurmiso.audit.read.fold`) is one Python loop on one core. A regular file
 of at least :data:`MIN_BYTES` is cut into up to :data:`MAX_WORKERS` byte ranges (one per
 core; ``SLURMISO_AUDIT_WORKERS`` overrides, ``1`` reads serially), each cut at a job row
 whose job id (before any ``.``, ``+`` or ``_``) differs from the job row before it, so a job's
 attempts, het components, array tasks and steps fall in one part. The first part is folded
 here, each other in a forked process (which shares the loaded config and journal digest)
-by the same :func:`~slurmiso.audit.fold.fold_parsable`, from a bounded reader of its range
+by the same :func:`~slurmiso.audit.read.fold.fold_parsable`, from a bounded reader of its range
 with the header line put in front: memory stays that of one serial fold per process. The
 parts' aggregators come back pickled and :meth:`Aggregator.merge` adds them in file order.
 
@@ -29,8 +29,8 @@ import stat
 import sys
 from typing import Any, Iterator, List, Optional, Tuple
 
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.sacct import ParseStats, _read_header
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.read.sacct import ParseStats, _read_header
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def _fold_part(fd: int, header: str, start: int, end: Optional[int], like: Aggre
                source: str) -> Tuple[Aggregator, ParseStats]:
     """One part folded into a new aggregator built like ``like``; its line numbers count
     from the header as line 1 (:func:`_merge` renumbers)."""
-    from slurmiso.audit.fold import fold_parsable
+    from slurmiso.audit.read.fold import fold_parsable
 
     stats = ParseStats(source=source)
     agg = Aggregator(like.cfg, like.digest, bucket_s=like.bucket_s, since=like.since,
@@ -289,7 +289,7 @@ def _run(fd: int, header: str, ranges: List[Tuple[int, Optional[int]]], agg: Agg
     ctx = multiprocessing.get_context("fork")
     procs: List[Tuple[Any, Any]] = []
     quiet = _Quiet()
-    sacct_log = logging.getLogger("slurmiso.audit.sacct")
+    sacct_log = logging.getLogger("slurmiso.audit.read.sacct")
     for stream in (sys.stdout, sys.stderr):  # a child flushes its copy of unwritten output
         try:
             stream.flush()

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.audit.render_text import (
+from slurmiso.audit.render.text import (
     CLASS_COLUMNS,
     _extra_tables,
     class_rows,
