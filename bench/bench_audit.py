@@ -188,7 +188,8 @@ def main() -> bool:
         env.pop("SLURMISO_AUDIT_WORKERS", None)  # the default: one process per core, up to 4
         serial_env = dict(env, SLURMISO_AUDIT_WORKERS="1")
         parts = int(subprocess.run(
-            [sys.executable, "-c", "import sys\nfrom slurmiso.audit.read.parallel import parts_for\n"
+            [sys.executable, "-c", "import sys\n"
+             "from slurmiso.audit.read.parallel import parts_for\n"
              "print(parts_for(sys.argv[1]))", path],
             env=env, capture_output=True, text=True, check=True).stdout)
         base_s: List[float] = []

@@ -86,6 +86,13 @@ def _outputs(args: argparse.Namespace) -> List[Tuple[str, Optional[str]]]:
 
 def run(args: argparse.Namespace) -> int:
     from slurmiso.audit.figures.aggregate import Aggregator
+    from slurmiso.audit.figures.findings import (
+        at_or_above,
+        config_findings,
+        input_findings,
+        job_findings,
+    )
+    from slurmiso.audit.figures.report import build_report, capacity_from_scontrol
     from slurmiso.audit.read.collect import (
         journal_paths,
         parse_when,
@@ -94,13 +101,6 @@ def run(args: argparse.Namespace) -> int:
         stream_sacct,
     )
     from slurmiso.audit.read.digest import EVENTS, JournalDigest
-    from slurmiso.audit.figures.findings import (
-        at_or_above,
-        config_findings,
-        input_findings,
-        job_findings,
-    )
-    from slurmiso.audit.figures.report import build_report, capacity_from_scontrol
     from slurmiso.audit.read.sacct import AuditInputError, ParseStats
     from slurmiso.config import load_config
     from slurmiso.errors import SlurmError, UsageError

@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from slurmiso.audit.figures.aggregate import Aggregator
-from slurmiso.audit.read.digest import JournalDigest
 from slurmiso.audit.figures.findings import at_or_above, job_findings
 from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR, LogHistogram
+from slurmiso.audit.read.digest import JournalDigest
 from slurmiso.audit.read.sacct import AcctRecord
 from slurmiso.config import load_config
 from tests.audit_helpers import CONFIG

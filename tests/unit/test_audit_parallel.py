@@ -14,11 +14,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from slurmiso.audit.read import parallel
 from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.jobset import JobSet
+from slurmiso.audit.read import parallel
 from slurmiso.audit.read.collect import read_sacct_file
 from slurmiso.audit.read.digest import JournalDigest
-from slurmiso.audit.figures.jobset import JobSet
 from slurmiso.audit.read.sacct import SACCT_FIELDS, ParseStats
 from tests.audit_helpers import utc  # noqa: F401
 from tests.unit.test_audit_fold import CFG, EXTRA, T0, _row, state

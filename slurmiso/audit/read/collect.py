@@ -21,8 +21,8 @@ from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, 
 
 from slurmiso.audit.read.sacct import (
     SACCT_FIELDS,
-    AuditInputError,
     AcctRecord,
+    AuditInputError,
     ParseStats,
     detect_format,
     parse_parsable,
@@ -154,7 +154,7 @@ def read_sacct_file(path: str, stats: ParseStats) -> Iterable[AcctRecord]:
 def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
                  as_json: bool = False, timeout: float = 600) -> Iterator[AcctRecord]:
     """Run ``sacct`` and stream its records; Slurm failures become SlurmError afterwards."""
-    from slurmiso.slurm.client import _UNREACHABLE, find_command
+    from slurmiso.slurm.client import UNREACHABLE, find_command
 
     fields = None if as_json else sacct_fields()
     argv = [find_command("sacct"), *sacct_argv(since, until, as_json, fields)]
@@ -173,14 +173,14 @@ def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
         err = proc.stderr.read().strip().splitlines()
         proc.wait(timeout)
         if proc.returncode:
-            _raise_for(err, proc.returncode, _UNREACHABLE)
+            _raise_for(err, proc.returncode, UNREACHABLE)
         raise
     finally:
         proc.stdout.close()
     err = proc.stderr.read().strip().splitlines()
     proc.stderr.close()
     if proc.wait(timeout):
-        _raise_for(err, proc.returncode, _UNREACHABLE)
+        _raise_for(err, proc.returncode, UNREACHABLE)
 
 
 def _raise_for(err: List[str], code: int, unreachable: Sequence[str]) -> None:

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Iterator, List, Optional, Tuple
 
 from slurmiso.audit.figures.aggregate import Aggregator
-from slurmiso.audit.read.sacct import ParseStats, _read_header
+from slurmiso.audit.read.sacct import ParseStats, read_header
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _header_line(fd: int) -> Optional[Tuple[str, int, int, int]]:
     parts = text.split("|")
     if "JobID" not in parts or "State" not in parts:
         return None
-    idx = {name: i for i, name in enumerate(parts) if name}  # as sacct._read_header
+    idx = {name: i for i, name in enumerate(parts) if name}  # as sacct.read_header
     return text + "\n", nl + 1, len(parts), idx["JobID"]
 
 
@@ -342,7 +342,7 @@ def _merge(results: List[Tuple[Aggregator, ParseStats]], header: str, stats: Par
     """Add the parts in file order; a part's line numbers move down by the lines before
     it (each part counted its header as line 1; the file's header is its line 1 too)."""
     stats.format = stats.format or "parsable"
-    _read_header(header.rstrip("\n").split("|"), stats)  # fields, unknown ones (logged once)
+    read_header(header.rstrip("\n").split("|"), stats)  # fields, unknown ones (logged once)
     before = 0  # data lines of the parts before this one
     for part_agg, part in results:
         if before:

@@ -198,13 +198,13 @@ def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
     util = mem = None
     for item in text.split(","):
         if item.startswith("gres/gpuutil="):
-            util = _number(item[13:])
+            util = tres_number(item[13:])
         elif item.startswith("gres/gpumem="):
-            mem = _number(item[12:])
+            mem = tres_number(item[12:])
     return util, mem
 
 
-def _number(text: str) -> Optional[float]:
+def tres_number(text: str) -> Optional[float]:
     """A TRES count; sacct may print memory with a unit suffix (``1.50G``)."""
     if text[-1:].isdigit():
         try:
@@ -320,16 +320,16 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
         if header is None:
             if line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
                 parts[0] = parts[0][1:]
-            header, idx = _read_header(parts, stats)
+            header, idx = read_header(parts, stats)
             ncol = len(header)
             ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
-            make = _record_maker(idx, ncol)
+            make = record_maker(idx, ncol)
             i_job = idx["JobID"]
             if "JobID" in parts:
                 continue
             # else no header line (sacct -n): this line is already data
         if len(parts) != ncol:
-            repaired = _repair(parts, ncol, idx)
+            repaired = repair_row(parts, ncol, idx)
             if repaired is None:
                 if not complete:
                     stats.truncated = True
@@ -353,7 +353,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
             else:
                 stats.orphan_steps += 1
             continue
-        parts.append("")  # what a field the header lacks reads (see _record_maker)
+        parts.append("")  # what a field the header lacks reads (see record_maker)
         assert make is not None
         key, record, why = checked_record(make, parts, job_id)
         if why is not None:
@@ -399,7 +399,9 @@ def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a if b is None or a >= b else b
 
 
-def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
+def read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
+    """(the columns, name -> index) of a ``-P`` header line split on ``|``; a line of data
+    as long as the audit's own ``--format`` is read as that order (``sacct -n``)."""
     if "JobID" not in parts:
         for names in (SACCT_FIELDS, LEGACY_FIELDS):
             if len(parts) == len(names):
@@ -422,7 +424,7 @@ def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[s
     return parts, {name: i for i, name in enumerate(parts) if name}
 
 
-def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[str]]:
+def repair_row(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[str]]:
     """A ``|`` inside JobName shifts the columns: glue it back when that explains the count."""
     name = idx.get("JobName")
     extra = len(parts) - ncol
@@ -431,7 +433,7 @@ def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[s
     return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
 
 
-def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], AcctRecord]:
+def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], AcctRecord]:
     """A function ``(parts, key) -> AcctRecord`` for this header, with every column index bound
     once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
     one extra ``""`` at index ``ncol``, which a field the header lacks reads."""

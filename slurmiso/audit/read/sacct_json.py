@@ -14,8 +14,8 @@ from typing import IO, Any, Dict, Iterator, Optional, Tuple
 
 from slurmiso.audit.read.jsonstream import TruncatedJson, iter_array, split_meta
 from slurmiso.audit.read.sacct import (
-    AuditInputError,
     AcctRecord,
+    AuditInputError,
     ParseStats,
     parse_tres,
     problem,
