@@ -211,59 +211,38 @@ def kernel_for(agg: Aggregator) -> Kernel:
             seconds = elapsed if (clo == lo and chi == hi) else min(elapsed, chi - clo)
             if seconds > 0:
                 gh = gpus * seconds / 3600.0
-                # bucket numbers as floats: a float equal to an int finds its key
+                # bucket numbers as floats (exact): a float equal to an int finds its key
                 b0 = clo // bucket_s
                 b1 = (chi - 1e-9) // bucket_s if chi > clo else b0
+                # the share of the first bucket, the last, those between (None: each its own)
                 if b0 == b1:
-                    try:
-                        cp, pp = pairs[b0]
-                    except KeyError:
-                        cp, pp = pair(pairs, int(b0), cls, pool)
-                    cp[0] += gh
-                    pp[0] += gh
+                    cut = gh
                 elif b1 == b0 + 1:  # a run across one bucket boundary
                     cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)
-                    try:
-                        cp, pp = pairs[b0]
-                    except KeyError:
-                        cp, pp = pair(pairs, int(b0), cls, pool)
-                    cp[0] += cut
-                    pp[0] += cut
-                    cut = gh - cut
-                    try:
-                        cp, pp = pairs[b1]
-                    except KeyError:
-                        cp, pp = pair(pairs, int(b1), cls, pool)
-                    cp[0] += cut
-                    pp[0] += cut
-                else:  # spread by time over every bucket it covers
+                    last_cut = gh - cut
+                else:  # by time; min/max pick a bucket's edges where the run covers it
                     rate = gh / (chi - clo)
-                    k0, k1 = int(b0), int(b1)
-                    if whole_s:  # inside buckets: min/max pick the bucket's edges
-                        cut = rate * ((k0 + 1) * bucket_s - clo)  # clo >= k*b
-                        try:
-                            cp, pp = pairs[k0]
-                        except KeyError:
-                            cp, pp = pair(pairs, k0, cls, pool)
-                        cp[0] += cut
-                        pp[0] += cut
-                        cut = rate * whole_s  # (k+1)*b - k*b, exactly
-                        for k in range(k0 + 1, k1):
-                            try:
-                                cp, pp = pairs[k]
-                            except KeyError:
-                                cp, pp = pair(pairs, k, cls, pool)
-                            cp[0] += cut
-                            pp[0] += cut
-                        k0 = k1
-                    for k in range(k0, k1 + 1):
+                    cut = (rate * ((b0 + 1) * bucket_s - clo) if whole_s  # clo >= b0*b
+                           else rate * (min(chi, (b0 + 1) * bucket_s) - max(clo, b0 * bucket_s)))
+                    middle = rate * whole_s if whole_s else None  # (k+1)*b - k*b, exactly
+                    last_cut = rate * (min(chi, (b1 + 1) * bucket_s) - max(clo, b1 * bucket_s))
+                k = b0
+                while True:
+                    try:
+                        cp, pp = pairs[k]
+                    except KeyError:
+                        cp, pp = pair(pairs, int(k), cls, pool)
+                    cp[0] += cut
+                    pp[0] += cut
+                    if k == b1:
+                        break
+                    k += 1
+                    if k == b1:
+                        cut = last_cut
+                    elif middle is not None:
+                        cut = middle
+                    else:
                         cut = rate * (min(chi, (k + 1) * bucket_s) - max(clo, k * bucket_s))
-                        try:
-                            cp, pp = pairs[k]
-                        except KeyError:
-                            cp, pp = pair(pairs, k, cls, pool)
-                        cp[0] += cut
-                        pp[0] += cut
         cs.gpu_hours += gh
         pool_row[1] += gh
         last_gpus = gpus

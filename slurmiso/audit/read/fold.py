@@ -28,12 +28,12 @@ from slurmiso.audit.read.sacct import (
     AuditInputError,
     ParseStats,
     checked_record,
+    fitted_row,
     gpu_usage,
     parse_time,
     parse_tres,
     read_header,
     record_maker,
-    repair_row,
     tres_number,
 )
 
@@ -124,6 +124,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
     upto = max(read) + 1 if not pad and max(read) < ncol - 2 else 0
     rest_bars = ncol - 1 - upto
 
+    stamps = (i_start, i_end, i_submit, i_elig)
     hours: Dict[str, float] = {}
     mmss = _MMSS
     tres_cache: Dict[str, Tuple[float, int, int, bool]] = {}
@@ -158,13 +159,9 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 if len(parts) == 1 and (not parts[0] or parts[0].isspace()):
                     continue  # a blank line
                 if len(parts) != ncol:
-                    repaired = repair_row(parts, ncol, idx)
+                    repaired = fitted_row(parts, ncol, idx, line[-1:] == "\n", f"line {number}",
+                                          stats)
                     if repaired is None:
-                        if line[-1:] != "\n":
-                            stats.truncated = True
-                            stats.bad_line(f"line {number}", "truncated (output ends mid-line)")
-                        else:
-                            stats.bad_line(f"line {number}", f"{len(parts)} fields, want {ncol}")
                         continue
                     parts = repaired
                 if line[-1:] != "\n":  # sacct ends every line; a last line without one was cut
@@ -209,29 +206,15 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
 
             if "+" not in job_id:
                 try:  # a KeyError or ValueError: the record path reads the row instead
-                    text = parts[i_start]
-                    try:
-                        start = hours[text[:13]] + mmss[text[13:]]
-                    except KeyError:
-                        start = _slow_time(text, hours)
-                    text = parts[i_end]
-                    try:
-                        end = hours[text[:13]] + mmss[text[13:]]
-                    except KeyError:
-                        end = _slow_time(text, hours)
-                    text = parts[i_submit]
-                    try:
-                        submit = hours[text[:13]] + mmss[text[13:]]
-                    except KeyError:
-                        submit = _slow_time(text, hours)
-                    if parts[i_elig] == text:
-                        eligible = submit
-                    else:
-                        text = parts[i_elig]
-                        try:
-                            eligible = hours[text[:13]] + mmss[text[13:]]
-                        except KeyError:
-                            eligible = _slow_time(text, hours)
+                    try:  # each stamp's hour cached: two dict hits a stamp
+                        start = hours[(text := parts[i_start])[:13]] + mmss[text[13:]]
+                        end = hours[(text := parts[i_end])[:13]] + mmss[text[13:]]
+                        submit = hours[(text := parts[i_submit])[:13]] + mmss[text[13:]]
+                        eligible = (submit if parts[i_elig] == text
+                                    else hours[(text := parts[i_elig])[:13]] + mmss[text[13:]])
+                    except KeyError:  # an hour to learn, or a stamp to read in full
+                        start, end, submit, eligible = [_slow_time(parts[i], hours)
+                                                        for i in stamps]
                     raw = parts[i_elapsed]
                     elapsed = (float(int(raw)) if raw else end - start
                                if start is not None and end is not None else 0.0)

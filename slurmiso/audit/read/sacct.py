@@ -329,13 +329,8 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
                 continue
             # else no header line (sacct -n): this line is already data
         if len(parts) != ncol:
-            repaired = repair_row(parts, ncol, idx)
+            repaired = fitted_row(parts, ncol, idx, complete, f"line {number}", stats)
             if repaired is None:
-                if not complete:
-                    stats.truncated = True
-                    stats.bad_line(f"line {number}", "truncated (output ends mid-line)")
-                else:
-                    stats.bad_line(f"line {number}", f"{len(parts)} fields, want {ncol}")
                 continue
             parts = repaired
         if not complete:  # sacct ends every line; a last line without one was cut short
@@ -433,6 +428,21 @@ def repair_row(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[Lis
     return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
 
 
+def fitted_row(parts: List[str], ncol: int, idx: Dict[str, int], complete: bool, where: str,
+               stats: ParseStats) -> Optional[List[str]]:
+    """A row of the wrong length made right (:func:`repair_row`), or None after counting it
+    bad: cut short (the output's last line, without its line end) or a field count sacct
+    never prints."""
+    repaired = repair_row(parts, ncol, idx)
+    if repaired is None:
+        if not complete:
+            stats.truncated = True
+            stats.bad_line(where, "truncated (output ends mid-line)")
+        else:
+            stats.bad_line(where, f"{len(parts)} fields, want {ncol}")
+    return repaired
+
+
 def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], AcctRecord]:
     """A function ``(parts, key) -> AcctRecord`` for this header, with every column index bound
     once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
@@ -466,19 +476,17 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
             raise ValueError(f"bad {name} time {text[:32]!r}")
         return value
 
+    def run_time(text: str, name: str) -> Optional[float]:
+        """Start or End: a cached hour's stamp is read by int(), whose message a bad
+        minute or second then gives (the message a bad row is sampled with)."""
+        base = hours.get(text[:13])
+        if base is not None and len(text) == 19 and text[16] == ":":
+            return base + int(text[14:16]) * 60 + int(text[17:19])
+        return when(text, name)
+
     def make(parts: List[str], key: str) -> AcctRecord:
-        text = parts[i_start]  # the common case inline: a cached hour and two ints
-        base = hours.get(text[:13])
-        if base is not None and len(text) == 19 and text[16] == ":":
-            start: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
-        else:
-            start = when(text, "Start")
-        text = parts[i_end]
-        base = hours.get(text[:13])
-        if base is not None and len(text) == 19 and text[16] == ":":
-            end: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
-        else:
-            end = when(text, "End")
+        start = run_time(parts[i_start], "Start")
+        end = run_time(parts[i_end], "End")
         raw = parts[i_elapsed]
         if raw:
             try:
