@@ -8,7 +8,8 @@ attempts, het components, array tasks and steps fall in one part. The first part
 here, each other in a forked process (which shares the loaded config and journal digest)
 by the same :func:`~slurmiso.audit.read.fold.fold_parsable`, from a bounded reader of its range
 with the header line put in front: memory stays that of one serial fold per process. The
-parts' aggregators come back pickled and :meth:`Aggregator.merge` adds them in file order.
+parts' aggregators (each filled by the same per-attempt kernel) come back pickled and
+:meth:`Aggregator.merge` adds them in file order.
 
 Exactness: every integer figure, list and bad-line message (with the file's own line
 numbers) equals the serial fold's; float sums may differ in their last bits (another order
