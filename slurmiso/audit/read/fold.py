@@ -34,6 +34,7 @@ from slurmiso.audit.read.sacct import (
     parse_tres,
     read_header,
     record_maker,
+    row_usage,
     tres_number,
 )
 
@@ -44,19 +45,6 @@ _HOURS = 100_000  # eleven years of distinct hours
 #: (a torn or odd stamp) takes the record path, which decides what it means.
 _TWO = [f"{n:02d}" for n in range(60)]
 _MMSS = {":" + m + ":" + s: i * 60 + j for i, m in enumerate(_TWO) for j, s in enumerate(_TWO)}
-
-
-def row_util(ave: str, tot: str) -> Optional[float]:
-    """A job row's own GPU utilisation, as the record path reads it (Ave, else Tot)."""
-    util = mem = None
-    usage = ave or tot
-    if usage and "gres/gpu" in usage:
-        util, mem = gpu_usage(usage)
-        if util is None and mem is None and tot:
-            util, mem = gpu_usage(tot)
-    elif not ave and tot and "gres/gpu" in tot:
-        util, mem = gpu_usage(tot)
-    return util
 
 
 def _slow_time(text: str, hours: Dict[str, float]) -> Optional[float]:
@@ -253,7 +241,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             tres[2], parts[i_nodes], 0, restarts)
                     pkey = job_id
                     ave, tot = parts[i_ave], parts[i_tot]
-                    putil = row_util(ave, tot) if ave or tot else None
+                    putil = row_usage(ave, tot)[0] if ave or tot else None
                     continue
             # the record path's own code for this row
             if upto and len(parts) == upto + 1:  # a regular row split only so far

@@ -204,6 +204,20 @@ def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
     return util, mem
 
 
+def row_usage(ave: str, tot: str) -> Tuple[Optional[float], Optional[float]]:
+    """A job row's own (``gres/gpuutil``, ``gres/gpumem``): from ``TRESUsageInAve``, else
+    from ``TRESUsageInTot`` (where Ave is empty, or names neither)."""
+    util = mem = None
+    usage = ave or tot
+    if usage and "gres/gpu" in usage:
+        util, mem = gpu_usage(usage)
+        if util is None and mem is None and tot:
+            util, mem = gpu_usage(tot)
+    elif not ave and tot and "gres/gpu" in tot:
+        util, mem = gpu_usage(tot)
+    return util, mem
+
+
 def tres_number(text: str) -> Optional[float]:
     """A TRES count; sacct may print memory with a unit suffix (``1.50G``)."""
     if text[-1:].isdigit():
@@ -502,14 +516,7 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
             tres = parse_tres(text)
             if len(tres_cache) < 10_000:
                 tres_cache[text] = tres
-        util = mem = None
-        usage = parts[i_ave] or parts[i_tot]
-        if usage and "gres/gpu" in usage:
-            util, mem = gpu_usage(usage)
-            if util is None and mem is None and parts[i_tot]:
-                util, mem = gpu_usage(parts[i_tot])
-        elif not parts[i_ave] and parts[i_tot] and "gres/gpu" in parts[i_tot]:
-            util, mem = gpu_usage(parts[i_tot])
+        util, mem = row_usage(parts[i_ave], parts[i_tot])
         restarts = parts[i_restarts]
         state = parts[i_state]
         submit = parts[i_submit]
