@@ -20,6 +20,10 @@ bitmap 0.045, users and accounts 0.025, the wait histogram and series 0.055, the
 Start-up (imports, config) adds about 0.07 s that the csv pass does not have, once the
 package's bytecode is compiled (see above). The record path the fold replaced took 4.1x; the
 first fold 2.23-2.37x, this one 2.06-2.34x (2.06, 2.09, 2.16, 2.34) in the same hour.
+Since the fold hands each attempt to the one per-attempt kernel (``figures/kernel.py``, a
+call per job row where the fold had the code inline), two A/B runs on the loaded 2-core box,
+old and new interleaved on one dump, best of 4: serial 2.45x/2.29x before, 2.40x/2.37x after;
+parallel 1.33x/1.26x before, 1.41x/1.31x after (medians equal to within 1%).
 
 That serial fold is one core's work. A saved file this large is folded in parallel
 (``slurmiso/audit/read/parallel.py``): cut into one byte range per core (at most 4;
