@@ -10,7 +10,7 @@ must do. Both run in fresh processes (interpreter start-up and imports included,
 package's bytecode compiled first, as an install has it), interleaved, best of N. Target:
 audit <= 2x the baseline.
 
-Where the audit's time goes (``slurmiso/audit/fold.py``; CPU seconds per 100,000 rows of this
+Where the audit's time goes (``slurmiso/audit/read/fold.py``; CPU seconds per 100,000 rows of this
 dump, 75,000 job rows and 25,000 steps, Python 3.11, on a loaded 2-core box where the csv pass
 takes 0.25-0.3; measured by cutting the loop short at each stage, +-0.02): splitting the
 rows (as far as the last column read) 0.08, the job row's four timestamps 0.075, ElapsedRaw
@@ -20,9 +20,13 @@ bitmap 0.045, users and accounts 0.025, the wait histogram and series 0.055, the
 Start-up (imports, config) adds about 0.07 s that the csv pass does not have, once the
 package's bytecode is compiled (see above). The record path the fold replaced took 4.1x; the
 first fold 2.23-2.37x, this one 2.06-2.34x (2.06, 2.09, 2.16, 2.34) in the same hour.
+Since the fold hands each attempt to the one per-attempt kernel (``figures/kernel.py``, a
+call per job row where the fold had the code inline), two A/B runs on the loaded 2-core box,
+old and new interleaved on one dump, best of 4: serial 2.45x/2.29x before, 2.40x/2.37x after;
+parallel 1.33x/1.26x before, 1.41x/1.31x after (medians equal to within 1%).
 
 That serial fold is one core's work. A saved file this large is folded in parallel
-(``slurmiso/audit/parallel.py``): cut into one byte range per core (at most 4;
+(``slurmiso/audit/read/parallel.py``): cut into one byte range per core (at most 4;
 ``SLURMISO_AUDIT_WORKERS`` overrides) at job rows whose job id differs from the row before,
 the first range folded by the audit process, each other by a forked worker with the same
 fold from a bounded reader of its range, the parts' aggregators merged in file order (a job
@@ -188,7 +192,8 @@ def main() -> bool:
         env.pop("SLURMISO_AUDIT_WORKERS", None)  # the default: one process per core, up to 4
         serial_env = dict(env, SLURMISO_AUDIT_WORKERS="1")
         parts = int(subprocess.run(
-            [sys.executable, "-c", "import sys\nfrom slurmiso.audit.parallel import parts_for\n"
+            [sys.executable, "-c", "import sys\n"
+             "from slurmiso.audit.read.parallel import parts_for\n"
              "print(parts_for(sys.argv[1]))", path],
             env=env, capture_output=True, text=True, check=True).stdout)
         base_s: List[float] = []

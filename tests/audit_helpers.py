@@ -9,7 +9,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from slurmiso.audit import sacct as sacct_mod
+from slurmiso.audit.read import sacct as sacct_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SACCT = os.path.join(ROOT, "tests", "fixtures", "sacct")
@@ -53,7 +53,7 @@ def write_week(path: str, seed: int = 16) -> None:
     import calendar
     import random
 
-    from slurmiso.audit.sacct import SACCT_FIELDS
+    from slurmiso.audit.read.sacct import SACCT_FIELDS
 
     rnd = random.Random(seed)
     t0 = calendar.timegm((2024, 4, 22, 0, 0, 0))

@@ -2,14 +2,15 @@
 
 The pipeline is a stream, so a year of accounting fits in a few hundred MB::
 
-    sacct (-P or --json) -> sacct.parse_*() -> JobRecord --+
-                                                             +-> analyze.Aggregator -> report dict
-    journals -> digest.JournalDigest -----------------------+        |
-                                                     findings / live +-> render_* (text, md,
-                                                                           html, json, csv)
+    read/      sacct -P  --(fold: lexing)------------------+
+               sacct --json, records (sacct, sacct_json) --+--> figures/kernel, one call
+               a large file: parallel parts, merged        |    per attempt, into
+               journals --> digest.JournalDigest ----------+    figures/aggregate.Aggregator
+               the live cluster: live                           --> findings, report dict
+    render/    the report dict as text, Markdown, HTML, JSON, CSV
 
-``analyze``, ``digest`` and ``findings`` are pure (records in, data out); ``collect`` and
-``live`` are where Slurm, files and the GPU backend are touched.
+``figures`` is pure (records and digests in, data out); ``read`` is where Slurm, files and
+the GPU backend are touched (``collect``, ``live``); ``render`` computes no figure.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmiso.audit.sacct import SACCT_FIELDS
+from slurmiso.audit.read.sacct import SACCT_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -85,23 +85,23 @@ def _outputs(args: argparse.Namespace) -> List[Tuple[str, Optional[str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurmiso.audit.analyze import Aggregator
-    from slurmiso.audit.collect import (
+    from slurmiso.audit.figures.aggregate import Aggregator
+    from slurmiso.audit.figures.findings import (
+        at_or_above,
+        config_findings,
+        input_findings,
+        job_findings,
+    )
+    from slurmiso.audit.figures.report import build_report, capacity_from_scontrol
+    from slurmiso.audit.read.collect import (
         journal_paths,
         parse_when,
         read_sacct_file,
         records_from,
         stream_sacct,
     )
-    from slurmiso.audit.digest import EVENTS, JournalDigest
-    from slurmiso.audit.findings import (
-        at_or_above,
-        config_findings,
-        input_findings,
-        job_findings,
-    )
-    from slurmiso.audit.report import build_report, capacity_from_scontrol
-    from slurmiso.audit.sacct import AuditInputError, ParseStats
+    from slurmiso.audit.read.digest import EVENTS, JournalDigest
+    from slurmiso.audit.read.sacct import AuditInputError, ParseStats
     from slurmiso.config import load_config
     from slurmiso.errors import SlurmError, UsageError
     from slurmiso.state.journal import read_journals
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     findings = input_findings(stats, journals, agg, digest) + config_findings(cfg)
     findings += job_findings(cfg, agg, digest)
     if args.live:
-        from slurmiso.audit.live import live_findings
+        from slurmiso.audit.read.live import live_findings
         from slurmiso.slurm.client import SlurmCli
 
         findings += live_findings(cfg, args.node, SlurmCli())
@@ -217,14 +217,14 @@ def _latest_probes(cfg: Any) -> Dict[str, Dict[str, Any]]:
 
 def render(report: Dict[str, Any], fmt: str) -> str:
     if fmt == "html":
-        from slurmiso.audit.render_html import render_html
+        from slurmiso.audit.render.html import render_html
 
         return render_html(report)
     if fmt in ("json", "csv"):
-        from slurmiso.audit.render_data import render_csv, render_json
+        from slurmiso.audit.render.data import render_csv, render_json
 
         return render_json(report) if fmt == "json" else render_csv(report)
-    from slurmiso.audit.render_text import render_markdown, render_text
+    from slurmiso.audit.render.text import render_markdown, render_text
 
     return render_markdown(report) if fmt == "md" else render_text(report)
 

@@ -12,8 +12,8 @@ import math
 from html import escape
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.audit.render_html import _CSS, PALETTE, _nice_max, _table
-from slurmiso.audit.render_text import table
+from slurmiso.audit.render.html import _CSS, PALETTE, _nice_max, _table
+from slurmiso.audit.render.text import table
 
 _W, _H, _PAD_L, _PAD_B, _PAD_T, _PAD_R = 720, 300, 56, 40, 14, 16
 

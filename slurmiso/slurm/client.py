@@ -19,7 +19,9 @@ from slurmiso.errors import SlurmError, SlurmUnavailable
 log = logging.getLogger(__name__)
 
 BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin")
-_UNREACHABLE = (
+#: What Slurm's commands print when slurmctld or slurmdbd cannot be reached (the audit's
+#: streamed sacct query reads it too)
+UNREACHABLE = (
     "Unable to contact slurm controller",
     "Socket timed out",
     "Connection refused",
@@ -144,7 +146,7 @@ class SlurmCli:
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip().splitlines()
             msg = err[-1] if err else f"exit status {proc.returncode}"
-            if any(s in msg for s in _UNREACHABLE):
+            if any(s in msg for s in UNREACHABLE):
                 raise SlurmUnavailable(f"{cmd} {' '.join(args)} failed: {msg}",
                                        hint=_UNREACHABLE_HINT.get(cmd, _UNREACHABLE_HINT[""]))
             raise SlurmError(f"{cmd} {' '.join(args)} failed: {msg}")

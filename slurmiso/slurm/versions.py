@@ -98,7 +98,7 @@ DIFFERENCES: Tuple[Difference, ...] = (
 _BY_KEY: Dict[str, Difference] = {d.key: d for d in DIFFERENCES}
 
 #: ``--json`` data_parser plugin per release (``sacct``/``squeue``/``scontrol --json``
-#: ``meta.plugin.data_parser``), measured; slurmiso.audit.sacct_json reads all of them.
+#: ``meta.plugin.data_parser``), measured; slurmiso.audit.read.sacct_json reads all of them.
 DATA_PARSERS: Dict[Tuple[int, int], str] = {
     (22, 5): "v0.0.38",
     (24, 11): "v0.0.42",

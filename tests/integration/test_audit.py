@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 
-from slurmiso.audit.collect import known_fields
+from slurmiso.audit.read.collect import known_fields
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "fixtures", "sacct")

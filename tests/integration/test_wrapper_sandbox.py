@@ -46,7 +46,7 @@ def test_audit_counts_the_scenarios_preemptions_and_checkpointed_lost_work(
     requeues, and the work lost is what ran after each checkpoint: measured, near zero."""
     import json
 
-    from slurmiso.audit.collect import known_fields
+    from slurmiso.audit.read.collect import known_fields
     from slurmiso_sandbox.demo import preemption_scenario
 
     r = preemption_scenario(sandbox, steps=STEPS, step_time=STEP_TIME)

@@ -7,11 +7,11 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import at_or_above, job_findings
-from slurmiso.audit.quantiles import EXACT, RELATIVE_ERROR, LogHistogram
-from slurmiso.audit.sacct import JobRecord
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.findings import at_or_above, job_findings
+from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR, LogHistogram
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.read.sacct import AcctRecord
 from slurmiso.config import load_config
 from tests.audit_helpers import CONFIG
 
@@ -19,14 +19,14 @@ CFG = load_config(CONFIG)
 
 
 def rec(job: str, state: str = "COMPLETED", qos: str = "train", part: str = "train",
-        start: Optional[float] = 100.0, run: float = 3600.0, gpus: float = 1.0, **kw: Any) -> JobRecord:
+        start: Optional[float] = 100.0, run: float = 3600.0, gpus: float = 1.0, **kw: Any) -> AcctRecord:
     fields: Dict[str, Any] = dict(job=job, name="n", user="u", account="a", partition=part,
                                   qos=qos, state=state, submit=0.0, eligible=0.0, start=start,
                                   end=None if start is None else start + run,
                                   elapsed=0 if start is None else run, timelimit_s=None, gpus=gpus,
                                   mps=0, shards=0, nodes="gpu033")
     fields.update(kw)
-    return JobRecord(**fields)
+    return AcctRecord(**fields)
 
 
 def test_quantiles_exact_below_the_log_range():
@@ -76,7 +76,7 @@ def test_class_from_qos_then_partition_then_default(qos, part, want):
     assert [c for c, s in agg.classes.items() if s.attempts] == [want]
 
 
-def _agg(records: List[JobRecord], digest: JournalDigest = None) -> Aggregator:  # type: ignore[assignment]
+def _agg(records: List[AcctRecord], digest: JournalDigest = None) -> Aggregator:  # type: ignore[assignment]
     agg = Aggregator(CFG, digest)
     agg.add_all(records)
     return agg
@@ -98,7 +98,7 @@ def test_jobs_attempts_requeues_preemptions(records, jobs, attempts, preemptions
 
 def _digest(events: List[Dict[str, Any]]) -> JournalDigest:
     """A digest of ``events``, each tagged with the source its real writer gives it."""
-    from slurmiso.audit.digest import WRITER
+    from slurmiso.audit.read.digest import WRITER
 
     d = JournalDigest()
     for e in events:
@@ -186,7 +186,7 @@ def test_digest_checkpoint_vs_grace_and_monitor():
 
 def test_wrapper_requeued_attempt_with_a_preemption_signal_counts_as_preempted() -> None:
     """slurmiso run requeues a preempted job itself: sacct says REQUEUED, the journal says why."""
-    from slurmiso.audit.digest import JournalDigest
+    from slurmiso.audit.read.digest import JournalDigest
 
     d = JournalDigest()
     d.add({"event": "preempt-signal", "job": "7", "cause": "preempted", "source": "job",

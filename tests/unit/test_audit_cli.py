@@ -8,8 +8,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from slurmiso.audit.live import live_findings
-from slurmiso.audit.sacct import SACCT_FIELDS
+from slurmiso.audit.read.live import live_findings
+from slurmiso.audit.read.sacct import SACCT_FIELDS
 from slurmiso.cli.main import main
 from slurmiso.config import load_config
 from slurmiso.errors import SlurmUnavailable
@@ -193,8 +193,8 @@ def test_live_runs_exactly_doctors_checks_on_a_snapshot_taken_now():
 
 def test_sacct_query_asks_only_for_fields_this_sacct_knows() -> None:
     """22.05's sacct refuses the whole query for one unknown field (Restarts, measured)."""
-    from slurmiso.audit.collect import known_fields, sacct_argv
-    from slurmiso.audit.sacct import SACCT_FIELDS
+    from slurmiso.audit.read.collect import known_fields, sacct_argv
+    from slurmiso.audit.read.sacct import SACCT_FIELDS
 
     help_2205 = " ".join(f for f in SACCT_FIELDS if f != "Restarts") + " Reason ExitCode"
     fields = known_fields(help_2205)

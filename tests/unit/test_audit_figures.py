@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from slurmiso.audit.sacct import SACCT_FIELDS
+from slurmiso.audit.read.sacct import SACCT_FIELDS
 from tests.audit_helpers import CONFIG, ROOT, run_audit, utc  # noqa: F401
 
 DAY = "2024-05-01"
@@ -238,7 +238,7 @@ def test_the_audit_classifies_like_the_prolog(tmp_path, utc, capsys, monkeypatch
 
 
 def test_the_audit_has_no_classifier_of_its_own():
-    import slurmiso.audit.analyze as analyze
+    import slurmiso.audit.figures.aggregate as analyze
 
     assert not hasattr(analyze, "_class_resolver")
     with open(analyze.__file__) as fh:
@@ -345,7 +345,7 @@ def test_sacct_down_exits_2_as_documented(tmp_path, capsys, monkeypatch):
 def test_shipped_journal_path_reads_every_node_on_a_sacct_host(tmp_path, monkeypatch):
     """The shipped config's journal has %n, so a host with the shared directory reads each
     node's file instead of warning that 'journal.jsonl' is missing every day."""
-    from slurmiso.audit.collect import journal_paths
+    from slurmiso.audit.read.collect import journal_paths
     from slurmiso.config import load_config
     from slurmiso.values import replace
 

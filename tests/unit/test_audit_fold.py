@@ -1,4 +1,4 @@
-"""The fused ``sacct -P`` fold (slurmiso.audit.fold) against the record path it replaces.
+"""The fused ``sacct -P`` fold (slurmiso.audit.read.fold) against the record path it replaces.
 
 The record path (``parse_parsable`` yields records, ``Aggregator.add`` folds each) is the
 straightforward reference. On randomised dumps full of what real and hostile files contain
@@ -18,13 +18,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.collect import ParsableSource, records_from
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import input_findings, job_findings
-from slurmiso.audit.fold import fold_parsable
-from slurmiso.audit.report import build_report
-from slurmiso.audit.sacct import SACCT_FIELDS, AuditInputError, ParseStats, gpu_usage
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.findings import input_findings, job_findings
+from slurmiso.audit.figures.report import build_report
+from slurmiso.audit.read.collect import ParsableSource, records_from
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.read.fold import fold_parsable
+from slurmiso.audit.read.sacct import SACCT_FIELDS, AuditInputError, ParseStats, gpu_usage
 from slurmiso.config import load_config
 from tests.audit_helpers import CONFIG, utc  # noqa: F401
 

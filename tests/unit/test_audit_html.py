@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Tuple
 
-from slurmiso.audit.render_html import PALETTE
+from slurmiso.audit.render.html import PALETTE
 from tests.audit_helpers import run_audit, utc  # noqa: F401
 from tests.unit.test_audit_figures import row, sacct
 

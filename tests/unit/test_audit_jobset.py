@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from slurmiso.audit.jobset import MAX_BIT_ID, JobSet
+from slurmiso.audit.figures.jobset import MAX_BIT_ID, JobSet
 
 
 def test_jobset_agrees_with_a_set_on_every_id_form():

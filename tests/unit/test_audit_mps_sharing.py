@@ -7,9 +7,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import _journal_findings
-from slurmiso.audit.mps_sharing import interval_of, sharing
+from slurmiso.audit.figures.findings import _journal_findings
+from slurmiso.audit.figures.mps_sharing import interval_of, sharing
+from slurmiso.audit.read.digest import JournalDigest
 
 T0 = 1_714_550_400.0  # 2024-05-01T08:00:00Z
 

@@ -1,4 +1,4 @@
-"""A large ``sacct -P`` file folded in parallel parts (slurmiso.audit.parallel) against the
+"""A large ``sacct -P`` file folded in parallel parts (slurmiso.audit.read.parallel) against the
 serial fold of the same file: every integer figure, list and bad-line message (with its line
 number) equal, every float within 1e-9 relative (the parts' sums are added in another
 order); where a job id spans two parts or a worker fails, the serial fold itself, exactly.
@@ -14,12 +14,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from slurmiso.audit import parallel
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.collect import read_sacct_file
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.jobset import JobSet
-from slurmiso.audit.sacct import SACCT_FIELDS, ParseStats
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.jobset import JobSet
+from slurmiso.audit.read import parallel
+from slurmiso.audit.read.collect import read_sacct_file
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.read.sacct import SACCT_FIELDS, ParseStats
 from tests.audit_helpers import utc  # noqa: F401
 from tests.unit.test_audit_fold import CFG, EXTRA, T0, _row, state
 from tests.unit.test_audit_fold import digest_for as fold_digest_for
@@ -129,7 +129,7 @@ def test_parallel_fold_equals_the_serial_fold(seed: int, tmp_path: Any, utc: Non
                     (T0 + 2 * 86400 + 1234.5, T0 + 3 * 86400 + 17)][seed]
     workers = 2 + seed % 2
     ref, ref_stats = fold(path, seed, 1, since, until)
-    caplog.set_level(logging.INFO, logger="slurmiso.audit.parallel")
+    caplog.set_level(logging.INFO, logger="slurmiso.audit.read.parallel")
     got, got_stats = fold(path, seed, workers, since, until)
     assert f"folded in {workers} parallel parts" in caplog.text
     assert ref_stats.records > 2000 and ref_stats.bad > 100 and ref_stats.steps > 1000
@@ -155,7 +155,7 @@ def test_a_job_id_in_two_parts_is_folded_serially(tmp_path: Any, utc: None,  # n
         fh.write(text)
     ref, ref_stats = fold(path, 4, 1)
     assert ref.multi["100"] == 2
-    caplog.set_level(logging.INFO, logger="slurmiso.audit.parallel")
+    caplog.set_level(logging.INFO, logger="slurmiso.audit.read.parallel")
     got, got_stats = fold(path, 4, 3)
     assert "a job id appears in two of its 3 parts" in caplog.text
     assert state(got, got_stats) == state(ref, ref_stats)  # the serial fold: exactly
@@ -181,7 +181,7 @@ def test_a_failed_worker_means_a_serial_fold(how: str, tmp_path: Any, utc: None,
         return real(*args)
 
     monkeypatch.setattr(parallel, "_fold_part", failing)
-    caplog.set_level(logging.INFO, logger="slurmiso.audit.parallel")
+    caplog.set_level(logging.INFO, logger="slurmiso.audit.read.parallel")
     got, got_stats = fold(path, 5, 2)
     assert "a worker failed" in caplog.text
     assert ("exit status 9" if how == "kill" else "RuntimeError: boom") in caplog.text

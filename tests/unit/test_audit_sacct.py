@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from slurmiso.audit import jsonstream
-from slurmiso.audit.collect import records_from
-from slurmiso.audit.sacct import (
+from slurmiso.audit.read import jsonstream
+from slurmiso.audit.read.collect import records_from
+from slurmiso.audit.read.sacct import (
     AuditInputError,
     ParseStats,
     job_key,
@@ -17,7 +17,7 @@ from slurmiso.audit.sacct import (
     parse_time,
     parse_tres,
 )
-from slurmiso.audit.sacct_json import _num, json_record, parse_json
+from slurmiso.audit.read.sacct_json import _num, json_record, parse_json
 from tests.audit_helpers import utc  # noqa: F401
 
 HEADER = "JobID|JobName|QOS|Partition|State|Submit|Start|End|ElapsedRaw|AllocTRES\n"
@@ -115,7 +115,7 @@ def test_unusable_input_raises(text, message):
 
 
 def test_headerless_output_in_our_field_order_is_accepted():
-    from slurmiso.audit.sacct import SACCT_FIELDS
+    from slurmiso.audit.read.sacct import SACCT_FIELDS
 
     line = "|".join(["7", "n", "u", "a", "p", "train", "COMPLETED"] + [""] * (
         len(SACCT_FIELDS) - 7)) + "\n"

@@ -12,9 +12,9 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.sacct import JobRecord
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.read.sacct import AcctRecord
 from slurmiso.config import load_config
 from slurmiso.errors import SlurmError
 from slurmiso.hooks import events
@@ -26,8 +26,8 @@ CFG = load_config(CONFIG)
 T0 = parse_ts("2026-01-01T00:00:00.000Z").timestamp()
 
 
-def _rec(state: str, start: float, run: float) -> JobRecord:
-    return JobRecord(job="7", name="n", user="u", account="a", partition="train", qos="train",
+def _rec(state: str, start: float, run: float) -> AcctRecord:
+    return AcctRecord(job="7", name="n", user="u", account="a", partition="train", qos="train",
                      state=state, submit=0.0, eligible=0.0, start=start, end=start + run,
                      elapsed=run, timelimit_s=None, gpus=2.0, mps=0, shards=0, nodes="gpu033")
 

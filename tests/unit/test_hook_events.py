@@ -59,7 +59,7 @@ def test_events_file_lives_in_the_jobs_work_dir_not_roots_state_dir(tmp_path: An
 def test_the_audit_accepts_what_the_epilog_folds_as_the_jobs_report(tmp_path: Any) -> None:
     """Producer and consumer agree on the writer: every line the epilog folds is read by the
     audit as the job's own report, none rejected (they once disagreed: "user" vs "job")."""
-    from slurmiso.audit.digest import WRITER, JournalDigest
+    from slurmiso.audit.read.digest import WRITER, JournalDigest
 
     tmp, work = str(tmp_path), str(tmp_path / "home" / "job")
     cfg = _prolog(tmp, work)
@@ -79,7 +79,7 @@ def test_the_audit_places_folded_events_at_the_wrappers_time(tmp_path: Any) -> N
     """The epilog folds a job's report after the job's end; a checkpoint or a preemption
     signal still belongs to the attempt it happened in (its ``job_ts``), so lost work is
     measured from it (it once fell after every attempt: all of it counted as lost)."""
-    from slurmiso.audit.digest import JournalDigest
+    from slurmiso.audit.read.digest import JournalDigest
     from slurmiso.state.journal import parse_ts
 
     tmp, work = str(tmp_path), str(tmp_path / "home" / "job")

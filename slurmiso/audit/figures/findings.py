@@ -1,8 +1,8 @@
 """Findings: what in the audit needs a human, with the jobs/nodes concerned and a fix.
 
-Pure rules over the aggregates (:mod:`slurmiso.audit.analyze`), the journal digest and the
+Pure rules over the aggregates (:mod:`slurmiso.audit.figures.aggregate`), the journal digest and the
 config, as :class:`slurmiso.doctor.Finding` (one type for doctor and audit). ``--live``
-adds doctor's checks and the node's leftovers (:mod:`slurmiso.audit.live`). The exit code of
+adds doctor's checks and the node's leftovers (:mod:`slurmiso.audit.read.live`). The exit code of
 ``slurmiso audit`` is 1 when any finding is at or above ``audit.severity``.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.sacct import ParseStats
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.read.sacct import ParseStats
 from slurmiso.doctor import Finding
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
@@ -40,7 +40,7 @@ def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]],
                    agg: Optional[Aggregator] = None,
                    digest: Optional[JournalDigest] = None) -> List[Finding]:
     """What the input cannot show. Each says what to change; the report marks the figures
-    that depend on it unknown (see :func:`slurmiso.audit.report.unknowns`)."""
+    that depend on it unknown (see :func:`slurmiso.audit.figures.report.unknowns`)."""
     out: List[Finding] = []
     src = stats.source or "sacct"
     if stats.truncated:
@@ -246,7 +246,7 @@ def _journal_findings(digest: JournalDigest) -> List[Finding]:
 def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:
     """MPS sharing split into concurrent (one user) and serialised (several users, whose
     MPS servers the GPU time-slices), from the hooks' job-end lines."""
-    from slurmiso.audit.mps_sharing import sharing
+    from slurmiso.audit.figures.mps_sharing import sharing
     from slurmiso.config.mps_users import FIX
 
     if not digest.mps_intervals:

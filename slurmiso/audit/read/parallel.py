@@ -1,14 +1,15 @@
 """A large saved ``sacct -P`` file folded in parts by forked worker processes.
 
-The serial fold (:mod:`slurmiso.audit.fold`) is one Python loop on one core. A regular file
+The serial fold (:mod:`slurmiso.audit.read.fold`) is one Python loop on one core. A regular file
 of at least :data:`MIN_BYTES` is cut into up to :data:`MAX_WORKERS` byte ranges (one per
 core; ``SLURMISO_AUDIT_WORKERS`` overrides, ``1`` reads serially), each cut at a job row
 whose job id (before any ``.``, ``+`` or ``_``) differs from the job row before it, so a job's
 attempts, het components, array tasks and steps fall in one part. The first part is folded
 here, each other in a forked process (which shares the loaded config and journal digest)
-by the same :func:`~slurmiso.audit.fold.fold_parsable`, from a bounded reader of its range
+by the same :func:`~slurmiso.audit.read.fold.fold_parsable`, from a bounded reader of its range
 with the header line put in front: memory stays that of one serial fold per process. The
-parts' aggregators come back pickled and :meth:`Aggregator.merge` adds them in file order.
+parts' aggregators (each filled by the same per-attempt kernel) come back pickled and
+:meth:`Aggregator.merge` adds them in file order.
 
 Exactness: every integer figure, list and bad-line message (with the file's own line
 numbers) equals the serial fold's; float sums may differ in their last bits (another order
@@ -29,8 +30,8 @@ import stat
 import sys
 from typing import Any, Iterator, List, Optional, Tuple
 
-from slurmiso.audit.analyze import Aggregator
-from slurmiso.audit.sacct import ParseStats, _read_header
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.read.sacct import ParseStats, read_header
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def _header_line(fd: int) -> Optional[Tuple[str, int, int, int]]:
     parts = text.split("|")
     if "JobID" not in parts or "State" not in parts:
         return None
-    idx = {name: i for i, name in enumerate(parts) if name}  # as sacct._read_header
+    idx = {name: i for i, name in enumerate(parts) if name}  # as sacct.read_header
     return text + "\n", nl + 1, len(parts), idx["JobID"]
 
 
@@ -206,7 +207,7 @@ def _fold_part(fd: int, header: str, start: int, end: Optional[int], like: Aggre
                source: str) -> Tuple[Aggregator, ParseStats]:
     """One part folded into a new aggregator built like ``like``; its line numbers count
     from the header as line 1 (:func:`_merge` renumbers)."""
-    from slurmiso.audit.fold import fold_parsable
+    from slurmiso.audit.read.fold import fold_parsable
 
     stats = ParseStats(source=source)
     agg = Aggregator(like.cfg, like.digest, bucket_s=like.bucket_s, since=like.since,
@@ -289,7 +290,7 @@ def _run(fd: int, header: str, ranges: List[Tuple[int, Optional[int]]], agg: Agg
     ctx = multiprocessing.get_context("fork")
     procs: List[Tuple[Any, Any]] = []
     quiet = _Quiet()
-    sacct_log = logging.getLogger("slurmiso.audit.sacct")
+    sacct_log = logging.getLogger("slurmiso.audit.read.sacct")
     for stream in (sys.stdout, sys.stderr):  # a child flushes its copy of unwritten output
         try:
             stream.flush()
@@ -342,7 +343,7 @@ def _merge(results: List[Tuple[Aggregator, ParseStats]], header: str, stats: Par
     """Add the parts in file order; a part's line numbers move down by the lines before
     it (each part counted its header as line 1; the file's header is its line 1 too)."""
     stats.format = stats.format or "parsable"
-    _read_header(header.rstrip("\n").split("|"), stats)  # fields, unknown ones (logged once)
+    read_header(header.rstrip("\n").split("|"), stats)  # fields, unknown ones (logged once)
     before = 0  # data lines of the parts before this one
     for part_agg, part in results:
         if before:

@@ -7,14 +7,15 @@ Every number says where it comes from: ``measured`` (sacct or journal facts), ``
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from slurmiso.audit.analyze import Aggregator, ClassStats, Who
-from slurmiso.audit.definitions import DEFINITIONS, DOC
-from slurmiso.audit.digest import JournalDigest
-from slurmiso.audit.findings import sort_findings
-from slurmiso.audit.quantiles import EXACT, RELATIVE_ERROR
-from slurmiso.audit.sacct import ParseStats
+from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.definitions import DEFINITIONS, DOC
+from slurmiso.audit.figures.findings import sort_findings
+from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR
+from slurmiso.audit.figures.stats import ClassStats, Who
+from slurmiso.audit.read.digest import JournalDigest
+from slurmiso.audit.read.sacct import ParseStats
 from slurmiso.doctor import Finding
 
 #: Figures made unknown (None) by a finding about the input: code -> figure keys.
@@ -116,9 +117,9 @@ def _pool(name: str, v: List[float], cap: Optional[int], span_h: Optional[float]
     return {"attempts": int(v[0]), "gpu_hours": gh, "capacity_gpus": cap, "use_share": share}
 
 
-def unknowns(findings: Sequence[Finding], overall: ClassStats) -> set:
+def unknowns(findings: Sequence[Finding], overall: ClassStats) -> Set[str]:
     """Figure keys the input cannot show (they are reported as None, never 0)."""
-    out: set = set()
+    out: Set[str] = set()
     for f in findings:
         out.update(UNKNOWN_WHEN.get(f.code, ()))
     if not overall.util_gpu_hours:
@@ -126,7 +127,7 @@ def unknowns(findings: Sequence[Finding], overall: ClassStats) -> set:
     return out
 
 
-def _blank(figures: Dict[str, Any], unknown: set) -> Dict[str, Any]:
+def _blank(figures: Dict[str, Any], unknown: Set[str]) -> Dict[str, Any]:
     for key in unknown:
         if key in figures:
             figures[key] = None
@@ -170,7 +171,7 @@ def _ranking(table: Dict[str, Who], label: str, util_known: bool) -> List[Dict[s
                 "idle_gpu_hours": round(w.idle_gpu_hours, 3) if util_known else None,
                 "lost_gpu_hours": round(w.lost_gpu_hours, 3), "preemptions": w.preemptions}
 
-    keep: set = set()
+    keep: Set[str] = set()
     for key in ("gpu_hours", "idle_gpu_hours", "lost_gpu_hours", "preemptions"):
         top = sorted(table.items(), key=lambda kv: (-getattr(kv[1], key), kv[0]))
         keep.update(n for n, w in top[: _TOP if key == "gpu_hours" else 5]
@@ -188,7 +189,7 @@ def _merge(into: ClassStats, s: ClassStats) -> None:
 
 
 def _wait_slo(agg: Aggregator, name: str) -> Optional[Dict[str, Any]]:
-    limit = agg._slo_wait.get(name)
+    limit = agg.slo_wait.get(name)
     stats = agg.classes[name]
     if limit is None or not stats.wait.n:
         return None
@@ -230,7 +231,7 @@ def _series(agg: Aggregator, capacity: Dict[str, Optional[int]]) -> Dict[str, An
     lo = min(b for b, _ in agg.series)
     hi = max(b for b, _ in agg.series)
     factor = max(1, -(-(hi - lo + 1) // MAX_POINTS))
-    merged: Dict[tuple, List[float]] = {}
+    merged: Dict[Tuple[int, str], List[float]] = {}
     for (b, cls), (gh, wsum, wn, wmax) in agg.series.items():
         key = (lo + (b - lo) // factor * factor, cls)
         m = merged.setdefault(key, [0.0, 0.0, 0.0, 0.0])

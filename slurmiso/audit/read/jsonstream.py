@@ -10,7 +10,7 @@ buffer only ever holds about one element plus one read chunk.
 from __future__ import annotations
 
 import json
-from typing import IO, Any, Dict, Iterator, Tuple
+from typing import IO, Any, Dict, Iterator, List, Tuple
 
 CHUNK = 1 << 20
 #: One element larger than this is not sacct output; stop before memory runs away.
@@ -113,7 +113,7 @@ def iter_array(fh: IO[str], key: str, others: Dict[str, Any]) -> Iterator[Any]:
             return
 
 
-def split_meta(others: Dict[str, Any]) -> Tuple[str, list]:
+def split_meta(others: Dict[str, Any]) -> Tuple[str, List[Any]]:
     """(Slurm release, errors) from ``sacct --json``'s meta/errors, whatever the version."""
     meta = others.get("meta") or {}
     slurm = meta.get("Slurm") or meta.get("slurm") or {}

@@ -13,11 +13,11 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.audit.render_text import (
+from slurmiso.audit.render.text import (
     CLASS_COLUMNS,
-    _extra_tables,
     class_rows,
     duration,
+    extra_tables,
     over_threshold,
     span_line,
 )
@@ -50,7 +50,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _nice_max(v: float) -> float:
     if v <= 0:
         return 1.0
-    mag = 10 ** math.floor(math.log10(v))
+    mag: float = 10 ** math.floor(math.log10(v))  # an int where v >= 1, as before
     for step in (1, 2, 2.5, 5, 10):
         if v <= step * mag:
             return step * mag
@@ -224,7 +224,7 @@ def render_html(report: Dict[str, Any]) -> str:
                    _points(report, "wait_mean_s"), colours, bucket_s,
                    lambda v: _TICK_LABEL.get(v) or duration(v), log=True),
     ]
-    for title, header, rows in _extra_tables(report):
+    for title, header, rows in extra_tables(report):
         body += [f"<h2>{escape(title)}</h2>", _table(header, rows)]
     body += ["<h2>Notes</h2><ul>"] + [f"<li>{escape(n)}</li>" for n in report["notes"]]
     body += ["</ul></body></html>"]

@@ -40,7 +40,8 @@ class LogHistogram:
     def value_of(bucket: int) -> float:
         if bucket < EXACT:
             return float(bucket)
-        return EXACT * GAMMA ** (bucket - EXACT + 0.5)
+        above: float = GAMMA ** (bucket - EXACT + 0.5)
+        return EXACT * above
 
     def add(self, value: float) -> None:
         b = int(value) if 0 < value < EXACT else self.bucket(value)

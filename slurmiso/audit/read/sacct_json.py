@@ -4,7 +4,7 @@
 versions (v0.0.39+, e.g. v0.0.42 in 24.11) wrap many numbers as ``{"set": true, "infinite":
 false, "number": N}`` and give ``state.current`` as a list of flags. :func:`_num` reads every
 spelling, so one mapping serves all versions. Steps are nested in their job, so folding them is
-free here; the element stream comes from :mod:`slurmiso.audit.jsonstream`.
+free here; the element stream comes from :mod:`slurmiso.audit.read.jsonstream`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import IO, Any, Dict, Iterator, Optional, Tuple
 
-from slurmiso.audit.jsonstream import TruncatedJson, iter_array, split_meta
-from slurmiso.audit.sacct import (
+from slurmiso.audit.read.jsonstream import TruncatedJson, iter_array, split_meta
+from slurmiso.audit.read.sacct import (
+    AcctRecord,
     AuditInputError,
-    JobRecord,
     ParseStats,
     parse_tres,
     problem,
@@ -89,7 +89,7 @@ def _tres_value(items: Any, name: str) -> Optional[float]:
     return None
 
 
-def json_record(job: Dict[str, Any]) -> JobRecord:
+def json_record(job: Dict[str, Any]) -> AcctRecord:
     """One ``jobs[]`` element of ``sacct --json`` (any data_parser version) as a record."""
     t = job.get("time") or {}
     array = job.get("array") or {}
@@ -116,7 +116,7 @@ def json_record(job: Dict[str, Any]) -> JobRecord:
     util, mem, nsteps = _json_util(job.get("steps"))
     restarts = _num(job.get("restart_cnt"))
     nodes = job.get("nodes")
-    return JobRecord(
+    return AcctRecord(
         key,
         str(job.get("name") or ""),
         str(job.get("user") or ""),
@@ -142,7 +142,7 @@ def json_record(job: Dict[str, Any]) -> JobRecord:
     )
 
 
-def parse_json(fh: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+def parse_json(fh: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
     """Records from ``sacct --json``, decoding one ``jobs[]`` element at a time."""
     stats.format = stats.format or "json"
     others: Dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 CLASS_COLUMNS = ["CLASS", "JOBS", "ATTEMPTS", "REQUEUES", "PREEMPTED", "WAIT P50", "P95", "P99",
                  "GPU-H", "LOST GPU-H", "LOST (EST.)"]
@@ -71,9 +71,9 @@ def _findings_lines(report: Dict[str, Any]) -> List[str]:
     return lines or ["  none"]
 
 
-def _extra_tables(report: Dict[str, Any]) -> List[tuple]:
+def extra_tables(report: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]:
     """(title, header, rows) of the smaller sections, shared by text and Markdown."""
-    out: List[tuple] = []
+    out: List[Tuple[str, List[str], List[List[str]]]] = []
     pools = [[n, str(p["attempts"]), hours(p["gpu_hours"]), count(p.get("capacity_gpus")),
               _share(p)] for n, p in report["pools"].items()]
     out.append(("GPU-hours by pool", ["POOL", "ATTEMPTS", "GPU-H", "GPUS", "USE"], pools))
@@ -176,7 +176,7 @@ def render_text(report: Dict[str, Any]) -> str:
         "BY CLASS",
         table(class_rows(report), CLASS_COLUMNS),
     ]
-    for title, header, rows in _extra_tables(report):
+    for title, header, rows in extra_tables(report):
         lines += ["", title.upper(), table(rows, header) if rows else "  none"]
     lines += ["", "NOTES", *("  - " + n for n in report["notes"])]
     return "\n".join(lines) + "\n"
@@ -214,7 +214,7 @@ def render_markdown(report: Dict[str, Any]) -> str:
     if not report["findings"]:
         out.append("_none_")
     out += ["", "## By class", "", _md_table(CLASS_COLUMNS, class_rows(report))]
-    for title, header, rows in _extra_tables(report):
+    for title, header, rows in extra_tables(report):
         out += ["", f"## {title}", "", _md_table(header, rows)]
     out += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(out) + "\n"

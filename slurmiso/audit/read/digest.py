@@ -23,10 +23,10 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from slurmiso.audit.quantiles import LogHistogram
-from slurmiso.audit.sacct import parse_time
+from slurmiso.audit.figures.quantiles import LogHistogram
+from slurmiso.audit.read.sacct import parse_time
 from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
 #: Journal events the audit reads (passed to ``read_journals`` so the rest is skipped early).
@@ -72,32 +72,32 @@ class JournalDigest:
     #: job -> sorted Unix times of successful checkpoint-end events
     checkpoints_ok: Dict[str, List[float]] = field(default_factory=dict)
     #: jobs that ever began a checkpoint (they do handle the signal)
-    checkpointing_jobs: set = field(default_factory=set)
+    checkpointing_jobs: Set[str] = field(default_factory=set)
     job_class: Dict[str, str] = field(default_factory=dict)
     checkpoints: Dict[str, CheckpointStats] = field(default_factory=dict)
     #: job -> resume steps reported, in order (progress across requeues)
     resume_steps: Dict[str, List[Any]] = field(default_factory=dict)
-    preempt_signals: Counter = field(default_factory=Counter)
+    preempt_signals: Counter[str] = field(default_factory=Counter)
     #: job -> sorted Unix times the wrapper saw a *preemption* signal (not a time limit)
     preempted_at: Dict[str, List[float]] = field(default_factory=dict)
     #: job -> sorted Start times (Unix) of attempts slurmctld confirmed unpreempted to the
     #: epilog (``not-preempted``, root): Slurm 24.05+ names such a finished attempt PREEMPTED.
     #: The wrapper's own ``requeue-closed`` line is only its claim and counts for nothing.
     unpreempted_starts: Dict[str, List[float]] = field(default_factory=dict)
-    requeues: Counter = field(default_factory=Counter)  # by reason
-    requeued_jobs: set = field(default_factory=set)  # jobs the wrapper says it requeued
+    requeues: Counter[str] = field(default_factory=Counter)  # by reason
+    requeued_jobs: Set[str] = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
-    monitor_actions: Counter = field(default_factory=Counter)
+    monitor_actions: Counter[str] = field(default_factory=Counter)
     monitor_dry_run: int = 0
     #: (class, p99 ms) samples from monitor-action details that carry a latency
     latency: List[Tuple[str, float]] = field(default_factory=list)
     idle_jobs: Dict[str, str] = field(default_factory=dict)  # job -> reason (monitor)
-    reconcile_fixes: Counter = field(default_factory=Counter)  # node -> fixes made
+    reconcile_fixes: Counter[str] = field(default_factory=Counter)  # node -> fixes made
     mps_conflicts: List[Tuple[str, str]] = field(default_factory=list)  # (node, job)
     #: MPS jobs' time on their GPU (node, gpu, uid, start, end), from ``job-end`` lines:
-    #: what :mod:`slurmiso.audit.mps_sharing` splits into concurrent and serialised
+    #: what :mod:`slurmiso.audit.figures.mps_sharing` splits into concurrent and serialised
     mps_intervals: List[Tuple[str, int, int, float, float]] = field(default_factory=list)
-    refused: Counter = field(default_factory=Counter)  # prolog refusal reasons
+    refused: Counter[str] = field(default_factory=Counter)  # prolog refusal reasons
     rejected: int = 0  # lines whose writer cannot have written that event (see WRITER)
     rejected_jobs: List[str] = field(default_factory=list)
     rejected_samples: List[str] = field(default_factory=list)
@@ -129,7 +129,7 @@ class JournalDigest:
             if event == "prolog" and rec.get("outcome") == "refused":
                 self.refused[str(rec.get("reason", "?"))[:120]] += 1
             if event == "job-end" and rec.get("mode") == "mps":
-                from slurmiso.audit.mps_sharing import interval_of
+                from slurmiso.audit.figures.mps_sharing import interval_of
 
                 span = interval_of(rec)
                 if span is not None:

@@ -1,6 +1,6 @@
 """Streaming parsers for ``sacct -P`` and ``sacct --json`` output.
 
-Both yield one :class:`JobRecord` per job *allocation* (one per attempt when ``-D`` shows
+Both yield one :class:`AcctRecord` per job *allocation* (one per attempt when ``-D`` shows
 requeued attempts); job steps (``.batch``, ``.extern``, ``.0``) are folded into the record of
 their job, because the audit counts jobs, not steps. Nothing is kept beyond the record being
 built, so a million jobs never sit in memory.
@@ -9,7 +9,7 @@ Slurm versions differ and both parsers take what each gives:
 
 - ``AllocTRES``: ``gres/gpu=2`` (22.05) or ``gres/gpu:a100=2,gres/gpu=2`` (24.11 adds typed
   entries); the untyped count wins, typed ones are summed when it is absent.
-- ``--json`` (:mod:`slurmiso.audit.sacct_json`): the schema changes with ``data_parser``.
+- ``--json`` (:mod:`slurmiso.audit.read.sacct_json`): the schema changes with ``data_parser``.
 - ids: arrays ``123_4`` (pending ``123_[5-9]``), heterogeneous ``123+1`` (folded into ``123``).
 
 Bad input never raises mid-stream: torn or garbage lines are skipped and counted in
@@ -69,7 +69,7 @@ class AuditInputError(UsageError):
     kind = "audit-input"
 
 
-class JobRecord(NamedTuple):
+class AcctRecord(NamedTuple):
     """One job allocation (one attempt) as the audit needs it. Times are Unix seconds."""
 
     job: str  # job id with array task (``123_4``); het components folded to the leader
@@ -122,7 +122,7 @@ class ParseStats:
         return dict(self.__dict__)
 
     def merge(self, other: ParseStats) -> None:
-        """Add the counts of the input that follows (:mod:`slurmiso.audit.parallel`, which
+        """Add the counts of the input that follows (:mod:`slurmiso.audit.read.parallel`, which
         sets ``lines`` and the header's fields itself); samples stay in input order."""
         self.records += other.records
         self.steps += other.steps
@@ -198,13 +198,27 @@ def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
     util = mem = None
     for item in text.split(","):
         if item.startswith("gres/gpuutil="):
-            util = _number(item[13:])
+            util = tres_number(item[13:])
         elif item.startswith("gres/gpumem="):
-            mem = _number(item[12:])
+            mem = tres_number(item[12:])
     return util, mem
 
 
-def _number(text: str) -> Optional[float]:
+def row_usage(ave: str, tot: str) -> Tuple[Optional[float], Optional[float]]:
+    """A job row's own (``gres/gpuutil``, ``gres/gpumem``): from ``TRESUsageInAve``, else
+    from ``TRESUsageInTot`` (where Ave is empty, or names neither)."""
+    util = mem = None
+    usage = ave or tot
+    if usage and "gres/gpu" in usage:
+        util, mem = gpu_usage(usage)
+        if util is None and mem is None and tot:
+            util, mem = gpu_usage(tot)
+    elif not ave and tot and "gres/gpu" in tot:
+        util, mem = gpu_usage(tot)
+    return util, mem
+
+
+def tres_number(text: str) -> Optional[float]:
     """A TRES count; sacct may print memory with a unit suffix (``1.50G``)."""
     if text[-1:].isdigit():
         try:
@@ -224,7 +238,7 @@ NO_TIME = frozenset(("", "Unknown", "None", "N/A"))
 SLACK_S = 2.0
 
 
-def problem(rec: JobRecord) -> Optional[str]:
+def problem(rec: AcctRecord) -> Optional[str]:
     """Why ``rec`` cannot be summed (negative or inconsistent durations), or None.
 
     Shared by both parsers: a record that fails here is counted bad, sampled and left out of
@@ -265,8 +279,8 @@ def het_offset(job_id: str) -> int:
 
 
 def checked_record(
-    make: Callable[[List[str], str], JobRecord], parts: List[str], job_id: str,
-) -> Tuple[str, Optional[JobRecord], Optional[str]]:
+    make: Callable[[List[str], str], AcctRecord], parts: List[str], job_id: str,
+) -> Tuple[str, Optional[AcctRecord], Optional[str]]:
     """(job key, record, why it is a bad row or None) for one job row's fields: the one check
     both readers (this module's and ``fold.py``'s) apply."""
     key = job_id.split("+", 1)[0] if "+" in job_id else job_id
@@ -298,16 +312,16 @@ def detect_format(head: str) -> str:
     return "json" if head.lstrip()[:1] in ("{", "[") else "parsable"
 
 
-def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
+def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
     """Records from ``sacct -P`` (``--parsable2``) output with its header line."""
     stats.format = stats.format or "parsable"
     header: Optional[List[str]] = None
-    pending: Optional[JobRecord] = None
+    pending: Optional[AcctRecord] = None
     pending_key = ""
     idx: Dict[str, int] = {}
     ncol = 0
     ave = tot = -1
-    make: Optional[Callable[[List[str], str], JobRecord]] = None
+    make: Optional[Callable[[List[str], str], AcctRecord]] = None
     steps = psteps = 0  # steps in all; steps of the pending job (set on it when yielded)
     i_job = 0
     number = 0
@@ -320,22 +334,17 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         if header is None:
             if line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
                 parts[0] = parts[0][1:]
-            header, idx = _read_header(parts, stats)
+            header, idx = read_header(parts, stats)
             ncol = len(header)
             ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
-            make = _record_maker(idx, ncol)
+            make = record_maker(idx, ncol)
             i_job = idx["JobID"]
             if "JobID" in parts:
                 continue
             # else no header line (sacct -n): this line is already data
         if len(parts) != ncol:
-            repaired = _repair(parts, ncol, idx)
+            repaired = fitted_row(parts, ncol, idx, complete, f"line {number}", stats)
             if repaired is None:
-                if not complete:
-                    stats.truncated = True
-                    stats.bad_line(f"line {number}", "truncated (output ends mid-line)")
-                else:
-                    stats.bad_line(f"line {number}", f"{len(parts)} fields, want {ncol}")
                 continue
             parts = repaired
         if not complete:  # sacct ends every line; a last line without one was cut short
@@ -353,7 +362,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
             else:
                 stats.orphan_steps += 1
             continue
-        parts.append("")  # what a field the header lacks reads (see _record_maker)
+        parts.append("")  # what a field the header lacks reads (see record_maker)
         assert make is not None
         key, record, why = checked_record(make, parts, job_id)
         if why is not None:
@@ -376,7 +385,7 @@ def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[JobRecord]:
         raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
 
-def _fold_step(job: JobRecord, parts: List[str], ave: int, tot: int) -> JobRecord:
+def _fold_step(job: AcctRecord, parts: List[str], ave: int, tot: int) -> AcctRecord:
     """The job with a step's GPU usage folded in: the max over steps (Ave, else Tot)."""
     util = mem = None
     if ave >= 0 and "gres/gpu" in parts[ave]:
@@ -399,7 +408,9 @@ def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a if b is None or a >= b else b
 
 
-def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
+def read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[str, int]]:
+    """(the columns, name -> index) of a ``-P`` header line split on ``|``; a line of data
+    as long as the audit's own ``--format`` is read as that order (``sacct -n``)."""
     if "JobID" not in parts:
         for names in (SACCT_FIELDS, LEGACY_FIELDS):
             if len(parts) == len(names):
@@ -422,7 +433,7 @@ def _read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[s
     return parts, {name: i for i, name in enumerate(parts) if name}
 
 
-def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[str]]:
+def repair_row(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[str]]:
     """A ``|`` inside JobName shifts the columns: glue it back when that explains the count."""
     name = idx.get("JobName")
     extra = len(parts) - ncol
@@ -431,8 +442,23 @@ def _repair(parts: List[str], ncol: int, idx: Dict[str, int]) -> Optional[List[s
     return parts[:name] + ["|".join(parts[name : name + extra + 1])] + parts[name + extra + 1 :]
 
 
-def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], JobRecord]:
-    """A function ``(parts, key) -> JobRecord`` for this header, with every column index bound
+def fitted_row(parts: List[str], ncol: int, idx: Dict[str, int], complete: bool, where: str,
+               stats: ParseStats) -> Optional[List[str]]:
+    """A row of the wrong length made right (:func:`repair_row`), or None after counting it
+    bad: cut short (the output's last line, without its line end) or a field count sacct
+    never prints."""
+    repaired = repair_row(parts, ncol, idx)
+    if repaired is None:
+        if not complete:
+            stats.truncated = True
+            stats.bad_line(where, "truncated (output ends mid-line)")
+        else:
+            stats.bad_line(where, f"{len(parts)} fields, want {ncol}")
+    return repaired
+
+
+def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], AcctRecord]:
+    """A function ``(parts, key) -> AcctRecord`` for this header, with every column index bound
     once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
     one extra ``""`` at index ``ncol``, which a field the header lacks reads."""
 
@@ -464,19 +490,17 @@ def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], 
             raise ValueError(f"bad {name} time {text[:32]!r}")
         return value
 
-    def make(parts: List[str], key: str) -> JobRecord:
-        text = parts[i_start]  # the common case inline: a cached hour and two ints
+    def run_time(text: str, name: str) -> Optional[float]:
+        """Start or End: a cached hour's stamp is read by int(), whose message a bad
+        minute or second then gives (the message a bad row is sampled with)."""
         base = hours.get(text[:13])
         if base is not None and len(text) == 19 and text[16] == ":":
-            start: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
-        else:
-            start = when(text, "Start")
-        text = parts[i_end]
-        base = hours.get(text[:13])
-        if base is not None and len(text) == 19 and text[16] == ":":
-            end: Optional[float] = base + int(text[14:16]) * 60 + int(text[17:19])
-        else:
-            end = when(text, "End")
+            return base + int(text[14:16]) * 60 + int(text[17:19])
+        return when(text, name)
+
+    def make(parts: List[str], key: str) -> AcctRecord:
+        start = run_time(parts[i_start], "Start")
+        end = run_time(parts[i_end], "End")
         raw = parts[i_elapsed]
         if raw:
             try:
@@ -492,20 +516,13 @@ def _record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], 
             tres = parse_tres(text)
             if len(tres_cache) < 10_000:
                 tres_cache[text] = tres
-        util = mem = None
-        usage = parts[i_ave] or parts[i_tot]
-        if usage and "gres/gpu" in usage:
-            util, mem = gpu_usage(usage)
-            if util is None and mem is None and parts[i_tot]:
-                util, mem = gpu_usage(parts[i_tot])
-        elif not parts[i_ave] and parts[i_tot] and "gres/gpu" in parts[i_tot]:
-            util, mem = gpu_usage(parts[i_tot])
+        util, mem = row_usage(parts[i_ave], parts[i_tot])
         restarts = parts[i_restarts]
         state = parts[i_state]
         submit = parts[i_submit]
         eligible = parts[i_elig]
         submitted = when(submit, "Submit")
-        return new(JobRecord, (
+        return new(AcctRecord, (
             key, parts[i_name], parts[i_user], parts[i_acct], parts[i_part], parts[i_qos],
             state.split(" ", 1)[0].upper() if state else "UNKNOWN",
             submitted,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional
 
-from slurmiso.audit.findings import make
+from slurmiso.audit.figures.findings import make
 from slurmiso.doctor import Finding
 from slurmiso.errors import SlurmisoError, SlurmUnavailable
 

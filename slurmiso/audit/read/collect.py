@@ -19,10 +19,10 @@ import time
 from datetime import datetime, timezone
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from slurmiso.audit.sacct import (
+from slurmiso.audit.read.sacct import (
     SACCT_FIELDS,
+    AcctRecord,
     AuditInputError,
-    JobRecord,
     ParseStats,
     detect_format,
     parse_parsable,
@@ -93,22 +93,22 @@ def sacct_argv(since: float, until: Optional[float], as_json: bool = False,
     return args + ["-P", "--format=" + ",".join(fields or SACCT_FIELDS)]
 
 
-def records_from(fh: IO[str], stats: ParseStats) -> Iterable[JobRecord]:
+def records_from(fh: IO[str], stats: ParseStats) -> Iterable[AcctRecord]:
     """Records from a sacct output stream of either format (detected from its first byte)."""
     head = fh.read(64)
     if head.startswith("\ufeff"):  # a UTF-8 byte order mark (Windows editors, some tools)
         head = head[1:]
     rest: Any = _Prefixed(head, fh)
     if detect_format(head) == "json":
-        from slurmiso.audit.sacct_json import parse_json
+        from slurmiso.audit.read.sacct_json import parse_json
 
         return parse_json(rest, stats)
     return ParsableSource(rest, stats)
 
 
 class ParsableSource:
-    """``sacct -P`` records: iterate for :class:`JobRecord` s, or ``fold_into`` an aggregator
-    (what :meth:`Aggregator.add_all` does), which makes none (:mod:`slurmiso.audit.fold`)."""
+    """``sacct -P`` records: iterate for :class:`AcctRecord` s, or ``fold_into`` an aggregator
+    (what :meth:`Aggregator.add_all` does), which makes none (:mod:`slurmiso.audit.read.fold`)."""
 
     def __init__(self, lines: _Prefixed, stats: ParseStats) -> None:
         self._lines: Any = lines  # a text stream to parse_parsable
@@ -116,7 +116,7 @@ class ParsableSource:
         self.close: Optional[Callable[[], None]] = None  # called when read to the end or failed
         self.path: Optional[str] = None  # a saved file: a large one is folded in parallel
 
-    def __iter__(self) -> Iterator[JobRecord]:
+    def __iter__(self) -> Iterator[AcctRecord]:
         try:
             yield from parse_parsable(self._lines, self._stats)
         finally:
@@ -124,8 +124,8 @@ class ParsableSource:
                 self.close()
 
     def fold_into(self, agg: Any) -> None:
-        from slurmiso.audit.fold import fold_parsable
-        from slurmiso.audit.parallel import fold_file
+        from slurmiso.audit.read.fold import fold_parsable
+        from slurmiso.audit.read.parallel import fold_file
 
         try:
             if self.path is not None and fold_file(self.path, self._stats, agg):
@@ -136,7 +136,7 @@ class ParsableSource:
                 self.close()
 
 
-def read_sacct_file(path: str, stats: ParseStats) -> Iterable[JobRecord]:
+def read_sacct_file(path: str, stats: ParseStats) -> Iterable[AcctRecord]:
     """Stream records from a saved ``sacct -P`` or ``sacct --json`` output."""
     stats.source = path
     try:
@@ -152,9 +152,9 @@ def read_sacct_file(path: str, stats: ParseStats) -> Iterable[JobRecord]:
 
 
 def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
-                 as_json: bool = False, timeout: float = 600) -> Iterator[JobRecord]:
+                 as_json: bool = False, timeout: float = 600) -> Iterator[AcctRecord]:
     """Run ``sacct`` and stream its records; Slurm failures become SlurmError afterwards."""
-    from slurmiso.slurm.client import _UNREACHABLE, find_command
+    from slurmiso.slurm.client import UNREACHABLE, find_command
 
     fields = None if as_json else sacct_fields()
     argv = [find_command("sacct"), *sacct_argv(since, until, as_json, fields)]
@@ -173,14 +173,14 @@ def stream_sacct(since: float, until: Optional[float], stats: ParseStats,
         err = proc.stderr.read().strip().splitlines()
         proc.wait(timeout)
         if proc.returncode:
-            _raise_for(err, proc.returncode, _UNREACHABLE)
+            _raise_for(err, proc.returncode, UNREACHABLE)
         raise
     finally:
         proc.stdout.close()
     err = proc.stderr.read().strip().splitlines()
     proc.stderr.close()
     if proc.wait(timeout):
-        _raise_for(err, proc.returncode, _UNREACHABLE)
+        _raise_for(err, proc.returncode, UNREACHABLE)
 
 
 def _raise_for(err: List[str], code: int, unreachable: Sequence[str]) -> None:
@@ -208,7 +208,7 @@ def journal_paths(cfg: Any, explicit: Sequence[str]) -> List[Dict[str, Any]]:
     return out
 
 
-def _closing(fh: IO[str], records: Iterable[JobRecord]) -> Iterator[JobRecord]:
+def _closing(fh: IO[str], records: Iterable[AcctRecord]) -> Iterator[AcctRecord]:
     try:
         yield from records
     finally:

@@ -39,6 +39,15 @@ class JobSet:
         self._other: Set[str] = set()
         self.count = 0
 
+    @property
+    def bits(self) -> bytearray:
+        """The bitmap of plain ids: id ``n`` was added iff ``n < len(bits) * 8`` (and below
+        :data:`MAX_BIT_ID`) and its bit ``bits[n >> 3] & 1 << (n & 7)`` is set. The same
+        object for the set's life (it grows in place), so a hot loop may bind it once, test
+        and set a bit itself where it is inside, and add 1 to :attr:`count` for each it sets
+        (the audit's kernel does, inline); any other id goes through :meth:`add`."""
+        return self._bits
+
     def add(self, job: str) -> bool:
         if job.isdigit():  # the common case inline: a plain job id within the bitmap
             n = int(job)
