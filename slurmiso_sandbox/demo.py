@@ -419,7 +419,7 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
         _say_queue(sbx, jobs)
         hot.clear_load(gpu)
         sbx.cmd("scancel", infer, check=False)
-        sbx.wait_for(infer, timeout=60)
+        sbx.wait_for(infer, {"CANCELLED"}, timeout=60)
         _wait_released(sbx, "n4", [infer])
         out["calm"] = run_monitor(sbx, config, folder)
         sbx.wait_for(jobs[2], {"RUNNING", "COMPLETED"}, timeout=60)
