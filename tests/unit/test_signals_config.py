@@ -117,7 +117,8 @@ def test_a_scrape_stays_fast_while_an_endpoint_hangs(tmp_path: Any) -> None:
             worst = max(worst, time.monotonic() - started)
             time.sleep(0.05)
         refresher.stop.set()
-        assert worst < 0.2, f"a scrape took {worst:.3f}s"
+        # a scrape that waited on the in-flight fetch would take up to its 1 s timeout
+        assert worst < 0.75, f"a scrape took {worst:.3f}s"
         assert sig.parse(text)["41"].unknown == ("latency:timeout",)
     finally:
         server.close()

@@ -68,9 +68,10 @@ def test_report_step_through_the_wrapper_into_the_agents_output(tmp_path: Any) -
     assert agent.returncode == 0, agent.stderr
     js = sig.parse(agent.stdout, "node1")["42"]
     assert js.job_class == "train" and js.unknown == ()
-    # 20 steps of ~0.02 s then 10 of ~0.08 s: a mean near 0.04 s, baseline ~0.02 s
-    assert js.step_s is not None and 0.025 < js.step_s < 0.09
-    assert js.throughput_vs_solo is not None and 0.2 < js.throughput_vs_solo < 0.9
+    # 20 steps of >= 0.02 s then 10 of >= 0.08 s (sleeps only overshoot, more on a busy box):
+    # the mean is above 0.04 s, and slower than the baseline of the first steps
+    assert js.step_s is not None and js.step_s > 0.025
+    assert js.throughput_vs_solo is not None and 0.0 < js.throughput_vs_solo < 1.0
     assert js.steps_age_s is not None and js.steps_age_s < 30
     assert js.latency_age_s is None, "a training job is not asked for latency"
     assert 'slurmiso_job_steps_total{class="train",job="42"} 31.0' in agent.stdout
