@@ -88,7 +88,10 @@ def figures(answer: Answer, window: Window) -> Latency:
         if answer.kind == "histogram":
             counted = buckets.get(math.inf)
         elif answer.kind == "summary":
-            counted = sum(v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "n")
+            # No _count series: the request count is unknown, never 0 (0 reads as idle,
+            # and an idle server is calm whatever its quantiles say).
+            counts = [v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "n"]
+            counted = sum(counts) if counts else None
         requests = sum(req) if req else counted
         errors = sum(err) if answer.errors_known else None
     quantiles: Dict[str, float] = {}

@@ -240,11 +240,16 @@ class AgentSource:
             except BadData as exc:
                 reading.miss("agents", exc.reason, f"agent {urls[node]}: {exc}")
                 continue
-            reading.gpus[node] = gpus
             # Each inference job's own figures (the ladder's input). A job on several nodes
-            # keeps one node's: the first its agents answered for (jobs that span nodes are
-            # rare for serving; noted in docs/monitor.md).
-            for jid, js in signals.from_samples(samples, node).items():
+            # keeps one node's: the first its agents answered for. A reply whose per-job
+            # series do not parse is this node's unknown data, never the whole cycle's.
+            try:
+                jobs = signals.from_samples(samples, node)
+            except (ValueError, KeyError, TypeError) as exc:
+                reading.miss("agents", "bad-job-series", f"agent {urls[node]}: {exc}")
+                continue
+            reading.gpus[node] = gpus
+            for jid, js in jobs.items():
                 reading.job_signals.setdefault(jid, js)
             if age is not None:  # no age: unknown, and gather treats it so
                 reading.ages[node] = age

@@ -246,3 +246,13 @@ def test_glob_names_match_name_characters_only() -> None:
     assert sel.name.fullmatch("http_requests_total")
     assert sel.name.fullmatch("app:api_requests_total")
     assert not sel.name.fullmatch("http_requests_total_created")
+
+
+def test_a_summary_without_its_count_is_no_count_not_idle() -> None:
+    """A summary server that exports no _count (nor request counters) has an unknown request
+    count: 0 would read as idle, and an idle server is calm whatever its quantiles say."""
+    text = "\n".join(ln for ln in TRITON_SUMMARY.splitlines()
+                     if "_count" not in ln and "success" not in ln and "failure" not in ln)
+    lat = window_figures(text, text)
+    assert lat.quantiles["0.99"] == pytest.approx(0.020)
+    assert lat.requests is None

@@ -176,7 +176,8 @@ def test_bad_endpoints_are_unknown_with_a_reason_within_the_timeout(
     recs = {"41": record("41", f"{server.port}/metrics"), "42": record("42", f"{server.port}/ok")}
     started = time.monotonic()
     st.refresh(recs)
-    assert time.monotonic() - started < 2.5, "one bad endpoint costs at most its timeout"
+    # bounded by the 1 s timeout, never by the 4 s the endpoint hangs (generous: a busy box)
+    assert time.monotonic() - started < 3.5, "one bad endpoint costs at most its timeout"
     got = read(st)
     assert got["41"].unknown == (f"latency:{reason}",)
     assert got["41"].p99_ms is None and got["41"].requests is None
@@ -355,10 +356,8 @@ def test_one_parse_of_a_full_node_is_cheap() -> None:
                     for q in sig.QUANTILES),
                   f'slurmiso_job_requests{{{who}}} 10',
                   f'slurmiso_job_signal_age_seconds{{{who},signal="latency"}} 3']
-    started = time.monotonic()
-    got = sig.parse("\n".join(lines))
+    got = sig.parse("\n".join(lines))  # its speed is bench_monitor's business, not a test's
     assert len(got) == 1000 and got["999"].p95_ms == pytest.approx(100.0)
-    assert time.monotonic() - started < 2.0
 
 
 def test_the_monitor_reads_each_jobs_signals_from_the_agents_answer(monkeypatch: Any) -> None:
@@ -387,3 +386,29 @@ def test_the_monitor_reads_each_jobs_signals_from_the_agents_answer(monkeypatch:
     got = reading.job_signals["7"]
     assert got.p99_ms == 400.0 and got.gpus == ((0, ""),) and got.node == "n1"
     assert got.requests == 30 and got.latency_age_s == 2
+
+
+def test_one_agents_bad_job_series_is_that_nodes_unknown_not_the_cycles(
+        monkeypatch: Any) -> None:
+    """A gpu label that passes isdigit() but not int() ("²") in one agent's per-job series
+    made the whole gather fail: every node unknown. Now only that node is."""
+    import slurmiso.monitor.scrape as scrape
+    from slurmiso.monitor.telemetry import AgentSource
+
+    good = ("slurmiso_agent_up 1\n"
+            'slurmiso_gpu_memory_used_bytes{gpu="0"} 1e9\n'
+            'slurmiso_gpu_memory_total_bytes{gpu="0"} 8e10\n')
+    bad = good + 'slurmiso_job_gpu{job="7",class="infer",gpu="\u00b2",gi=""} 1\n'
+
+    class Fetched:
+        def __init__(self, text: str) -> None:
+            self.body, self.reason, self.detail = text, "", ""
+
+    bodies = {"n1": good, "n2": bad}
+    monkeypatch.setattr(scrape, "fetch_all",
+                        lambda urls, *a, **k: {n: Fetched(bodies[n]) for n in urls})
+    urls = {n: f"http://127.0.0.1:9/{n}" for n in bodies}
+    reading = AgentSource(9810, urls).read({"n1": "", "n2": ""}, 0.0)
+    assert "n1" in reading.gpus and "n2" not in reading.gpus
+    assert reading.unknown == {"agents/bad-job-series": 1}
+    assert any("/n2" in line for line in reading.errors)
