@@ -86,11 +86,14 @@ def on_devices(
     return out
 
 
-def belongs_to(pid: int, job_id: str, sluid: str = "", proc: str = "/proc") -> bool:
+def belongs_to(pid: int, job_id: str, sluid: str = "", proc: str = "/proc",
+               strict: bool = False) -> bool:
     """Whether process ``pid`` is job ``job_id``'s (``sluid``: the job's SLUID, which Slurm
     26.05 exports to the Prolog and Epilog as ``SLURM_JOB_SLUID``). A SLUID cgroup is the job's
     only when it is ``sluid``; a caller that does not know the job's SLUID (an older Slurm's
-    hook cannot meet one) falls back to the process's initial environment, as before."""
+    hook cannot meet one) falls back to the process's initial environment, as before, unless
+    ``strict``: where "ours" would let a process share the job's GPU (the foreign-process
+    check), what the process says of itself never counts, and an unknown SLUID is not ours."""
     key = job_of_pid(pid, proc)
     if key is None:
         return False
@@ -98,7 +101,9 @@ def belongs_to(pid: int, job_id: str, sluid: str = "", proc: str = "/proc") -> b
     if key in (job_id, base):
         return True
     if is_sluid(key):
-        return key == sluid if sluid else _environ_job(pid, proc) in (job_id, base)
+        if sluid or strict:
+            return key == sluid
+        return _environ_job(pid, proc) in (job_id, base)
     return False
 
 
@@ -116,8 +121,9 @@ def job_processes(
 def foreign_processes(
     procs: Iterable[GpuProcess], job_id: str, proc: str = "/proc", sluid: str = ""
 ) -> List[GpuProcess]:
-    """Processes that are not this job's (a leftover of another job, or a rogue user)."""
-    return [p for p in procs if not belongs_to(p.pid, job_id, sluid, proc)]
+    """Processes that are not this job's (a leftover of another job, or a rogue user): a
+    process in a SLUID cgroup that is not the job's known SLUID is foreign (fail closed)."""
+    return [p for p in procs if not belongs_to(p.pid, job_id, sluid, proc, strict=True)]
 
 
 def end_processes(

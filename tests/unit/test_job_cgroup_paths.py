@@ -79,6 +79,10 @@ def test_without_the_jobs_sluid_a_sluid_cgroup_falls_back_to_the_environment(tmp
     })
     assert P.belongs_to(10, "2605001", "", proc)
     assert not P.belongs_to(11, "2605001", "", proc)
+    # ... but never to let a process share the job's GPU: what a process says of itself is
+    # no proof, so the foreign-process check counts both as foreign without the SLUID
+    gp = [GpuProcess(10, 0, 100), GpuProcess(11, 0, 100)]
+    assert [p.pid for p in P.foreign_processes(gp, "2605001", proc)] == [10, 11]
 
 
 def test_job_id_cgroups_ignore_the_sluid(tmp_path) -> None:
