@@ -48,7 +48,7 @@ import psutil
 from slurmiso.atomic import write_atomic
 from slurmiso.errors import NodeFault
 from slurmiso.isolation import mps_sim
-from slurmiso.isolation.mps_dirs import has_leftovers
+from slurmiso.isolation.mps_dirs import PRIVATE_MODE, has_leftovers
 
 if TYPE_CHECKING:
     from slurmiso.gpu.backend import GpuInventory
@@ -344,6 +344,19 @@ def control_socket_ok(pipe_dir: str, required: bool = False) -> bool:
     return seen
 
 
+def take_back(pipe_dir: str) -> None:
+    """Make the pipe directory root's again (0700) before root talks through it to stop the
+    daemon: checked and then used by name, a directory the job's user still owned could have
+    a symlink swapped in between the check and the client's connect. A symlink where the
+    directory was is left alone (the check after refuses it)."""
+    try:
+        if stat.S_ISDIR(os.lstat(pipe_dir).st_mode):
+            os.chown(pipe_dir, os.geteuid(), -1, follow_symlinks=False)
+            os.chmod(pipe_dir, PRIVATE_MODE)  # the parent is root's: the dir cannot be swapped
+    except (OSError, NotImplementedError) as exc:
+        log.warning("cannot take back %s before stopping its daemon: %s", pipe_dir, exc)
+
+
 def _children(pid: int) -> List[int]:
     try:
         return [c.pid for c in psutil.Process(pid).children()]
@@ -534,6 +547,7 @@ class NvidiaMpsControl:
         if pid is None:
             forget(pipe_dir)
             return
+        take_back(pipe_dir)
         servers = self.servers(pipe_dir)
         if control_socket_ok(pipe_dir):
             try:
@@ -640,6 +654,7 @@ class SimMpsControl:
         pid = self.running(pipe_dir)
         if pid is not None:
             quit_sent = False
+            take_back(pipe_dir)
             if control_socket_ok(pipe_dir, required=True):
                 try:
                     mps_sim.send_command(pipe_dir, "quit", timeout)

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import psutil
 import pytest
@@ -576,3 +576,31 @@ def test_a_recorded_pid_reused_by_another_process_is_not_the_daemon(tmp_path: An
     finally:
         decoy.kill()
         decoy.wait()
+
+
+@needs_root
+def test_root_takes_the_pipe_dir_back_before_it_talks_through_it(tmp_path: Any) -> None:
+    """Checked, then used by name: while the job's user still owns the pipe directory a
+    symlink can be swapped in between. Stop makes it root's (0700) first."""
+    from slurmiso.isolation import mps_daemon
+
+    ctx = job(tmp_path, "101", uid=OTHER_UID)
+    HANDLER.setup(ctx)
+    pipe = mps_entry(ctx).pipe_dir or ""
+    assert os.stat(pipe).st_uid == OTHER_UID  # the premise: the job's user owns it
+    os.chmod(pipe, 0o755)  # as that user may
+    seen: List[Tuple[int, int]] = []
+    real = mps_daemon.control_socket_ok
+
+    def spy(path: str, required: bool = False) -> bool:
+        st = os.stat(path)
+        seen.append((st.st_uid, st.st_mode & 0o777))
+        return real(path, required)
+
+    mps_daemon.control_socket_ok = spy  # type: ignore[assignment]
+    try:
+        HANDLER.teardown(ctx)
+    finally:
+        mps_daemon.control_socket_ok = real  # type: ignore[assignment]
+    assert seen and seen[0] == (os.geteuid(), 0o700), seen
+    assert daemon_pid(tmp_path) is None
