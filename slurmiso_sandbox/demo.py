@@ -496,6 +496,18 @@ def step_pernode(sbx: SandboxClient) -> str:
             "partition and load removed")
 
 
+def step_protect(sbx: SandboxClient) -> str:
+    """An inference job's latency over its SLO: the ladder throttles and then suspends the
+    training job on its GPU, and resumes it once calm (slurmiso_sandbox.protect)."""
+    from slurmiso_sandbox import protect
+
+    r = protect.protect_scenario(sbx)
+    _say(f"  ladder on training job {r['train']}: {' -> '.join(r['all_kinds'])}")
+    _say(f"  inference job {r['infer']}: P99 {r['calm_p99_ms']} ms calm, {r['hot_p99_ms']} ms "
+         f"driven; state {r['infer_state_while_hot']} throughout")
+    return protect.check(r)
+
+
 STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("the classes' QoS applied to slurmdbd", step_qos),
     ("a job on a simulated GPU", step_exclusive),
@@ -506,6 +518,8 @@ STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("the monitor holds training while a GPU runs hot, releases it when calm", step_monitor),
     ("per-node admission: a hot node takes no new training, a calm one in the same "
      "partition does", step_pernode),
+    ("running inference is protected: over its SLO, the training on its GPU is throttled, "
+     "suspended, then resumed", step_protect),
 ]
 
 

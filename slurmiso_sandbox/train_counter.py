@@ -12,6 +12,11 @@ Misbehaviours for the tests: ``--ignore-signal`` (never checks the request),
 ``--misbehave-on-restart R`` limits those to the run with that restart count.
 Optionally it holds a simulated GPU (``--sim-gpu``: reads ``CUDA_VISIBLE_DEVICES`` and logs
 it, as a real program would pick its device).
+
+Beside the monitor's ladder: while ``slurmiso.checkpoint.throttled()`` says the monitor asked it
+to slow down, each step takes twice as long and its line ends `` throttled=1``;
+``--report-steps`` reports each step's time through ``slurmiso.checkpoint.report_step`` (the
+agent's training signal); ``--stop-file F`` ends the run normally once F exists.
 """
 
 from __future__ import annotations
@@ -62,6 +67,15 @@ def log_line(log_path: str, text: str) -> None:
         os.close(fd)
 
 
+def throttled() -> bool:
+    """The wrapper's throttle marker (``checkpoint.throttled``; the file where it is older)."""
+    probe = getattr(checkpoint, "throttled", None)
+    if probe is not None:
+        return bool(probe())
+    path = os.environ.get("SLURMISO_THROTTLE_FILE", "")
+    return bool(path) and os.path.lexists(path)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, required=True)
@@ -73,6 +87,8 @@ def main() -> int:
     p.add_argument("--fail-at", type=int, default=0)
     p.add_argument("--misbehave-on-restart", type=int, default=-1)
     p.add_argument("--sim-gpu", action="store_true")
+    p.add_argument("--report-steps", action="store_true")
+    p.add_argument("--stop-file", default="")
     args = p.parse_args()
 
     restart = checkpoint.restart_count()
@@ -91,10 +107,17 @@ def main() -> int:
 
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         for step in range(start + 1, args.steps + 1):
-            time.sleep(args.step_time)
+            slow = throttled()
+            time.sleep(args.step_time * (2 if slow else 1))
             if step == args.fail_at:
                 return 3
-            log_line(args.log, f"step={step} restart={restart} pid={os.getpid()}")
+            log_line(args.log, f"step={step} restart={restart} pid={os.getpid()}"
+                     + (" throttled=1" if slow else ""))
+            if args.report_steps:
+                checkpoint.report_step()
+            if args.stop_file and os.path.exists(args.stop_file):
+                log_line(args.log, f"# finished steps={step}")
+                return 0
             if req.pending and not args.ignore_signal:
                 path = save(ckpt_dir, step, args.slow_checkpoint, args.crash_in_checkpoint)
                 req.done(path, step=step)
