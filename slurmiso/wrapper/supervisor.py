@@ -295,7 +295,8 @@ class Supervisor:
         return out
 
     def _throttle(self, signum: int) -> None:
-        """Set or clear the throttle file: a set or a clear, never a toggle."""
+        """Set or clear the throttle file: a set or a clear, never a toggle. One line in the
+        job's output each (the monitor sends one per restraint, minutes apart)."""
         name = signal.Signals(signum).name
         if self._own.get(signum) == "throttle":
             if self.throttle.set(name):
@@ -303,11 +304,11 @@ class Supervisor:
                 if self.designated:
                     self.events.emit("throttle", job=self.job.job_id, signal=name[3:])
             else:
-                log.debug("%s: already throttled", name)
+                log.info("%s: already throttled", name)
             return
         throttled_s = self.throttle.clear()
         if throttled_s is None:
-            log.debug("%s: not throttled", name)
+            log.info("%s: not throttled, nothing to undo", name)
             return
         log.info("%s: back to full speed after %.1fs throttled (%s removed)", name,
                  throttled_s, self.throttle.path)
