@@ -6,7 +6,7 @@
 
 Why a file and not the signal itself: a program learns the state when it is ready to act on
 it (between steps), with no handler to install, in any language; and a file is a state, not
-an event, so a program started (or restarted) mid-throttle sees it too. Why two signals and
+an event, so a process started mid-throttle (a data-loader worker) sees it too. Why two signals and
 not a toggle: each is a set or a clear, so one that arrives twice (srun forwarding what the
 batch step got) or late never inverts the state; the last one received wins. (Two pending
 at the same instant are delivered in signal-number order, whatever order they were sent in:
