@@ -22,6 +22,13 @@ Training step times for the monitor (how much the inference beside the job slows
         train_one_step(batch)
         checkpoint.report_step(samples=len(batch))   # or report_step(seconds=measured)
 
+Whether the monitor asks the job to slow down (an inference job beside it misses its SLO):
+
+    for batch in loader:
+        train_one_step(batch)
+        if checkpoint.throttled():                   # one lstat
+            time.sleep(0.5)                          # or smaller batches, fewer workers
+
 Standard library only at import; :func:`done` and :func:`restart_count` import two small
 slurmiso modules (``atomic``, ``slurm.jobenv``) when called, so a container that runs the
 program needs slurmiso importable (``pip install slurmiso``; it pulls in nothing for this).
@@ -50,6 +57,7 @@ __all__ = [
     "restart_count",
     "resume_path",
     "resume_step",
+    "throttled",
 ]
 
 log = logging.getLogger("slurmiso.checkpoint")
@@ -180,6 +188,31 @@ def restart_count() -> int:
 def ckpt_dir(default: str = ".") -> str:
     """Where to write checkpoints (``$SLURMISO_CKPT_DIR``; it survives requeues)."""
     return os.environ.get("SLURMISO_CKPT_DIR") or default
+
+
+# --------------------------------------------------------------------------- throttle
+#: Set by the wrapper (wrapper/throttle.py): the file that exists while the job is throttled.
+THROTTLE_ENV = "SLURMISO_THROTTLE_FILE"
+
+
+def throttled() -> bool:
+    """Whether the monitor asks this job to slow down now: its throttle file exists.
+
+    The monitor throttles a training job when an inference job on its GPU misses its SLO;
+    the wrapper creates the file on the monitor's throttle signal and removes it on the
+    unthrottle signal. Call it between steps (it costs one ``lstat``) and, while it is true,
+    give the GPU back a little: smaller batches, fewer data-loader workers, a short pause
+    between steps. Nothing forces it: a job that does not slow down is suspended or requeued
+    by the monitor's next steps instead. False outside ``slurmiso run``; never raises.
+    """
+    path = os.environ.get(THROTTLE_ENV, "")
+    if not path:
+        return False
+    try:
+        os.lstat(path)
+    except (OSError, ValueError):  # ValueError: a path with a NUL byte
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- step times

@@ -18,7 +18,9 @@ examples:
 
 The program is asked to checkpoint with SLURMISO_CKPT_SIGNAL (USR2 by default) and reports
 a finished checkpoint through the marker file SLURMISO_CKPT_MARKER; on restart it finds the
-last good one in SLURMISO_RESUME. See docs/checkpoint.md (and slurmiso.checkpoint).
+last good one in SLURMISO_RESUME. The monitor's throttle signals (URG, WINCH by default)
+are the wrapper's own: it creates SLURMISO_THROTTLE_FILE on the first and removes it on the
+second. See docs/checkpoint.md (and slurmiso.checkpoint).
 exit status: the program's own, 143 when the wrapper stopped it for a checkpoint,
 1 when the prolog refused the job, 2 when the command cannot be run."""
 
@@ -102,7 +104,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurmiso.config.model import Checkpoint
+    from slurmiso.config.model import Checkpoint, Ladder
     from slurmiso.errors import SlurmisoError, UsageError
     from slurmiso.hostlist import node_name
     from slurmiso.wrapper.record import (
@@ -123,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no program to run", hint="usage: slurmiso run [OPTIONS] -- CMD [ARGS...]")
     env = dict(os.environ)
     job = JobEnvironment.from_env(env)
+    # outside Slurm only a config asked for (--class, -c) is read: a laptop has none
     cfg = (
         load_config_quietly(getattr(args, "config", None))
-        if job.in_slurm or args.job_class
+        if job.in_slurm or args.job_class or getattr(args, "config", None)
         else None
     )
     record = read_job_record(cfg, job.job_id, node_name(job.node)) if job.in_slurm else None
@@ -142,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             job.job_id,
         )
     ckpt = _checkpoint_settings(cfg, args.job_class, record, env) or Checkpoint()
+    ladder = cfg.monitor.ladder if cfg is not None else Ladder()
     settings = Settings(
         ckpt_dir=os.path.abspath(args.ckpt_dir)
         if args.ckpt_dir
@@ -151,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         grace_s=float(args.grace if args.grace is not None else ckpt.grace_s),
         max_requeues=args.max_requeues if args.max_requeues is not None else ckpt.max_requeues,
         rank=args.rank,
+        throttle_signal=parse_signal(ladder.throttle_signal),
+        unthrottle_signal=parse_signal(ladder.unthrottle_signal),
     )
     if settings.grace_s <= 0:
         raise UsageError(f"--grace must be positive, not {settings.grace_s:g}")

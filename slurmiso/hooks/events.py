@@ -42,7 +42,7 @@ MAX_TEXT = 256
 #: What ``slurmiso run`` reports (slurmiso/wrapper/supervisor.py); nothing else is folded.
 USER_EVENTS = frozenset(
     {"checkpoint-start", "checkpoint-end", "preempt-signal", "requeue", "requeue-declined",
-     "requeue-closed", "resume"}
+     "requeue-closed", "resume", "throttle", "unthrottle"}
 )
 #: Fields the epilog sets itself: a job cannot speak for another job or another source.
 RESERVED = frozenset({"ts", "host", "event", "source", "job", "job_ts", "node", "uid"})

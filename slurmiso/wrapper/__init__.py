@@ -9,6 +9,8 @@ One module per concern so each is tested alone:
     checkpoint_protocol  the marker file a program writes to report a finished checkpoint
     resume               the last good checkpoint (``.slurmiso/latest.json``) and resume env
     requeue              whether to requeue, always with a reason; ``scontrol requeue``
+    throttle             the monitor's throttle signals as the program's throttle file
+    steps                the program's step times folded into the job's step file
     record               the prolog's job record: isolation env, or refusal
     supervisor           the main loop that ties them together (the job step's init)
     localsim             a stand-in for Slurm's signal timing, for tests and laptops

@@ -79,6 +79,8 @@ class SignalHandler:
     ``stop_signals`` maps a signal to why the job must stop (``preempted``: Slurm's SIGTERM;
     ``time-limit``: the ``--signal`` Slurm sends before the time limit). Only the first stop
     signal starts a checkpoint; later ones are counted (a double signal is one checkpoint).
+    ``own``: signals the wrapper acts on itself and never passes on (the monitor's throttle
+    and unthrottle), queued in arrival order; a stop signal keeps its stop meaning.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class SignalHandler:
         job: JobEnvironment,
         stop_signals: Mapping[int, str],
         forward: Sequence[int] = FORWARDED,
+        own: Sequence[int] = (),
     ) -> None:
         self.job = job
         self.stop_signals = {int(k): v for k, v in stop_signals.items()}
@@ -97,14 +100,19 @@ class SignalHandler:
                     "must not catch it",
                     hint="use the signal sbatch --signal sends, e.g. USR1, USR2 or URG",
                 )
+        self.own = tuple(
+            int(s) for s in own if int(s) not in self.stop_signals and int(s) not in NOT_FORWARDED
+        )
         self.forward = tuple(
-            int(s) for s in forward if int(s) not in self.stop_signals and int(s) != CHLD
+            int(s) for s in forward
+            if int(s) not in self.stop_signals and int(s) not in self.own and int(s) != CHLD
         )
         #: Set once, by the first stop signal.
         self.stop_cause: Optional[str] = None
         self.stop_signum: Optional[int] = None
         self.stop_count = 0
         self._pending_forward: List[int] = []
+        self._pending_own: List[int] = []
         self._saved: Dict[int, Any] = {}
         self._wake_r = self._wake_w = -1
         self._old_wakeup = -1
@@ -118,12 +126,19 @@ class SignalHandler:
             if self.stop_cause is None:
                 self.stop_cause = self.stop_signals[signum]
                 self.stop_signum = signum
+        elif signum in self.own:
+            self._pending_own.append(signum)
         elif signum != signal.SIGCHLD:
             self._pending_forward.append(signum)
 
     def take_forward(self) -> List[int]:
         """Signals to pass on to the program since the last call (oldest first)."""
         out, self._pending_forward = self._pending_forward, []
+        return out
+
+    def take_own(self) -> List[int]:
+        """The wrapper's own signals since the last call (oldest first: the last one wins)."""
+        out, self._pending_own = self._pending_own, []
         return out
 
     # -- install / restore ----------------------------------------------------------------
@@ -134,7 +149,7 @@ class SignalHandler:
             os.set_blocking(fd, False)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         # SIGCHLD gets a no-op handler only so the wakeup fd reports a program's exit at once.
-        for signum in (*self.stop_signals, *self.forward, CHLD):
+        for signum in (*self.stop_signals, *self.own, *self.forward, CHLD):
             self._saved[signum] = signal.signal(signum, self.handle)
         return self
 

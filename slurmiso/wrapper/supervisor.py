@@ -3,8 +3,9 @@
     start:   resume env (last good checkpoint) + isolation env -> program in its own group,
              under a guardian that ends the program's whole tree if the wrapper dies,
              SIGKILLed included (wrapper/guardian.py)
-    running: forward every other signal to the group; record checkpoints the program reports
-             on its own
+    running: forward every other signal to the group, but the monitor's throttle and
+             unthrottle, which set and clear the throttle file (wrapper/throttle.py); record
+             checkpoints the program reports on its own
     stop:    (SIGTERM = preempted | --signal = time limit near; the first one only)
              journal preempt-signal -> checkpoint signal to the group -> (while it saves)
              ask Slurm the job's state -> wait for the marker or the program's exit, up to
@@ -47,6 +48,7 @@ from slurmiso.wrapper.signals import (
     JobEnvironment,
     SignalHandler,
 )
+from slurmiso.wrapper.throttle import ThrottleFile, throttle_path
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ class Settings:
     rank: int = 0  # the task (SLURM_PROCID) that checkpoints; others wait for its marker
     exit_window_s: float = 5.0  # after the report, how long the program may take to exit
     term_wait_s: float = 2.0  # on exit, between SIGTERM and SIGKILL to what is left
+    # the monitor's ladder (monitor.ladder.throttle_signal / unthrottle_signal): the
+    # wrapper's own, never passed on; None: not one
+    throttle_signal: Optional[signal.Signals] = signal.SIGURG
+    unthrottle_signal: Optional[signal.Signals] = signal.SIGWINCH
 
     @property
     def margin_s(self) -> float:
@@ -151,6 +157,8 @@ class Supervisor:
         self.clock = clock
         self.store = CheckpointStore(settings.ckpt_dir)
         self.designated = job.procid == settings.rank
+        self.throttle = ThrottleFile(throttle_path(settings.ckpt_dir), clock=clock)
+        self._own = self._throttle_signals()
         self._handler: Optional[SignalHandler] = None
         self._child: Optional[Child] = None
 
@@ -161,6 +169,7 @@ class Supervisor:
         latest = self.store.read()
         env: Dict[str, str] = dict(self.base_env)
         env.update(self.isolation_env)
+        env.update(self.throttle.env())
         env.update(
             resume_env(
                 self.store,
@@ -190,7 +199,7 @@ class Supervisor:
         if why:
             log.warning("%s", why)
         try:
-            with SignalHandler(self.job, stop) as handler:
+            with SignalHandler(self.job, stop, own=sorted(self._own)) as handler:
                 status = self._supervise(env, handler, watcher)
         finally:
             if why is None and not was_subreaper:
@@ -207,6 +216,9 @@ class Supervisor:
         # of a step): it starts with them ignored; only the checkpoint signal reaches it.
         ignore = {int(signal.SIGTERM), int(self.settings.warn_signal)}
         ignore.discard(int(self.settings.ckpt_signal))
+        # After the handlers are in place: a throttle that arrives from here on is queued
+        # and acted on in the loop, after this removal of an earlier attempt's file.
+        self.throttle.start()
         child = Child.start(self.argv, env, ignore=sorted(ignore))
         self._child = child
         try:
@@ -218,6 +230,7 @@ class Supervisor:
             # wrapper. After a stop the group was already ended within the grace.
             term_wait = 0.0 if self.stopped else self.settings.term_wait_s
             child.terminate(term_wait, self._sleep)
+            self.throttle.finish()
 
     def _sleep(self, timeout: float) -> None:
         """Sleep up to ``timeout``, waking at once on any signal, and pass signals on."""
@@ -246,8 +259,9 @@ class Supervisor:
                     self._close_requeue(status)
                 return status
 
-    @staticmethod
-    def _forward(child: Child, handler: SignalHandler) -> None:
+    def _forward(self, child: Child, handler: SignalHandler) -> None:
+        for signum in handler.take_own():
+            self._throttle(signum)
         for signum in handler.take_forward():
             child.signal_group(signum)
             if signum in JOB_CONTROL:
@@ -257,6 +271,50 @@ class Supervisor:
                 # is forwarded like any other signal.
                 child.signal_group(signal.SIGSTOP)
                 os.kill(os.getpid(), signal.SIGSTOP)
+
+    # -- the monitor's throttle ---------------------------------------------------------------
+
+    def _throttle_signals(self) -> Dict[int, str]:
+        """signal -> ``throttle``/``unthrottle``. A stop signal keeps its meaning (the wrapper
+        cannot tell a throttle from a time limit on one signal), with a warning."""
+        s = self.settings
+        stops = {int(signal.SIGTERM): "SIGTERM", int(s.warn_signal): "the time-limit --signal"}
+        out: Dict[int, str] = {}
+        for sig, what in ((s.throttle_signal, "throttle"), (s.unthrottle_signal, "unthrottle")):
+            if sig is None:
+                continue
+            if int(sig) in stops:
+                log.warning("%s is %s here, so not the monitor's %s signal: a %s would stop "
+                            "the program instead", sig.name, stops[int(sig)], what, what)
+                continue
+            if int(sig) == int(s.ckpt_signal):
+                log.warning("%s is the checkpoint signal and the monitor's %s signal: Slurm "
+                            "sends a %s to the program too, which would checkpoint",
+                            sig.name, what, what)
+            out[int(sig)] = what
+        return out
+
+    def _throttle(self, signum: int) -> None:
+        """Set or clear the throttle file: a set or a clear, never a toggle. One line in the
+        job's output each (the monitor sends one per restraint, minutes apart)."""
+        name = signal.Signals(signum).name
+        if self._own.get(signum) == "throttle":
+            if self.throttle.set(name):
+                log.info("%s: throttled by the monitor (%s created)", name, self.throttle.path)
+                if self.designated:
+                    self.events.emit("throttle", job=self.job.job_id, signal=name[3:])
+            else:
+                log.info("%s: already throttled", name)
+            return
+        throttled_s = self.throttle.clear()
+        if throttled_s is None:
+            log.info("%s: not throttled, nothing to undo", name)
+            return
+        log.info("%s: back to full speed after %.1fs throttled (%s removed)", name,
+                 throttled_s, self.throttle.path)
+        if self.designated:
+            self.events.emit("unthrottle", job=self.job.job_id, signal=name[3:],
+                             throttled_s=throttled_s)
 
     # -- checkpoints --------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 EVENTS = {
     "prolog", "job-end", "reconcile", "mps-user-conflict", "preempt-signal",
     "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined", "requeue-closed",
-    "resume", "monitor-action", "not-preempted",
+    "resume", "monitor-action", "not-preempted", "throttle", "unthrottle",
 }
 _MAX_IDS = 50
 #: event -> the only ``source`` it may carry (None: the hooks, which write no source).
@@ -43,7 +43,7 @@ WRITER: Dict[str, Optional[str]] = {
     "monitor-action": MONITOR_SOURCE,
     **{event: JOB_SOURCE for event in (
         "preempt-signal", "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined",
-        "requeue-closed", "resume")},
+        "requeue-closed", "resume", "throttle", "unthrottle")},
 }
 
 
