@@ -157,20 +157,21 @@ class Ladder:
 
     def start_daemons(self, node: str = "n2") -> None:
         env = dict(self.sbx.env, PYTHONPATH=REPO)
-        self.agent = subprocess.Popen(
-            self._slurmiso("agent", "--node", node, "--port", str(self.agent_port)),
-            env=env, cwd=REPO, stdout=open(os.path.join(self.work, "agent.log"), "w"),
-            stderr=subprocess.STDOUT, start_new_session=True)
+        self.agent = self._daemon("agent", env, "agent", "--node", node, "--port",
+                                  str(self.agent_port))
         _wait(lambda: self.job_p99() is not None, 60,
               f"the agent to read job {self.infer}'s latency")
-        self.monitor = subprocess.Popen(
-            self._slurmiso("-v", "monitor", "--apply", "--interval", "1", "--telemetry",
-                           "agents", "--agent-url",
-                           f"{node}=http://127.0.0.1:{self.agent_port}/metrics",
-                           "--state", os.path.join(self.work, "monitor-state.json"),
-                           "--lock", os.path.join(self.work, "monitor.lock")),
-            env=env, cwd=REPO, stdout=open(os.path.join(self.work, "monitor.log"), "w"),
-            stderr=subprocess.STDOUT, start_new_session=True)
+        self.monitor = self._daemon(
+            "monitor", env, "-v", "monitor", "--apply", "--interval", "1", "--telemetry",
+            "agents", "--agent-url", f"{node}=http://127.0.0.1:{self.agent_port}/metrics",
+            "--state", os.path.join(self.work, "monitor-state.json"),
+            "--lock", os.path.join(self.work, "monitor.lock"))
+
+    def _daemon(self, name: str, env: Dict[str, str], *args: str) -> subprocess.Popen:
+        """Start one slurmiso daemon in the nodes' view, its output in <work>/<name>.log."""
+        with open(os.path.join(self.work, f"{name}.log"), "w") as log:
+            return subprocess.Popen(self._slurmiso(*args), env=env, cwd=REPO, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop_agent(self) -> None:
         _end(self.agent)
@@ -186,8 +187,9 @@ class Ladder:
 
     def job_p99(self) -> Optional[float]:
         """The P99 the agent shows for the inference job (seconds), None if it shows none."""
-        pat = (r'^slurmiso_job_latency_seconds\{[^}]*job="%s"[^}]*quantile="0\.99"[^}]*\} '
-               r"(\S+)$" % re.escape(self.infer))
+        job = re.escape(self.infer)
+        pat = (r'^slurmiso_job_latency_seconds\{[^}]*job="' + job
+               + r'"[^}]*quantile="0\.99"[^}]*\} (\S+)$')
         m = re.search(pat, self.scrape(), re.M)
         return float(m.group(1)) if m else None
 
