@@ -216,7 +216,7 @@ class Ladder(Value):
     )
     #: Calm = this many percent below the SLO (latency, error rate).
     hysteresis_pct: int = 10
-    #: Sent with ``scancel --signal --full``: slow down / back to full speed.
+    #: Sent to every process of the job (``SlurmCli.signal_job``): slow down / back to full speed.
     throttle_signal: str = "URG"
     unthrottle_signal: str = "WINCH"
 

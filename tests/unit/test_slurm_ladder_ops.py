@@ -37,10 +37,19 @@ def test_command_lines(monkeypatch: Any) -> None:
     cli.suspend("7")
     cli.resume_job("7")
     cli.requeue_job("7", resume_first=True)
-    assert seen == [["scancel", "--signal=URG", "--full", "7"],
-                    ["scancel", "--signal=28", "--full", "7"],  # Slurm knows no WINCH name
+    # the steps (a wrapper under srun), then the batch script and its children (one without):
+    # --full alone never reached a step's tasks on 22.05.8 (measured)
+    assert seen == [["scancel", "--signal=URG", "7"], ["scancel", "--signal=URG", "--full", "7"],
+                    ["scancel", "--signal=28", "7"],  # 22.05: "Unknown job signal: WINCH"
+                    ["scancel", "--signal=28", "--full", "7"],
                     ["scontrol", "suspend", "7"], ["scontrol", "resume", "7"],
                     ["scontrol", "resume", "7"], ["scontrol", "requeue", "7"]]
+
+
+def test_signal_to_an_ended_job_is_gone_once(monkeypatch: Any) -> None:
+    seen = _slurm(monkeypatch, {"--signal=URG": "Job/step already completing or completed"})
+    assert SlurmCli().signal_job("7", "URG") == "gone"
+    assert seen == [["scancel", "--signal=URG", "7"]]
 
 
 @pytest.mark.parametrize("op,msg,answer", [
@@ -90,5 +99,6 @@ def test_applier_runs_each_kind_and_journals_notes_and_failures(monkeypatch: Any
                                                 "resume-job", "ladder-end"]
     assert j.lines[3]["note"] and j.lines[1]["error"]
     assert ["scontrol", "requeue", "6"] in seen and not any("8" in c for c in seen)
+    calls = len(seen)  # the throttle is two scancel calls (steps, then the batch script)
     dry = Applier(None, SlurmCli(), _Journal()).apply(acts, dry_run=True)
-    assert all(o.ok for o in dry) and len(seen) == 4, "dry run: no Slurm call"
+    assert all(o.ok for o in dry) and len(seen) == calls == 5, "dry run: no Slurm call"
