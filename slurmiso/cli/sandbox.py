@@ -92,8 +92,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run a short mixed inference/training scenario on the running sandbox",
         description=(
             "Submits real jobs: a whole-GPU job, inference + training sharing one GPU through "
-            "MIG and through MPS, a job slurmiso refuses; shows what each job saw and checks "
-            "the GPUs are clean after. Exit 0 when every step held. Needs 'sandbox up'."
+            "MIG and through MPS, a job slurmiso refuses, training preempted three times by "
+            "inference, the monitor holding training off hot GPUs (partition-wide and per "
+            "node), and the SLO ladder protecting running inference (the training beside it "
+            "throttled, suspended, resumed); shows what each job saw and checks the GPUs are "
+            "clean after. Exit 0 when every step held. Needs 'sandbox up'."
         ),
     )
     demo.add_argument("--dir", help=DIR_HELP)
