@@ -492,6 +492,12 @@ def install_packages(site: L.Site) -> str:
     missing = missing_packages(wanted)
     if not missing:
         return "all installed"
+    return install_named(missing)
+
+
+def install_named(missing: Sequence[str]) -> str:
+    """``apt-get install`` these Debian packages (``apt-get update`` first when the lists are
+    absent, and again once if the install fails on stale lists)."""
     env = environ_with({"DEBIAN_FRONTEND": "noninteractive"})
     install = [APT_GET, "install", "-y", "-q", "-o", "Dpkg::Options::=--force-confold", *missing]
     if not glob.glob("/var/lib/apt/lists/*_Packages*"):

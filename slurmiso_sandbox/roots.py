@@ -132,6 +132,7 @@ def ensure_root(version: str) -> Tuple[str, str]:
     logfile = os.path.join(roots_dir(), f"{suite}.log")
     if not os.path.exists(os.path.join(stage, STAGE_OK)):
         shutil.rmtree(stage, ignore_errors=True)
+        ensure_debootstrap(logfile)
         log.info("debootstrap --variant=minbase %s into %s", suite, stage)
         _logged([DEBOOTSTRAP, "--variant=minbase", suite, stage], logfile, timeout=1200,
                 env=environ_with({}))
@@ -144,6 +145,20 @@ def ensure_root(version: str) -> Tuple[str, str]:
         shutil.rmtree(root)
     os.rename(stage, root)
     return root, f"built {suite} in {time.monotonic() - t0:.0f}s"
+
+
+def ensure_debootstrap(logfile: str) -> None:
+    """Install Debian's ``debootstrap`` on the host when it is missing: a fresh machine (CI's
+    included) has none, and ``make test SLURM=26.05`` must bring everything it needs."""
+    if os.path.exists(DEBOOTSTRAP):
+        return
+    from slurmiso_sandbox.cluster import install_named
+
+    log.info("installing debootstrap (needed to build a Slurm root)")
+    install_named(["debootstrap"])
+    if not os.path.exists(DEBOOTSTRAP):
+        raise SandboxError(f"apt-get installed debootstrap, but {DEBOOTSTRAP} is missing; "
+                           f"see {logfile}", hint="apt-get install debootstrap")
 
 
 def _logged(argv: Sequence[str], logfile: str, env: Dict[str, str], timeout: float) -> None:

@@ -7,6 +7,7 @@ import os
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, List
 
 import pytest
 
@@ -169,3 +170,33 @@ def test_stale_root_with_mounts_under_it_is_never_removed(tmp_path: Path,
         R.ensure_root("24.11")
     assert "mounts under it" in err.value.message
     assert (tmp_path / "trixie" / "proc").is_dir()
+
+
+def test_a_missing_debootstrap_is_installed_first(tmp_path: Any, monkeypatch: Any) -> None:
+    """A fresh machine has no debootstrap: building a root installs it (CI's 26.05 run)."""
+    from slurmiso_sandbox import cluster
+
+    tool = tmp_path / "debootstrap"
+    monkeypatch.setattr(R, "DEBOOTSTRAP", str(tool))
+    asked: List[List[str]] = []
+
+    def install(names: List[str]) -> str:
+        asked.append(list(names))
+        tool.write_text("#!/bin/sh\n")
+        return "installed"
+
+    monkeypatch.setattr(cluster, "install_named", install)
+    R.ensure_debootstrap(str(tmp_path / "log"))
+    assert asked == [["debootstrap"]]
+    R.ensure_debootstrap(str(tmp_path / "log"))  # present now: nothing asked again
+    assert asked == [["debootstrap"]]
+
+
+def test_debootstrap_still_missing_after_install_is_one_clear_error(tmp_path: Any,
+                                                                    monkeypatch: Any) -> None:
+    from slurmiso_sandbox import cluster
+
+    monkeypatch.setattr(R, "DEBOOTSTRAP", str(tmp_path / "none"))
+    monkeypatch.setattr(cluster, "install_named", lambda names: "installed")
+    with pytest.raises(SandboxError, match="debootstrap"):
+        R.ensure_debootstrap(str(tmp_path / "log"))
