@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from slurmiso.audit.figures.aggregate import Aggregator
 from slurmiso.audit.figures.definitions import DEFINITIONS, DOC
 from slurmiso.audit.figures.findings import sort_findings
+from slurmiso.audit.figures.ladder import ladder_section
 from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR
 from slurmiso.audit.figures.stats import ClassStats, Who
 from slurmiso.audit.read.digest import JournalDigest
@@ -89,6 +90,7 @@ def build_report(
         "monitor_actions": dict(sorted(digest.monitor_actions.items())),
         "monitor_dry_run_actions": digest.monitor_dry_run,
         "latency_slo": _latency(agg, digest),
+        "ladder": ladder_section(agg, digest),
         "idle": {
             "measured_gpu_hours": (round(overall.idle_gpu_hours, 3)
                                    if overall.util_gpu_hours else None),
