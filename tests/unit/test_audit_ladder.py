@@ -197,6 +197,8 @@ CASES = [
      ("steps", "hold", "taken"), None),
     ("... in every scope",
      [], ("total", "taken", "hold"), None),
+    ("a hold of a pending job array is a good line",
+     [hold("40_[1-3]", "05:00:00")], ("steps", "hold", "taken"), 1),
     ("a monitor requeue without a restraint is not the ladder's",
      [{**act("requeue", "37", "05:00:00"), "details": {"reason": "begin-now"}}],
      ("steps", "requeue", "taken"), 0),
@@ -391,17 +393,19 @@ def test_every_ladder_figure_has_a_definition_and_a_doc_section(tmp_path, utc, c
         assert f"### ladder_{key}\n" in doc, key
 
 
-@pytest.mark.parametrize("calm_from, want", [
-    (5, {"throttle": 1, "suspend": 1, "resume": 1, "unthrottle": 1, "requeue": 0}),
-    (99, {"throttle": 1, "suspend": 1, "resume": 0, "unthrottle": 0, "requeue": 1}),
+@pytest.mark.parametrize("calm_from, admission, want", [
+    (5, "nodes", {"throttle": 1, "suspend": 1, "resume": 1, "unthrottle": 1, "requeue": 0}),
+    (99, "nodes", {"throttle": 1, "suspend": 1, "resume": 0, "unthrottle": 0, "requeue": 1}),
+    # pending 301 held, then 201 once requeued: the node is still the ladder's
+    (99, "hold", {"hold": 2, "throttle": 1, "suspend": 1, "requeue": 1}),
 ])
-def test_the_monitors_own_lines_read_back_whole(calm_from, want, tmp_path):
+def test_the_monitors_own_lines_read_back_whole(calm_from, admission, want, tmp_path):
     """The real ladder and applier write the journal: every line reads back as good, and the
     durations and figures are the ones the monitor's actions carried."""
     from slurmiso.audit.figures.ladder import ladder_section
     from slurmiso.monitor.apply import Applier
     from slurmiso.monitor.decide import decide
-    from slurmiso.monitor.policy import Memory
+    from slurmiso.monitor.policy import Memory, override
     from slurmiso.state.journal import Journal, read_journals
     from tests.unit.test_monitor_ladder import BREACH_MS, CALM_MS, DT, POL, T0, Cluster
 
@@ -411,11 +415,12 @@ def test_the_monitors_own_lines_read_back_whole(calm_from, want, tmp_path):
     c.submit("301")
     path = str(tmp_path / "monitor.jsonl")
     applier = Applier(None, c, journal=Journal(path))
+    policy = override(POL, [f"admission={admission}"])
     mem = Memory()
     done = []
     for i in range(16):
         c.p99["101"] = BREACH_MS if i < calm_from else CALM_MS
-        actions, mem = decide(c.snapshot(T0 + i * DT), POL, mem)
+        actions, mem = decide(c.snapshot(T0 + i * DT), policy, mem)
         done += [o.action for o in applier.apply(actions)]
     d = JournalDigest()
     d.add(prolog("201", "gpu001", [0]) | {"ts": "2000-01-01T00:00:00.000Z"})
@@ -424,6 +429,8 @@ def test_the_monitors_own_lines_read_back_whole(calm_from, want, tmp_path):
     out = ladder_section(Aggregator(load_config(CONFIG), d), d)
     assert out["bad_lines"] == 0, out["bad_samples"]
     assert {k: out["total"]["taken"][k] for k in want} == want
+    holds = sorted(a.target for a in done if a.kind == "hold" and a.details.get("ladder"))
+    assert len(holds) == want.get("hold", 0) and (holds == ["201", "301"] or not holds)
     ends = {a.kind: a.details for a in done if a.kind in ("unthrottle", "resume-job", "requeue")}
     throttled = sum(v.get("throttled_s") or 0.0 for v in ends.values())
     suspended = sum(v.get("suspended_s") or 0.0 for v in ends.values())
@@ -433,7 +440,7 @@ def test_the_monitors_own_lines_read_back_whole(calm_from, want, tmp_path):
     assert out["total"]["throttled_gpu_hours"] == pytest.approx(throttled / 3600.0, abs=1e-3)
     assert out["by_pool"]["serve"]["taken"]["throttle"] == 1
     assert out["steps"]["throttle"]["slo"]["p99_ms"]["figure_max"] == BREACH_MS
-    if want["unthrottle"]:
+    if want.get("unthrottle"):
         pair = out["steps"]["unthrottle"]["slo"]["p99_ms"]
         assert (pair["before_mean"], pair["after_mean"]) == (BREACH_MS, CALM_MS)
     assert out["unreleased"] == {"throttled": 0, "suspended": 0}

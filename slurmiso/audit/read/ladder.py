@@ -41,7 +41,8 @@ UNKNOWN = "unknown"
 MAX_DURATION_S = 400 * 86400.0
 #: A P99 of hours is no longer a latency (the agent reports milliseconds).
 MAX_P99_MS = 1e7
-_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,10})?(\+[0-9]{1,4})?")
+#: A job id as squeue prints one: plain, an array task, a pending array's tasks, a het part.
+_JOB_ID = re.compile(r"[0-9]{1,12}(_([0-9]{1,10}|\[[0-9,%-]{1,100}\]))?(\+[0-9]{1,4})?")
 _MAX_NAME = 100
 _MAX_SAMPLES = 3
 
