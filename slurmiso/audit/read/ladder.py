@@ -252,8 +252,11 @@ def _check(rec: Dict[str, Any]) -> Optional[Checked]:
     facts["figure_before"] = _figure(details.get("figure_before"), first, "figure_before")
     if first != signal:
         facts["figure_before"] = None  # not comparable with the figure after
-    for name in ("throttled_s", "suspended_s"):
+    for name, ends in (("throttled_s", ("unthrottle", "requeue", "ended")),
+                       ("suspended_s", ("resume", "requeue", "ended"))):
         facts[name] = _duration(details.get(name), name)
+        if facts[name] is not None and step not in ends:
+            raise BadLine(f"details.{name} on a {step} line, which ends no restraint")
     return step, job, node, cls, facts
 
 
