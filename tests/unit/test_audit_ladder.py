@@ -449,7 +449,7 @@ def test_the_monitors_own_lines_read_back_whole(calm_from, admission, want, tmp_
     assert out["unreleased"] == {"throttled": 0, "suspended": 0}
 
 
-@pytest.mark.parametrize("fmt", ["text", "json", "html", "md"])
+@pytest.mark.parametrize("fmt", ["text", "json", "html", "md", "csv"])
 def test_the_worked_scenario_matches_golden(fmt, tmp_path, utc, capsys, monkeypatch):  # noqa: F811
     from tests.goldens import check_golden
 
