@@ -374,3 +374,21 @@ def test_a_job_that_started_before_the_window_keeps_its_journal_class(tmp_path, 
                     extra=["--since", f"{DAY}T00:00:00Z", "--until", "2024-05-02T00:00:00Z"])
     assert r["classes"]["debug"]["jobs"] == 1 and r["checkpoints"]["debug"]["failed"] == 1
     assert r["inputs"]["journal_records"] == 1
+
+
+def test_user_reported_preemptions_add_up_overall(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
+    """A REQUEUED attempt whose wrapper saw a preemption signal counts as user-reported in its
+    class and overall (the overall merge once skipped the figure: always 0)."""
+    rows = [row("1", state="REQUEUED", start="01:00:00", end="02:00:00"),
+            row("1", state="COMPLETED", start="02:05:00", end="03:00:00"),
+            row("2", qos="infer", part="infer", state="REQUEUED", start="01:00:00",
+                end="01:30:00"),
+            row("2", qos="infer", part="infer", start="01:35:00", end="02:00:00")]
+    events = [{"ts": f"{DAY}T01:59:50.000Z", "event": "preempt-signal", "job": "1",
+               "cause": "preempted", "source": "job"},
+              {"ts": f"{DAY}T01:29:00.000Z", "event": "preempt-signal", "job": "2",
+               "cause": "preempted", "source": "job"}]
+    _, r, _ = audit(tmp_path, capsys, monkeypatch, rows, events)
+    by_class = {n: c["preemptions_user_reported"] for n, c in r["classes"].items()}
+    assert sum(by_class.values()) == 2 and by_class["train"] == 1, by_class
+    assert r["overall"]["preemptions_user_reported"] == 2

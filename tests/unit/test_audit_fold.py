@@ -157,6 +157,13 @@ def digest_for(seed: int, last_job: int = 400) -> JournalDigest:
         if rnd.random() < 0.1:
             d.preempted_at[str(job)] = sorted(T0 + rnd.randrange(0, 6 * 86400)
                                               for _ in range(2))
+    # the monitor's ladder requeued some jobs every half hour, so that most of their REQUEUED
+    # attempts meet one (its own draws: the figures above stay as they were)
+    ladder = random.Random(seed + 1000)
+    every = [T0 + k * 1800.0 for k in range(6 * 48)]
+    for job in range(100, last_job):
+        if ladder.random() < 0.5:
+            d.ladder.requeued_at[str(job)] = every
     return d
 
 
@@ -184,6 +191,7 @@ def state(agg: Aggregator, stats: ParseStats) -> Dict[str, Any]:
         "accounts": [(k, obj(v)) for k, v in agg.accounts.items()],
         "inefficient": agg.inefficient,
         "restarted": list(agg.restarted.items()),
+        "ladder_lost": sorted(agg.ladder_lost.items()),
         "scalars": (agg.outside_window, agg.first_time, agg.last_time),
         "stats": stats.to_dict(),
     }

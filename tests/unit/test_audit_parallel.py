@@ -138,6 +138,7 @@ def test_parallel_fold_equals_the_serial_fold(seed: int, tmp_path: Any, utc: Non
     # the journal at work: its classes, lost work from its checkpoints
     assert ref.classes["ghost"].attempts > 10
     assert sum(c.lost_gpu_hours for c in ref.classes.values()) > 0
+    assert sum(row[0] for row in ref.ladder_lost.values()) > 0  # the ladder's requeues too
     assert_close(figures(got, got_stats), figures(ref, ref_stats))
     assert got_stats.to_dict() == ref_stats.to_dict()  # line numbers included
 

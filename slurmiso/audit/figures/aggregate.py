@@ -68,7 +68,7 @@ class Aggregator:
     #: What a part's aggregator carries back: its figures, not the config, journal or caches.
     _FIGURES = ("bucket_s", "since", "until", "classes", "pools", "series", "seen", "multi",
                 "preempted", "users", "accounts", "inefficient", "restarted",
-                "outside_window", "first_time", "last_time")
+                "outside_window", "first_time", "last_time", "ladder_lost")
 
     def __init__(self, cfg: Any, digest: Optional[JournalDigest] = None, bucket_s: int = 3600,
                  since: Optional[float] = None, until: Optional[float] = None) -> None:
@@ -90,6 +90,9 @@ class Aggregator:
         #: worst GPU efficiency by wasted GPU-hours: (wasted, job, user, util %, GPU-h, class)
         self.inefficient: List[Waste] = []
         self.restarted: Dict[str, int] = {}  # job -> sacct Restarts, when > 0
+        #: (class, pool) -> [attempts the monitor's ladder requeued, lost GPU-hours since
+        #: their last checkpoint, lost GPU-hours estimated (no checkpoint: the whole run)]
+        self.ladder_lost: Dict[Tuple[str, str], List[float]] = {}
         self.outside_window = 0
         self.first_time: Optional[float] = None  # earliest start or end seen (data's span)
         self.last_time: Optional[float] = None
@@ -153,6 +156,13 @@ class Aggregator:
             offer(self.inefficient, item)
         for job, restarts in other.restarted.items():
             self.restarted[job] = max(restarts, self.restarted.get(job, 0))
+        for where, row in other.ladder_lost.items():
+            mine_l = self.ladder_lost.get(where)
+            if mine_l is None:
+                self.ladder_lost[where] = row
+            else:
+                for i, value in enumerate(row):
+                    mine_l[i] += value
         self.outside_window += other.outside_window
         if other.first_time is not None and (self.first_time is None
                                              or other.first_time < self.first_time):

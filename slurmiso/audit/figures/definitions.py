@@ -58,4 +58,31 @@ DEFINITIONS: Dict[str, str] = {
     "latency_attainment": "share of monitor latency samples at or under the class's P99 target",
     "journal_user_reported": "journal lines written by jobs' own users (source: job)",
     "journal_rejected": "journal lines whose writer cannot have written that event: ignored",
+    "ladder_status": "active: the monitor's ladder took a step (or a dry run of one) in the "
+                     "window; none: journals read, no ladder line; unknown: no journal record",
+    "ladder_taken": "steps the ladder took (ok, not a dry run), per step, in all, per class "
+                    "of the training job (prolog) and per pool (the line's node)",
+    "ladder_throttled_s": "seconds training was throttled, from the lines that ended a "
+                          "throttle (unthrottle, requeue, ladder-end), clipped to the window",
+    "ladder_suspended_s": "seconds training was suspended, from resume-job, requeue and "
+                          "ladder-end lines, clipped to the window",
+    "ladder_throttled_gpu_hours": "throttled seconds x the job's GPUs (its prolog lines' "
+                                  "gpus, whole GPUs) / 3600; unknown if any job's GPUs are",
+    "ladder_suspended_gpu_hours": "suspended seconds x the job's GPUs / 3600; unknown if any "
+                                  "job's GPUs are",
+    "ladder_gpus_unknown": "restraints whose job's GPUs no prolog line gave",
+    "ladder_requeues_in_sacct": "REQUEUED attempts in accounting during which the ladder "
+                                "requeued the job",
+    "ladder_requeue_lost_gpu_hours": "GPU-hours of those attempts after their last "
+                                     "user-reported checkpoint (as lost_gpu_hours); unknown "
+                                     "unless every requeue's attempt is in accounting",
+    "ladder_requeue_lost_gpu_hours_estimated": "the same for jobs that never reported a "
+                                               "checkpoint: the whole attempt",
+    "ladder_unreleased": "jobs throttled or suspended in the window with no release read: "
+                         "their time is in no figure",
+    "ladder_slo": "per step and signal: the inference figure (P99 ms, error rate) at "
+                  "escalations, mean and max; at releases, the mean before (when the job "
+                  "was first restrained) and after",
+    "ladder_bad_lines": "ladder lines left out of every figure: a wrong type, a negative, "
+                        "non-finite or out-of-range figure or duration, an unknown step",
 }

@@ -83,6 +83,13 @@ def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]],
                         f"written them ({'; '.join(digest.rejected_samples)})",
                         "a job's events file may only report wrapper events; look at these "
                         "jobs' users", digest.rejected_jobs))
+    if digest is not None and digest.ladder.bad:
+        out.append(make("warning", "ladder-bad-lines",
+                        f"{digest.ladder.bad} ladder line(s) of the monitor's journal left out "
+                        "of what the ladder cost (" + "; ".join(digest.ladder.bad_samples)
+                        + "): those figures cover the rest",
+                        "look at the monitor's journal for damage; an SLO figure out of range "
+                        "came from an inference job's metrics endpoint"))
     return out
 
 

@@ -87,6 +87,8 @@ def kernel_for(agg: Aggregator) -> Kernel:
     classes, pools, series, preempted = agg.classes, agg.pools, agg.series, agg.preempted
     multi, restarted, users, accounts = agg.multi, agg.restarted, agg.users, agg.accounts
     inefficient = agg.inefficient
+    ladder_lost = agg.ladder_lost
+    ladder_requeued = digest.ladder.requeued_at  # empty: no attempt asks
     seen = agg.seen
     seen_add, bits = seen.add, seen.bits
     in_bits = min(MAX_BIT_ID, len(bits) << 3)  # plain ids below this are a bit of ``bits``
@@ -153,18 +155,36 @@ def kernel_for(agg: Aggregator) -> Kernel:
         entry.preemptions += 1
         if lo is None:
             return 0.0
+        lost, measured = lost_work(job, gpus, lo, hi)
+        entry.lost_hours += lost
+        if measured:
+            cs.lost_gpu_hours += lost
+        else:
+            cs.lost_gpu_hours_estimated += lost
+        return lost
+
+    def lost_work(job: str, gpus: float, lo: float, hi: float) -> Tuple[float, bool]:
+        """GPU-hours of the run [lo, hi) after its last checkpoint, clipped to the window,
+        and whether a checkpoint measured it (else the whole run counts: an estimate)."""
         ckpt = digest.last_checkpoint(job, lo, hi)
         lost_lo = ckpt if ckpt is not None else lo
         if since is not None and lost_lo < since:
             lost_lo = since
         lost_hi = until if until is not None and hi > until else hi
         lost = gpus * max(0.0, lost_hi - lost_lo) / 3600.0
-        entry.lost_hours += lost
-        if ckpt is not None or job in digest.checkpointing_jobs:
-            cs.lost_gpu_hours += lost
-        else:
-            cs.lost_gpu_hours_estimated += lost
-        return lost
+        return lost, ckpt is not None or job in digest.checkpointing_jobs
+
+    def ladder_requeue(job: str, cls: str, pool: str, gpus: float, lo: Optional[float],
+                       hi: float) -> None:
+        """An attempt the monitor's ladder requeued: its work since the last checkpoint is
+        what the ladder cost, counted apart from preemptions (it is not one)."""
+        row = ladder_lost.get((cls, pool))
+        if row is None:
+            row = ladder_lost[(cls, pool)] = [0.0, 0.0, 0.0]
+        row[0] += 1
+        if lo is not None:
+            lost, measured = lost_work(job, gpus, lo, hi)
+            row[1 if measured else 2] += lost
 
     def attempt(job: str, user: str, account: str, partition: str, qos: str, state: str,
                 submit: Optional[float], eligible: Optional[float], start: Optional[float],
@@ -337,9 +357,12 @@ def kernel_for(agg: Aggregator) -> Kernel:
             who_u.lost_gpu_hours += lost
             who_a.preemptions += 1
             who_a.lost_gpu_hours += lost
-        elif (state == "REQUEUED" and start is not None and end is not None
-              and digest.preempted_within(job, start, end)):
-            cs.preemptions_user_reported += 1
+        elif state == "REQUEUED" and start is not None and end is not None:
+            # only REQUEUED attempts look further: other rows pay nothing for the ladder
+            if ladder_requeued and digest.ladder_requeued_within(job, start, end):
+                ladder_requeue(job, cls, pool, gpus, lo, hi)
+            elif digest.preempted_within(job, start, end):
+                cs.preemptions_user_reported += 1
 
     def usage(util: float) -> None:
         nonlocal last_gpus

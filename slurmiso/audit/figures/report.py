@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from slurmiso.audit.figures.aggregate import Aggregator
 from slurmiso.audit.figures.definitions import DEFINITIONS, DOC
 from slurmiso.audit.figures.findings import sort_findings
+from slurmiso.audit.figures.ladder import ladder_section
 from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR
 from slurmiso.audit.figures.stats import ClassStats, Who
 from slurmiso.audit.read.digest import JournalDigest
@@ -55,7 +56,9 @@ def build_report(
 ) -> Dict[str, Any]:
     overall = ClassStats()
     for s in agg.classes.values():
-        _merge(overall, s)
+        # ClassStats.merge: the one list of what adds up (a copy here once left out
+        # preemptions_user_reported, so the overall figure was always 0)
+        overall.merge(s)
     unknown = unknowns(findings, overall)
     classes = {name: _blank(s.to_dict(), unknown) for name, s in agg.classes.items()}
     for name, data in classes.items():
@@ -87,6 +90,7 @@ def build_report(
         "monitor_actions": dict(sorted(digest.monitor_actions.items())),
         "monitor_dry_run_actions": digest.monitor_dry_run,
         "latency_slo": _latency(agg, digest),
+        "ladder": ladder_section(agg, digest),
         "idle": {
             "measured_gpu_hours": (round(overall.idle_gpu_hours, 3)
                                    if overall.util_gpu_hours else None),
@@ -178,14 +182,6 @@ def _ranking(table: Dict[str, Who], label: str, util_known: bool) -> List[Dict[s
                     if getattr(w, key) or key == "gpu_hours")
     rows = sorted((row(n, table[n]) for n in keep), key=lambda r: (-r["gpu_hours"], r[label]))
     return rows
-
-
-def _merge(into: ClassStats, s: ClassStats) -> None:
-    for name in ("jobs", "attempts", "started", "preemptions", "gpu_hours", "lost_gpu_hours",
-                 "lost_gpu_hours_estimated", "util_gpu_hours", "idle_gpu_hours",
-                 "wait_slo_met", "long_jobs"):
-        setattr(into, name, getattr(into, name) + getattr(s, name))
-    into.wait.merge(s.wait)
 
 
 def _wait_slo(agg: Aggregator, name: str) -> Optional[Dict[str, Any]]:

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from slurmiso.audit.figures.quantiles import LogHistogram
+from slurmiso.audit.read.ladder import LadderLog
 from slurmiso.audit.read.sacct import parse_time
+from slurmiso.monitor.policy import SHARED_MODES
 from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
 #: Journal events the audit reads (passed to ``read_journals`` so the rest is skipped early).
@@ -102,6 +104,12 @@ class JournalDigest:
     rejected_jobs: List[str] = field(default_factory=list)
     rejected_samples: List[str] = field(default_factory=list)
     user_reported: int = 0  # lines accepted as the job's own report (source: job)
+    #: The ladder's steps on running training, checked line by line (read/ladder.py).
+    ladder: LadderLog = field(default_factory=LadderLog)
+    #: job -> (restart count, GPUs) of its latest attempt in a pool the ladder acts on (the
+    #: prolog's ``gpus``, summed over its nodes): what a throttled second costs in GPUs.
+    #: Kept for those pools' jobs only, so exclusive pools cost nothing here.
+    job_gpus: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     _pending_grace: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     #: Lines before this time (Unix seconds) only tell a job's class (a job that started
     #: before the window): the audit reads the journals from a week earlier for that.
@@ -114,6 +122,9 @@ class JournalDigest:
         if self.since is not None and _ts(rec) < self.since:
             if event in ("prolog", "job-end") and source is None and rec.get("class"):
                 self.job_class[job] = str(rec["class"])
+            if event == "prolog" and source is None and rec.get("mode") in SHARED_MODES \
+                    and rec.get("outcome") != "refused":
+                self._gpus(job, rec)  # a job restrained in the window may start before it
             return
         self.records += 1
         if event not in WRITER or WRITER[event] != source:
@@ -128,6 +139,8 @@ class JournalDigest:
                 self.requeued_jobs.add(job)
             if event == "prolog" and rec.get("outcome") == "refused":
                 self.refused[str(rec.get("reason", "?"))[:120]] += 1
+            elif event == "prolog" and rec.get("mode") in SHARED_MODES:
+                self._gpus(job, rec)
             if event == "job-end" and rec.get("mode") == "mps":
                 from slurmiso.audit.figures.mps_sharing import interval_of
 
@@ -162,6 +175,20 @@ class JournalDigest:
             self.reconcile_fixes[str(rec.get("node", rec.get("host", "?")))] += 1
         elif event == "mps-user-conflict" and len(self.mps_conflicts) < _MAX_IDS:
             self.mps_conflicts.append((str(rec.get("node", "?")), job))
+
+    def _gpus(self, job: str, rec: Dict[str, Any]) -> None:
+        """The GPUs one node's prolog gave ``job``, added to its attempt's (a requeued
+        attempt starts over)."""
+        gpus = rec.get("gpus")
+        restarts = rec.get("restart_count")
+        if not isinstance(gpus, list) or len(gpus) > 64:
+            return
+        attempt = restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else 0
+        had = self.job_gpus.get(job)
+        if had is not None and had[0] == attempt:
+            self.job_gpus[job] = (attempt, had[1] + len(gpus))
+        elif had is None or had[0] < attempt:
+            self.job_gpus[job] = (attempt, len(gpus))
 
     def _reject(self, rec: Dict[str, Any], event: str, job: str, source: Any) -> None:
         self.rejected += 1
@@ -217,6 +244,7 @@ class JournalDigest:
         latency = _float(details.get("p99_latency_ms"))
         if latency is not None:
             self.latency.append((str(details.get("class", "")), latency))
+        self.ladder.add(rec, _ts(rec), self.since, self.job_class, self.job_gpus)
         reason = str(rec.get("reason", ""))
         if "idle" in reason.lower() and len(self.idle_jobs) < 10 * _MAX_IDS:
             self.idle_jobs[str(rec.get("target", ""))] = reason
@@ -228,6 +256,11 @@ class JournalDigest:
             return None
         i = bisect.bisect_right(times, end) - 1
         return times[i] if i >= 0 and times[i] >= start else None
+
+    def ladder_requeued_within(self, job: str, start: float, end: float) -> bool:
+        """Whether the monitor's ladder requeued ``job`` during ``[start, end]`` (sacct shows
+        that attempt REQUEUED)."""
+        return self.ladder.requeued_within(job, start, end, _SACCT_SLACK_S)
 
     def preempted_within(self, job: str, start: float, end: float) -> bool:
         """Whether the wrapper saw ``job`` preempted during ``[start, end]`` (an attempt the

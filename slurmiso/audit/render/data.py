@@ -40,6 +40,20 @@ def render_csv(report: Dict[str, Any]) -> str:
             w.writerow(["gpu_efficiency", e["job"], key, _cell(e[key])])
     for action, n in report["monitor_actions"].items():
         w.writerow(["monitor_action", action, "count", n])
+    lad = report.get("ladder")
+    if lad:
+        w.writerow(["ladder", "all", "status", lad["status"]])
+        w.writerow(["ladder", "all", "bad_lines", lad["bad_lines"]])
+        scopes = [("all", lad["total"])] if lad["total"] else []
+        scopes += [(f"class:{k}", v) for k, v in lad["by_class"].items()]
+        scopes += [(f"pool:{k}", v) for k, v in lad["by_pool"].items()]
+        for scope, tally in scopes:
+            for key, value in tally.items():
+                if isinstance(value, dict):
+                    for step, n in value.items():
+                        w.writerow(["ladder", scope, f"{key}.{step}", _cell(n)])
+                else:
+                    w.writerow(["ladder", scope, key, _cell(value)])
     for p in report["series"]["points"]:
         for key in ("gpu_hours", "wait_mean_s", "wait_max_s", "starts"):
             w.writerow(["series", f"{p['class']}@{p['t']}", key, _cell(p[key])])

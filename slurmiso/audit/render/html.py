@@ -15,9 +15,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.audit.render.text import (
     CLASS_COLUMNS,
+    LADDER_TITLE,
     class_rows,
     duration,
     extra_tables,
+    ladder_lines,
+    ladder_tables,
     over_threshold,
     span_line,
 )
@@ -226,6 +229,11 @@ def render_html(report: Dict[str, Any]) -> str:
     ]
     for title, header, rows in extra_tables(report):
         body += [f"<h2>{escape(title)}</h2>", _table(header, rows)]
+    if report.get("ladder"):
+        body += [f"<h2>{escape(LADDER_TITLE)}</h2>"]
+        body += [f"<p class=muted>{escape(x)}</p>" for x in ladder_lines(report)]
+        for title, header, rows in ladder_tables(report):
+            body += [f"<h3>{escape(title)}</h3>", _table(header, rows)]
     body += ["<h2>Notes</h2><ul>"] + [f"<li>{escape(n)}</li>" for n in report["notes"]]
     body += ["</ul></body></html>"]
     return "\n".join(body) + "\n"

@@ -122,6 +122,90 @@ def extra_tables(report: Dict[str, Any]) -> List[Tuple[str, List[str], List[List
     return out
 
 
+LADDER_TITLE = "What the ladder cost training (monitor journal)"
+_SIGNAL_TEXT = {"p99_ms": "P99", "error_rate": "errors"}
+
+
+def _slo_value(signal: str, value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2%}" if signal == "error_rate" else f"{value:,.0f} ms"
+
+
+def ladder_lines(report: Dict[str, Any]) -> List[str]:
+    """What the ladder section says in words: whether it has anything to show, and what it
+    left out (bad lines, restraints not released, unknown GPUs, requeues not accounted)."""
+    lad = report.get("ladder")
+    if not lad:
+        return []
+    lines = []
+    if lad["status"] == "unknown":
+        lines.append("unknown: no journal records, so whether the ladder acted is not known")
+    elif lad["status"] == "none":
+        lines.append(f"no ladder activity: no ladder step in the "
+                     f"{report['inputs']['journal_records']} journal records read")
+    if lad["bad_lines"]:
+        lines.append(f"{lad['bad_lines']} ladder line(s) left out of every figure as bad: "
+                     + "; ".join(lad["bad_samples"]))
+    total = lad.get("total")
+    if lad["status"] != "active" or not total:
+        return lines
+    open_ = lad["unreleased"]
+    if open_["throttled"] or open_["suspended"]:
+        lines.append(f"not released in the window: {open_['throttled']} throttled, "
+                     f"{open_['suspended']} suspended job(s); their time is not counted")
+    if total["gpus_unknown"]:
+        lines.append(f"{total['gpus_unknown']} restraint(s) of jobs whose GPUs no prolog line "
+                     "gave: their GPU-hours are unknown")
+    if total["taken"]["requeue"] > total["requeues_in_sacct"]:
+        lines.append(f"{total['taken']['requeue'] - total['requeues_in_sacct']} of the "
+                     f"{total['taken']['requeue']} requeue(s) have no REQUEUED attempt in "
+                     "accounting: their lost GPU-hours are unknown")
+    return lines
+
+
+def _known(fmt: Any, value: Optional[float]) -> str:
+    return "unknown" if value is None else str(fmt(value))
+
+
+def ladder_tables(report: Dict[str, Any]) -> List[Tuple[str, List[str], List[List[str]]]]:
+    """(title, header, rows) of the ladder section when it has figures, else none."""
+    lad = report.get("ladder")
+    if not lad or lad["status"] != "active" or not lad.get("total"):
+        return []
+    steps = []
+    for step, st in lad["steps"].items():
+        at, pairs = [], []
+        for signal, t in st["slo"].items():
+            name = _SIGNAL_TEXT.get(signal, signal)
+            if t["figures"]:
+                at.append(f"{name} {_slo_value(signal, t['figure_mean'])} mean, "
+                          f"{_slo_value(signal, t['figure_max'])} max ({t['figures']})")
+            if t["pairs"]:
+                pairs.append(f"{name} {_slo_value(signal, t['before_mean'])} -> "
+                             f"{_slo_value(signal, t['after_mean'])} ({t['pairs']})")
+        steps.append([step, count(st["taken"]), str(st["dry_run"]), str(st["failed"]),
+                      "; ".join(at) or "-", "; ".join(pairs) or "-"])
+    cost = []
+    scopes = [("all", lad["total"])] + [(f"class {k}", v) for k, v in lad["by_class"].items()]
+    scopes += [(f"pool {k}", v) for k, v in lad["by_pool"].items()]
+    for name, t in scopes:
+        taken = t["taken"]
+        cost.append([name, count(taken["hold"]), count(taken["throttle"]),
+                     count(taken["suspend"]), count(taken["requeue"]),
+                     _known(duration, t["throttled_s"]), _known(duration, t["suspended_s"]),
+                     hours(t["throttled_gpu_hours"]),
+                     hours(t["suspended_gpu_hours"]), hours(t["requeue_lost_gpu_hours"]),
+                     hours(t["requeue_lost_gpu_hours_estimated"])])
+    return [
+        ("Ladder steps and the SLO (inference figure at the step; before -> after a release)",
+         ["STEP", "TAKEN", "DRY RUN", "FAILED", "SLO AT STEP", "SLO BEFORE -> AFTER"], steps),
+        ("What it cost training",
+         ["SCOPE", "HOLD", "THROTTLE", "SUSPEND", "REQUEUE", "THROTTLED", "SUSPENDED",
+          "THROTTLED GPU-H", "SUSPENDED GPU-H", "REQUEUE LOST GPU-H", "(EST.)"], cost),
+    ]
+
+
 def _probe_rows(report: Dict[str, Any]) -> List[List[str]]:
     """The newest probe of each pool next to the pool's use in this report's window."""
     def ms(v: Any) -> str:
@@ -178,6 +262,10 @@ def render_text(report: Dict[str, Any]) -> str:
     ]
     for title, header, rows in extra_tables(report):
         lines += ["", title.upper(), table(rows, header) if rows else "  none"]
+    if report.get("ladder"):
+        lines += ["", LADDER_TITLE.upper(), *("  " + x for x in ladder_lines(report))]
+        for title, header, rows in ladder_tables(report):
+            lines += [title, table(rows, header)]
     lines += ["", "NOTES", *("  - " + n for n in report["notes"])]
     return "\n".join(lines) + "\n"
 
@@ -216,6 +304,10 @@ def render_markdown(report: Dict[str, Any]) -> str:
     out += ["", "## By class", "", _md_table(CLASS_COLUMNS, class_rows(report))]
     for title, header, rows in extra_tables(report):
         out += ["", f"## {title}", "", _md_table(header, rows)]
+    if report.get("ladder"):
+        out += ["", f"## {LADDER_TITLE}", ""] + [f"- {x}" for x in ladder_lines(report)]
+        for title, header, rows in ladder_tables(report):
+            out += ["", f"### {title}", "", _md_table(header, rows)]
     out += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(out) + "\n"
 
