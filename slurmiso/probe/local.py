@@ -247,6 +247,9 @@ class LocalLauncher:
     def why_pending(self, handle: str) -> str:
         return ""
 
+    def restarts(self, handle: str) -> Optional[int]:
+        return None  # a local process is never requeued: only its files could tell
+
     def cancel(self, handle: str) -> None:
         proc = self.procs.get(handle)
         if proc is None or proc.poll() is not None:

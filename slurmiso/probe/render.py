@@ -29,7 +29,8 @@ def mode_rows(report: Dict[str, Any]) -> List[List[str]]:
     rows = []
     for m in report["modes"]:
         if m.get("skipped"):
-            rows.append([m["mode"], str(m.get("pool") or "-"), "skipped: " + m["skipped"]]
+            what = "not measured (interrupted)" if m.get("invalid") else "skipped"
+            rows.append([m["mode"], str(m.get("pool") or "-"), f"{what}: {m['skipped']}"]
                         + [""] * (len(HEADER) - 3))
             continue
         i, t, mem = m["infer"], m["train"], m.get("memory") or {}

@@ -146,6 +146,9 @@ def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
                             "ran: CPU stand-ins measured the probe itself, not GPU sharing")
         notes.append(workload["note"])
     for m in results:
+        if m.get("invalid"):
+            notes.append(f"{m['mode']}: not measured, a run was interrupted from outside the "
+                         f"probe: {m['error']}")
         if m.get("colocated") is False and m["mode"] != "exclusive":
             notes.append(f"{m['mode']}: Slurm placed the pair on different GPUs "
                          f"({m['gpus']['infer']} and {m['gpus']['train']}); its mixed figures "

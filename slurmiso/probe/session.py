@@ -9,7 +9,10 @@ training run starts first and inference begins only once training has printed a 
 figures (each output line's arrival time is recorded beside it).
 
 Every run's result is judged before the next one starts, so a broken ``--infer-cmd`` stops the
-probe at its first run with one message naming the command and its output files. Whatever ends
+probe at its first run with one message naming the command and its output files. A run that was
+interrupted from outside (Slurm requeued it, a preemption or a scancel signalled it) is not the
+command's fault: it is :class:`RunInvalid`, its mode is reported as not measured with the reason,
+and the probe goes on with the next mode; its half-measured figures are never used. Whatever ends
 the probe (an error, Ctrl-C, SIGTERM), :meth:`Session.close` cancels every run it started and
 waits until none is left.
 """
@@ -25,7 +28,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from slurmiso.errors import ProbeError
+from slurmiso.errors import ProbeError, SlurmisoError
 from slurmiso.probe import stats
 from slurmiso.probe.contract import ENV_DOC, Parsed, parse_output
 from slurmiso.probe.launch import ENDED, PENDING, Launcher, Run
@@ -40,6 +43,11 @@ STOP_WAIT_S = 30.0
 RESULT_WAIT_S = 15.0
 #: How much of the training peak must stay free under the class's limit (DESIGN: 20-30%).
 HEADROOM_MIN_PCT = 20.0
+
+
+class RunInvalid(ProbeError):
+    """A run was interrupted from outside the probe (requeued, preempted, signalled): its
+    figures are partial, so its mode is not measured. Not the workload's fault."""
 
 
 class Options(Value):
@@ -120,6 +128,7 @@ class Session:
         self.work_dir = work_dir
         self.opts = opts
         self.live: List[str] = []
+        self.cancelled: set = set()  # handles this session cancelled itself
         self.runs: List[Dict[str, Any]] = []
         self.workload_info: Dict[str, Dict[str, Any]] = {}
 
@@ -144,18 +153,18 @@ class Session:
         paths = {k: f"{base}.{ext}" for k, ext in (
             ("spec", "spec.json"), ("output", "out"), ("times", "times"), ("stderr", "err"),
             ("started", "started.json"), ("result", "result.json"), ("ready", "ready"),
-            ("stop", "stop"))}
+            ("stop", "stop"), ("starts", "starts"))}
         paths["slurm_out"] = f"{base}.slurm.out"
         cmd = self.opts.infer_cmd if role == "infer" else self.opts.train_cmd
         argv = ["/bin/sh", "-c", cmd] if cmd else [
             self.opts.python, "-m", "slurmiso.probe.workloads", role]
-        for key in ("output", "times", "stderr", "started", "result", "ready", "stop"):
+        for key in ("output", "times", "stderr", "started", "result", "ready", "stop", "starts"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(paths[key])
         spec = {"role": role, "argv": argv, "cwd": self.work_dir,
                 "timeout_s": self.opts.run_timeout_s, "env": env,
                 **{k: paths[k] for k in ("output", "times", "stderr", "started", "result",
-                                         "ready")}}
+                                         "ready", "starts")}}
         if role == "train":
             spec["stop_file"] = paths["stop"]
             spec["env"] = dict(env, SLURMISO_PROBE_STOP_FILE=paths["stop"])
@@ -252,6 +261,12 @@ class Session:
         """ProbeError unless the run ended the way its role must and printed its figures."""
         what, res = self.label(o.role), o.result
         where = f"probe run {o.name}, {self.launcher.describe(o.handle)}"
+        interrupted = self.interrupted(o)
+        if interrupted:
+            raise RunInvalid(f"{what} ({where}) {interrupted}; its figures are from an "
+                             f"interrupted run and are not used; {self._where(o)}",
+                             hint="probe when the pool is quiet, or on a partition that does "
+                                  "not preempt")
         if not res:
             raise ProbeError(f"{what} ({where}) ended without a result: the job was cancelled, "
                              f"preempted or could not start; {self._where(o)}")
@@ -280,6 +295,33 @@ class Session:
                 f"must print one step time in seconds per line, or JSON lines "
                 f'{{"step_s": 0.2}}; {self._where(o)}')
 
+    def interrupted(self, o: Outcome) -> str:
+        """Why ``o`` was interrupted from outside the probe ("" when it was not): a second
+        start or a restart count (Slurm requeued it: preemption, node failure), or a signal
+        to its runner that this session did not send (scancel, preemption)."""
+        starts = [ln for ln in _read_lines(o.paths["starts"]) if ln.strip()]
+        counts = [int(d.get("restart_count") or 0) for d in (o.started, o.result)
+                  if isinstance(d.get("restart_count"), int)]
+        try:
+            slurm_count = self.launcher.restarts(o.handle)
+        except SlurmisoError as exc:  # the files decide when Slurm cannot answer
+            log.warning("restart count of %s: %s", self.launcher.describe(o.handle), exc)
+            slurm_count = None
+        if slurm_count:
+            counts.append(slurm_count)
+        if len(starts) > 1 or any(counts):
+            facts = []
+            if len(starts) > 1:
+                facts.append(f"it started {len(starts)} times ({o.paths['starts']})")
+            if any(counts):
+                facts.append(f"Slurm's restart count is {max(counts)}")
+            return ("was requeued mid-probe (preempted, or its node failed): "
+                    + " and ".join(facts))
+        if o.result.get("stop_cause") == "signal" and o.handle not in self.cancelled:
+            return (f"was ended by a signal from outside the probe after "
+                    f"{o.result.get('seconds', '?')}s (scancel, preemption or a node shutdown)")
+        return ""
+
     def finish(self, o: Outcome, started_mono: float) -> None:
         self.collect(o)
         self.judge(o)
@@ -300,9 +342,14 @@ class Session:
         else:
             self.wait_running(o)
             if not self.wait_ended(o):
-                self.launcher.cancel(o.handle)
+                self.cancel(o)
         self.finish(o, t0)
         return o
+
+    def cancel(self, o: Outcome) -> None:
+        """Cancel one run; its end by a signal is then the probe's doing, not an outside one."""
+        self.cancelled.add(o.handle)
+        self.launcher.cancel(o.handle)
 
     def stop_training(self, o: Outcome) -> None:
         with open(o.paths["stop"], "w", encoding="utf-8"):
@@ -310,7 +357,7 @@ class Session:
         if not self.wait_ended(o, STOP_WAIT_S):
             log.warning("%s did not end %gs after its stop file; cancelling it", o.name,
                         STOP_WAIT_S)
-            self.launcher.cancel(o.handle)
+            self.cancel(o)
             self.wait_ended(o, STOP_WAIT_S)
 
     def mixed(self, mode: str, places: Dict[str, Placement]) -> Tuple[Outcome, Outcome]:
@@ -324,7 +371,7 @@ class Session:
         try:
             self.wait_running(infer)
             if not self.wait_ended(infer):
-                self.launcher.cancel(infer.handle)
+                self.cancel(infer)
             self.finish(infer, t1)
         finally:
             self.stop_training(train)
@@ -419,6 +466,11 @@ def skipped(mode: str, pool: str, why: str) -> Dict[str, Any]:
     return {"mode": mode, "pool": pool, "skipped": why, "infer": blank_i, "train": blank_t}
 
 
+def invalid(mode: str, pool: str, why: str) -> Dict[str, Any]:
+    """A mode whose runs were interrupted from outside: not measured, with the reason."""
+    return dict(skipped(mode, pool, why), error=why, invalid=True)
+
+
 def run_modes(session: Session, modes: List[Tuple[str, str]], placer: Placer,
               limits: Callable[[str], Optional[int]]) -> List[Dict[str, Any]]:
     """Every (mode, pool) in order; the session is closed (nothing left running) at the end,
@@ -434,6 +486,9 @@ def run_modes(session: Session, modes: List[Tuple[str, str]], placer: Placer,
                     continue
                 try:
                     out.append(measure_mode(session, mode, pool, places, limits(mode)))
+                except RunInvalid as err:
+                    log.warning("mode %s not measured: %s", mode, err)
+                    out.append(invalid(mode, pool, str(err)))
                 finally:
                     session.close()  # before its daemons stop: no client outlives them
     finally:
