@@ -91,6 +91,13 @@ def _slurm_placer(cfg: Config, pair: plan.Pair) -> Placer:
 
 def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
     """Measure, recommend, and return the report (nothing is left running afterwards)."""
+    opts = req.options
+    for name, value in (("--run-timeout", opts.run_timeout_s),
+                        ("--ready-timeout", opts.ready_timeout_s),
+                        ("--queue-timeout", opts.queue_timeout_s)):
+        if not value > 0:  # 0 would wait for ever on a hung command
+            raise UsageError(f"{name} must be above 0, not {value:g}s",
+                             hint="a duration like 90s, 5m")
     pair = plan.classes(cfg, req.infer_class, req.train_class)
     target = target_for(cfg, req)
     work_dir = os.path.abspath(req.work_dir)
