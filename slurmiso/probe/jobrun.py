@@ -17,6 +17,9 @@ Slurm: everything comes back through files next to the spec, on a directory both
   (``stop_cause``: ``stop-file``, or ``signal`` when this runner was sent SIGTERM/SIGINT, by the
   probe's cancel or from outside it: scancel, preemption), and when.
 
+* ``result`` also holds ``gpu_mem``: the GPU memory the command's processes held, sampled
+  through the node's GPU backend (:mod:`slurmiso.probe.gpumem`), or why it was not measured.
+
 Output and times files are appended to, never truncated: a second start (a requeued job) adds to
 the first start's lines instead of hiding them.
 
@@ -111,12 +114,24 @@ def _end_group(proc: subprocess.Popen, grace: float) -> Optional[str]:
     return how
 
 
+def _is_sample(line: str, role: str) -> bool:
+    if role == "train":
+        return _is_step(line)
+    text = line.strip()
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return text.startswith("{") and ('"latency_ms"' in text or '"ok"' in text)
+
+
 def _pump(proc: subprocess.Popen, out_path: str, times_path: str, ready_path: str, role: str,
-          counts: List[int]) -> None:
+          counts: List[int], sampler: Any = None) -> None:
     """Copy the command's stdout to the output file, line by line, flushed at once, and each
-    line's arrival time (Unix s) to the times file: the pair's overlap is cut from those."""
+    line's arrival time (Unix s) to the times file: the pair's overlap is cut from those. The
+    first step or latency is also a GPU memory sample, taken before ``ready`` is written."""
     assert proc.stdout is not None
     ready = role != "train" or not ready_path
+    first = sampler is not None
     with open(out_path, "a", encoding="utf-8") as out, \
             open(times_path, "a", encoding="utf-8") as times:
         for raw in proc.stdout:
@@ -126,6 +141,9 @@ def _pump(proc: subprocess.Popen, out_path: str, times_path: str, ready_path: st
             times.write(f"{time.time():.6f}\n")
             times.flush()
             counts[0] += 1
+            if first and _is_sample(line, role):
+                sampler.sample(force=True)
+                first = False
             if not ready and _is_step(line):
                 _touch(ready_path)
                 ready = True
@@ -141,6 +159,19 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
              "env": {k: env[k] for k in GPU_ENV if k in env},
              "restart_count": _restart_count(env), "job": env.get("SLURM_JOB_ID", "")}
     where["start_no"] = _record_start(spec.get("starts", ""), where)
+    from slurmiso.probe import gpumem
+
+    sampler, why = gpumem.open_sampler(spec.get("gpu_mem"), str(where["node"]))
+    try:
+        result = _run(spec, env, started, where, sampler)
+    finally:
+        gpumem.close(sampler)
+    result["gpu_mem"] = sampler.result() if sampler is not None else gpumem.unmeasured(why)
+    return result
+
+
+def _run(spec: Dict[str, Any], env: Dict[str, str], started: float, where: Dict[str, Any],
+         sampler: Any) -> Dict[str, Any]:
     with open(spec["stderr"], "a", encoding="utf-8") as err:
         try:
             proc = subprocess.Popen(spec["argv"], stdout=subprocess.PIPE, stderr=err,
@@ -154,9 +185,12 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
                     "restart_count": where["restart_count"], "start_no": where["start_no"]}
     # the command's process group, for whoever must end it if this runner is killed outright
     _write_json(spec["started"], dict(where, child_pgid=proc.pid))
+    if sampler is not None:
+        sampler.track(proc.pid)  # a session leader: its sid is its pid
     counts = [0]
     pump = threading.Thread(target=_pump, args=(proc, spec["output"], spec["times"],
-                                                spec.get("ready", ""), spec["role"], counts),
+                                                spec.get("ready", ""), spec["role"], counts,
+                                                sampler),
                             daemon=True)
     pump.start()
     timeout = float(spec.get("timeout_s") or 0)
@@ -176,6 +210,8 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             timed_out = True
             ended_by = _end_group(proc, STOP_GRACE_S)
             break
+        if sampler is not None:
+            sampler.sample()
         time.sleep(_POLL_S)
     code = proc.wait()
     pump.join(5.0)

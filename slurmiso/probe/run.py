@@ -20,7 +20,7 @@ from slurmiso.errors import UsageError
 from slurmiso.probe import plan
 from slurmiso.probe.recommend import MODE_ORDER, Target, recommend
 from slurmiso.probe.session import Options, Placement, Placer, Session, run_modes
-from slurmiso.values import Value, field
+from slurmiso.values import Value, field, replace
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,13 @@ def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
         launcher = SlurmLauncher(req.slurm, work_dir, req.options.python,
                                  poll_s=max(req.options.poll_s, 0.5))
         total, model = None, ""
-    session = Session(launcher, work_dir, req.options)
+        # each node samples through its own configured backend (%n expanded there)
+        sample = {"backend": "config", "kind": cfg.gpu.backend, "sim_state": cfg.gpu.sim_state}
+    if req.local:
+        sample = ({"backend": "sim", "sim_state": gpus.sim_state}
+                  if gpus.simulated else {"backend": "nvml"})
+    options = req.options if req.options.gpu_mem else replace(req.options, gpu_mem=sample)
+    session = Session(launcher, work_dir, options)
 
     def limit(mode: str) -> Optional[int]:
         pool_model = model if req.local else by_mode[mode].gpu_model
@@ -162,8 +168,9 @@ def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
                          "are not a co-location and the recommendation leaves it out")
         mem = m.get("memory") or {}
         if mem.get("headroom_ok") is False:
-            notes.append(f"{m['mode']}: training peaked at {mem['train_peak_mb']:.0f} MiB of "
-                         f"{mem['train_limit_mb']} MiB: under 20% headroom for its peaks")
+            notes.append(f"{m['mode']}: training peaked at {mem['train_peak_mb']:.0f} MiB "
+                         f"({mem.get('train_peak_source')}) of {mem['train_limit_mb']} MiB: "
+                         f"{mem['train_headroom_pct']:g}% free, under 20% headroom for its peaks")
     now = time.time()
     return {
         "version": VERSION,

@@ -65,6 +65,9 @@ class Options(Value):
     warmup_steps: int = 1
     python: str = sys.executable
     poll_s: float = 0.1
+    #: How the runner samples its command's GPU memory (:func:`gpumem.open_sampler`'s spec);
+    #: {} = not sampled.
+    gpu_mem: Dict[str, Any] = field(default_factory=dict)
 
 
 class Placement(Value):
@@ -163,6 +166,7 @@ class Session:
                 os.unlink(paths[key])
         spec = {"role": role, "argv": argv, "cwd": self.work_dir,
                 "timeout_s": self.opts.run_timeout_s, "env": env,
+                "gpu_mem": dict(self.opts.gpu_mem),
                 **{k: paths[k] for k in ("output", "times", "stderr", "started", "result",
                                          "ready", "starts")}}
         if role == "train":
@@ -435,15 +439,7 @@ def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Place
     p99_solo, p99_mixed = infer_solo["p99_ms"], infer_mixed["p99_ms"]
     infer_mixed["p99_vs_solo"] = (round(p99_mixed / p99_solo, 3) if p99_solo and p99_mixed
                                   else None)
-    peaks = {"infer": mix_i.parsed.gpu_mem_peak_mb or solo_i.parsed.gpu_mem_peak_mb,
-             "train": max(filter(None, [mix_t.parsed.gpu_mem_peak_mb,
-                                        solo_t.parsed.gpu_mem_peak_mb]), default=None)}
-    memory: Dict[str, Any] = {"infer_peak_mb": peaks["infer"], "train_peak_mb": peaks["train"],
-                              "train_limit_mb": limit_mb, "train_headroom_pct": None,
-                              "headroom_ok": None}
-    if peaks["train"] and limit_mb:
-        room = round(100.0 * (limit_mb - peaks["train"]) / limit_mb, 1)
-        memory.update(train_headroom_pct=room, headroom_ok=room >= HEADROOM_MIN_PCT)
+    memory = memory_figures({"infer": (solo_i, mix_i), "train": (solo_t, mix_t)}, limit_mb)
     return {
         "mode": mode, "pool": pool, "node": mix_t.started.get("node"),
         "colocated": _colocated(mode, mix_i, mix_t, session.launcher.where),
@@ -457,6 +453,38 @@ def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Place
                                           if x.latency_ms is not None])},
         "seconds": round(time.monotonic() - t0, 2),
     }
+
+
+def memory_figures(runs: Dict[str, Tuple[Outcome, ...]],
+                   limit_mb: Optional[int]) -> Dict[str, Any]:
+    """Per role the GPU memory peak the workload printed and the one sampled through the GPU
+    backend (with its source; None = not measured, with why), the peak the headroom is judged
+    on (the larger of the two, and which it was), and the training peak against its class's
+    limit in this mode: below :data:`HEADROOM_MIN_PCT` free is flagged."""
+    from slurmiso.probe import gpumem
+
+    out: Dict[str, Any] = {}
+    for role, outcomes in runs.items():
+        printed = max(filter(None, [o.parsed.gpu_mem_peak_mb for o in outcomes]), default=None)
+        sampled = gpumem.peaks([o.result.get("gpu_mem") or gpumem.unmeasured(
+            "the runner recorded no sample") for o in outcomes])
+        peak, source = None, None
+        for value, where in ((printed, "printed"), (sampled["peak_mb"], sampled["source"])):
+            if value is not None and (peak is None or value > peak):
+                peak, source = float(value), where
+        out[f"{role}_peak_mb"] = peak
+        out[f"{role}_peak_source"] = source
+        out[f"{role}_printed_mb"] = printed
+        out[f"{role}_sampled_mb"] = sampled["peak_mb"]
+        out[f"{role}_sampled_source"] = sampled["source"]
+        out[f"{role}_sampled_per_process_mb"] = sampled["per_process_mb"]
+        if sampled["peak_mb"] is None:
+            out[f"{role}_sampled_why"] = sampled["why"]
+    out.update(train_limit_mb=limit_mb, train_headroom_pct=None, headroom_ok=None)
+    if out["train_peak_mb"] is not None and limit_mb:
+        room = round(100.0 * (limit_mb - out["train_peak_mb"]) / limit_mb, 1)
+        out.update(train_headroom_pct=room, headroom_ok=room >= HEADROOM_MIN_PCT)
+    return out
 
 
 def skipped(mode: str, pool: str, why: str) -> Dict[str, Any]:
