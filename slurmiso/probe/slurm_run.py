@@ -66,6 +66,8 @@ class SlurmLauncher:
         args = ["--parsable", f"--job-name=slurmiso-probe-{run.name}",
                 f"--output={os.path.join(self.work_dir, run.name + '.slurm.out')}",
                 f"--chdir={self.work_dir}",
+                # a requeued job's second start adds to its first's output instead of erasing it
+                "--open-mode=append",
                 # A site's job_submit refuses train jobs that cannot be requeued (slurmiso's
                 # own does): training is submitted as users submit it; inference never needs it.
                 *(["--no-requeue"] if run.role != "train" else []), *run.sbatch]

@@ -146,6 +146,7 @@ def test_each_mode_is_submitted_as_its_pool_shares_a_gpu(cfg, tmp_path) -> None:
     mps_infer = by_name["slurmiso-probe-mps-mixed-infer"]
     assert mps_infer[mps_infer.index("-p"):mps_infer.index("-p") + 2] == ["-p", "mps"]
     assert "--qos=infer" in mps_infer and "--no-requeue" in mps_infer
+    assert "--open-mode=append" in by_name["slurmiso-probe-mps-mixed-train"]
     assert "--qos=train" in by_name["slurmiso-probe-mps-mixed-train"]
     assert "--no-requeue" not in by_name["slurmiso-probe-mps-mixed-train"]  # job_submit demands it
     # the pair fits one GPU's 100 gres/mps, in the ratio of the classes' 100 % and 60 %
