@@ -218,6 +218,13 @@ class Session:
                 raise ProbeError(f"{self.label('train')} ended before inference could run beside "
                                  f"it (probe run {o.name}); {self._where(o)}")
             if time.monotonic() >= deadline:
+                o.started, o.result = _read_json(o.paths["started"]), _read_json(
+                    o.paths["result"])
+                interrupted = self.interrupted(o)
+                if interrupted:  # requeued before its first step: pending again, not silent
+                    raise RunInvalid(f"{self.label('train')} (probe run {o.name}, "
+                                     f"{self.launcher.describe(o.handle)}) {interrupted}; "
+                                     f"{self._where(o)}")
                 raise ProbeError(
                     f"{self.label('train')} printed no step within "
                     f"{self.opts.ready_timeout_s:g}s (probe run {o.name}); it must print one "

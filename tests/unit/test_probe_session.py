@@ -118,3 +118,23 @@ def test_slurm_not_answering_leaves_the_files_to_decide(tmp_path) -> None:
     s = session(tmp_path, FactsLauncher(fails=True))
     assert s.interrupted(outcome(tmp_path)) == ""
     assert "started 2 times" in s.interrupted(outcome(tmp_path, starts=2))
+
+
+class RunningLauncher(FactsLauncher):
+    """The run is listed as running and never prints a step."""
+
+    def state(self, handle: str) -> str:
+        return "running"
+
+
+def test_a_run_requeued_before_its_first_step_is_invalid_not_silent(tmp_path) -> None:
+    s = Session(RunningLauncher(restarts=1), str(tmp_path),
+                Options(train_cmd="python step.py", poll_s=0.01, ready_timeout_s=0.05))
+    o = outcome(tmp_path, output="")
+    with pytest.raises(RunInvalid, match="was requeued mid-probe .*Slurm's restart count is 1"):
+        s.wait_ready(o)
+    s2 = Session(RunningLauncher(restarts=0), str(tmp_path),
+                 Options(train_cmd="python step.py", poll_s=0.01, ready_timeout_s=0.05))
+    with pytest.raises(ProbeError, match="printed no step within 0.05s") as err:
+        s2.wait_ready(outcome(tmp_path, output=""))
+    assert not isinstance(err.value, RunInvalid)
