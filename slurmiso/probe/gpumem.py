@@ -24,10 +24,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: How often a running workload is sampled, unless the spec says otherwise.
 INTERVAL_S = 0.5
+#: How much of the training peak must stay free under the class's limit (DESIGN: 20-30%).
+HEADROOM_MIN_PCT = 20.0
 
 
 class Sampler:
@@ -152,3 +154,34 @@ def peaks(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     best = max(measured, key=lambda r: r["peak_mb"])
     return {"peak_mb": best["peak_mb"], "source": best.get("source"),
             "per_process_mb": dict(best.get("per_process_mb") or {})}
+
+
+def figures(printed: Mapping[str, Sequence[Optional[float]]],
+            sampled: Mapping[str, Sequence[Optional[Dict[str, Any]]]],
+            limit_mb: Optional[int]) -> Dict[str, Any]:
+    """A mode's ``memory`` figures from its runs, per role (``infer``, ``train``): the peak
+    the workload printed and the one sampled (with its source; None = not measured, with why),
+    the peak the headroom is judged on (the larger, and which it was), and the training peak
+    against its class's limit in the mode: below :data:`HEADROOM_MIN_PCT` free is flagged."""
+    out: Dict[str, Any] = {}
+    for role in ("infer", "train"):
+        top = max(filter(None, printed.get(role, ())), default=None)
+        got = peaks([r or unmeasured("the runner recorded no sample")
+                     for r in sampled.get(role, ())])
+        peak, source = None, None
+        for value, where in ((top, "printed"), (got["peak_mb"], got["source"])):
+            if value is not None and (peak is None or value > peak):
+                peak, source = float(value), where
+        out[f"{role}_peak_mb"] = peak
+        out[f"{role}_peak_source"] = source
+        out[f"{role}_printed_mb"] = top
+        out[f"{role}_sampled_mb"] = got["peak_mb"]
+        out[f"{role}_sampled_source"] = got["source"]
+        out[f"{role}_sampled_per_process_mb"] = got["per_process_mb"]
+        if got["peak_mb"] is None:
+            out[f"{role}_sampled_why"] = got["why"]
+    out.update(train_limit_mb=limit_mb, train_headroom_pct=None, headroom_ok=None)
+    if out["train_peak_mb"] is not None and limit_mb:
+        room = round(100.0 * (limit_mb - out["train_peak_mb"]) / limit_mb, 1)
+        out.update(train_headroom_pct=room, headroom_ok=room >= HEADROOM_MIN_PCT)
+    return out

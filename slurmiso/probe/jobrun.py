@@ -27,7 +27,9 @@ Stopping: the stop file (training beside inference, once inference is done), SIG
 runner (``scancel``, Ctrl-C of a local probe) or the spec's timeout all end the command's whole
 process group: SIGTERM, then SIGKILL after a grace. The runner itself exits 0 whenever it could
 write ``result``; the probe judges the run from that file, not from Slurm's job state.
-Standard library only: it runs on the GPU node with whatever Python slurmiso has there.
+It runs on the GPU node with whatever Python slurmiso has there: the standard library and
+slurmiso's own light modules; the GPU memory sampling opens the node's backend (pynvml) lazily
+and, where it cannot, records why and runs the command all the same.
 """
 
 from __future__ import annotations

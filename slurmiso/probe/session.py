@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmiso.errors import ProbeError, SlurmisoError
-from slurmiso.probe import stats
+from slurmiso.probe import gpumem, stats
 from slurmiso.probe.contract import ENV_DOC, Parsed, parse_output
 from slurmiso.probe.launch import ENDED, PENDING, Launcher, Run
 from slurmiso.values import Value, field
@@ -42,7 +42,7 @@ STOP_WAIT_S = 30.0
 #: A result file may reach a shared file system a little after Slurm reports the job ended.
 RESULT_WAIT_S = 15.0
 #: How much of the training peak must stay free under the class's limit (DESIGN: 20-30%).
-HEADROOM_MIN_PCT = 20.0
+HEADROOM_MIN_PCT = gpumem.HEADROOM_MIN_PCT
 
 
 class RunInvalid(ProbeError):
@@ -446,7 +446,12 @@ def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Place
     p99_solo, p99_mixed = infer_solo["p99_ms"], infer_mixed["p99_ms"]
     infer_mixed["p99_vs_solo"] = (round(p99_mixed / p99_solo, 3) if p99_solo and p99_mixed
                                   else None)
-    memory = memory_figures({"infer": (solo_i, mix_i), "train": (solo_t, mix_t)}, limit_mb)
+    memory = gpumem.figures(
+        {r: [o.parsed.gpu_mem_peak_mb for o in runs] for r, runs in (
+            ("infer", (solo_i, mix_i)), ("train", (solo_t, mix_t)))},
+        {r: [o.result.get("gpu_mem") for o in runs] for r, runs in (
+            ("infer", (solo_i, mix_i)), ("train", (solo_t, mix_t)))},
+        limit_mb)
     return {
         "mode": mode, "pool": pool, "node": mix_t.started.get("node"),
         "colocated": _colocated(mode, mix_i, mix_t, session.launcher.where),
@@ -460,38 +465,6 @@ def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Place
                                           if x.latency_ms is not None])},
         "seconds": round(time.monotonic() - t0, 2),
     }
-
-
-def memory_figures(runs: Dict[str, Tuple[Outcome, ...]],
-                   limit_mb: Optional[int]) -> Dict[str, Any]:
-    """Per role the GPU memory peak the workload printed and the one sampled through the GPU
-    backend (with its source; None = not measured, with why), the peak the headroom is judged
-    on (the larger of the two, and which it was), and the training peak against its class's
-    limit in this mode: below :data:`HEADROOM_MIN_PCT` free is flagged."""
-    from slurmiso.probe import gpumem
-
-    out: Dict[str, Any] = {}
-    for role, outcomes in runs.items():
-        printed = max(filter(None, [o.parsed.gpu_mem_peak_mb for o in outcomes]), default=None)
-        sampled = gpumem.peaks([o.result.get("gpu_mem") or gpumem.unmeasured(
-            "the runner recorded no sample") for o in outcomes])
-        peak, source = None, None
-        for value, where in ((printed, "printed"), (sampled["peak_mb"], sampled["source"])):
-            if value is not None and (peak is None or value > peak):
-                peak, source = float(value), where
-        out[f"{role}_peak_mb"] = peak
-        out[f"{role}_peak_source"] = source
-        out[f"{role}_printed_mb"] = printed
-        out[f"{role}_sampled_mb"] = sampled["peak_mb"]
-        out[f"{role}_sampled_source"] = sampled["source"]
-        out[f"{role}_sampled_per_process_mb"] = sampled["per_process_mb"]
-        if sampled["peak_mb"] is None:
-            out[f"{role}_sampled_why"] = sampled["why"]
-    out.update(train_limit_mb=limit_mb, train_headroom_pct=None, headroom_ok=None)
-    if out["train_peak_mb"] is not None and limit_mb:
-        room = round(100.0 * (limit_mb - out["train_peak_mb"]) / limit_mb, 1)
-        out.update(train_headroom_pct=room, headroom_ok=room >= HEADROOM_MIN_PCT)
-    return out
 
 
 def skipped(mode: str, pool: str, why: str) -> Dict[str, Any]:

@@ -164,3 +164,17 @@ def test_a_local_probe_reports_the_sampled_peak_beside_the_printed_one(tmp_path,
     assert mem["infer_printed_mb"] is None and mem["infer_sampled_mb"] is None
     assert mem["infer_peak_mb"] is None and mem["infer_peak_source"] is None
     assert "no process of the run held GPU memory" in mem["infer_sampled_why"]
+
+
+def test_figures_name_the_larger_peak_and_judge_the_headroom_on_it() -> None:
+    sampled = {"source": "nvml", "peak_mb": 70000, "per_process_mb": {"5": 70000}}
+    f = gpumem.figures({"infer": [None, 900.0], "train": [60000.0, None]},
+                       {"infer": [None, None], "train": [None, sampled]}, 81559)
+    assert f["train_peak_mb"] == 70000.0 and f["train_peak_source"] == "nvml"
+    assert f["train_printed_mb"] == 60000.0 and f["train_sampled_per_process_mb"] == {"5": 70000}
+    assert f["train_headroom_pct"] == 14.2 and f["headroom_ok"] is False
+    assert f["infer_peak_mb"] == 900.0 and f["infer_peak_source"] == "printed"
+    assert f["infer_sampled_mb"] is None and f["infer_sampled_why"] == \
+        "the runner recorded no sample"
+    none = gpumem.figures({"infer": [], "train": []}, {"infer": [], "train": []}, None)
+    assert none["train_peak_mb"] is None and none["headroom_ok"] is None  # unknown, not 0
