@@ -18,8 +18,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from slurmiso.config.model import Config
 from slurmiso.errors import UsageError
 from slurmiso.probe import plan
+from slurmiso.probe.modes import run_modes
 from slurmiso.probe.recommend import MODE_ORDER, Target, recommend
-from slurmiso.probe.session import Options, Placement, Placer, Session, run_modes
+from slurmiso.probe.session import Options, Placement, Placer, Session
 from slurmiso.values import Value, field, replace
 
 log = logging.getLogger(__name__)
