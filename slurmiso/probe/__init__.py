@@ -11,7 +11,9 @@ ladder a site has to go. Modules, each named for what it does:
 * :mod:`~slurmiso.probe.jobrun` — runs one workload where it was placed (local or Slurm job)
 * :mod:`~slurmiso.probe.plan` — what each mode asks for (GRES, QoS, MPS limits) per class
 * :mod:`~slurmiso.probe.local` / :mod:`~slurmiso.probe.slurm_run` — the two launchers
-* :mod:`~slurmiso.probe.session` — solo, solo, together; collect; clean up whatever happens
+* :mod:`~slurmiso.probe.session` — one run: start, wait, collect, judge; clean up whatever happens
+* :mod:`~slurmiso.probe.modes` — per mode solo, solo, together, into figures; every mode in turn
+* :mod:`~slurmiso.probe.gpumem` — the GPU memory a run's processes held, sampled on the node
 * :mod:`~slurmiso.probe.recommend` — the softest mode that holds the SLO
 * :mod:`~slurmiso.probe.render` / :mod:`~slurmiso.probe.store` — text, JSON, HTML; saved results
 """

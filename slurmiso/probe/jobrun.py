@@ -4,18 +4,32 @@
 Slurm: everything comes back through files next to the spec, on a directory both sides see —
 
 * ``started`` (JSON): node, pid and the GPU variables the job got (which GPU, MIG or MPS share
-  it was given, so the probe can tell whether a pair really shared one GPU);
+  it was given, so the probe can tell whether a pair really shared one GPU), and Slurm's
+  restart count (``SLURM_RESTART_COUNT``: set only once the job was requeued);
+* ``starts``: one JSON line appended per start of this runner. A run is started once; a second
+  line means Slurm requeued the job (preemption, a node failure) and ran it again, so what it
+  printed is from an interrupted run and the probe must not use it;
 * ``output``: the command's stdout, line by line as it comes (the output contract), and
   ``times``: when each line came (training steps are counted only while inference ran);
 * ``ready``: written once a training command has printed its first step (the pair's barrier:
   inference starts measuring only when training is really running beside it);
-* ``result`` (JSON): exit status, signal, whether it timed out or was stopped, and when.
+* ``result`` (JSON): exit status, signal, whether it timed out or was stopped and by what
+  (``stop_cause``: ``stop-file``, or ``signal`` when this runner was sent SIGTERM/SIGINT, by the
+  probe's cancel or from outside it: scancel, preemption), and when.
+
+* ``result`` also holds ``gpu_mem``: the GPU memory the command's processes held, sampled
+  through the node's GPU backend (:mod:`slurmiso.probe.gpumem`), or why it was not measured.
+
+Output and times files are appended to, never truncated: a second start (a requeued job) adds to
+the first start's lines instead of hiding them.
 
 Stopping: the stop file (training beside inference, once inference is done), SIGTERM to this
 runner (``scancel``, Ctrl-C of a local probe) or the spec's timeout all end the command's whole
 process group: SIGTERM, then SIGKILL after a grace. The runner itself exits 0 whenever it could
 write ``result``; the probe judges the run from that file, not from Slurm's job state.
-Standard library only: it runs on the GPU node with whatever Python slurmiso has there.
+It runs on the GPU node with whatever Python slurmiso has there: the standard library and
+slurmiso's own light modules; the GPU memory sampling opens the node's backend (pynvml) lazily
+and, where it cannot, records why and runs the command all the same.
 """
 
 from __future__ import annotations
@@ -52,6 +66,27 @@ def _touch(path: str) -> None:
         pass
 
 
+def _record_start(path: str, where: Dict[str, Any]) -> int:
+    """Append this start to the ``starts`` file; the number of starts so far (1 normally)."""
+    if not path:
+        return 1
+    line = json.dumps(where, sort_keys=True) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return max(1, sum(1 for ln in fh if ln.strip()))
+
+
+def _restart_count(env: Dict[str, str]) -> int:
+    """``SLURM_RESTART_COUNT``: absent on a job's first run, 1.. after each requeue."""
+    from slurmiso.slurm.jobenv import step_restart_count
+
+    return step_restart_count(env)
+
+
 def _is_step(line: str) -> bool:
     text = line.strip()
     try:
@@ -81,14 +116,26 @@ def _end_group(proc: subprocess.Popen, grace: float) -> Optional[str]:
     return how
 
 
+def _is_sample(line: str, role: str) -> bool:
+    if role == "train":
+        return _is_step(line)
+    text = line.strip()
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return text.startswith("{") and ('"latency_ms"' in text or '"ok"' in text)
+
+
 def _pump(proc: subprocess.Popen, out_path: str, times_path: str, ready_path: str, role: str,
-          counts: List[int]) -> None:
+          counts: List[int], sampler: Any = None) -> None:
     """Copy the command's stdout to the output file, line by line, flushed at once, and each
-    line's arrival time (Unix s) to the times file: the pair's overlap is cut from those."""
+    line's arrival time (Unix s) to the times file: the pair's overlap is cut from those. The
+    first step or latency is also a GPU memory sample, taken before ``ready`` is written."""
     assert proc.stdout is not None
     ready = role != "train" or not ready_path
-    with open(out_path, "w", encoding="utf-8") as out, \
-            open(times_path, "w", encoding="utf-8") as times:
+    first = sampler is not None
+    with open(out_path, "a", encoding="utf-8") as out, \
+            open(times_path, "a", encoding="utf-8") as times:
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").replace("\r", "")
             out.write(line if line.endswith("\n") else line + "\n")
@@ -96,6 +143,9 @@ def _pump(proc: subprocess.Popen, out_path: str, times_path: str, ready_path: st
             times.write(f"{time.time():.6f}\n")
             times.flush()
             counts[0] += 1
+            if first and _is_sample(line, role):
+                sampler.sample(force=True)
+                first = False
             if not ready and _is_step(line):
                 _touch(ready_path)
                 ready = True
@@ -108,8 +158,23 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     started = time.time()
     where = {"node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
              "pid": os.getpid(), "time": started,
-             "env": {k: env[k] for k in GPU_ENV if k in env}}
-    with open(spec["stderr"], "w", encoding="utf-8") as err:
+             "env": {k: env[k] for k in GPU_ENV if k in env},
+             "restart_count": _restart_count(env), "job": env.get("SLURM_JOB_ID", "")}
+    where["start_no"] = _record_start(spec.get("starts", ""), where)
+    from slurmiso.probe import gpumem
+
+    sampler, why = gpumem.open_sampler(spec.get("gpu_mem"), str(where["node"]))
+    try:
+        result = _run(spec, env, started, where, sampler)
+    finally:
+        gpumem.close(sampler)
+    result["gpu_mem"] = sampler.result() if sampler is not None else gpumem.unmeasured(why)
+    return result
+
+
+def _run(spec: Dict[str, Any], env: Dict[str, str], started: float, where: Dict[str, Any],
+         sampler: Any) -> Dict[str, Any]:
+    with open(spec["stderr"], "a", encoding="utf-8") as err:
         try:
             proc = subprocess.Popen(spec["argv"], stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True,
@@ -118,12 +183,16 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             _write_json(spec["started"], where)
             return {"exit_code": None, "error": f"cannot start: {exc}", "started_at": started,
                     "ended_at": time.time(), "seconds": 0.0, "lines": 0, "timed_out": False,
-                    "stopped": False}
+                    "stopped": False, "stop_cause": None,
+                    "restart_count": where["restart_count"], "start_no": where["start_no"]}
     # the command's process group, for whoever must end it if this runner is killed outright
     _write_json(spec["started"], dict(where, child_pgid=proc.pid))
+    if sampler is not None:
+        sampler.track(proc.pid)  # a session leader: its sid is its pid
     counts = [0]
     pump = threading.Thread(target=_pump, args=(proc, spec["output"], spec["times"],
-                                                spec.get("ready", ""), spec["role"], counts),
+                                                spec.get("ready", ""), spec["role"], counts,
+                                                sampler),
                             daemon=True)
     pump.start()
     timeout = float(spec.get("timeout_s") or 0)
@@ -143,14 +212,20 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             timed_out = True
             ended_by = _end_group(proc, STOP_GRACE_S)
             break
+        if sampler is not None:
+            sampler.sample()
         time.sleep(_POLL_S)
     code = proc.wait()
     pump.join(5.0)
     ended = time.time()
+    # A signal to this runner counts whenever it came: Slurm signals every process of the job
+    # at once, so the command may have ended from it before this loop saw the flag.
+    cause = "signal" if _terminated.is_set() else ("stop-file" if stopped else None)
     return {"exit_code": code if code >= 0 else None, "signal": -code if code < 0 else None,
-            "ended_by": ended_by, "timed_out": timed_out, "stopped": stopped,
-            "started_at": started, "ended_at": ended, "seconds": round(ended - started, 3),
-            "lines": counts[0]}
+            "ended_by": ended_by, "timed_out": timed_out, "stopped": stopped or cause == "signal",
+            "stop_cause": cause, "started_at": started, "ended_at": ended,
+            "seconds": round(ended - started, 3), "lines": counts[0],
+            "restart_count": where["restart_count"], "start_no": where["start_no"]}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -9,7 +9,7 @@ one run, or everything it ever started (the session's ``finally``).
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Mapping, Protocol
+from typing import Dict, List, Mapping, Optional, Protocol
 
 from slurmiso.values import Value, field
 
@@ -54,6 +54,9 @@ class Launcher(Protocol):
 
     def why_pending(self, handle: str) -> str:
         """Why a run has not started yet ("" when unknown)."""
+
+    def restarts(self, handle: str) -> Optional[int]:
+        """How often the scheduler restarted the run (Slurm's RestartCnt); None unknown."""
 
     def cancel(self, handle: str) -> None:
         """End one run (no error when it has ended already)."""

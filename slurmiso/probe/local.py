@@ -49,6 +49,7 @@ class LocalGpus(Value):
     note: str
     instances: List = field(default_factory=list)  # MIG instances that exist now
     backend: object = None
+    sim_state: str = ""  # the simulated node's state file ("" on real GPUs)
 
 
 def open_gpus(cfg: Config, work_dir: str) -> LocalGpus:
@@ -62,7 +63,11 @@ def open_gpus(cfg: Config, work_dir: str) -> LocalGpus:
         simulated = bool(backend.capabilities.simulated)
         note = ("simulated GPUs (sim backend) with slurmiso's simulated MPS daemon"
                 if simulated else "NVIDIA GPUs through NVML; MPS through nvidia-cuda-mps-control")
-        return LocalGpus(devices, simulated, note, instances, backend)
+        from slurmiso.gpu import sim_state_path
+
+        return LocalGpus(devices, simulated, note, instances, backend,
+                         sim_state_path(cfg.gpu.sim_state, socket.gethostname())
+                         if simulated else "")
     except GpuError as err:
         from slurmiso.gpu.sim import SimBackend, init_state
 
@@ -75,7 +80,7 @@ def open_gpus(cfg: Config, work_dir: str) -> LocalGpus:
         backend = SimBackend(path)
         note = (f"no usable GPU backend ({err.message}): a throw-away simulated node "
                 f"({path}) and slurmiso's simulated MPS daemon (SimMpsControl)")
-        return LocalGpus(backend.devices(), True, note, [], backend)
+        return LocalGpus(backend.devices(), True, note, [], backend, path)
 
 
 # -- MPS daemons -------------------------------------------------------------------------------
@@ -246,6 +251,9 @@ class LocalLauncher:
 
     def why_pending(self, handle: str) -> str:
         return ""
+
+    def restarts(self, handle: str) -> Optional[int]:
+        return None  # a local process is never requeued: only its files could tell
 
     def cancel(self, handle: str) -> None:
         proc = self.procs.get(handle)

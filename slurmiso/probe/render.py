@@ -29,7 +29,8 @@ def mode_rows(report: Dict[str, Any]) -> List[List[str]]:
     rows = []
     for m in report["modes"]:
         if m.get("skipped"):
-            rows.append([m["mode"], str(m.get("pool") or "-"), "skipped: " + m["skipped"]]
+            what = "not measured (interrupted)" if m.get("invalid") else "skipped"
+            rows.append([m["mode"], str(m.get("pool") or "-"), f"{what}: {m['skipped']}"]
                         + [""] * (len(HEADER) - 3))
             continue
         i, t, mem = m["infer"], m["train"], m.get("memory") or {}
@@ -40,7 +41,8 @@ def mode_rows(report: Dict[str, Any]) -> List[List[str]]:
             _f(i["p99_ms"]), _f((m.get("infer_solo") or {}).get("p99_ms")),
             _f(i["error_rate"], "{:.2%}"), _f(t["step_s"]),
             _f((m.get("train_solo") or {}).get("step_s")), _f(keeps, "{:.0%}"),
-            _f(mem.get("train_peak_mb"), "{:.0f} MiB"),
+            _f(mem.get("train_peak_mb"), "{:.0f} MiB")
+            + (f" ({mem['train_peak_source']})" if mem.get("train_peak_source") else ""),
             _f(mem.get("train_headroom_pct"), "{:.0f}%")
             + (" LOW" if mem.get("headroom_ok") is False else ""),
             _f(m.get("seconds"), "{:.0f}s"),

@@ -18,9 +18,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from slurmiso.config.model import Config
 from slurmiso.errors import UsageError
 from slurmiso.probe import plan
+from slurmiso.probe.modes import run_modes
 from slurmiso.probe.recommend import MODE_ORDER, Target, recommend
-from slurmiso.probe.session import Options, Placement, Placer, Session, run_modes
-from slurmiso.values import Value, field
+from slurmiso.probe.session import Options, Placement, Placer, Session
+from slurmiso.values import Value, field, replace
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,13 @@ def _slurm_placer(cfg: Config, pair: plan.Pair) -> Placer:
 
 def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
     """Measure, recommend, and return the report (nothing is left running afterwards)."""
+    opts = req.options
+    for name, value in (("--run-timeout", opts.run_timeout_s),
+                        ("--ready-timeout", opts.ready_timeout_s),
+                        ("--queue-timeout", opts.queue_timeout_s)):
+        if not value > 0:  # 0 would wait for ever on a hung command
+            raise UsageError(f"{name} must be above 0, not {value:g}s",
+                             hint="a duration like 90s, 5m")
     pair = plan.classes(cfg, req.infer_class, req.train_class)
     target = target_for(cfg, req)
     work_dir = os.path.abspath(req.work_dir)
@@ -125,7 +133,13 @@ def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
         launcher = SlurmLauncher(req.slurm, work_dir, req.options.python,
                                  poll_s=max(req.options.poll_s, 0.5))
         total, model = None, ""
-    session = Session(launcher, work_dir, req.options)
+        # each node samples through its own configured backend (%n expanded there)
+        sample = {"backend": "config", "kind": cfg.gpu.backend, "sim_state": cfg.gpu.sim_state}
+    if req.local:
+        sample = ({"backend": "sim", "sim_state": gpus.sim_state}
+                  if gpus.simulated else {"backend": "nvml"})
+    options = req.options if req.options.gpu_mem else replace(req.options, gpu_mem=sample)
+    session = Session(launcher, work_dir, options)
 
     def limit(mode: str) -> Optional[int]:
         pool_model = model if req.local else by_mode[mode].gpu_model
@@ -146,14 +160,18 @@ def run_probe(cfg: Config, req: Request) -> Dict[str, Any]:
                             "ran: CPU stand-ins measured the probe itself, not GPU sharing")
         notes.append(workload["note"])
     for m in results:
+        if m.get("invalid"):
+            notes.append(f"{m['mode']}: not measured, a run was interrupted from outside the "
+                         f"probe: {m['error']}")
         if m.get("colocated") is False and m["mode"] != "exclusive":
             notes.append(f"{m['mode']}: Slurm placed the pair on different GPUs "
                          f"({m['gpus']['infer']} and {m['gpus']['train']}); its mixed figures "
                          "are not a co-location and the recommendation leaves it out")
         mem = m.get("memory") or {}
         if mem.get("headroom_ok") is False:
-            notes.append(f"{m['mode']}: training peaked at {mem['train_peak_mb']:.0f} MiB of "
-                         f"{mem['train_limit_mb']} MiB: under 20% headroom for its peaks")
+            notes.append(f"{m['mode']}: training peaked at {mem['train_peak_mb']:.0f} MiB "
+                         f"({mem.get('train_peak_source')}) of {mem['train_limit_mb']} MiB: "
+                         f"{mem['train_headroom_pct']:g}% free, under 20% headroom for its peaks")
     now = time.time()
     return {
         "version": VERSION,

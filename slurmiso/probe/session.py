@@ -1,5 +1,5 @@
-"""One probe: per mode, inference alone, training alone, then both on one GPU; collect, judge,
-and leave nothing running.
+"""A probe's runs: inference alone, training alone, then both on one GPU; collect, judge, and
+leave nothing running (the per-mode figures and the loop over modes: :mod:`slurmiso.probe.modes`).
 
 Why three runs per mode: the mode's own solo runs are the baseline its mixed run is compared
 with (what sharing costs *in* that mode), and the fastest training alone across modes (a whole
@@ -9,7 +9,10 @@ training run starts first and inference begins only once training has printed a 
 figures (each output line's arrival time is recorded beside it).
 
 Every run's result is judged before the next one starts, so a broken ``--infer-cmd`` stops the
-probe at its first run with one message naming the command and its output files. Whatever ends
+probe at its first run with one message naming the command and its output files. A run that was
+interrupted from outside (Slurm requeued it, a preemption or a scancel signalled it) is not the
+command's fault: it is :class:`RunInvalid`, its mode is reported as not measured with the reason,
+and the probe goes on with the next mode; its half-measured figures are never used. Whatever ends
 the probe (an error, Ctrl-C, SIGTERM), :meth:`Session.close` cancels every run it started and
 waits until none is left.
 """
@@ -20,13 +23,12 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from slurmiso.errors import ProbeError
-from slurmiso.probe import stats
+from slurmiso.errors import ProbeError, SlurmisoError
+from slurmiso.probe import gpumem
 from slurmiso.probe.contract import ENV_DOC, Parsed, parse_output
 from slurmiso.probe.launch import ENDED, PENDING, Launcher, Run
 from slurmiso.values import Value, field
@@ -39,7 +41,12 @@ STOP_WAIT_S = 30.0
 #: A result file may reach a shared file system a little after Slurm reports the job ended.
 RESULT_WAIT_S = 15.0
 #: How much of the training peak must stay free under the class's limit (DESIGN: 20-30%).
-HEADROOM_MIN_PCT = 20.0
+HEADROOM_MIN_PCT = gpumem.HEADROOM_MIN_PCT
+
+
+class RunInvalid(ProbeError):
+    """A run was interrupted from outside the probe (requeued, preempted, signalled): its
+    figures are partial, so its mode is not measured. Not the workload's fault."""
 
 
 class Options(Value):
@@ -57,6 +64,9 @@ class Options(Value):
     warmup_steps: int = 1
     python: str = sys.executable
     poll_s: float = 0.1
+    #: How the runner samples its command's GPU memory (:func:`gpumem.open_sampler`'s spec);
+    #: {} = not sampled.
+    gpu_mem: Dict[str, Any] = field(default_factory=dict)
 
 
 class Placement(Value):
@@ -120,6 +130,7 @@ class Session:
         self.work_dir = work_dir
         self.opts = opts
         self.live: List[str] = []
+        self.cancelled: set = set()  # handles this session cancelled itself
         self.runs: List[Dict[str, Any]] = []
         self.workload_info: Dict[str, Dict[str, Any]] = {}
 
@@ -144,18 +155,19 @@ class Session:
         paths = {k: f"{base}.{ext}" for k, ext in (
             ("spec", "spec.json"), ("output", "out"), ("times", "times"), ("stderr", "err"),
             ("started", "started.json"), ("result", "result.json"), ("ready", "ready"),
-            ("stop", "stop"))}
+            ("stop", "stop"), ("starts", "starts"))}
         paths["slurm_out"] = f"{base}.slurm.out"
         cmd = self.opts.infer_cmd if role == "infer" else self.opts.train_cmd
         argv = ["/bin/sh", "-c", cmd] if cmd else [
             self.opts.python, "-m", "slurmiso.probe.workloads", role]
-        for key in ("output", "times", "stderr", "started", "result", "ready", "stop"):
+        for key in ("output", "times", "stderr", "started", "result", "ready", "stop", "starts"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(paths[key])
         spec = {"role": role, "argv": argv, "cwd": self.work_dir,
                 "timeout_s": self.opts.run_timeout_s, "env": env,
+                "gpu_mem": dict(self.opts.gpu_mem),
                 **{k: paths[k] for k in ("output", "times", "stderr", "started", "result",
-                                         "ready")}}
+                                         "ready", "starts")}}
         if role == "train":
             spec["stop_file"] = paths["stop"]
             spec["env"] = dict(env, SLURMISO_PROBE_STOP_FILE=paths["stop"])
@@ -205,6 +217,13 @@ class Session:
                 raise ProbeError(f"{self.label('train')} ended before inference could run beside "
                                  f"it (probe run {o.name}); {self._where(o)}")
             if time.monotonic() >= deadline:
+                o.started, o.result = _read_json(o.paths["started"]), _read_json(
+                    o.paths["result"])
+                interrupted = self.interrupted(o)
+                if interrupted:  # requeued before its first step: pending again, not silent
+                    raise RunInvalid(f"{self.label('train')} (probe run {o.name}, "
+                                     f"{self.launcher.describe(o.handle)}) {interrupted}; "
+                                     f"{self._where(o)}")
                 raise ProbeError(
                     f"{self.label('train')} printed no step within "
                     f"{self.opts.ready_timeout_s:g}s (probe run {o.name}); it must print one "
@@ -252,6 +271,12 @@ class Session:
         """ProbeError unless the run ended the way its role must and printed its figures."""
         what, res = self.label(o.role), o.result
         where = f"probe run {o.name}, {self.launcher.describe(o.handle)}"
+        interrupted = self.interrupted(o)
+        if interrupted:
+            raise RunInvalid(f"{what} ({where}) {interrupted}; its figures are from an "
+                             f"interrupted run and are not used; {self._where(o)}",
+                             hint="probe when the pool is quiet, or on a partition that does "
+                                  "not preempt")
         if not res:
             raise ProbeError(f"{what} ({where}) ended without a result: the job was cancelled, "
                              f"preempted or could not start; {self._where(o)}")
@@ -280,6 +305,33 @@ class Session:
                 f"must print one step time in seconds per line, or JSON lines "
                 f'{{"step_s": 0.2}}; {self._where(o)}')
 
+    def interrupted(self, o: Outcome) -> str:
+        """Why ``o`` was interrupted from outside the probe ("" when it was not): a second
+        start or a restart count (Slurm requeued it: preemption, node failure), or a signal
+        to its runner that this session did not send (scancel, preemption)."""
+        starts = [ln for ln in _read_lines(o.paths["starts"]) if ln.strip()]
+        counts = [int(d.get("restart_count") or 0) for d in (o.started, o.result)
+                  if isinstance(d.get("restart_count"), int)]
+        try:
+            slurm_count = self.launcher.restarts(o.handle)
+        except SlurmisoError as exc:  # the files decide when Slurm cannot answer
+            log.warning("restart count of %s: %s", self.launcher.describe(o.handle), exc)
+            slurm_count = None
+        if slurm_count:
+            counts.append(slurm_count)
+        if len(starts) > 1 or any(counts):
+            facts = []
+            if len(starts) > 1:
+                facts.append(f"it started {len(starts)} times ({o.paths['starts']})")
+            if any(counts):
+                facts.append(f"Slurm's restart count is {max(counts)}")
+            return ("was requeued mid-probe (preempted, or its node failed): "
+                    + " and ".join(facts))
+        if o.result.get("stop_cause") == "signal" and o.handle not in self.cancelled:
+            return (f"was ended by a signal from outside the probe after "
+                    f"{o.result.get('seconds', '?')}s (scancel, preemption or a node shutdown)")
+        return ""
+
     def finish(self, o: Outcome, started_mono: float) -> None:
         self.collect(o)
         self.judge(o)
@@ -300,9 +352,14 @@ class Session:
         else:
             self.wait_running(o)
             if not self.wait_ended(o):
-                self.launcher.cancel(o.handle)
+                self.cancel(o)
         self.finish(o, t0)
         return o
+
+    def cancel(self, o: Outcome) -> None:
+        """Cancel one run; its end by a signal is then the probe's doing, not an outside one."""
+        self.cancelled.add(o.handle)
+        self.launcher.cancel(o.handle)
 
     def stop_training(self, o: Outcome) -> None:
         with open(o.paths["stop"], "w", encoding="utf-8"):
@@ -310,7 +367,7 @@ class Session:
         if not self.wait_ended(o, STOP_WAIT_S):
             log.warning("%s did not end %gs after its stop file; cancelling it", o.name,
                         STOP_WAIT_S)
-            self.launcher.cancel(o.handle)
+            self.cancel(o)
             self.wait_ended(o, STOP_WAIT_S)
 
     def mixed(self, mode: str, places: Dict[str, Placement]) -> Tuple[Outcome, Outcome]:
@@ -324,7 +381,7 @@ class Session:
         try:
             self.wait_running(infer)
             if not self.wait_ended(infer):
-                self.launcher.cancel(infer.handle)
+                self.cancel(infer)
             self.finish(infer, t1)
         finally:
             self.stop_training(train)
@@ -338,118 +395,3 @@ class Session:
             log.error("probe runs still alive after cancelling: %s",
                       ", ".join(self.launcher.describe(h) for h in left))
         return left
-
-
-# -- one mode -----------------------------------------------------------------------------------
-
-
-def _gpu_of(started: Dict[str, Any]) -> str:
-    env = started.get("env") or {}
-    gpus = env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")
-    if gpus:
-        return f"{started.get('node', '?')}:gpu{gpus}"
-    if env.get("CUDA_MPS_PIPE_DIRECTORY"):
-        pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
-        marker = next((part for part in pipe.split("/") if part.startswith("gpu")), "")
-        return f"{started.get('node', '?')}:{marker or pipe}"
-    return f"{started.get('node', '?')}:{env.get('CUDA_VISIBLE_DEVICES', '?')}"
-
-
-def _colocated(mode: str, infer: Outcome, train: Outcome, where: str) -> Optional[bool]:
-    """Whether the mixed pair shared one GPU (exclusive: whether it used two); None unknown."""
-    if infer.started.get("node") != train.started.get("node"):
-        return False
-    if where == "local":
-        return mode != "exclusive"
-    a = (infer.started.get("env") or {}).get("SLURM_JOB_GPUS")
-    b = (train.started.get("env") or {}).get("SLURM_JOB_GPUS")
-    if mode == "mig-static" or not a or not b:
-        return None  # MIG GRES indices are not GPU indices; no index: cannot tell
-    return a == b if mode != "exclusive" else a != b
-
-
-def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Placement],
-                 limit_mb: Optional[int]) -> Dict[str, Any]:
-    """The three runs of one mode and its figures (the JSON's ``modes[]`` entry)."""
-    t0 = time.monotonic()
-    opts = session.opts
-    solo_i = session.solo(mode, "infer", places["infer"])
-    solo_t = session.solo(mode, "train", places["train"])
-    mix_i, mix_t = session.mixed(mode, places)
-    since = float(mix_i.result.get("started_at") or 0.0)
-    until = float(mix_i.result.get("ended_at") or 0.0)
-    steps_beside = session.parse(mix_t, since, until).steps or mix_t.parsed.steps
-    train_solo = stats.train_figures(solo_t.parsed.steps, opts.warmup_steps)
-    train_mixed = stats.train_figures(steps_beside, 0)
-    train_mixed["throughput_vs_solo"] = stats.throughput_vs_solo(train_mixed["step_s"],
-                                                                 train_solo["step_s"])
-    infer_solo = stats.infer_figures(solo_i.parsed.infer, opts.request_timeout_ms)
-    infer_mixed = stats.infer_figures(mix_i.parsed.infer, opts.request_timeout_ms)
-    p99_solo, p99_mixed = infer_solo["p99_ms"], infer_mixed["p99_ms"]
-    infer_mixed["p99_vs_solo"] = (round(p99_mixed / p99_solo, 3) if p99_solo and p99_mixed
-                                  else None)
-    peaks = {"infer": mix_i.parsed.gpu_mem_peak_mb or solo_i.parsed.gpu_mem_peak_mb,
-             "train": max(filter(None, [mix_t.parsed.gpu_mem_peak_mb,
-                                        solo_t.parsed.gpu_mem_peak_mb]), default=None)}
-    memory: Dict[str, Any] = {"infer_peak_mb": peaks["infer"], "train_peak_mb": peaks["train"],
-                              "train_limit_mb": limit_mb, "train_headroom_pct": None,
-                              "headroom_ok": None}
-    if peaks["train"] and limit_mb:
-        room = round(100.0 * (limit_mb - peaks["train"]) / limit_mb, 1)
-        memory.update(train_headroom_pct=room, headroom_ok=room >= HEADROOM_MIN_PCT)
-    return {
-        "mode": mode, "pool": pool, "node": mix_t.started.get("node"),
-        "colocated": _colocated(mode, mix_i, mix_t, session.launcher.where),
-        "gpus": {"infer": _gpu_of(mix_i.started), "train": _gpu_of(mix_t.started)},
-        "infer": infer_mixed, "infer_solo": infer_solo,
-        "train": train_mixed, "train_solo": train_solo,
-        "memory": memory,
-        "cdf": {"mixed": stats.cdf_points([x.latency_ms for x in mix_i.parsed.infer
-                                           if x.latency_ms is not None]),
-                "solo": stats.cdf_points([x.latency_ms for x in solo_i.parsed.infer
-                                          if x.latency_ms is not None])},
-        "seconds": round(time.monotonic() - t0, 2),
-    }
-
-
-def skipped(mode: str, pool: str, why: str) -> Dict[str, Any]:
-    """A mode this probe could not measure, in the same shape (figures None)."""
-    blank_i = {k: None for k in ("p50_ms", "p95_ms", "p99_ms", "error_rate", "requests")}
-    blank_t = {"step_s": None, "throughput_vs_solo": None}
-    return {"mode": mode, "pool": pool, "skipped": why, "infer": blank_i, "train": blank_t}
-
-
-def run_modes(session: Session, modes: List[Tuple[str, str]], placer: Placer,
-              limits: Callable[[str], Optional[int]]) -> List[Dict[str, Any]]:
-    """Every (mode, pool) in order; the session is closed (nothing left running) at the end,
-    whatever happened."""
-    out: List[Dict[str, Any]] = []
-    try:
-        for mode, pool in modes:
-            with contextlib.ExitStack() as cleanup:  # the mode's daemons end with the mode
-                places, why = placer(mode, cleanup)
-                if places is None:
-                    log.warning("mode %s skipped: %s", mode, why)
-                    out.append(skipped(mode, pool, why))
-                    continue
-                try:
-                    out.append(measure_mode(session, mode, pool, places, limits(mode)))
-                finally:
-                    session.close()  # before its daemons stop: no client outlives them
-    finally:
-        left = session.close()
-        if left:
-            raise ProbeError("probe runs still alive after cancelling them: " + ", ".join(
-                session.launcher.describe(h) for h in left),
-                hint="cancel them by hand (scancel / kill) and check the node")
-    fastest = min((m["train_solo"]["step_s"] for m in out
-                   if not m.get("skipped") and m["train_solo"]["step_s"]), default=None)
-    for m in out:
-        if not m.get("skipped"):
-            m["train"]["throughput_vs_gpu"] = stats.throughput_vs_solo(m["train"]["step_s"],
-                                                                       fastest)
-    return out
-
-
-def host() -> str:
-    return socket.gethostname()

@@ -20,7 +20,7 @@ import os
 import shlex
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from slurmiso.errors import SlurmError
 from slurmiso.probe.launch import ENDED, PENDING, RUNNING, Run, package_root
@@ -66,6 +66,8 @@ class SlurmLauncher:
         args = ["--parsable", f"--job-name=slurmiso-probe-{run.name}",
                 f"--output={os.path.join(self.work_dir, run.name + '.slurm.out')}",
                 f"--chdir={self.work_dir}",
+                # a requeued job's second start adds to its first's output instead of erasing it
+                "--open-mode=append",
                 # A site's job_submit refuses train jobs that cannot be requeued (slurmiso's
                 # own does): training is submitted as users submit it; inference never needs it.
                 *(["--no-requeue"] if run.role != "train" else []), *run.sbatch]
@@ -102,6 +104,18 @@ class SlurmLauncher:
             return self._squeue(handle, "%r")
         except SlurmError:
             return ""
+
+    def restarts(self, handle: str) -> Optional[int]:
+        """Slurm's RestartCnt of the job (None once slurmctld has forgotten it): a requeued
+        training job (preempted, node failure) ran again, so its figures are interrupted."""
+        from slurmiso.slurm.client import job_fields
+        from slurmiso.slurm.jobenv import whole_number
+
+        info = job_fields(self.slurm.run, handle, ("RestartCnt",), timeout=30)
+        if info is None:
+            return None
+        count = whole_number(info["RestartCnt"], -1, 10**6)
+        return None if count < 0 else count
 
     def cancel(self, handle: str) -> None:
         try:

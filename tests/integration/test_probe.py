@@ -46,12 +46,22 @@ def test_probe_through_slurm_on_three_pools(sandbox: Any, tmp_path: Any) -> None
     assert [m["mode"] for m in report["modes"]] == ["timeslice", "mps", "mig-dynamic"]
     assert [m["pool"] for m in report["modes"]] == ["tslice", "mps", "migd"]
     for m in report["modes"]:
-        assert not m.get("skipped"), m
+        assert not m.get("skipped") and not m.get("invalid"), m
         assert m["node"] == NODES[m["pool"]]
+        # sampled GPU memory: the CPU stand-ins hold none on the simulated GPUs, so it is
+        # unknown (None, with why), never 0; where a figure exists it names the sim backend
+        mem = m["memory"]
+        assert mem["train_sampled_mb"] != 0 and mem["infer_sampled_mb"] != 0
+        assert mem["train_sampled_source"] in (None, "sim")
+        assert mem["train_sampled_mb"] is not None or mem["train_sampled_why"]
         assert m["infer"]["requests"] == 40 and m["infer"]["p99_ms"] > 0
         assert m["train"]["step_s"] > 0 and m["train"]["throughput_vs_solo"] > 0
     assert report["recommendation"]["mode"] and report["recommendation"]["why"]
     assert len(report["runs"]) == 12 and all(r["where"].startswith("job ") for r in report["runs"])
+    for r in report["runs"]:  # each job started once: none was requeued
+        starts = r["output"][:-len(".out")] + ".starts"
+        with open(starts) as fh:
+            assert len(fh.read().splitlines()) == 1, r["run"]
     # the real prolog gave the mixed MPS jobs their classes' daemons
     mps = report["modes"][1]
     assert mps["gpus"]["infer"].startswith("n2:") and mps["gpus"]["train"].startswith("n2:")

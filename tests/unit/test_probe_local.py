@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import List, Tuple
 
@@ -107,27 +106,44 @@ def test_text_and_html_output(tmp_path, capsys) -> None:
 @pytest.mark.parametrize("cmd, expect", [
     ("echo started; exit 3", "failed with exit status 3"),
     ("echo 'warming up'; echo done", "printed no latencies (2 other lines, e.g. 'warming up')"),
-])
+    ("true", "printed no latencies (0 other lines)"),
+    ("echo 12.5; kill -9 $$", "failed with signal 9"),
+], ids=["exit-3", "no-latencies", "no-output", "killed"])
 def test_a_bad_infer_cmd_is_one_clear_error(tmp_path, capsys, cmd: str, expect: str) -> None:
     rc, out, err = probe(tmp_path, capsys, "--modes", "timeslice", "--infer-cmd", cmd, *QUICK)
     assert rc == 1 and out == ""
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert f"--infer-cmd {cmd!r}" in err and expect in err
     assert str(tmp_path / "work" / "timeslice-solo-infer.out") in err
+    assert str(tmp_path / "work" / "timeslice-solo-infer.err") in err
     assert not alive_under(str(tmp_path))
 
 
-def test_a_hanging_infer_cmd_is_killed_and_named(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("tail", ["echo 5; exec sleep 2147483647", "exec sleep 2147483647"],
+                         ids=["after-a-latency", "silent"])
+def test_a_hanging_infer_cmd_is_killed_and_named(tmp_path, capsys, tail: str) -> None:
+    # it sleeps for ever: only --run-timeout ends it (no assertion on how long that took)
     pid_file = tmp_path / "pid"
-    cmd = f"echo $$ > {pid_file}; echo 5; sleep 300"
-    t0 = time.monotonic()
+    cmd = f"echo $$ > {pid_file}; {tail}"
     rc, out, err = probe(tmp_path, capsys, "--modes", "timeslice", "--infer-cmd", cmd,
-                         "--run-timeout", "2s", *QUICK)
-    assert rc == 1 and time.monotonic() - t0 < 40
-    assert "Traceback" not in err and "did not finish within 2s and was killed" in err
-    assert f"--infer-cmd {cmd!r}" in err and "timeslice-solo-infer.out" in err
-    assert not psutil.pid_exists(int(pid_file.read_text())) or psutil.Process(
-        int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+                         "--run-timeout", "1s", *QUICK)
+    assert rc == 1 and out == ""
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "did not finish within 1s and was killed (hung?)" in err
+    assert f"--infer-cmd {cmd!r}" in err and "probe run timeslice-solo-infer, pid " in err
+    assert str(tmp_path / "work" / "timeslice-solo-infer.out") in err
+    assert str(tmp_path / "work" / "timeslice-solo-infer.err") in err
+    pid = int(pid_file.read_text())  # the sleep itself (exec): ended with its group
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not alive_under(str(tmp_path))
+
+
+def test_the_run_timeout_has_a_sane_default_and_must_be_positive(tmp_path, capsys) -> None:
+    from slurmiso.probe.session import Options
+
+    assert Options().run_timeout_s == 300.0  # --run-timeout 5m
+    rc, _, err = probe(tmp_path, capsys, "--modes", "timeslice", "--run-timeout", "0s")
+    assert rc == 2 and "--run-timeout must be above 0" in err and "Traceback" not in err
 
 
 def test_a_failure_beside_training_stops_training_and_the_mps_daemons(tmp_path,

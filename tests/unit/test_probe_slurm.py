@@ -26,25 +26,39 @@ NODE_OF_PARTITION = {"gpu": "n1", "mps": "n2", "mig": "n3", "migd": "n4", "tslic
 
 class FakeSlurm:
     """sbatch starts the script at once (``sh script``, own session, output to --output);
-    squeue lists live jobs as RUNNING; scancel SIGTERMs the job's process group."""
+    squeue lists live jobs as RUNNING; scancel SIGTERMs the job's process group.
 
-    def __init__(self, pending: Sequence[str] = ()) -> None:
+    ``requeue``: runs (``timeslice-solo-train``) that are preempted and requeued once, as
+    Slurm does it: once the run has printed its first step (its ready file), the job's
+    processes get SIGTERM, squeue says REQUEUED once, and the script starts again with
+    ``SLURM_RESTART_COUNT=1``; squeue -O RestartCnt says 1 from then on."""
+
+    def __init__(self, pending: Sequence[str] = (), requeue: Sequence[str] = ()) -> None:
         self.calls: List[List[str]] = []
         self.procs: Dict[str, subprocess.Popen] = {}
         self.args: Dict[str, List[str]] = {}
         self.pending = set(pending)  # partitions whose jobs never start
+        self.requeue = set(requeue)
+        self.restarts: Dict[str, int] = {}
         self.next_id = 100
 
-    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None) -> str:
+    def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
+            env: Optional[Dict[str, str]] = None) -> str:
         self.calls.append([cmd, *args])
         if cmd == "sbatch":
             return self._sbatch(list(args))
         if cmd == "squeue":
-            job, fmt = args[args.index("-j") + 1], args[args.index("-o") + 1]
+            job = args[args.index("-j") + 1]
             if job not in self.procs and job not in self.args:
                 raise SlurmError("squeue: error: Invalid job id specified")
+            if "-O" in args:  # job_fields: Slurm's own fields, fixed width
+                assert args[args.index("-O") + 1] == "RestartCnt:64"
+                return f"{self.restarts.get(job, 0):<64}\n"
+            fmt = args[args.index("-o") + 1]
             if job not in self.procs:
                 return ("PENDING" if fmt == "%T" else "Resources") + "\n"
+            if fmt == "%T" and self._preempt(job):
+                return "REQUEUED\n"
             return "RUNNING\n" if self.procs[job].poll() is None else ""
         if cmd == "scancel":
             for job in args:
@@ -57,21 +71,41 @@ class FakeSlurm:
             return ""
         raise AssertionError(f"unexpected Slurm command {cmd}")
 
+    def _preempt(self, job: str) -> bool:
+        """Requeue ``job`` now if it is to be preempted and has printed a step."""
+        args = self.args[job]
+        opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+        name = opts["job-name"][len("slurmiso-probe-"):]
+        if (name not in self.requeue or job in self.restarts
+                or not os.path.exists(os.path.join(opts["chdir"], name + ".ready"))):
+            return False
+        os.killpg(self.procs[job].pid, signal.SIGTERM)  # Slurm signals every process
+        self.procs[job].wait(20)
+        self.restarts[job] = 1
+        self._launch(job, restart_count=1)
+        return True
+
     def _sbatch(self, args: List[str]) -> str:
         job = str(self.next_id)
         self.next_id += 1
-        opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
         part = args[args.index("-p") + 1]
         self.args[job] = args
         if part in self.pending:
             return f"{job}\n"
-        node = opts.get("nodelist") or NODE_OF_PARTITION[part]
+        self._launch(job)
+        return f"{job}\n"
+
+    def _launch(self, job: str, restart_count: int = 0) -> None:
+        args = self.args[job]
+        opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+        node = opts.get("nodelist") or NODE_OF_PARTITION[args[args.index("-p") + 1]]
         env = dict(os.environ, SLURM_JOB_ID=job, SLURMD_NODENAME=node, SLURM_JOB_GPUS="0")
-        with open(opts["output"], "w") as out:
+        if restart_count:
+            env["SLURM_RESTART_COUNT"] = str(restart_count)
+        with open(opts["output"], "a") as out:
             self.procs[job] = subprocess.Popen(["sh", args[-1]], stdout=out,
                                                stderr=subprocess.STDOUT, env=env,
                                                start_new_session=True, cwd=opts["chdir"])
-        return f"{job}\n"
 
     def submitted(self) -> List[List[str]]:
         return [c[1:] for c in self.calls if c[0] == "sbatch"]
@@ -112,6 +146,7 @@ def test_each_mode_is_submitted_as_its_pool_shares_a_gpu(cfg, tmp_path) -> None:
     mps_infer = by_name["slurmiso-probe-mps-mixed-infer"]
     assert mps_infer[mps_infer.index("-p"):mps_infer.index("-p") + 2] == ["-p", "mps"]
     assert "--qos=infer" in mps_infer and "--no-requeue" in mps_infer
+    assert "--open-mode=append" in by_name["slurmiso-probe-mps-mixed-train"]
     assert "--qos=train" in by_name["slurmiso-probe-mps-mixed-train"]
     assert "--no-requeue" not in by_name["slurmiso-probe-mps-mixed-train"]  # job_submit demands it
     # the pair fits one GPU's 100 gres/mps, in the ratio of the classes' 100 % and 60 %
@@ -180,3 +215,27 @@ def test_modes_and_pools_come_from_the_config(cfg, tmp_path) -> None:
     assert parse_modes("exclusive,timeslice", local=False) == ["timeslice", "exclusive"]
     with pytest.raises(Exception, match="needs --local"):
         parse_modes("mps-priority", local=False)
+
+
+@pytest.mark.parametrize("preempted", ["timeslice-solo-train", "timeslice-mixed-train"])
+def test_a_requeued_training_run_is_not_measured_and_the_probe_goes_on(cfg, tmp_path,
+                                                                      preempted: str) -> None:
+    slurm = FakeSlurm(requeue=[preempted])
+    req = Request(options=quick(), modes=("timeslice", "mps"), work_dir=str(tmp_path),
+                  slurm=slurm)
+    report = run_probe(cfg, req)
+    assert slurm.restarts, "premise: the fake requeued a job"
+    ts, mps = report["modes"]
+    assert ts["invalid"] is True and ts["infer"]["p99_ms"] is None
+    assert ts["train"]["step_s"] is None  # no half-measured step time
+    msg = ts["error"]
+    assert f"probe run {preempted}" in msg and "was requeued mid-probe" in msg
+    assert "started 2 times" in msg and "Slurm's restart count is 1" in msg
+    assert "are not used" in msg and str(tmp_path / f"{preempted}.slurm.out") in msg
+    assert len((tmp_path / f"{preempted}.starts").read_text().splitlines()) == 2
+    assert not mps.get("skipped") and mps["train"]["step_s"] > 0
+    assert report["recommendation"]["mode"] == "mps"
+    assert report["recommendation"]["missed"]["timeslice"].startswith("not measured:")
+    assert any(n.startswith("timeslice: not measured, a run was interrupted") for n in
+               report["notes"])
+    assert not slurm.alive()
