@@ -73,11 +73,18 @@ def test_probe_through_slurm_on_three_pools(sandbox: Any, tmp_path: Any) -> None
     saved = report.get("saved") or ""
     assert saved and os.path.exists(saved)
     # accounting saw the jobs with the pools' partitions and the classes' QoS
-    acct = sandbox.cmd("sacct", "-X", "-n", "-P", "-S", "now-1hour", "-o",
-                       "JobName,Partition,QOS", check=False)
-    rows = {tuple(ln.split("|")) for ln in acct.splitlines() if "slurmiso-probe-" in ln}
-    assert ("slurmiso-probe-mps-mixed-infer", "mps", "infer") in rows
-    assert ("slurmiso-probe-mig-dynamic-mixed-train", "migd", "train") in rows
+    # (slurmdbd takes the last job's record a moment after it ends: wait for it, never time it)
+    want = {("slurmiso-probe-mps-mixed-infer", "mps", "infer"),
+            ("slurmiso-probe-mig-dynamic-mixed-train", "migd", "train")}
+    rows: set = set()
+    deadline = time.monotonic() + 60
+    while not want <= rows and time.monotonic() < deadline:
+        acct = sandbox.cmd("sacct", "-X", "-n", "-P", "-S", "now-1hour", "-o",
+                           "JobName,Partition,QOS", check=False)
+        rows = {tuple(ln.split("|")) for ln in acct.splitlines() if "slurmiso-probe-" in ln}
+        if not want <= rows:
+            time.sleep(1)
+    assert want <= rows, rows
 
 
 def test_a_failing_infer_cmd_leaves_nothing_running(sandbox: Any, tmp_path: Any) -> None:
