@@ -442,6 +442,21 @@ def _dwell(s: _Section, name: str, default: int) -> int:
     return default if got is None else int(got)
 
 
+LADDER_PATH = "monitor.ladder"
+
+
+def read_ladder(data: Any, path: str = LADDER_PATH) -> Ladder:
+    """``monitor.ladder`` on its own, from its YAML mapping: the one checker of the ladder,
+    so the monitor's ``--set ladder.*`` gets exactly the errors the file would (ConfigError,
+    one ``key.path: what is wrong (allowed: ...)`` line per problem)."""
+    p = _Problems()
+    ladder = _read_ladder(_Section(data, path, p))
+    if p.errors:
+        n = len(p.errors)
+        raise ConfigError(f"{n} problem{'s' if n > 1 else ''} in {path}", problems=p.errors)
+    return ladder
+
+
 def _read_ladder(s: _Section) -> Ladder:
     """``monitor.ladder``: which steps, in order, and each one's dwell and budget."""
     base = {st.name: st for st in Ladder.steps}

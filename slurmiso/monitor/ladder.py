@@ -26,10 +26,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from slurmiso.config.model import LADDER_STEPS
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
-    LADDER_STEPS,
     SHARED_MODES,
     SUSPEND_MODES,
     Action,

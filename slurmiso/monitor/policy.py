@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurmiso.config.model import LADDER_STEPS, Ladder
 from slurmiso.monitor.ladder_state import Restraint, Rung
 
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
@@ -23,8 +24,6 @@ ADMISSIONS = ("nodes", "hold", "qos-limit")
 KINDS = ("resume", "drain", "requeue", "throttle", "suspend", "mig-apply", "partition-update",
          "qos-limit", "hold", "exclude", "release", "begin-now", "resume-job", "unthrottle",
          "ladder-end", "reconcile")
-#: The ladder's steps on running training, soft to hard.
-LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
 #: Pool modes where suspending training frees what inference shares with it (SMs): on MIG a
 #: suspended job keeps its instance, so the ladder goes from throttle to requeue there.
 SUSPEND_MODES = ("mps", "timeslice")
@@ -64,7 +63,8 @@ class SloLimit:
 
 @dataclass(frozen=True)
 class StepPolicy:
-    """One ladder step: dwell before taking it and before stepping back, and its budget."""
+    """One ladder step: dwell before taking it and before stepping back, and its budget
+    (:class:`~slurmiso.config.model.LadderStep`, in seconds as floats)."""
 
     name: str
     after_s: float = 0.0
@@ -73,19 +73,42 @@ class StepPolicy:
     per_hour: int = 0
 
 
+#: The ladder's defaults: the config's (``monitor.ladder`` left out), one definition.
+_LADDER = Ladder()
+
+
 @dataclass(frozen=True)
 class LadderPolicy:
     """The ladder: its steps in order (none: it never acts), hysteresis and signals."""
 
-    steps: Tuple[StepPolicy, ...] = (
-        StepPolicy("hold", 0, 300),
-        StepPolicy("throttle", 60, 300, 6, 120),
-        StepPolicy("suspend", 180, 300, 3, 30),
-        StepPolicy("requeue", 600, 300, 1, 10),
-    )
-    hysteresis_pct: float = 10
-    throttle_signal: str = "URG"
-    unthrottle_signal: str = "WINCH"
+    steps: Tuple[StepPolicy, ...] = tuple(
+        StepPolicy(st.name, float(st.after_s), float(st.release_after_s), st.per_job,
+                   st.per_hour) for st in _LADDER.steps)
+    hysteresis_pct: float = float(_LADDER.hysteresis_pct)
+    throttle_signal: str = _LADDER.throttle_signal
+    unthrottle_signal: str = _LADDER.unthrottle_signal
+
+    @classmethod
+    def of(cls, ladder: Ladder) -> LadderPolicy:
+        """The policy a checked ``monitor.ladder`` states."""
+        return cls(tuple(StepPolicy(st.name, float(st.after_s), float(st.release_after_s),
+                                    st.per_job, st.per_hour) for st in ladder.steps),
+                   float(ladder.hysteresis_pct), ladder.throttle_signal,
+                   ladder.unthrottle_signal)
+
+    def to_config(self) -> Dict[str, Any]:
+        """This ladder as ``monitor.ladder``'s YAML mapping (what ``--set ladder.*`` edits
+        before the config's checker reads it back)."""
+        out: Dict[str, Any] = {"steps": list(self.names()),
+                               "hysteresis": _plain(self.hysteresis_pct),
+                               "throttle_signal": self.throttle_signal,
+                               "unthrottle_signal": self.unthrottle_signal}
+        for st in self.steps:
+            out[st.name] = {"after": _plain(st.after_s),
+                            "release_after": _plain(st.release_after_s)}
+            if st.name != "hold":  # hold has no budget (it gates new training only)
+                out[st.name].update(per_job=st.per_job, per_hour=st.per_hour)
+        return out
 
     def step(self, name: str) -> Optional[StepPolicy]:
         for st in self.steps:
@@ -95,6 +118,11 @@ class LadderPolicy:
 
     def names(self) -> Tuple[str, ...]:
         return tuple(st.name for st in self.steps)
+
+
+def _plain(x: float) -> Any:
+    """A whole number as an int (as YAML would write it), else the float."""
+    return int(x) if float(x).is_integer() else x
 
 
 @dataclass(frozen=True)
@@ -206,11 +234,7 @@ def policy_from_config(
         partition_updates_per_hour=mon.limits.partition_updates_per_hour,
         relayouts_per_hour=mon.limits.relayouts_per_hour,
         gate_opens_per_hour=mon.limits.gate_opens_per_hour,
-        ladder=LadderPolicy(
-            tuple(StepPolicy(st.name, float(st.after_s), float(st.release_after_s),
-                             st.per_job, st.per_hour) for st in mon.ladder.steps),
-            float(mon.ladder.hysteresis_pct), mon.ladder.throttle_signal,
-            mon.ladder.unthrottle_signal),
+        ladder=LadderPolicy.of(mon.ladder),
     )
 
 
@@ -223,12 +247,12 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
 
     changes: Dict[str, Any] = {}
     knobs = {f.name: f for f in dataclasses.fields(policy) if f.name != "ladder"}
-    ladder = policy.ladder
+    ladder_items: List[Tuple[str, str, str]] = []
     for item in assignments:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if sep and key.startswith("ladder."):
-            ladder = _override_ladder(ladder, key, text.strip())
+            ladder_items.append((item, key, text.strip()))
             continue
         if not sep or key not in knobs:
             what = "expected KNOB=VALUE" if not sep else f"no policy knob {key!r}"
@@ -256,57 +280,76 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
     if changes.get("admission", policy.admission) not in ADMISSIONS:
         raise UsageError(f"--set admission={changes['admission']!r}: one of "
                          + ", ".join(ADMISSIONS))
+    ladder = _override_ladder(policy.ladder, ladder_items) if ladder_items else policy.ladder
     return dataclasses.replace(policy, ladder=ladder, **changes)
 
 
 LADDER_KNOBS = ("; ladder.steps=hold,throttle,... ladder.hysteresis_pct=N "
                 "ladder.throttle_signal=URG ladder.unthrottle_signal=WINCH "
                 "ladder.<step>.after_s|release_after_s|per_job|per_hour=N")
+#: ``--set ladder.<step>.KNOB`` -> the step's key under ``monitor.ladder`` (both spellings).
+_STEP_KEYS = {"after_s": "after", "release_after_s": "release_after", "after": "after",
+              "release_after": "release_after", "per_job": "per_job", "per_hour": "per_hour"}
+_TOP_KEYS = {"hysteresis_pct": "hysteresis", "hysteresis": "hysteresis",
+             "throttle_signal": "throttle_signal", "unthrottle_signal": "unthrottle_signal"}
 
 
-def _override_ladder(ladder: LadderPolicy, key: str, text: str) -> LadderPolicy:
-    """``--set ladder.KNOB=V`` / ``ladder.<step>.KNOB=V``, checked as check-config would."""
-    import dataclasses
+def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]]
+                     ) -> LadderPolicy:
+    """``--set ladder.KNOB=V`` / ``ladder.<step>.KNOB=V`` (``items``: the argument, its key,
+    its value), applied to the ladder as its ``monitor.ladder`` mapping and read back by the
+    config's own checker (:func:`slurmiso.config.loader.read_ladder`): an override is
+    refused exactly where the same value in the file would be, with the same words."""
+    from slurmiso.config.loader import LADDER_PATH, read_ladder
+    from slurmiso.errors import ConfigError, UsageError
 
-    from slurmiso.errors import UsageError
-
-    parts = key.split(".")[1:]
-    base = {st.name: st for st in LadderPolicy.steps}
-    try:
+    raw = ladder.to_config()
+    wrote: List[Tuple[str, str]] = []  # (argument, the monitor.ladder key it set)
+    per_step: List[Tuple[str, str]] = []  # (argument, step): the step must be in steps
+    for item, key, text in items:
+        parts = key.split(".")[1:]
         if parts == ["steps"]:
-            names = [x.strip() for x in text.split(",") if x.strip()]
-            bad = [x for x in names if x not in LADDER_STEPS]
-            order = [LADDER_STEPS.index(x) for x in names if x in LADDER_STEPS]
-            if bad or order != sorted(set(order)) or (names and names[0] != "hold"):
-                raise UsageError(f"--set {key}={text!r}: steps are a soft-to-hard subset of "
-                                 f"{','.join(LADDER_STEPS)} starting with hold")
-            have = {st.name: st for st in ladder.steps}
-            return dataclasses.replace(ladder, steps=tuple(have.get(n, base[n])
-                                                           for n in names))
-        if parts == ["hysteresis_pct"]:
-            return dataclasses.replace(ladder, hysteresis_pct=float(text))
-        if parts in (["throttle_signal"], ["unthrottle_signal"]):
-            if text.upper() not in ("URG", "WINCH"):
-                raise UsageError(f"--set {key}={text!r}: URG or WINCH")
-            if parts[0] == "throttle_signal":
-                return dataclasses.replace(ladder, throttle_signal=text.upper())
-            return dataclasses.replace(ladder, unthrottle_signal=text.upper())
-        if len(parts) == 2 and parts[0] in LADDER_STEPS and parts[1] in (
-                "after_s", "release_after_s", "per_job", "per_hour"):
-            step = ladder.step(parts[0])
-            if step is None:
-                raise UsageError(f"--set {key}: {parts[0]!r} is not in ladder.steps "
-                                 f"({','.join(ladder.names()) or 'none'})")
-            value: Any = int(text) if parts[1].startswith("per_") else float(text)
-            if value < 0 or (parts[1].startswith("per_") and value == 0):
-                raise UsageError(f"--set {key}={text!r}: must be "
-                                 f"{'>= 1' if parts[1].startswith('per_') else '>= 0'}")
-            steps = tuple(dataclasses.replace(st, **{parts[1]: value})
-                          if st.name == parts[0] else st for st in ladder.steps)
-            return dataclasses.replace(ladder, steps=steps)
-    except ValueError:
-        raise UsageError(f"--set {key}={text!r}: not a number") from None
-    raise UsageError(f"--set {key}: no ladder knob", hint=LADDER_KNOBS.lstrip("; "))
+            raw["steps"] = [x.strip() for x in text.split(",") if x.strip()]
+            wrote.append((item, "steps"))
+        elif len(parts) == 1 and parts[0] in _TOP_KEYS:
+            name = _TOP_KEYS[parts[0]]
+            raw[name] = text.upper() if name.endswith("_signal") else _scalar(text)
+            wrote.append((item, name))
+        elif len(parts) == 2 and parts[0] in LADDER_STEPS and parts[1] in _STEP_KEYS:
+            name = _STEP_KEYS[parts[1]]
+            section = raw.get(parts[0])
+            raw[parts[0]] = dict(section) if isinstance(section, dict) else {}
+            raw[parts[0]][name] = _scalar(text)
+            wrote.append((item, f"{parts[0]}.{name}"))
+            per_step.append((item, parts[0]))
+        else:
+            raise UsageError(f"--set {item!r}: no ladder knob", hint=LADDER_KNOBS.lstrip("; "))
+    try:
+        checked = read_ladder(raw)
+    except ConfigError as exc:
+        first = exc.problems[0] if exc.problems else str(exc)
+        more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        key = first.split(": ", 1)[0]
+        culprits = [item for item, name in wrote
+                    if key == f"{LADDER_PATH}.{name}" or key.startswith(
+                        f"{LADDER_PATH}.{name}.")] or [item for item, _ in wrote]
+        raise UsageError(f"--set {' '.join(culprits)}: {first}{more}") from None
+    names = [st.name for st in checked.steps]
+    for item, step in per_step:
+        if step not in names:
+            raise UsageError(f"--set {item}: {step!r} is not in ladder.steps "
+                             f"({','.join(names) or 'none'})")
+    return LadderPolicy.of(checked)
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as YAML would read it: a whole number, a number, else text."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
 
 
 def mig_candidates(

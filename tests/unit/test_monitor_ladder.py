@@ -559,6 +559,82 @@ def test_set_rejects_nonsense(knob: str) -> None:
         override(POL, [knob])
 
 
+#: --set ladder.* and the same value under monitor.ladder in the file: one checker, one error.
+SAME_AS_THE_FILE = [
+    ("ladder.hysteresis_pct=100", {"hysteresis": 100}),  # calm would be unreachable
+    ("ladder.hysteresis_pct=-5", {"hysteresis": -5}),
+    ("ladder.hysteresis_pct=lots", {"hysteresis": "lots"}),
+    ("ladder.unthrottle_signal=URG", {"unthrottle_signal": "URG"}),  # slow down == full speed
+    ("ladder.throttle_signal=WINCH", {"throttle_signal": "WINCH"}),
+    ("ladder.throttle_signal=USR1", {"throttle_signal": "USR1"}),
+    ("ladder.steps=throttle", {"steps": ["throttle"]}),
+    ("ladder.steps=hold,hold", {"steps": ["hold", "hold"]}),
+    ("ladder.steps=hold,suspend,throttle", {"steps": ["hold", "suspend", "throttle"]}),
+    ("ladder.steps=hold,pause", {"steps": ["hold", "pause"]}),
+    ("ladder.requeue.per_hour=0", {"requeue": {"per_hour": 0}}),
+    ("ladder.throttle.after_s=-30", {"throttle": {"after": -30}}),
+    ("ladder.suspend.release_after_s=soon", {"suspend": {"release_after": "soon"}}),
+    ("ladder.hold.per_hour=3", {"hold": {"per_hour": 3}}),
+]
+
+
+@pytest.mark.parametrize("knob,yaml_ladder", SAME_AS_THE_FILE)
+def test_set_ladder_gets_the_config_checks_and_words(knob: str, yaml_ladder: Dict) -> None:
+    import os
+
+    import yaml
+
+    from slurmiso.config import parse_config
+    from slurmiso.errors import ConfigError, UsageError
+
+    etc = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+    with open(etc, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data["monitor"]["ladder"] = yaml_ladder
+    with pytest.raises(ConfigError) as cfg_err:
+        parse_config(data, "x.yaml")
+    in_file = [p.split(": ", 1)[1] for p in cfg_err.value.problems
+               if p.startswith("x.yaml: monitor.ladder")]
+    with pytest.raises(UsageError) as err:
+        override(POL, [knob])
+    line = str(err.value).splitlines()[0]
+    assert line.startswith(f"--set {knob}: monitor.ladder."), line
+    assert in_file and line.split(": ", 1)[1].startswith(in_file[0]), (line, in_file)
+
+
+def test_set_ladder_error_is_one_line_from_the_cli(tmp_path: pytest.TempPathFactory,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from slurmiso.cli.main import main
+
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+    state = os.path.join(str(tmp_path), "state.json")
+    rc = main(["-c", cfg, "monitor", "status", "--state", state,
+               "--set", "ladder.hysteresis_pct=100"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err
+    assert "--set ladder.hysteresis_pct=100: monitor.ladder.hysteresis: 100 is out of range " \
+           "(allowed: 0..90)" in err, err
+
+
+def test_set_ladder_still_sets_what_the_file_allows() -> None:
+    pol = override(POL, ["ladder.hysteresis_pct=20", "ladder.throttle_signal=winch",
+                         "ladder.unthrottle_signal=URG", "ladder.throttle.after_s=30",
+                         "ladder.steps=hold,throttle,requeue", "ladder.requeue.per_job=2"])
+    lad = pol.ladder
+    assert (lad.hysteresis_pct, lad.throttle_signal, lad.unthrottle_signal) == (
+        20.0, "WINCH", "URG")
+    assert lad.names() == ("hold", "throttle", "requeue")
+    assert lad.step("throttle") == StepPolicy("throttle", 30.0, 60.0, 6, 100)
+    assert lad.step("requeue") == StepPolicy("requeue", 60.0, 60.0, 2, 100)
+    back = override(pol, ["ladder.steps=hold,throttle,suspend,requeue"])
+    assert back.ladder.step("suspend") == LadderPolicy().step("suspend"), "a step added back " \
+        "gets the defaults"
+    with pytest.raises(Exception, match="'suspend' is not in ladder.steps"):
+        override(pol, ["ladder.suspend.per_job=2"])
+
+
 def test_error_rate_breach_climbs_too() -> None:
     c = shared_pair()
     c.p99["i1"] = CALM_MS
