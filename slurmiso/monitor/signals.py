@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 M_JOB_GPU = "slurmiso_job_gpu"
 M_LATENCY = "slurmiso_job_latency_seconds"
@@ -138,6 +138,33 @@ class JobSignals:
                    tuple((int(g[0]), str(g[1]) if len(g) > 1 else "")
                          for g in d.get("gpus", ())),
                    unknown=tuple(str(u) for u in d.get("unknown", ())), **figures)
+
+
+_LATENCY_FIGURES = ("p50_ms", "p95_ms", "p99_ms")
+#: The figures an unknown signal (``"signal:reason"``) leaves unknown: a reason that names
+#: one figure (latency known, failures not) only that one; any other, all the signal's.
+_UNKNOWN_BY_REASON: Dict[str, Tuple[str, ...]] = {
+    f"{SIGNAL_LATENCY}:{R_NO_ERRORS}": ("error_rate",),
+    f"{SIGNAL_LATENCY}:{R_NO_QUANTILES}": _LATENCY_FIGURES,
+}
+_UNKNOWN_BY_SIGNAL: Dict[str, Tuple[str, ...]] = {
+    SIGNAL_LATENCY: _LATENCY_FIGURES + ("error_rate",),
+    SIGNAL_STEPS: ("step_s", "throughput_vs_solo"),
+}
+_NONE: FrozenSet[str] = frozenset()
+
+
+def unknown_fields(unknown: Tuple[str, ...]) -> FrozenSet[str]:
+    """The :class:`JobSignals` fields the agent named unknown (``unknown`` holds
+    ``"signal:reason"`` items): a figure exported beside them is not to be trusted."""
+    if not unknown:
+        return _NONE
+    out: Set[str] = set()
+    for item in unknown:
+        named = _UNKNOWN_BY_REASON.get(item)
+        out.update(named if named is not None else
+                   _UNKNOWN_BY_SIGNAL.get(item.split(":", 1)[0], ()))
+    return frozenset(out)
 
 
 #: The figures of a :class:`JobSignals`, as snapshots store them (None: left out).

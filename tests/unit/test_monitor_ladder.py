@@ -50,6 +50,8 @@ class Cluster:
         self.age: Dict[str, Optional[float]] = {}
         self.sm: Dict[Tuple[str, int], float] = {}
         self.calls: List[Tuple[str, str]] = []
+        #: job -> the agent's "signal:reason" items (figures it exports beside them)
+        self.told: Dict[str, Tuple[str, ...]] = {}
 
     # -- set up ---------------------------------------------------------------------------
     def run_job(self, jid: str, cls: str, node: str = "n1", gpu: int = 0,
@@ -120,7 +122,8 @@ class Cluster:
             if self.jobs[jid].state == "RUNNING":
                 signals[jid] = JobSignals(jid, "infer", node, ((gpu, ""),), p99_ms=p99,
                                           error_rate=0.0, requests=100.0,
-                                          latency_age_s=self.age[jid])
+                                          latency_age_s=self.age[jid],
+                                          unknown=self.told.get(jid, ()))
         return Snapshot(ts, tuple(nodes), {"shared": tuple(self.nodes)},
                         tuple(self.jobs.values()), job_signals=signals)
 
@@ -263,7 +266,8 @@ def test_a_dip_resets_the_breach_dwell() -> None:
 
 
 # --------------------------------------------------------------- unknown: hold position
-@pytest.mark.parametrize("case", ["stale", "p99 missing", "signals gone", "agent silent"])
+@pytest.mark.parametrize("case", ["stale", "p99 missing", "signals gone", "agent silent",
+                                  "told unknown, calm figure", "told unknown, hot figure"])
 def test_unknown_signals_take_no_step_and_release_nothing(case: str) -> None:
     c = shared_pair()
 
@@ -276,6 +280,9 @@ def test_unknown_signals_take_no_step_and_release_nothing(case: str) -> None:
             c.p99["i1"] = None
         elif case == "signals gone":
             c.p99.pop("i1", None)
+        elif case.startswith("told unknown"):  # the agent exports a figure it distrusts
+            c.p99["i1"] = CALM_MS if "calm" in case else BREACH_MS
+            c.told["i1"] = ("latency:stale",)
 
     pol = POL
     if case == "agent silent":
@@ -292,6 +299,28 @@ def test_unknown_signals_take_no_step_and_release_nothing(case: str) -> None:
     assert [k[1] for k in ladder_kinds(steps)] == ["throttle"], "no step, no release"
     assert mem.restrained["t1"].throttled_since == T0 + 2 * DT
     assert c.jobs["p1"].exc_nodes == "n1", "still held off"
+
+
+@pytest.mark.parametrize("p99,error_rate,unknown,error_limit,kind", [
+    (100.0, 0.0, (), 0.05, "calm"),
+    (100.0, 0.0, ("latency:stale",), 0.05, "unknown"),  # every latency figure distrusted
+    (400.0, 0.0, ("latency:timeout",), 0.05, "unknown"),  # a distrusted breach: no step
+    (100.0, 0.0, ("latency:no-quantiles",), None, "unknown"),
+    (100.0, None, ("latency:no-error-series",), 0.05, "unknown"),
+    (100.0, 0.0, ("latency:no-error-series",), None, "calm"),  # names the error rate only
+    (400.0, 0.0, ("latency:no-error-series",), 0.05, "hot"),
+    (100.0, 0.0, ("steps:no-report",), 0.05, "calm"),  # training's signal, not latency
+])
+def test_a_figure_the_agent_names_unknown_is_unknown(p99: float, error_rate: Optional[float],
+                                                     unknown: Tuple[str, ...],
+                                                     error_limit: Optional[float],
+                                                     kind: str) -> None:
+    from slurmiso.monitor.ladder import job_verdict
+
+    sig = JobSignals("i1", "infer", "n1", ((0, ""),), p99_ms=p99, error_rate=error_rate,
+                     requests=100.0, latency_age_s=5.0, unknown=unknown)
+    slo = SloLimit("infer", None, None, error_limit, 250)
+    assert job_verdict("i1", sig, slo, POL).kind == kind
 
 
 def test_an_idle_inference_job_is_calm() -> None:
