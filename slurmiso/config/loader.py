@@ -518,14 +518,36 @@ def _read_ladder(s: _Section) -> Ladder:
 
 def _read_signals(s: _Section) -> SignalSettings:
     base = SignalSettings()
+
+    def given(name: str, what: str, default: str) -> bool:
+        """False, with the problem named, where the key is there but null: every key here
+        has a default, and the way to ask for it is to leave the key out."""
+        if name in s.data and s.data[name] is None:
+            s.seen.add(name)
+            s.p.add(s.key(name), f"expected {what}, got None (leave the key out for the "
+                    f"default, {default})")
+            return False
+        return True
+
     out = SignalSettings(
-        refresh_s=s.converted("refresh", base.refresh_s, _duration, "duration (e.g. 5s)"),
-        window_s=s.converted("window", base.window_s, _duration, "duration (e.g. 60s)"),
-        timeout_s=s.converted("timeout", base.timeout_s, _duration, "duration (e.g. 1s)"),
-        max_body_mb=s.converted("max_body", base.max_body_mb, _size, "size (e.g. 1M)"),
-        baseline_steps=s.integer("baseline_steps", base.baseline_steps, 0, 256),
-        step_window_s=s.converted("step_window", base.step_window_s, _duration, "duration"),
-        servers=_read_servers(s) if "servers" in s.data else base.servers,
+        refresh_s=s.converted("refresh", base.refresh_s, _duration, "duration (e.g. 5s)")
+        if given("refresh", "a duration (e.g. 5s)", f"{base.refresh_s}s") else base.refresh_s,
+        window_s=s.converted("window", base.window_s, _duration, "duration (e.g. 60s)")
+        if given("window", "a duration (e.g. 60s)", f"{base.window_s}s") else base.window_s,
+        timeout_s=s.converted("timeout", base.timeout_s, _duration, "duration (e.g. 1s)")
+        if given("timeout", "a duration (e.g. 1s)", f"{base.timeout_s}s") else base.timeout_s,
+        max_body_mb=s.converted("max_body", base.max_body_mb, _size, "size (e.g. 1M)")
+        if given("max_body", "a size (e.g. 1M)", f"{base.max_body_mb}M")
+        else base.max_body_mb,
+        baseline_steps=s.integer("baseline_steps", base.baseline_steps, 0, 256)
+        if given("baseline_steps", "a whole number 0..256", str(base.baseline_steps))
+        else base.baseline_steps,
+        step_window_s=s.converted("step_window", base.step_window_s, _duration, "duration")
+        if given("step_window", "a duration (e.g. 60s)", f"{base.step_window_s}s")
+        else base.step_window_s,
+        servers=_read_servers(s) if "servers" in s.data and given(
+            "servers", "a list of servers", ", ".join(p.name for p in base.servers))
+        else base.servers,
     )
     for key, value, lo, hi in (("refresh", out.refresh_s, 1, 3600),
                                ("window", out.window_s, 2, 86400),
@@ -569,7 +591,7 @@ def _read_servers(s: _Section) -> Tuple[ServerProfile, ...]:
                     ss.p.add(ss.key(key), str(exc))
         ss.done()
         out.append(prof)
-    if not out:
+    if not out and isinstance(s.data.get("servers"), list):  # not a list: already said
         s.p.add(s.key("servers"), "an empty list reads no endpoint (leave it out for the "
                 "defaults: vllm, tgi, triton, generic)")
     return tuple(out)
