@@ -283,7 +283,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
     window = snap.ts - policy.stagger_interval_s
     mem.release_times = [t for t in mem.release_times if t > window]
     backlog = [float(h.get("ts", snap.ts)) for jid, h in mem.holds.items() if jid in pending]
-    free = _free_gpus(snap, blocked)
+    free = _free_gpus(snap, blocked, who)
     # The backlog (held jobs and this cycle's arrivals) must be gone backlog_drain_s after
     # its oldest hold: spread what is left over the intervals left.
     left = policy.backlog_drain_s - (snap.ts - min(backlog, default=snap.ts))
@@ -411,10 +411,12 @@ def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[
     return Action("hold", job.id, reason, details)
 
 
-def _free_gpus(snap: Snapshot, blocked: Dict[str, str]) -> int:
+def _free_gpus(snap: Snapshot, blocked: Dict[str, str], who: Optional[Attribution]) -> int:
     """GPUs with no job on usable nodes training may use: what can start right away."""
+    on_gpu = who.on_gpu if who is not None else {}
     return sum(1 for n in snap.nodes if n.usable and n.name not in blocked
-               for g in n.gpus if not g.jobs and not g.processes)
+               for g in n.gpus
+               if not g.jobs and not g.processes and (n.name, g.index) not in on_gpu)
 
 
 def _slo_nodes(snap: Snapshot, policy: Policy) -> Set[str]:

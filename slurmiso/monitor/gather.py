@@ -26,7 +26,10 @@ def live_snapshot(
     cfg: Any, slurm: Any, source: Optional[TelemetrySource],
     clock: Callable[[], float] = time.time,
 ) -> Snapshot:
-    """Ask Slurm, then the telemetry source, for everything :func:`decide` looks at."""
+    """Ask Slurm, then the telemetry source, for everything :func:`decide` looks at, as
+    they said it: which jobs hold a GPU that the agents' samples leave unnamed is for
+    :class:`~slurmiso.monitor.attribution.Attribution` to work out, in one place, live or
+    replayed."""
     now = clock()
     try:
         raw_nodes = slurm.show_all("node")
@@ -60,25 +63,9 @@ def live_snapshot(
             pool.name if pool else "", pool.mode if pool else "", _gres(f.get("Gres", "")),
             addrs[name], gpus, reading.ages.get(name)))
     jobs = parse_queue(cfg, raw_jobs)
-    snap = Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
+    return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
                     reading.latency_age_s, True, tuple(reading.errors), dict(reading.unknown),
                     dict(reading.job_signals))
-    return attributed(snap, [c.name for c in cfg.classes if c.preemptible])
-
-
-def attributed(snap: Snapshot, train_classes: List[str]) -> Snapshot:
-    """``snap`` with each GPU sample naming the live jobs on it and their classes, where
-    the agent left them out (``telemetry.job_labels: false``, or a Prometheus source): from
-    the per-job signals, for jobs Slurm shows on that node (:mod:`.attribution`)."""
-    import dataclasses
-
-    from slurmiso.monitor.attribution import Attribution
-
-    if not snap.job_signals:
-        return snap
-    who = Attribution(snap, train_classes)
-    nodes = tuple(dataclasses.replace(n, gpus=who.filled(n)) for n in snap.nodes)
-    return dataclasses.replace(snap, nodes=nodes)
 
 
 def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:

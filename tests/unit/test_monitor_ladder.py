@@ -677,8 +677,10 @@ def test_error_rate_breach_climbs_too() -> None:
     assert "error rate 20.0% (SLO 5.0%)" in throttle.reason
 
 
-def test_gather_fills_unlabelled_gpus_from_signals_for_jobs_slurm_shows_there() -> None:
-    from slurmiso.monitor.gather import attributed
+def test_unlabelled_gpus_get_their_jobs_from_signals_for_jobs_slurm_shows_there() -> None:
+    """One place ties signals to GPUs (Attribution), live or replayed: the gather hands
+    the samples on as the agents said them."""
+    from slurmiso.monitor.attribution import Attribution
 
     jobs = (JobInfo("i1", "RUNNING", "infer", ("shared",), "infer", T0, nodes=("n1",)),
             JobInfo("t9", "RUNNING", "train", ("shared",), "train", T0, nodes=("n2",)))
@@ -686,8 +688,8 @@ def test_gather_fills_unlabelled_gpus_from_signals_for_jobs_slurm_shows_there() 
                     (GpuSample(0, 1, 80_000, 10.0), GpuSample(1, 1, 80_000, 10.0)), 5.0)
     sigs = {"i1": JobSignals("i1", "infer", "n1", ((1, ""),), p99_ms=10.0, latency_age_s=1.0),
             "t9": JobSignals("t9", "train", "n1", ((0, ""),))}  # t9 runs on n2, not n1
-    got = attributed(Snapshot(T0, (node,), {"shared": ("n1",)}, jobs, job_signals=sigs),
-                     ["train"])
-    g0, g1 = got.nodes[0].gpus
-    assert (g0.jobs, g0.classes) == ((), ())
-    assert (g1.jobs, g1.classes) == (("i1",), ("infer",))
+    who = Attribution(Snapshot(T0, (node,), {"shared": ("n1",)}, jobs, job_signals=sigs),
+                      ["train"])
+    assert who.jobs_on("n1", 0) == [] and [j.id for j in who.jobs_on("n1", 1)] == ["i1"]
+    assert who.inference_gpus(node) == frozenset({1}), "only i1's GPU serves inference"
+    assert who.gpus_of == {"i1": [("n1", 1)]}
