@@ -138,7 +138,7 @@ def slo_load(snap: Snapshot, policy: Policy) -> Verdict:
                              f"(SLO {slo.max_queue_wait_s:g}s)"), {
                     "class": cls, "queue_wait_s": round(wait, 1)}
             calm = calm and wait <= slo.max_queue_wait_s * margin
-        if slo.p99_latency_ms is None:
+        if slo.p99_latency_ms is None or not slo.class_latency:
             continue
         p99 = snap.latency_p99_ms.get(cls)
         age = snap.latency_age_s

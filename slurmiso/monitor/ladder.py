@@ -65,8 +65,8 @@ class Breach:
 
 def limits(slo: SloLimit) -> List[Tuple[str, float]]:
     """The per-job limits of a class: (JobSignals field, limit)."""
-    p99 = slo.job_p99_latency_ms if slo.job_p99_latency_ms is not None else slo.p99_latency_ms
-    return [(n, float(v)) for n, v in (("p99_ms", p99), ("error_rate", slo.max_error_rate))
+    return [(n, float(v)) for n, v in (("p99_ms", slo.p99_latency_ms),
+                                       ("error_rate", slo.max_error_rate))
             if v is not None]
 
 

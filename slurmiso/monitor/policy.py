@@ -50,15 +50,17 @@ class Action:
 
 @dataclass(frozen=True)
 class SloLimit:
-    """A class's SLO. ``p99_latency_ms`` is the class-wide figure (a latency query);
-    ``job_p99_latency_ms`` and ``max_error_rate`` are checked per job on the agents'
-    signals (the ladder)."""
+    """A class's SLO. ``p99_latency_ms`` and ``max_error_rate`` are checked per job on the
+    agents' signals (the ladder); the P99 class-wide too, where a latency query measures
+    it (``class_latency``)."""
 
     class_name: str
     max_queue_wait_s: Optional[float] = None
     p99_latency_ms: Optional[float] = None
     max_error_rate: Optional[float] = None
-    job_p99_latency_ms: Optional[float] = None
+    #: A latency query measures the class-wide P99: only then is it admission's limit (one
+    #: that nothing measures would be unknown forever, and so admit no training).
+    class_latency: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,12 +214,10 @@ def policy_from_config(
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
         train_classes=tuple(c.name for c in train),
-        # A latency limit without a query to measure it would be unknown forever (and so
-        # admit no training): only limits that can be measured are policy.
-        # Per job, the agents' signals measure latency and errors without any query.
-        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s,
-                           s.p99_latency_ms if s.latency_query else None,
-                           s.max_error_rate, s.p99_latency_ms) for s in mon.slo),
+        # Per job, the agents' signals measure latency and errors without any query;
+        # class-wide, the P99 is measured only where a latency query says how.
+        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms,
+                           s.max_error_rate, bool(s.latency_query)) for s in mon.slo),
         lend=tuple(lend),
         lend_reserve=lend_reserve,
         mig_layouts=mig_candidates(cfg),

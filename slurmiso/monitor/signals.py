@@ -1,9 +1,9 @@
 """The per-job signals contract: what ``slurmiso agent`` exports about each job, and the
-monitor's reader of it (:func:`parse`).
+monitor's reader of it (:func:`from_samples`).
 
 The agent (:mod:`slurmiso.monitor.jobsignals`) writes these series; the monitor's SLO ladder
-reads them back through :func:`parse` into one :class:`JobSignals` per job. Both sides use the
-names below and nothing else, so a rename is one edit here.
+reads them back through :func:`from_samples` into one :class:`JobSignals` per job. Both sides
+use the names below and nothing else, so a rename is one edit here.
 
 =====================================  ==================================  ===================
 series                                 labels                              value
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 M_JOB_GPU = "slurmiso_job_gpu"
 M_LATENCY = "slurmiso_job_latency_seconds"
@@ -172,22 +172,13 @@ _FIGURES = ("p50_ms", "p95_ms", "p99_ms", "error_rate", "requests", "latency_age
             "step_s", "throughput_vs_solo", "steps_age_s")
 
 
-def parse(text: str, node: str = "") -> Dict[str, JobSignals]:
-    """One agent's answer (Prometheus text) as job id -> :class:`JobSignals`.
-
-    Only the series of this module are read; a line that does not parse is skipped (the
-    agent's own GPU series are checked strictly by the telemetry reader). Foreign GPU
-    processes (``job=""``) are not a job and are left out: ask :func:`foreign_gpus`.
-    """
-    from slurmiso.monitor.telemetry import parse_prometheus_text
-
-    wanted = set(SERIES)
-    samples = [s for s in parse_prometheus_text(text) if s.name in wanted]
-    return from_samples(samples, node)
-
-
 def from_samples(samples: Iterable[Any], node: str = "") -> Dict[str, JobSignals]:
-    """:func:`parse` on samples already parsed (``telemetry.Sample``: name, labels, value)."""
+    """One agent's answer, parsed once with its GPU series (``telemetry.Sample``: name,
+    labels, value), as job id -> :class:`JobSignals`.
+
+    Only the series of this module are read, and a figure the job's own answer made absurd
+    (NaN, negative) is no figure. Foreign GPU processes (``job=""``) are not a job and are
+    left out (the agent exports them for people and dashboards)."""
     acc: Dict[str, _Acc] = {}
     for s in samples:
         job = s.labels.get(L_JOB, "")
@@ -252,15 +243,3 @@ class _Acc:
     def signals(self, job: str, node: str) -> JobSignals:
         return JobSignals(job, self.job_class, node, tuple(sorted(self.gpus)),
                           unknown=tuple(sorted(self.unknown)), **self.values)
-
-
-def foreign_gpus(text: str) -> List[Tuple[int, str]]:
-    """(gpu, gi) of the GPUs and MIG instances where a process of no job runs."""
-    from slurmiso.monitor.telemetry import parse_prometheus_text
-
-    out = set()
-    for s in parse_prometheus_text(text):
-        if (s.name == M_JOB_GPU and s.labels.get(L_CLASS) == CLASS_FOREIGN
-                and s.labels.get(L_GPU, "").isdigit() and s.value >= 1):
-            out.add((int(s.labels[L_GPU]), s.labels.get(L_GI, "")))
-    return sorted(out)

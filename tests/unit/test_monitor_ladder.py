@@ -30,7 +30,7 @@ DT = 30.0
 STEPS = (StepPolicy("hold", 0, 60), StepPolicy("throttle", 60, 60, 6, 100),
          StepPolicy("suspend", 60, 60, 6, 100), StepPolicy("requeue", 60, 60, 6, 100))
 POL = Policy(min_dwell_s=60, stagger_max_starts=100, max_data_age_s=90, admission="nodes",
-             slo=(SloLimit("infer", None, None, 0.05, 250),),
+             slo=(SloLimit("infer", None, 250, 0.05, class_latency=False),),
              ladder=LadderPolicy(STEPS, hysteresis_pct=10))
 CALM_MS, BREACH_MS = 100.0, 400.0
 
@@ -319,7 +319,7 @@ def test_a_figure_the_agent_names_unknown_is_unknown(p99: float, error_rate: Opt
 
     sig = JobSignals("i1", "infer", "n1", ((0, ""),), p99_ms=p99, error_rate=error_rate,
                      requests=100.0, latency_age_s=5.0, unknown=unknown)
-    slo = SloLimit("infer", None, None, error_limit, 250)
+    slo = SloLimit("infer", None, 250, error_limit, class_latency=False)
     assert job_verdict("i1", sig, slo, POL).kind == kind
 
 

@@ -14,9 +14,9 @@ from slurmiso.config import parse_config
 from slurmiso.config.model import DEFAULT_SERVERS
 from slurmiso.errors import ConfigError
 from slurmiso.hooks.runner import run_hook
-from slurmiso.monitor import signals as sig
 from slurmiso.monitor import telemetry as t
 from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.unit.test_job_signals import signals_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -151,7 +151,7 @@ def test_a_scrape_stays_fast_while_an_endpoint_hangs(tmp_path: Any) -> None:
         refresher.stop.set()
         # a scrape that waited on the in-flight fetch would take up to its 1 s timeout
         assert worst < 0.75, f"a scrape took {worst:.3f}s"
-        assert sig.parse(text)["41"].unknown == ("latency:timeout",)
+        assert signals_of(text)["41"].unknown == ("latency:timeout",)
     finally:
         server.close()
 
