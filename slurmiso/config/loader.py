@@ -39,7 +39,7 @@ from slurmiso.config.model import (
     SignalSettings,
     Slo,
     Stagger,
-    TelemetrySource,
+    TelemetrySettings,
     Thresholds,
 )
 from slurmiso.errors import ConfigError
@@ -373,7 +373,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
     )
     li.done()
     te = s.section("telemetry")
-    telemetry = TelemetrySource(
+    telemetry = TelemetrySettings(
         source=te.text("source", "agents", ("agents", "prometheus")),
         agent_port=te.integer("agent_port", 9810, 1, 65535),
         prometheus_url=te.text("prometheus_url", ""),
