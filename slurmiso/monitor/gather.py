@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from slurmiso.errors import SlurmError, SlurmisoError
 from slurmiso.hostlist import expand
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 from slurmiso.monitor.telemetry import Reading, TelemetrySource
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,7 @@ _HELD = ("JobHeldUser", "JobHeldAdmin")
 
 
 def live_snapshot(
-    cfg: Any, slurm: Any, source: Optional[TelemetrySource],
+    cfg: Config, slurm: Any, source: Optional[TelemetrySource],
     clock: Callable[[], float] = time.time,
 ) -> Snapshot:
     """Ask Slurm, then the telemetry source, for everything :func:`decide` looks at, as
@@ -68,7 +71,7 @@ def live_snapshot(
                     dict(reading.job_signals))
 
 
-def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
+def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
     """squeue rows (:meth:`SlurmCli.queue`) into jobs with their slurmiso class."""
     from slurmiso.isolation.classify import classify
 

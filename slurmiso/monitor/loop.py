@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.errors import StateError
@@ -76,15 +76,15 @@ class DryRunOverlay:
     so its memory (and so its next decisions) are the real run's."""
 
     def __init__(self) -> None:
-        self.held: set = set()
-        self.released: set = set()
+        self.held: Set[str] = set()
+        self.released: Set[str] = set()
         self.exc: Dict[str, str] = {}
-        self.begun: set = set()
+        self.begun: Set[str] = set()
         self.parts: Dict[str, List[str]] = {}
         #: The ladder's: running jobs suspended / resumed / requeued.
-        self.suspended: set = set()
-        self.resumed: set = set()
-        self.requeued: set = set()
+        self.suspended: Set[str] = set()
+        self.resumed: Set[str] = set()
+        self.requeued: Set[str] = set()
 
     def record(self, outcomes: List[Outcome]) -> None:
         for out in outcomes:
@@ -286,7 +286,7 @@ class Monitor:
     def next_wait(self) -> float:
         """The interval, doubled per consecutive cycle Slurm did not answer (capped)."""
         n = self.stats.slurm_failures
-        return min(self.interval_s * (2 ** min(n, 10)), max(MAX_BACKOFF_S, self.interval_s))
+        return min(self.interval_s * float(2 ** min(n, 10)), max(MAX_BACKOFF_S, self.interval_s))
 
     # -------------------------------------------------------------------------- leading
     def try_lead(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.config.model import LADDER_STEPS, Ladder
+from slurmiso.config.model import LADDER_STEPS, Config, Ladder
 from slurmiso.monitor.ladder_state import Restraint, Rung
 
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
@@ -192,7 +192,7 @@ class Policy:
 
 
 def policy_from_config(
-    cfg: Any,
+    cfg: Config,
     lend: Sequence[Tuple[str, str]] = (),
     lend_reserve: int = 0,
     reconcile_nodes: Sequence[str] = (),
@@ -353,7 +353,7 @@ def _scalar(text: str) -> Any:
 
 
 def mig_candidates(
-    cfg: Any,
+    cfg: Config,
 ) -> Dict[str, Tuple[Tuple[str, Tuple[Tuple[str, int], ...]], ...]]:
     """Per mig-static pool, every configured layout the pool's GPU model can hold, as
     per-node profile counts (what Slurm will see as typed ``gres/gpu``)."""
