@@ -260,7 +260,7 @@ class Monitor:
         st.last_cycle_s = took
         st.held_jobs = len(self.memory.holds)
         st.lent_nodes = len(self.memory.lent)
-        st.closed_gates = sorted(k for k, g in self.memory.gates.items() if g.get("closed"))
+        st.closed_gates = sorted(k for k, g in self.memory.gates.items() if g.closed)
         st.stale_scopes = list(self.memory.stale)
         st.telemetry_errors = len(snap.errors)
         st.slurm_ok = snap.slurm_ok
@@ -275,11 +275,11 @@ class Monitor:
                              if r.throttled_since is not None),
             "suspended": sum(1 for r in self.memory.restrained.values()
                              if r.suspended_since is not None)}
-        stamps = [float(h.get("ts", snap.ts)) for h in self.memory.holds.values()]
+        stamps = [h.ts for h in self.memory.holds.values()]
         st.oldest_hold_s = max(0.0, snap.ts - min(stamps)) if stamps else None
         by: Dict[str, int] = {}
         for h in self.memory.holds.values():
-            key = hold_kind(h)
+            key = h.kind
             by[key] = by.get(key, 0) + 1
         st.held_by_reason = by
 
@@ -344,14 +344,6 @@ class Monitor:
     def close(self) -> None:
         self.lock.release()
         self.stats.leader = False
-
-
-def hold_kind(hold: Dict[str, Any]) -> str:
-    """A hold's reason as a metric label: ``stagger``, ``reconciled``, ``slo`` or
-    ``gate`` (a partition's GPUs were hot)."""
-    scopes = hold.get("scopes") or []
-    first = str(scopes[0]) if scopes else "gate"
-    return first if first in ("stagger", "reconciled", "slo") else "gate"
 
 
 def file_snapshots(path: str) -> Tuple[Callable[[], Snapshot], bool]:

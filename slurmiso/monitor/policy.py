@@ -8,10 +8,12 @@ never releases a hold an admin or user placed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, Config, Ladder
+from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
 
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
@@ -388,26 +390,26 @@ def mig_candidates(
 class Memory:
     """What the monitor remembers between cycles (and restarts): all JSON-able."""
 
-    #: job id -> {"ts", "scopes", "reason"}: holds this monitor placed.
-    holds: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: job id -> the hold this monitor placed on it.
+    holds: Dict[str, Hold] = field(default_factory=dict)
     #: Jobs someone else released (or re-excluded) after we acted: never touched again by
     #: us. Pruned to the jobs still pending, so it is bounded by the queue, not a count.
     overridden: List[str] = field(default_factory=list)
-    #: scope (partition name or "slo") -> {"closed", "since", "calm_since", "why"}.
-    gates: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: scope (partition name, "node:<name>" or "slo") -> its gate.
+    gates: Dict[str, Gate] = field(default_factory=dict)
     #: Scopes whose data is stale now (no admission change while listed).
     stale: List[str] = field(default_factory=list)
     release_times: List[float] = field(default_factory=list)
     idle_since: Dict[str, float] = field(default_factory=dict)
-    #: node -> {"from", "to", "ts"}: nodes lent to a training partition.
-    lent: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: node -> its loan to a training partition.
+    lent: Dict[str, Loan] = field(default_factory=dict)
     mig_mismatch_since: Dict[str, float] = field(default_factory=dict)
     mig_last: Dict[str, float] = field(default_factory=dict)
     #: {"node", "pool", "layout", "phase", "since", "reason"} while a re-layout runs.
     relayout: Optional[Dict[str, Any]] = None
     reconciled: Dict[str, float] = field(default_factory=dict)
-    #: qos-limit admission: QoS -> {"tres": {gpu: N, ...}, "ts"} caps this monitor set.
-    caps: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: qos-limit admission: QoS -> the cap this monitor set on it.
+    caps: Dict[str, Cap] = field(default_factory=dict)
     #: nodes admission: job id -> {"nodes": what we set, "user": the job's own ExcNodeList,
     #: "comment": the job's own comment}.
     excluded: Dict[str, Dict[str, Any]] = field(default_factory=dict)
@@ -434,14 +436,24 @@ class Memory:
     ladder_exempt: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """JSON for the state file: the records as the dicts they have always been."""
+        out: Dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _RECORDS:
+                out[f.name] = {k: r.to_dict() for k, r in value.items()}
+            else:
+                out[f.name] = copy.deepcopy(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Memory:
+        """The memory a state file holds, this version's or an earlier one's (whose
+        records were plain dicts with the same keys)."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["ladder"] = {k: Rung.from_dict(v) for k, v in (known.get("ladder") or {}).items()}
-        known["restrained"] = {k: Restraint.from_dict(v)
-                               for k, v in (known.get("restrained") or {}).items()}
+        for name, record in _RECORDS.items():
+            known[name] = {str(k): record.from_dict(v)
+                           for k, v in (known.get(name) or {}).items()}
         return cls(**known)
 
     def copy(self) -> Memory:
@@ -468,3 +480,8 @@ class Memory:
 
     def note(self, key: str, now: float) -> None:
         self.events[key] = self.events.get(key, []) + [now]
+
+
+#: Memory's fields of records, and the record each holds (JSON through to_dict/from_dict).
+_RECORDS: Dict[str, Any] = {"holds": Hold, "gates": Gate, "lent": Loan, "caps": Cap,
+                            "ladder": Rung, "restrained": Restraint}
