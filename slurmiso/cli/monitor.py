@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         expand(args.reconcile) if args.reconcile else (),
         parse_duration(args.reconcile_every) if args.reconcile else 0,
         parse_duration(args.drain_timeout))
-    policy = override(policy, args.set)
+    policy = override(policy, args.set, cfg)
     host = node_name()
     base = os.path.join(cfg.paths.state_dir_for(host), "monitor")
     state_path = args.state or os.path.join(base, "state.json")

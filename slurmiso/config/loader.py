@@ -457,6 +457,22 @@ def read_ladder(data: Any, path: str = LADDER_PATH) -> Ladder:
     return ladder
 
 
+def throttle_signal_problems(classes: Sequence[JobClass],
+                             ladder: Ladder) -> List[Tuple[str, str]]:
+    """(key, problem) where a ladder that throttles would send a training class its own
+    checkpoint signal (the cross-field rule of ``monitor.ladder``; ``--set`` asks it too)."""
+    out = []
+    if any(st.name == "throttle" for st in ladder.steps):
+        for i, c in enumerate(classes):
+            sig = c.checkpoint.signal if c.checkpoint else ""
+            if c.preemptible and sig in (ladder.throttle_signal, ladder.unthrottle_signal):
+                out.append((f"{LADDER_PATH}.throttle_signal",
+                            f"{sig} is classes[{i}] ({c.name})'s checkpoint signal: a "
+                            "throttle would ask it to checkpoint (use another of "
+                            f"{', '.join(THROTTLE_SIGNALS)})"))
+    return out
+
+
 def _read_ladder(s: _Section) -> Ladder:
     """``monitor.ladder``: which steps, in order, and each one's dwell and budget."""
     base = {st.name: st for st in Ladder.steps}
@@ -704,15 +720,8 @@ def _check(cfg: Config, p: _Problems) -> None:
                 _check_layout(layout, model, pool, key, p, pack)
         elif pool.mig_layout:
             p.add(f"{key}.mig_layout", f"only used when mode is mig-static (mode is {pool.mode})")
-    ladder = cfg.monitor.ladder
-    if any(st.name == "throttle" for st in ladder.steps):
-        for i, c in enumerate(cfg.classes):
-            sig = c.checkpoint.signal if c.checkpoint else ""
-            if c.preemptible and sig in (ladder.throttle_signal, ladder.unthrottle_signal):
-                p.add("monitor.ladder.throttle_signal",
-                      f"{sig} is classes[{i}] ({c.name})'s checkpoint signal: a throttle "
-                      "would ask it to checkpoint (use another of "
-                      f"{', '.join(THROTTLE_SIGNALS)})")
+    for key, msg in throttle_signal_problems(cfg.classes, cfg.monitor.ladder):
+        p.add(key, msg)
     for i, slo in enumerate(cfg.monitor.slo):
         if cfg.job_class(slo.class_name) is None:
             p.add(

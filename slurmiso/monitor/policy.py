@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.config.model import LADDER_STEPS, Config, Ladder
+from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
 
@@ -240,9 +240,11 @@ def policy_from_config(
     )
 
 
-def override(policy: Policy, assignments: Sequence[str]) -> Policy:
+def override(policy: Policy, assignments: Sequence[str],
+             cfg: Optional[Config] = None) -> Policy:
     """``--set KEY=VALUE`` on any policy knob, typed from its current value; UsageError
-    naming the key and the knobs there are."""
+    naming the key and the knobs there are. With ``cfg``, a ladder override is also checked
+    against its classes (a throttle signal that is a checkpoint signal)."""
     import dataclasses
 
     from slurmiso.errors import UsageError
@@ -282,7 +284,8 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
     if changes.get("admission", policy.admission) not in ADMISSIONS:
         raise UsageError(f"--set admission={changes['admission']!r}: one of "
                          + ", ".join(ADMISSIONS))
-    ladder = _override_ladder(policy.ladder, ladder_items) if ladder_items else policy.ladder
+    ladder = (_override_ladder(policy.ladder, ladder_items, cfg.classes if cfg else ())
+              if ladder_items else policy.ladder)
     return dataclasses.replace(policy, ladder=ladder, **changes)
 
 
@@ -296,13 +299,13 @@ _TOP_KEYS = {"hysteresis_pct": "hysteresis", "hysteresis": "hysteresis",
              "throttle_signal": "throttle_signal", "unthrottle_signal": "unthrottle_signal"}
 
 
-def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]]
-                     ) -> LadderPolicy:
+def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]],
+                     classes: Sequence[JobClass] = ()) -> LadderPolicy:
     """``--set ladder.KNOB=V`` / ``ladder.<step>.KNOB=V`` (``items``: the argument, its key,
     its value), applied to the ladder as its ``monitor.ladder`` mapping and read back by the
     config's own checker (:func:`slurmiso.config.loader.read_ladder`): an override is
     refused exactly where the same value in the file would be, with the same words."""
-    from slurmiso.config.loader import LADDER_PATH, read_ladder
+    from slurmiso.config.loader import LADDER_PATH, read_ladder, throttle_signal_problems
     from slurmiso.errors import ConfigError, UsageError
 
     raw = ladder.to_config()
@@ -328,6 +331,9 @@ def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]]
             raise UsageError(f"--set {item!r}: no ladder knob", hint=LADDER_KNOBS.lstrip("; "))
     try:
         checked = read_ladder(raw)
+        cross = [f"{key}: {msg}" for key, msg in throttle_signal_problems(classes, checked)]
+        if cross:
+            raise ConfigError("the ladder's signals", problems=cross)
     except ConfigError as exc:
         first = exc.problems[0] if exc.problems else str(exc)
         more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""

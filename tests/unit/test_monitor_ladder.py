@@ -631,6 +631,37 @@ def test_set_ladder_gets_the_config_checks_and_words(knob: str, yaml_ladder: Dic
     assert in_file and line.split(": ", 1)[1].startswith(in_file[0]), (line, in_file)
 
 
+def test_set_ladder_is_checked_against_the_classes_checkpoint_signals() -> None:
+    """A class checkpointing on URG is fine while the ladder never throttles; turning the
+    throttle on with --set is refused with the file's words."""
+    import os
+
+    import yaml
+
+    from slurmiso.config import parse_config
+    from slurmiso.errors import ConfigError, UsageError
+    from slurmiso.monitor.policy import policy_from_config
+
+    etc = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+    with open(etc, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    for c in data["classes"]:
+        if c.get("checkpoint"):
+            c["checkpoint"]["signal"] = "URG"
+    data["monitor"]["ladder"] = {"steps": ["hold", "suspend", "requeue"]}
+    cfg = parse_config(data, "x.yaml")
+    with pytest.raises(UsageError) as err:
+        override(policy_from_config(cfg), ["ladder.steps=hold,throttle"], cfg)
+    data["monitor"]["ladder"] = {"steps": ["hold", "throttle"]}
+    with pytest.raises(ConfigError) as cfg_err:
+        parse_config(data, "x.yaml")
+    in_file = [p.split(": ", 1)[1] for p in cfg_err.value.problems if "checkpoint signal" in p]
+    assert in_file and str(err.value).startswith(
+        f"--set ladder.steps=hold,throttle: {in_file[0]}"), (str(err.value), in_file)
+    assert override(policy_from_config(cfg), ["ladder.hysteresis_pct=5"], cfg).ladder.names() \
+        == ("hold", "suspend", "requeue"), "no throttle, no conflict"
+
+
 def test_set_ladder_error_is_one_line_from_the_cli(tmp_path: pytest.TempPathFactory,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import os
