@@ -70,7 +70,7 @@ if mode == "ladder":
     snap = loads(text)
     gc.disable()
     pol = Policy(min_dwell_s=0, admission="nodes",
-                 slo=(SloLimit("infer", 600, None, 0.05, 250),))
+                 slo=(SloLimit("infer", 600, 250, 0.05, class_latency=False),))
     later = dataclasses.replace(snap, ts=snap.ts + 90)
     actions, mem = decide(snap, pol, Memory())
     result["first_ms"] = timed(lambda: decide(snap, pol, Memory()), RUNS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         expand(args.reconcile) if args.reconcile else (),
         parse_duration(args.reconcile_every) if args.reconcile else 0,
         parse_duration(args.drain_timeout))
-    policy = override(policy, args.set)
+    policy = override(policy, args.set, cfg)
     host = node_name()
     base = os.path.join(cfg.paths.state_dir_for(host), "monitor")
     state_path = args.state or os.path.join(base, "state.json")
@@ -263,14 +263,15 @@ def _exit(mon: Any, failures: int) -> Tuple[int, List[str]]:
 
 def _report(mon: Any, outcomes: List[Any], dry_run: bool, as_json: bool, print_json: Any,
             exit_info: Tuple[int, List[str]]) -> None:
-    gates: Dict[str, Any] = mon.memory.gates
+    gates = {k: g.to_dict() for k, g in mon.memory.gates.items()}
     code, reasons = exit_info
     if as_json:
         print_json({"dry_run": dry_run,
                     "actions": [dict(o.action.to_dict(), ok=o.ok, error=o.error)
                                 for o in outcomes],
                     "gates": gates, "stale": mon.memory.stale,
-                    "holds": sorted(mon.memory.holds), "lent": mon.memory.lent,
+                    "holds": sorted(mon.memory.holds),
+                    "lent": {k: r.to_dict() for k, r in mon.memory.lent.items()},
                     "excluded": sorted(mon.memory.excluded),
                     "relayout": mon.memory.relayout,
                     "ladder": {k: r.to_dict() for k, r in sorted(mon.memory.ladder.items())},

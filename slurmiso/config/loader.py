@@ -39,7 +39,7 @@ from slurmiso.config.model import (
     SignalSettings,
     Slo,
     Stagger,
-    TelemetrySource,
+    TelemetrySettings,
     Thresholds,
 )
 from slurmiso.errors import ConfigError
@@ -373,7 +373,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
     )
     li.done()
     te = s.section("telemetry")
-    telemetry = TelemetrySource(
+    telemetry = TelemetrySettings(
         source=te.text("source", "agents", ("agents", "prometheus")),
         agent_port=te.integer("agent_port", 9810, 1, 65535),
         prometheus_url=te.text("prometheus_url", ""),
@@ -442,6 +442,37 @@ def _dwell(s: _Section, name: str, default: int) -> int:
     return default if got is None else int(got)
 
 
+LADDER_PATH = "monitor.ladder"
+
+
+def read_ladder(data: Any, path: str = LADDER_PATH) -> Ladder:
+    """``monitor.ladder`` on its own, from its YAML mapping: the one checker of the ladder,
+    so the monitor's ``--set ladder.*`` gets exactly the errors the file would (ConfigError,
+    one ``key.path: what is wrong (allowed: ...)`` line per problem)."""
+    p = _Problems()
+    ladder = _read_ladder(_Section(data, path, p))
+    if p.errors:
+        n = len(p.errors)
+        raise ConfigError(f"{n} problem{'s' if n > 1 else ''} in {path}", problems=p.errors)
+    return ladder
+
+
+def throttle_signal_problems(classes: Sequence[JobClass],
+                             ladder: Ladder) -> List[Tuple[str, str]]:
+    """(key, problem) where a ladder that throttles would send a training class its own
+    checkpoint signal (the cross-field rule of ``monitor.ladder``; ``--set`` asks it too)."""
+    out = []
+    if any(st.name == "throttle" for st in ladder.steps):
+        for i, c in enumerate(classes):
+            sig = c.checkpoint.signal if c.checkpoint else ""
+            if c.preemptible and sig in (ladder.throttle_signal, ladder.unthrottle_signal):
+                out.append((f"{LADDER_PATH}.throttle_signal",
+                            f"{sig} is classes[{i}] ({c.name})'s checkpoint signal: a "
+                            "throttle would ask it to checkpoint (use another of "
+                            f"{', '.join(THROTTLE_SIGNALS)})"))
+    return out
+
+
 def _read_ladder(s: _Section) -> Ladder:
     """``monitor.ladder``: which steps, in order, and each one's dwell and budget."""
     base = {st.name: st for st in Ladder.steps}
@@ -503,14 +534,36 @@ def _read_ladder(s: _Section) -> Ladder:
 
 def _read_signals(s: _Section) -> SignalSettings:
     base = SignalSettings()
+
+    def given(name: str, what: str, default: str) -> bool:
+        """False, with the problem named, where the key is there but null: every key here
+        has a default, and the way to ask for it is to leave the key out."""
+        if name in s.data and s.data[name] is None:
+            s.seen.add(name)
+            s.p.add(s.key(name), f"expected {what}, got None (leave the key out for the "
+                    f"default, {default})")
+            return False
+        return True
+
     out = SignalSettings(
-        refresh_s=s.converted("refresh", base.refresh_s, _duration, "duration (e.g. 5s)"),
-        window_s=s.converted("window", base.window_s, _duration, "duration (e.g. 60s)"),
-        timeout_s=s.converted("timeout", base.timeout_s, _duration, "duration (e.g. 1s)"),
-        max_body_mb=s.converted("max_body", base.max_body_mb, _size, "size (e.g. 1M)"),
-        baseline_steps=s.integer("baseline_steps", base.baseline_steps, 0, 256),
-        step_window_s=s.converted("step_window", base.step_window_s, _duration, "duration"),
-        servers=_read_servers(s) if "servers" in s.data else base.servers,
+        refresh_s=s.converted("refresh", base.refresh_s, _duration, "duration (e.g. 5s)")
+        if given("refresh", "a duration (e.g. 5s)", f"{base.refresh_s}s") else base.refresh_s,
+        window_s=s.converted("window", base.window_s, _duration, "duration (e.g. 60s)")
+        if given("window", "a duration (e.g. 60s)", f"{base.window_s}s") else base.window_s,
+        timeout_s=s.converted("timeout", base.timeout_s, _duration, "duration (e.g. 1s)")
+        if given("timeout", "a duration (e.g. 1s)", f"{base.timeout_s}s") else base.timeout_s,
+        max_body_mb=s.converted("max_body", base.max_body_mb, _size, "size (e.g. 1M)")
+        if given("max_body", "a size (e.g. 1M)", f"{base.max_body_mb}M")
+        else base.max_body_mb,
+        baseline_steps=s.integer("baseline_steps", base.baseline_steps, 0, 256)
+        if given("baseline_steps", "a whole number 0..256", str(base.baseline_steps))
+        else base.baseline_steps,
+        step_window_s=s.converted("step_window", base.step_window_s, _duration, "duration")
+        if given("step_window", "a duration (e.g. 60s)", f"{base.step_window_s}s")
+        else base.step_window_s,
+        servers=_read_servers(s) if "servers" in s.data and given(
+            "servers", "a list of servers", ", ".join(p.name for p in base.servers))
+        else base.servers,
     )
     for key, value, lo, hi in (("refresh", out.refresh_s, 1, 3600),
                                ("window", out.window_s, 2, 86400),
@@ -554,7 +607,7 @@ def _read_servers(s: _Section) -> Tuple[ServerProfile, ...]:
                     ss.p.add(ss.key(key), str(exc))
         ss.done()
         out.append(prof)
-    if not out:
+    if not out and isinstance(s.data.get("servers"), list):  # not a list: already said
         s.p.add(s.key("servers"), "an empty list reads no endpoint (leave it out for the "
                 "defaults: vllm, tgi, triton, generic)")
     return tuple(out)
@@ -667,15 +720,8 @@ def _check(cfg: Config, p: _Problems) -> None:
                 _check_layout(layout, model, pool, key, p, pack)
         elif pool.mig_layout:
             p.add(f"{key}.mig_layout", f"only used when mode is mig-static (mode is {pool.mode})")
-    ladder = cfg.monitor.ladder
-    if any(st.name == "throttle" for st in ladder.steps):
-        for i, c in enumerate(cfg.classes):
-            sig = c.checkpoint.signal if c.checkpoint else ""
-            if c.preemptible and sig in (ladder.throttle_signal, ladder.unthrottle_signal):
-                p.add("monitor.ladder.throttle_signal",
-                      f"{sig} is classes[{i}] ({c.name})'s checkpoint signal: a throttle "
-                      "would ask it to checkpoint (use another of "
-                      f"{', '.join(THROTTLE_SIGNALS)})")
+    for key, msg in throttle_signal_problems(cfg.classes, cfg.monitor.ladder):
+        p.add(key, msg)
     for i, slo in enumerate(cfg.monitor.slo):
         if cfg.job_class(slo.class_name) is None:
             p.add(

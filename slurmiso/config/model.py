@@ -171,7 +171,10 @@ class Limits(Value):
     gate_opens_per_hour: int = 2
 
 
-class TelemetrySource(Value):
+class TelemetrySettings(Value):
+    """Where the monitor reads GPU telemetry (``monitor.telemetry``); the sources that read
+    it are :class:`slurmiso.monitor.telemetry.TelemetrySource`."""
+
     source: str = "agents"
     agent_port: int = 9810
     prometheus_url: str = ""
@@ -296,7 +299,7 @@ class MonitorSettings(Value):
     thresholds: Thresholds = Thresholds()
     min_dwell_s: int = 300
     stagger: Stagger = Stagger()
-    telemetry: TelemetrySource = TelemetrySource()
+    telemetry: TelemetrySettings = TelemetrySettings()
     slo: Tuple[Slo, ...] = ()
     #: ``nodes`` (default): keep pending training off the nodes where inference needs its
     #: GPUs with the job's ExcNodeList; ``hold`` pending training jobs partition-wide (as

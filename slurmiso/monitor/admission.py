@@ -22,10 +22,12 @@ about ``backlog_drain_s``), spent in Slurm's priority order; the excess is held,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.hostlist import compress
+from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
@@ -138,7 +140,7 @@ def slo_load(snap: Snapshot, policy: Policy) -> Verdict:
                              f"(SLO {slo.max_queue_wait_s:g}s)"), {
                     "class": cls, "queue_wait_s": round(wait, 1)}
             calm = calm and wait <= slo.max_queue_wait_s * margin
-        if slo.p99_latency_ms is None:
+        if slo.p99_latency_ms is None or not slo.class_latency:
             continue
         p99 = snap.latency_p99_ms.get(cls)
         age = snap.latency_age_s
@@ -168,23 +170,23 @@ def gate(mem: Memory, scope: str, verdict: str, why: str, now: float,
     if old is None:
         if verdict != HOT:
             return False  # open and never closed: nothing to remember (3,000 nodes)
-        old = {"closed": False, "since": 0.0, "calm_since": None, "why": ""}
-    new = dict(old)
-    if not old["closed"]:
+        old = Gate()
+    new = old
+    if not old.closed:
         if verdict == HOT:
-            new.update(closed=True, since=now, calm_since=None, why=why)
+            new = Gate(True, now, None, why)
     elif verdict == CALM:
-        calm_since = old["calm_since"] if old["calm_since"] is not None else now
-        new["calm_since"] = calm_since
-        if (now - calm_since >= policy.min_dwell_s and now - old["since"] >= policy.min_dwell_s
+        calm_since = old.calm_since if old.calm_since is not None else now
+        new = dataclasses.replace(old, calm_since=calm_since)
+        if (now - calm_since >= policy.min_dwell_s and now - old.since >= policy.min_dwell_s
                 and mem.count(f"open:{scope}", now) < policy.gate_opens_per_hour):
             mem.note(f"open:{scope}", now)
-            new.update(closed=False, since=now, calm_since=None, why=why)
+            new = Gate(False, now, None, why)
     else:
-        new["calm_since"] = None
+        new = dataclasses.replace(old, calm_since=None)
     if new != old:
         mem.gates[scope] = new
-    return bool(new["closed"])
+    return new.closed
 
 
 def admission(snap: Snapshot, policy: Policy, mem: Memory,
@@ -221,7 +223,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         if held is not None:
             closed[node.name] = held
         elif g:
-            closed[node.name] = mem.gates[f"node:{node.name}"]["why"] if v[0] != HOT else v[1]
+            closed[node.name] = mem.gates[f"node:{node.name}"].why if v[0] != HOT else v[1]
         elif g is None:
             unknown[node.name] = v[1]
     for scope in [s for s in mem.gates if s.startswith("node:") and (
@@ -234,9 +236,10 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         gates[SLO_SCOPE] = gate(mem, SLO_SCOPE, v[0], v[1], snap.ts, policy)
         why[SLO_SCOPE] = v
         if gates[SLO_SCOPE] is not False:
+            slo_gate = mem.gates.get(SLO_SCOPE)
             for name in _slo_nodes(snap, policy):
                 target = closed if gates[SLO_SCOPE] else unknown
-                target.setdefault(name, mem.gates.get(SLO_SCOPE, {}).get("why") or v[1])
+                target.setdefault(name, (slo_gate.why if slo_gate else "") or v[1])
     if policy.admission != "nodes":
         for part in sorted({p for j in waiting for p in j.partitions}):
             v = combine([verdicts[n] for n in snap.partitions.get(part, ()) if n in verdicts])
@@ -282,8 +285,8 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
     arrival_ids = {j.id for j in arrivals}
     window = snap.ts - policy.stagger_interval_s
     mem.release_times = [t for t in mem.release_times if t > window]
-    backlog = [float(h.get("ts", snap.ts)) for jid, h in mem.holds.items() if jid in pending]
-    free = _free_gpus(snap, blocked)
+    backlog = [h.ts for jid, h in mem.holds.items() if jid in pending]
+    free = _free_gpus(snap, blocked, who)
     # The backlog (held jobs and this cycle's arrivals) must be gone backlog_drain_s after
     # its oldest hold: spread what is left over the intervals left.
     left = policy.backlog_drain_s - (snap.ts - min(backlog, default=snap.ts))
@@ -295,7 +298,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
     if policy.admission == "hold":
         # One hold record and one details dict per partition set, shared by its jobs (both
         # are read-only once made: 20,000 holds cost 20,000 references, not dicts).
-        group: Dict[Tuple[Tuple[str, ...], bool], Optional[Tuple[str, Dict[str, Any],
+        group: Dict[Tuple[Tuple[str, ...], bool], Optional[Tuple[str, Hold,
                                                                   Dict[str, Any]]]] = {}
         for job in waiting:
             if job.id in mem.holds or job.held or job.id in overridden:
@@ -308,7 +311,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
                     closing = [s for s in scopes if gates.get(s) is None]
                 if closing:
                     text = f"training held: {why[closing[0]][1]}"
-                    group[key] = (text, {"ts": snap.ts, "scopes": closing, "reason": text},
+                    group[key] = (text, Hold(snap.ts, tuple(closing), text),
                                   dict(why[closing[0]][2], scopes=closing,
                                        job_class=job.job_class,
                                        partition=",".join(job.partitions)))
@@ -377,9 +380,9 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         allowance -= 1
         actions.append(Action(
             "release", job.id,
-            "calm: released in priority order" if hold.get("scopes") != [STAGGER]
+            "calm: released in priority order" if hold.scopes != (STAGGER,)
             else "its turn in the start budget, in priority order",
-            {"hold": hold, "held_s": round(snap.ts - float(hold.get("ts", snap.ts)), 1),
+            {"hold": hold.to_dict(), "held_s": round(snap.ts - hold.ts, 1),
              "partition": ",".join(job.partitions), "priority": job.priority,
              "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": len(backlog)}))
     actions += begin_now(snap, policy, mem, pending, allowance, open_for, _order)
@@ -392,7 +395,7 @@ def _order(job: JobInfo) -> Tuple[float, float, str]:
     return (-job.priority, job.submit_ts, job.id)
 
 
-_HoldShare = Dict[Tuple[Any, ...], Tuple[Dict[str, Any], Dict[str, Any]]]
+_HoldShare = Dict[Tuple[Any, ...], Tuple[Hold, Dict[str, Any]]]
 
 
 def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[str, Any],
@@ -400,7 +403,7 @@ def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[
     """Hold ``job``; with ``share``, jobs alike get one (read-only) record and details."""
     key = (job.partitions, job.job_class, reason, tuple(scopes))
     if share is None or key not in share:
-        made = ({"ts": now, "scopes": scopes, "reason": reason},
+        made = (Hold(now, tuple(scopes), reason),
                 dict(facts, scopes=scopes, job_class=job.job_class,
                      partition=",".join(job.partitions)))
         if share is None:
@@ -411,10 +414,12 @@ def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[
     return Action("hold", job.id, reason, details)
 
 
-def _free_gpus(snap: Snapshot, blocked: Dict[str, str]) -> int:
+def _free_gpus(snap: Snapshot, blocked: Dict[str, str], who: Optional[Attribution]) -> int:
     """GPUs with no job on usable nodes training may use: what can start right away."""
+    on_gpu = who.on_gpu if who is not None else {}
     return sum(1 for n in snap.nodes if n.usable and n.name not in blocked
-               for g in n.gpus if not g.jobs and not g.processes)
+               for g in n.gpus
+               if not g.jobs and not g.processes and (n.name, g.index) not in on_gpu)
 
 
 def _slo_nodes(snap: Snapshot, policy: Policy) -> Set[str]:

@@ -20,13 +20,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.errors import SlurmisoError
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor import telemetry as t
 from slurmiso.monitor.snapshot import GpuSample
 from slurmiso.state.record import JobRecord
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,8 @@ class NodeReport:
 
 
 def gather_node(
-    cfg: Any, node: str, backend: Any = None, records: Optional[Dict[str, JobRecord]] = None,
+    cfg: Optional[Config], node: str, backend: Any = None,
+    records: Optional[Dict[str, JobRecord]] = None,
     clock: Callable[[], float] = time.time, proc: str = "/proc",
 ) -> NodeReport:
     """Read ``node``'s GPUs (``backend``, else the configured one) and job records (``records``,
@@ -85,12 +89,16 @@ def gather_node(
     if records is None:
         from slurmiso.state import NodeState
 
+        if cfg is None:
+            raise SlurmisoError(f"{node}: reading its job records needs the config")
         records = NodeState(cfg.paths.state_dir_for(node)).jobs()
     owners = _owners(records)
     own = backend is None
     if own:
         from slurmiso.gpu import open_backend
 
+        if cfg is None:
+            raise SlurmisoError(f"{node}: opening its GPUs needs the config")
         backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
     try:
         report = NodeReport(node, clock())
@@ -123,9 +131,9 @@ def gather_node(
             backend.close()
 
 
-def _owners(records: Dict[str, JobRecord]) -> Dict[Tuple[str, str], set]:
+def _owners(records: Dict[str, JobRecord]) -> Dict[Tuple[str, str], Set[Tuple[str, str]]]:
     """(("gpu", index) | ("uuid", uuid) | ("gi", "gpu/gi")) -> {(job, class)} from records."""
-    out: Dict[Tuple[str, str], set] = {}
+    out: Dict[Tuple[str, str], Set[Tuple[str, str]]] = {}
     for job, rec in records.items():
         who = (str(job), rec.job_class)
         for res in rec.resources:
@@ -227,7 +235,7 @@ class NodeCollector:
         yield from (used, free, sm, util)
 
 
-def registry_for(cfg: Any, node: str, signals: Any = None) -> Any:
+def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
     """A fresh registry holding only this node's collectors (never the global one: the
     process/platform collectors would add noise to every node's scrape); ``signals``: a
     :class:`~slurmiso.monitor.jobsignals.JobSignalsState` whose per-job series it adds."""
@@ -243,7 +251,7 @@ def registry_for(cfg: Any, node: str, signals: Any = None) -> Any:
     return registry
 
 
-def signals_for(cfg: Any, node: str) -> Any:
+def signals_for(cfg: Config, node: str) -> Any:
     """The jobs' signals of ``node`` and their background reader (not started)."""
     from slurmiso.monitor.jobsignals import JobSignalsState, Refresher
 
@@ -265,7 +273,7 @@ def render(registry: Any) -> str:
     return str(generate_latest(registry).decode("utf-8"))
 
 
-def serve(cfg: Any, node: str, port: int, addr: str = "") -> None:
+def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
     ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice)."""
     from prometheus_client import start_http_server

@@ -17,12 +17,15 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SlurmisoError, SlurmUnavailable
 from slurmiso.hostlist import compress
 from slurmiso.monitor.policy import JOB_KINDS, Action
 from slurmiso.state.journal import MONITOR_SOURCE
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ class Applier:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Optional[Config],
         slurm: Any,
         journal: Any = None,
         node_exec: str = "",
@@ -200,6 +203,8 @@ class Applier:
             elif act.kind == "reconcile":
                 from slurmiso.isolation.lifecycle import reconcile_node
 
+                if self.cfg is None:
+                    raise SlurmisoError("reconcile needs the config")
                 fixes = reconcile_node(self.cfg, act.target, False,
                                        list(act.details.get("live_jobs", [])))
                 act.details["fixes"] = fixes
@@ -226,7 +231,7 @@ class Applier:
             env = None
         else:
             argv = [sys.executable, "-m", "slurmiso"]
-            if self.cfg.source:
+            if self.cfg is not None and self.cfg.source:
                 argv += ["--config", self.cfg.source]
             argv += args
             env = dict(os.environ, SLURMD_NODENAME=node)

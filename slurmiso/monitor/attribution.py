@@ -73,6 +73,7 @@ class Attribution:
         if jid not in here:
             here.append(jid)
             self.gpus_of.setdefault(jid, []).append(key)
+        self._labelled.add(node)  # the node's records name who holds its GPUs
 
     def is_train(self, jid: str) -> bool:
         job = self.live.get(jid)
@@ -120,18 +121,3 @@ class Attribution:
         if any(j.job_class not in self.train for j in self._by_node.get(node.name, ())):
             return None
         return frozenset()
-
-    def filled(self, node: NodeInfo) -> Tuple[GpuSample, ...]:
-        """``node``'s samples with the jobs and classes attributed to each GPU (for a
-        snapshot whose agents did not label them)."""
-        import dataclasses
-
-        out = []
-        for g in node.gpus:
-            ids = tuple(sorted(set(g.jobs) | set(self.on_gpu.get((node.name, g.index), ()))))
-            classes = tuple(sorted(set(g.classes) | {self.live[j].job_class for j in ids
-                                                     if j in self.live
-                                                     and self.live[j].job_class}))
-            out.append(g if (ids, classes) == (g.jobs, g.classes)
-                       else dataclasses.replace(g, jobs=ids, classes=classes))
-        return tuple(out)

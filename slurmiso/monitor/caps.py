@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from slurmiso.monitor.admission_state import Cap
 from slurmiso.monitor.policy import Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 from slurmiso.slurm.gres import gres_counts
@@ -36,7 +37,7 @@ def qos_caps(
                     if t in used:
                         used[t] += c * max(1, len(j.nodes))
         old = mem.caps.get(qos)
-        prev = dict(old["tres"]) if old else None
+        prev = dict(old.tres) if old else None
         ids = {j.id for j in mine}
         queue = sorted((j for j in waiting if j.id in ids and not j.held),
                        key=lambda j: (-j.priority, j.submit_ts, j.id))
@@ -48,7 +49,7 @@ def qos_caps(
                 continue
             reason = f"training capped at what it uses: {text}"
             details = dict(facts, scopes=closed)
-        elif stale or old is None or snap.ts - float(old["ts"]) < policy.stagger_interval_s:
+        elif stale or old is None or snap.ts - old.ts < policy.stagger_interval_s:
             continue
         elif not queue:
             mem.caps.pop(qos)
@@ -67,7 +68,7 @@ def qos_caps(
                       f"{len(step)} training job(s) "
                       f"(stagger {policy.stagger_max_starts}/{policy.stagger_interval_s:g}s)")
             details = {"jobs": [j.id for j in step]}
-        mem.caps[qos] = {"tres": new, "ts": snap.ts}
+        mem.caps[qos] = Cap(new, snap.ts)
         actions.append(Action("qos-limit", qos, reason,
                               dict(details, tres=new, previous=prev, used=used)))
     return actions
@@ -81,5 +82,5 @@ def unhold_all(pending: Dict[str, JobInfo], mem: Memory) -> List[Action]:
         job = pending.get(jid)
         if job is not None and job.held:
             actions.append(Action("release", jid, "admission is qos-limit now: no holds",
-                                  {"hold": hold}))
+                                  {"hold": hold.to_dict()}))
     return actions

@@ -25,6 +25,7 @@ from typing import Dict, List, Tuple
 
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission import admission
+from slurmiso.monitor.admission_state import Cap, Hold, Loan
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.ladder import ladder
 from slurmiso.monitor.ladder_state import Restraint
@@ -71,8 +72,8 @@ def reconcile_intent(snap: Snapshot, mem: Memory) -> None:
         if kind == "hold" and job is not None and not job.held:
             mem.holds.pop(target, None)
         elif kind == "release" and job is not None and job.held and target not in mem.holds:
-            mem.holds[target] = {"ts": snap.ts, "scopes": ["reconciled"],
-                                 "reason": "a release the monitor meant before it stopped"}
+            mem.holds[target] = Hold(snap.ts, ("reconciled",),
+                                     "a release the monitor meant before it stopped")
         elif kind == "exclude" and job is not None and target in mem.excluded:
             mem.excluded[target] = dict(mem.excluded[target], set=job.exc_nodes)
         elif kind == "begin-now" and job is not None and job.reason == "BeginTime":
@@ -82,7 +83,7 @@ def reconcile_intent(snap: Snapshot, mem: Memory) -> None:
         elif kind == "partition-update" and op == "reclaim":
             members = set(snap.partitions.get(target, ()))
             for node in (n for n in moved.split(",") if n in members):
-                mem.lent.setdefault(node, {"from": "", "to": target, "ts": snap.ts})
+                mem.lent.setdefault(node, Loan("", target, snap.ts))
     mem.intent = []
 
 
@@ -117,7 +118,7 @@ def failed(memory: Memory, action: Action, error: str) -> Memory:
     if action.kind == "hold":
         mem.holds.pop(action.target, None)
     elif action.kind == "release":
-        mem.holds[action.target] = dict(d.get("hold") or {"ts": 0.0, "scopes": []})
+        mem.holds[action.target] = Hold.from_dict(d.get("hold") or {})
         if mem.release_times:
             mem.release_times.pop()
     elif action.kind == "exclude":
@@ -135,14 +136,14 @@ def failed(memory: Memory, action: Action, error: str) -> Memory:
             if d.get("op") == "lend":
                 mem.lent.pop(node, None)
             else:
-                mem.lent[node] = {"from": d.get("from", ""), "to": action.target, "ts": 0.0}
+                mem.lent[node] = Loan(str(d.get("from", "")), action.target)
     elif action.kind == "drain":
         mem.relayout = None
     elif action.kind == "qos-limit":
         if d.get("previous") is None:
             mem.caps.pop(action.target, None)
         else:
-            mem.caps[action.target] = {"tres": dict(d["previous"]), "ts": 0.0}
+            mem.caps[action.target] = Cap(dict(d["previous"]))
     elif action.kind == "requeue" and mem.relayout is not None and "restraint" not in d:
         done = [j for j in mem.relayout.get("requeued", []) if j != action.target]
         mem.relayout = dict(mem.relayout, requeued=done)
@@ -204,8 +205,8 @@ def _partitions(
     for frm, to in policy.lend:
         if frm not in members or to not in members:
             continue
-        lent = [n for n, r in sorted(mem.lent.items()) if r["to"] == to
-                and r["from"] in (frm, "")]
+        lent = [n for n, r in sorted(mem.lent.items()) if r.borrower == to
+                and r.lender in (frm, "")]
         for n in lent:
             if n not in members[to]:  # an admin took it back: forget it
                 del mem.lent[n]
@@ -247,7 +248,7 @@ def _partitions(
         if lendable:
             members[to] = members[to] + lendable
             for n in lendable:
-                mem.lent[n] = {"from": frm, "to": to, "ts": snap.ts}
+                mem.lent[n] = Loan(frm, to, snap.ts)
             mem.note("partition-update", snap.ts)
             actions.append(Action(
                 "partition-update", to,

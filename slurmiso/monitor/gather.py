@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from slurmiso.errors import SlurmError, SlurmisoError
 from slurmiso.hostlist import expand
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 from slurmiso.monitor.telemetry import Reading, TelemetrySource
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +26,13 @@ _HELD = ("JobHeldUser", "JobHeldAdmin")
 
 
 def live_snapshot(
-    cfg: Any, slurm: Any, source: Optional[TelemetrySource],
+    cfg: Config, slurm: Any, source: Optional[TelemetrySource],
     clock: Callable[[], float] = time.time,
 ) -> Snapshot:
-    """Ask Slurm, then the telemetry source, for everything :func:`decide` looks at."""
+    """Ask Slurm, then the telemetry source, for everything :func:`decide` looks at, as
+    they said it: which jobs hold a GPU that the agents' samples leave unnamed is for
+    :class:`~slurmiso.monitor.attribution.Attribution` to work out, in one place, live or
+    replayed."""
     now = clock()
     try:
         raw_nodes = slurm.show_all("node")
@@ -60,28 +66,12 @@ def live_snapshot(
             pool.name if pool else "", pool.mode if pool else "", _gres(f.get("Gres", "")),
             addrs[name], gpus, reading.ages.get(name)))
     jobs = parse_queue(cfg, raw_jobs)
-    snap = Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
+    return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
                     reading.latency_age_s, True, tuple(reading.errors), dict(reading.unknown),
                     dict(reading.job_signals))
-    return attributed(snap, [c.name for c in cfg.classes if c.preemptible])
 
 
-def attributed(snap: Snapshot, train_classes: List[str]) -> Snapshot:
-    """``snap`` with each GPU sample naming the live jobs on it and their classes, where
-    the agent left them out (``telemetry.job_labels: false``, or a Prometheus source): from
-    the per-job signals, for jobs Slurm shows on that node (:mod:`.attribution`)."""
-    import dataclasses
-
-    from slurmiso.monitor.attribution import Attribution
-
-    if not snap.job_signals:
-        return snap
-    who = Attribution(snap, train_classes)
-    nodes = tuple(dataclasses.replace(n, gpus=who.filled(n)) for n in snap.nodes)
-    return dataclasses.replace(snap, nodes=nodes)
-
-
-def parse_queue(cfg: Any, rows: List[Dict[str, str]]) -> List[JobInfo]:
+def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
     """squeue rows (:meth:`SlurmCli.queue`) into jobs with their slurmiso class."""
     from slurmiso.isolation.classify import classify
 

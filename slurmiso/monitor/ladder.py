@@ -26,10 +26,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from slurmiso.config.model import LADDER_STEPS
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
-    LADDER_STEPS,
     SHARED_MODES,
     SUSPEND_MODES,
     Action,
@@ -38,7 +38,7 @@ from slurmiso.monitor.policy import (
     SloLimit,
     StepPolicy,
 )
-from slurmiso.monitor.signals import JobSignals
+from slurmiso.monitor.signals import JobSignals, unknown_fields
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
 HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
@@ -65,8 +65,8 @@ class Breach:
 
 def limits(slo: SloLimit) -> List[Tuple[str, float]]:
     """The per-job limits of a class: (JobSignals field, limit)."""
-    p99 = slo.job_p99_latency_ms if slo.job_p99_latency_ms is not None else slo.p99_latency_ms
-    return [(n, float(v)) for n, v in (("p99_ms", p99), ("error_rate", slo.max_error_rate))
+    return [(n, float(v)) for n, v in (("p99_ms", slo.p99_latency_ms),
+                                       ("error_rate", slo.max_error_rate))
             if v is not None]
 
 
@@ -76,6 +76,43 @@ def _text(signal: str, value: float, limit: float) -> str:
     return f"P99 {value:.0f} ms (SLO {limit:g} ms)"
 
 
+#: What :func:`_judge` names instead of a figure: the signals are too old, or idle.
+_STALE, _IDLE = "(age)", "(idle)"
+
+
+def _judge(sig: JobSignals, slo: SloLimit,
+           policy: Policy) -> Tuple[str, str, Optional[float], Optional[float]]:
+    """The one judgement of a job's signals against its class's per-job SLO: (HOT, CALM,
+    BETWEEN or UNKNOWN; the figure nearest its limit, or the unknown one; its value; its
+    limit). Cheap enough for every job every cycle; :func:`job_verdict` words it."""
+    age = sig.latency_age_s
+    if age is None or age > policy.max_data_age_s:
+        return UNKNOWN, _STALE, None, None
+    if sig.requests is not None and sig.requests <= 0:
+        return CALM, _IDLE, None, None
+    told = unknown_fields(sig.unknown)
+    margin = 1.0 - policy.ladder.hysteresis_pct / 100.0
+    top: Optional[Tuple[str, float, float]] = None  # nearest its limit, breached or not
+    top_rank = (False, 0.0)
+    missing = ""
+    calm = True
+    for name, limit in limits(slo):
+        value = getattr(sig, name)
+        if value is None or name in told:  # absent, or present but named unknown: unknown
+            missing = missing or name
+            continue
+        rank = (value > limit, value / limit if limit else 0.0)
+        if top is None or rank > top_rank:
+            top, top_rank = (name, float(value), limit), rank
+        calm = calm and value <= limit * margin
+    if top is not None and top_rank[0]:
+        return HOT, top[0], top[1], top[2]
+    if missing:
+        return UNKNOWN, missing, None, None
+    kind = CALM if calm else BETWEEN
+    return (kind, "", None, None) if top is None else (kind, top[0], top[1], top[2])
+
+
 def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
                 policy: Policy) -> Breach:
     """One inference job against its class's per-job SLO. A figure that is missing, named
@@ -83,48 +120,20 @@ def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
     that served no request at all in the window is calm (no one is waiting on it)."""
     if sig is None:
         return Breach(UNKNOWN, jid, why=f"no signals from inference job {jid}")
-    age = sig.latency_age_s
-    if age is None or age > policy.max_data_age_s:
+    kind, name, value, limit = _judge(sig, slo, policy)
+    if name == _STALE:
+        age = sig.latency_age_s
         return Breach(UNKNOWN, jid, why=(
             f"inference job {jid}'s signals are "
             f"{'of unknown age' if age is None else f'{age:.0f}s old'} "
             f"(limit {policy.max_data_age_s:g}s)"))
-    if sig.requests is not None and sig.requests <= 0:
+    if name == _IDLE:
         return Breach(CALM, jid, why=f"inference job {jid} served no requests")
-    margin = 1.0 - policy.ladder.hysteresis_pct / 100.0
-    told = {u.split(":", 1)[0] for u in sig.unknown}
-    top: Optional[Breach] = None  # the figure nearest its limit, breached or not
-    unknown = ""
-    calm = True
-    for name, limit in limits(slo):
-        value = getattr(sig, name)
-        if value is None or name in told:
-            unknown = unknown or f"inference job {jid}'s {name} is unknown"
-            continue
-        b = Breach(HOT if value > limit else CALM, jid, name, float(value), limit,
-                   _text(name, value, limit), slo.class_name)
-        if top is None or (b.kind == HOT, b.ratio) > (top.kind == HOT, top.ratio):
-            top = b
-        calm = calm and value <= limit * margin
-    if top is not None and top.kind == HOT:
-        return top
-    if unknown:
-        return Breach(UNKNOWN, jid, why=unknown)
-    kind = CALM if calm else BETWEEN
-    if top is None:
+    if kind == UNKNOWN:
+        return Breach(UNKNOWN, jid, why=f"inference job {jid}'s {name} is unknown")
+    if value is None or limit is None:
         return Breach(kind, jid, why=f"inference job {jid} has no per-job limit")
-    return dataclasses.replace(top, kind=kind)
-
-
-def _breaches(sig: JobSignals, slo: SloLimit, max_age: float) -> bool:
-    """Whether fresh signals breach a per-job limit (the cheap test, every job a cycle)."""
-    if sig.latency_age_s is None or sig.latency_age_s > max_age or sig.requests == 0:
-        return False
-    for name, limit in limits(slo):
-        value = getattr(sig, name)
-        if value is not None and value > limit:
-            return True
-    return False
+    return Breach(kind, jid, name, value, limit, _text(name, value, limit), slo.class_name)
 
 
 def worst(verdicts: List[Breach]) -> Breach:
@@ -167,7 +176,7 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
         for jid, sig in snap.job_signals.items():
             info = who.live.get(jid)
             if info is not None and info.job_class in slos and \
-                    _breaches(sig, slos[info.job_class], policy.max_data_age_s):
+                    _judge(sig, slos[info.job_class], policy)[0] == HOT:
                 look.update(info.nodes)
         for jid, info in who.live.items():  # every SLO job on those GPUs: the worst decides
             if info.job_class in slos and not look.isdisjoint(info.nodes):

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.errors import StateError
@@ -76,15 +76,15 @@ class DryRunOverlay:
     so its memory (and so its next decisions) are the real run's."""
 
     def __init__(self) -> None:
-        self.held: set = set()
-        self.released: set = set()
+        self.held: Set[str] = set()
+        self.released: Set[str] = set()
         self.exc: Dict[str, str] = {}
-        self.begun: set = set()
+        self.begun: Set[str] = set()
         self.parts: Dict[str, List[str]] = {}
         #: The ladder's: running jobs suspended / resumed / requeued.
-        self.suspended: set = set()
-        self.resumed: set = set()
-        self.requeued: set = set()
+        self.suspended: Set[str] = set()
+        self.resumed: Set[str] = set()
+        self.requeued: Set[str] = set()
 
     def record(self, outcomes: List[Outcome]) -> None:
         for out in outcomes:
@@ -260,7 +260,7 @@ class Monitor:
         st.last_cycle_s = took
         st.held_jobs = len(self.memory.holds)
         st.lent_nodes = len(self.memory.lent)
-        st.closed_gates = sorted(k for k, g in self.memory.gates.items() if g.get("closed"))
+        st.closed_gates = sorted(k for k, g in self.memory.gates.items() if g.closed)
         st.stale_scopes = list(self.memory.stale)
         st.telemetry_errors = len(snap.errors)
         st.slurm_ok = snap.slurm_ok
@@ -275,18 +275,18 @@ class Monitor:
                              if r.throttled_since is not None),
             "suspended": sum(1 for r in self.memory.restrained.values()
                              if r.suspended_since is not None)}
-        stamps = [float(h.get("ts", snap.ts)) for h in self.memory.holds.values()]
+        stamps = [h.ts for h in self.memory.holds.values()]
         st.oldest_hold_s = max(0.0, snap.ts - min(stamps)) if stamps else None
         by: Dict[str, int] = {}
         for h in self.memory.holds.values():
-            key = hold_kind(h)
+            key = h.kind
             by[key] = by.get(key, 0) + 1
         st.held_by_reason = by
 
     def next_wait(self) -> float:
         """The interval, doubled per consecutive cycle Slurm did not answer (capped)."""
         n = self.stats.slurm_failures
-        return min(self.interval_s * (2 ** min(n, 10)), max(MAX_BACKOFF_S, self.interval_s))
+        return min(self.interval_s * float(2 ** min(n, 10)), max(MAX_BACKOFF_S, self.interval_s))
 
     # -------------------------------------------------------------------------- leading
     def try_lead(self) -> bool:
@@ -344,14 +344,6 @@ class Monitor:
     def close(self) -> None:
         self.lock.release()
         self.stats.leader = False
-
-
-def hold_kind(hold: Dict[str, Any]) -> str:
-    """A hold's reason as a metric label: ``stagger``, ``reconciled``, ``slo`` or
-    ``gate`` (a partition's GPUs were hot)."""
-    scopes = hold.get("scopes") or []
-    first = str(scopes[0]) if scopes else "gate"
-    return first if first in ("stagger", "reconciled", "slo") else "gate"
 
 
 def file_snapshots(path: str) -> Tuple[Callable[[], Snapshot], bool]:

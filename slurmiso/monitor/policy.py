@@ -8,9 +8,12 @@ never releases a hold an admin or user placed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
+from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
 
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
@@ -23,8 +26,6 @@ ADMISSIONS = ("nodes", "hold", "qos-limit")
 KINDS = ("resume", "drain", "requeue", "throttle", "suspend", "mig-apply", "partition-update",
          "qos-limit", "hold", "exclude", "release", "begin-now", "resume-job", "unthrottle",
          "ladder-end", "reconcile")
-#: The ladder's steps on running training, soft to hard.
-LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
 #: Pool modes where suspending training frees what inference shares with it (SMs): on MIG a
 #: suspended job keeps its instance, so the ladder goes from throttle to requeue there.
 SUSPEND_MODES = ("mps", "timeslice")
@@ -51,20 +52,23 @@ class Action:
 
 @dataclass(frozen=True)
 class SloLimit:
-    """A class's SLO. ``p99_latency_ms`` is the class-wide figure (a latency query);
-    ``job_p99_latency_ms`` and ``max_error_rate`` are checked per job on the agents'
-    signals (the ladder)."""
+    """A class's SLO. ``p99_latency_ms`` and ``max_error_rate`` are checked per job on the
+    agents' signals (the ladder); the P99 class-wide too, where a latency query measures
+    it (``class_latency``)."""
 
     class_name: str
     max_queue_wait_s: Optional[float] = None
     p99_latency_ms: Optional[float] = None
     max_error_rate: Optional[float] = None
-    job_p99_latency_ms: Optional[float] = None
+    #: A latency query measures the class-wide P99: only then is it admission's limit (one
+    #: that nothing measures would be unknown forever, and so admit no training).
+    class_latency: bool = True
 
 
 @dataclass(frozen=True)
 class StepPolicy:
-    """One ladder step: dwell before taking it and before stepping back, and its budget."""
+    """One ladder step: dwell before taking it and before stepping back, and its budget
+    (:class:`~slurmiso.config.model.LadderStep`, in seconds as floats)."""
 
     name: str
     after_s: float = 0.0
@@ -73,19 +77,42 @@ class StepPolicy:
     per_hour: int = 0
 
 
+#: The ladder's defaults: the config's (``monitor.ladder`` left out), one definition.
+_LADDER = Ladder()
+
+
 @dataclass(frozen=True)
 class LadderPolicy:
     """The ladder: its steps in order (none: it never acts), hysteresis and signals."""
 
-    steps: Tuple[StepPolicy, ...] = (
-        StepPolicy("hold", 0, 300),
-        StepPolicy("throttle", 60, 300, 6, 120),
-        StepPolicy("suspend", 180, 300, 3, 30),
-        StepPolicy("requeue", 600, 300, 1, 10),
-    )
-    hysteresis_pct: float = 10
-    throttle_signal: str = "URG"
-    unthrottle_signal: str = "WINCH"
+    steps: Tuple[StepPolicy, ...] = tuple(
+        StepPolicy(st.name, float(st.after_s), float(st.release_after_s), st.per_job,
+                   st.per_hour) for st in _LADDER.steps)
+    hysteresis_pct: float = float(_LADDER.hysteresis_pct)
+    throttle_signal: str = _LADDER.throttle_signal
+    unthrottle_signal: str = _LADDER.unthrottle_signal
+
+    @classmethod
+    def of(cls, ladder: Ladder) -> LadderPolicy:
+        """The policy a checked ``monitor.ladder`` states."""
+        return cls(tuple(StepPolicy(st.name, float(st.after_s), float(st.release_after_s),
+                                    st.per_job, st.per_hour) for st in ladder.steps),
+                   float(ladder.hysteresis_pct), ladder.throttle_signal,
+                   ladder.unthrottle_signal)
+
+    def to_config(self) -> Dict[str, Any]:
+        """This ladder as ``monitor.ladder``'s YAML mapping (what ``--set ladder.*`` edits
+        before the config's checker reads it back)."""
+        out: Dict[str, Any] = {"steps": list(self.names()),
+                               "hysteresis": _plain(self.hysteresis_pct),
+                               "throttle_signal": self.throttle_signal,
+                               "unthrottle_signal": self.unthrottle_signal}
+        for st in self.steps:
+            out[st.name] = {"after": _plain(st.after_s),
+                            "release_after": _plain(st.release_after_s)}
+            if st.name != "hold":  # hold has no budget (it gates new training only)
+                out[st.name].update(per_job=st.per_job, per_hour=st.per_hour)
+        return out
 
     def step(self, name: str) -> Optional[StepPolicy]:
         for st in self.steps:
@@ -95,6 +122,11 @@ class LadderPolicy:
 
     def names(self) -> Tuple[str, ...]:
         return tuple(st.name for st in self.steps)
+
+
+def _plain(x: float) -> Any:
+    """A whole number as an int (as YAML would write it), else the float."""
+    return int(x) if float(x).is_integer() else x
 
 
 @dataclass(frozen=True)
@@ -162,7 +194,7 @@ class Policy:
 
 
 def policy_from_config(
-    cfg: Any,
+    cfg: Config,
     lend: Sequence[Tuple[str, str]] = (),
     lend_reserve: int = 0,
     reconcile_nodes: Sequence[str] = (),
@@ -184,12 +216,10 @@ def policy_from_config(
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
         train_classes=tuple(c.name for c in train),
-        # A latency limit without a query to measure it would be unknown forever (and so
-        # admit no training): only limits that can be measured are policy.
-        # Per job, the agents' signals measure latency and errors without any query.
-        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s,
-                           s.p99_latency_ms if s.latency_query else None,
-                           s.max_error_rate, s.p99_latency_ms) for s in mon.slo),
+        # Per job, the agents' signals measure latency and errors without any query;
+        # class-wide, the P99 is measured only where a latency query says how.
+        slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms,
+                           s.max_error_rate, bool(s.latency_query)) for s in mon.slo),
         lend=tuple(lend),
         lend_reserve=lend_reserve,
         mig_layouts=mig_candidates(cfg),
@@ -206,29 +236,27 @@ def policy_from_config(
         partition_updates_per_hour=mon.limits.partition_updates_per_hour,
         relayouts_per_hour=mon.limits.relayouts_per_hour,
         gate_opens_per_hour=mon.limits.gate_opens_per_hour,
-        ladder=LadderPolicy(
-            tuple(StepPolicy(st.name, float(st.after_s), float(st.release_after_s),
-                             st.per_job, st.per_hour) for st in mon.ladder.steps),
-            float(mon.ladder.hysteresis_pct), mon.ladder.throttle_signal,
-            mon.ladder.unthrottle_signal),
+        ladder=LadderPolicy.of(mon.ladder),
     )
 
 
-def override(policy: Policy, assignments: Sequence[str]) -> Policy:
+def override(policy: Policy, assignments: Sequence[str],
+             cfg: Optional[Config] = None) -> Policy:
     """``--set KEY=VALUE`` on any policy knob, typed from its current value; UsageError
-    naming the key and the knobs there are."""
+    naming the key and the knobs there are. With ``cfg``, a ladder override is also checked
+    against its classes (a throttle signal that is a checkpoint signal)."""
     import dataclasses
 
     from slurmiso.errors import UsageError
 
     changes: Dict[str, Any] = {}
     knobs = {f.name: f for f in dataclasses.fields(policy) if f.name != "ladder"}
-    ladder = policy.ladder
+    ladder_items: List[Tuple[str, str, str]] = []
     for item in assignments:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if sep and key.startswith("ladder."):
-            ladder = _override_ladder(ladder, key, text.strip())
+            ladder_items.append((item, key, text.strip()))
             continue
         if not sep or key not in knobs:
             what = "expected KNOB=VALUE" if not sep else f"no policy knob {key!r}"
@@ -256,61 +284,84 @@ def override(policy: Policy, assignments: Sequence[str]) -> Policy:
     if changes.get("admission", policy.admission) not in ADMISSIONS:
         raise UsageError(f"--set admission={changes['admission']!r}: one of "
                          + ", ".join(ADMISSIONS))
+    ladder = (_override_ladder(policy.ladder, ladder_items, cfg.classes if cfg else ())
+              if ladder_items else policy.ladder)
     return dataclasses.replace(policy, ladder=ladder, **changes)
 
 
 LADDER_KNOBS = ("; ladder.steps=hold,throttle,... ladder.hysteresis_pct=N "
                 "ladder.throttle_signal=URG ladder.unthrottle_signal=WINCH "
                 "ladder.<step>.after_s|release_after_s|per_job|per_hour=N")
+#: ``--set ladder.<step>.KNOB`` -> the step's key under ``monitor.ladder`` (both spellings).
+_STEP_KEYS = {"after_s": "after", "release_after_s": "release_after", "after": "after",
+              "release_after": "release_after", "per_job": "per_job", "per_hour": "per_hour"}
+_TOP_KEYS = {"hysteresis_pct": "hysteresis", "hysteresis": "hysteresis",
+             "throttle_signal": "throttle_signal", "unthrottle_signal": "unthrottle_signal"}
 
 
-def _override_ladder(ladder: LadderPolicy, key: str, text: str) -> LadderPolicy:
-    """``--set ladder.KNOB=V`` / ``ladder.<step>.KNOB=V``, checked as check-config would."""
-    import dataclasses
+def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]],
+                     classes: Sequence[JobClass] = ()) -> LadderPolicy:
+    """``--set ladder.KNOB=V`` / ``ladder.<step>.KNOB=V`` (``items``: the argument, its key,
+    its value), applied to the ladder as its ``monitor.ladder`` mapping and read back by the
+    config's own checker (:func:`slurmiso.config.loader.read_ladder`): an override is
+    refused exactly where the same value in the file would be, with the same words."""
+    from slurmiso.config.loader import LADDER_PATH, read_ladder, throttle_signal_problems
+    from slurmiso.errors import ConfigError, UsageError
 
-    from slurmiso.errors import UsageError
-
-    parts = key.split(".")[1:]
-    base = {st.name: st for st in LadderPolicy.steps}
-    try:
+    raw = ladder.to_config()
+    wrote: List[Tuple[str, str]] = []  # (argument, the monitor.ladder key it set)
+    per_step: List[Tuple[str, str]] = []  # (argument, step): the step must be in steps
+    for item, key, text in items:
+        parts = key.split(".")[1:]
         if parts == ["steps"]:
-            names = [x.strip() for x in text.split(",") if x.strip()]
-            bad = [x for x in names if x not in LADDER_STEPS]
-            order = [LADDER_STEPS.index(x) for x in names if x in LADDER_STEPS]
-            if bad or order != sorted(set(order)) or (names and names[0] != "hold"):
-                raise UsageError(f"--set {key}={text!r}: steps are a soft-to-hard subset of "
-                                 f"{','.join(LADDER_STEPS)} starting with hold")
-            have = {st.name: st for st in ladder.steps}
-            return dataclasses.replace(ladder, steps=tuple(have.get(n, base[n])
-                                                           for n in names))
-        if parts == ["hysteresis_pct"]:
-            return dataclasses.replace(ladder, hysteresis_pct=float(text))
-        if parts in (["throttle_signal"], ["unthrottle_signal"]):
-            if text.upper() not in ("URG", "WINCH"):
-                raise UsageError(f"--set {key}={text!r}: URG or WINCH")
-            if parts[0] == "throttle_signal":
-                return dataclasses.replace(ladder, throttle_signal=text.upper())
-            return dataclasses.replace(ladder, unthrottle_signal=text.upper())
-        if len(parts) == 2 and parts[0] in LADDER_STEPS and parts[1] in (
-                "after_s", "release_after_s", "per_job", "per_hour"):
-            step = ladder.step(parts[0])
-            if step is None:
-                raise UsageError(f"--set {key}: {parts[0]!r} is not in ladder.steps "
-                                 f"({','.join(ladder.names()) or 'none'})")
-            value: Any = int(text) if parts[1].startswith("per_") else float(text)
-            if value < 0 or (parts[1].startswith("per_") and value == 0):
-                raise UsageError(f"--set {key}={text!r}: must be "
-                                 f"{'>= 1' if parts[1].startswith('per_') else '>= 0'}")
-            steps = tuple(dataclasses.replace(st, **{parts[1]: value})
-                          if st.name == parts[0] else st for st in ladder.steps)
-            return dataclasses.replace(ladder, steps=steps)
-    except ValueError:
-        raise UsageError(f"--set {key}={text!r}: not a number") from None
-    raise UsageError(f"--set {key}: no ladder knob", hint=LADDER_KNOBS.lstrip("; "))
+            raw["steps"] = [x.strip() for x in text.split(",") if x.strip()]
+            wrote.append((item, "steps"))
+        elif len(parts) == 1 and parts[0] in _TOP_KEYS:
+            name = _TOP_KEYS[parts[0]]
+            raw[name] = text.upper() if name.endswith("_signal") else _scalar(text)
+            wrote.append((item, name))
+        elif len(parts) == 2 and parts[0] in LADDER_STEPS and parts[1] in _STEP_KEYS:
+            name = _STEP_KEYS[parts[1]]
+            section = raw.get(parts[0])
+            raw[parts[0]] = dict(section) if isinstance(section, dict) else {}
+            raw[parts[0]][name] = _scalar(text)
+            wrote.append((item, f"{parts[0]}.{name}"))
+            per_step.append((item, parts[0]))
+        else:
+            raise UsageError(f"--set {item!r}: no ladder knob", hint=LADDER_KNOBS.lstrip("; "))
+    try:
+        checked = read_ladder(raw)
+        cross = [f"{key}: {msg}" for key, msg in throttle_signal_problems(classes, checked)]
+        if cross:
+            raise ConfigError("the ladder's signals", problems=cross)
+    except ConfigError as exc:
+        first = exc.problems[0] if exc.problems else str(exc)
+        more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        key = first.split(": ", 1)[0]
+        culprits = [item for item, name in wrote
+                    if key == f"{LADDER_PATH}.{name}" or key.startswith(
+                        f"{LADDER_PATH}.{name}.")] or [item for item, _ in wrote]
+        raise UsageError(f"--set {' '.join(culprits)}: {first}{more}") from None
+    names = [st.name for st in checked.steps]
+    for item, step in per_step:
+        if step not in names:
+            raise UsageError(f"--set {item}: {step!r} is not in ladder.steps "
+                             f"({','.join(names) or 'none'})")
+    return LadderPolicy.of(checked)
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as YAML would read it: a whole number, a number, else text."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
 
 
 def mig_candidates(
-    cfg: Any,
+    cfg: Config,
 ) -> Dict[str, Tuple[Tuple[str, Tuple[Tuple[str, int], ...]], ...]]:
     """Per mig-static pool, every configured layout the pool's GPU model can hold, as
     per-node profile counts (what Slurm will see as typed ``gres/gpu``)."""
@@ -345,26 +396,26 @@ def mig_candidates(
 class Memory:
     """What the monitor remembers between cycles (and restarts): all JSON-able."""
 
-    #: job id -> {"ts", "scopes", "reason"}: holds this monitor placed.
-    holds: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: job id -> the hold this monitor placed on it.
+    holds: Dict[str, Hold] = field(default_factory=dict)
     #: Jobs someone else released (or re-excluded) after we acted: never touched again by
     #: us. Pruned to the jobs still pending, so it is bounded by the queue, not a count.
     overridden: List[str] = field(default_factory=list)
-    #: scope (partition name or "slo") -> {"closed", "since", "calm_since", "why"}.
-    gates: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: scope (partition name, "node:<name>" or "slo") -> its gate.
+    gates: Dict[str, Gate] = field(default_factory=dict)
     #: Scopes whose data is stale now (no admission change while listed).
     stale: List[str] = field(default_factory=list)
     release_times: List[float] = field(default_factory=list)
     idle_since: Dict[str, float] = field(default_factory=dict)
-    #: node -> {"from", "to", "ts"}: nodes lent to a training partition.
-    lent: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: node -> its loan to a training partition.
+    lent: Dict[str, Loan] = field(default_factory=dict)
     mig_mismatch_since: Dict[str, float] = field(default_factory=dict)
     mig_last: Dict[str, float] = field(default_factory=dict)
     #: {"node", "pool", "layout", "phase", "since", "reason"} while a re-layout runs.
     relayout: Optional[Dict[str, Any]] = None
     reconciled: Dict[str, float] = field(default_factory=dict)
-    #: qos-limit admission: QoS -> {"tres": {gpu: N, ...}, "ts"} caps this monitor set.
-    caps: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: qos-limit admission: QoS -> the cap this monitor set on it.
+    caps: Dict[str, Cap] = field(default_factory=dict)
     #: nodes admission: job id -> {"nodes": what we set, "user": the job's own ExcNodeList,
     #: "comment": the job's own comment}.
     excluded: Dict[str, Dict[str, Any]] = field(default_factory=dict)
@@ -391,14 +442,24 @@ class Memory:
     ladder_exempt: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """JSON for the state file: the records as the dicts they have always been."""
+        out: Dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _RECORDS:
+                out[f.name] = {k: r.to_dict() for k, r in value.items()}
+            else:
+                out[f.name] = copy.deepcopy(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Memory:
+        """The memory a state file holds, this version's or an earlier one's (whose
+        records were plain dicts with the same keys)."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        known["ladder"] = {k: Rung.from_dict(v) for k, v in (known.get("ladder") or {}).items()}
-        known["restrained"] = {k: Restraint.from_dict(v)
-                               for k, v in (known.get("restrained") or {}).items()}
+        for name, record in _RECORDS.items():
+            known[name] = {str(k): record.from_dict(v)
+                           for k, v in (known.get(name) or {}).items()}
         return cls(**known)
 
     def copy(self) -> Memory:
@@ -425,3 +486,8 @@ class Memory:
 
     def note(self, key: str, now: float) -> None:
         self.events[key] = self.events.get(key, []) + [now]
+
+
+#: Memory's fields of records, and the record each holds (JSON through to_dict/from_dict).
+_RECORDS: Dict[str, Any] = {"holds": Hold, "gates": Gate, "lent": Loan, "caps": Cap,
+                            "ladder": Rung, "restrained": Restraint}

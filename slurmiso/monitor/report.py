@@ -44,7 +44,7 @@ class Timeline:
                 self.held_s += float(a.details.get("held_s") or 0.0)
             self.events.append({"ts": ts, "kind": a.kind, "target": a.target,
                                 "reason": a.reason, "ok": out.ok})
-        closed = {s: bool(g.get("closed")) for s, g in mon.memory.gates.items()}
+        closed = {s: g.closed for s, g in mon.memory.gates.items()}
         for scope in set(closed) | set(self._closed):
             if closed.get(scope, False) != self._closed.get(scope, False):
                 self.flips += 1
@@ -55,7 +55,7 @@ class Timeline:
         if self.last_ts is None:
             return
         for hold in mon.memory.holds.values():
-            self.held_s += max(0.0, self.last_ts - float(hold.get("ts", self.last_ts)))
+            self.held_s += max(0.0, self.last_ts - hold.ts)
 
     def cycle_lines(self, outcomes: List[Any], ts: float, dry_run: bool) -> List[str]:
         verb = "would" if dry_run else "did"
@@ -101,14 +101,14 @@ def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
                                                   policy.relayouts_per_hour)
     opens = {k[5:]: mem.count(k, now) for k in sorted(mem.events) if k.startswith("open:")}
     window = [t for t in mem.release_times if t > now - policy.stagger_interval_s]
-    stamps = [float(h.get("ts", now)) for h in mem.holds.values()]
+    stamps = [h.ts for h in mem.holds.values()]
     return {
         "admission": policy.admission,
         "unknown_admits": policy.unknown_admits,
         "holds": len(mem.holds),
         "oldest_hold_s": round(now - min(stamps), 1) if stamps else None,
         "excluded_jobs": len(mem.excluded),
-        "closed": sorted(s for s, g in mem.gates.items() if g.get("closed")),
+        "closed": sorted(s for s, g in mem.gates.items() if g.closed),
         "unknown": list(mem.stale),
         "unknown_since": dict(mem.unknown_since),
         "lent": sorted(mem.lent),

@@ -1,9 +1,9 @@
 """The per-job signals contract: what ``slurmiso agent`` exports about each job, and the
-monitor's reader of it (:func:`parse`).
+monitor's reader of it (:func:`from_samples`).
 
 The agent (:mod:`slurmiso.monitor.jobsignals`) writes these series; the monitor's SLO ladder
-reads them back through :func:`parse` into one :class:`JobSignals` per job. Both sides use the
-names below and nothing else, so a rename is one edit here.
+reads them back through :func:`from_samples` into one :class:`JobSignals` per job. Both sides
+use the names below and nothing else, so a rename is one edit here.
 
 =====================================  ==================================  ===================
 series                                 labels                              value
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 M_JOB_GPU = "slurmiso_job_gpu"
 M_LATENCY = "slurmiso_job_latency_seconds"
@@ -140,27 +140,45 @@ class JobSignals:
                    unknown=tuple(str(u) for u in d.get("unknown", ())), **figures)
 
 
+_LATENCY_FIGURES = ("p50_ms", "p95_ms", "p99_ms")
+#: The figures an unknown signal (``"signal:reason"``) leaves unknown: a reason that names
+#: one figure (latency known, failures not) only that one; any other, all the signal's.
+_UNKNOWN_BY_REASON: Dict[str, Tuple[str, ...]] = {
+    f"{SIGNAL_LATENCY}:{R_NO_ERRORS}": ("error_rate",),
+    f"{SIGNAL_LATENCY}:{R_NO_QUANTILES}": _LATENCY_FIGURES,
+}
+_UNKNOWN_BY_SIGNAL: Dict[str, Tuple[str, ...]] = {
+    SIGNAL_LATENCY: _LATENCY_FIGURES + ("error_rate",),
+    SIGNAL_STEPS: ("step_s", "throughput_vs_solo"),
+}
+_NONE: FrozenSet[str] = frozenset()
+
+
+def unknown_fields(unknown: Tuple[str, ...]) -> FrozenSet[str]:
+    """The :class:`JobSignals` fields the agent named unknown (``unknown`` holds
+    ``"signal:reason"`` items): a figure exported beside them is not to be trusted."""
+    if not unknown:
+        return _NONE
+    out: Set[str] = set()
+    for item in unknown:
+        named = _UNKNOWN_BY_REASON.get(item)
+        out.update(named if named is not None else
+                   _UNKNOWN_BY_SIGNAL.get(item.split(":", 1)[0], ()))
+    return frozenset(out)
+
+
 #: The figures of a :class:`JobSignals`, as snapshots store them (None: left out).
 _FIGURES = ("p50_ms", "p95_ms", "p99_ms", "error_rate", "requests", "latency_age_s",
             "step_s", "throughput_vs_solo", "steps_age_s")
 
 
-def parse(text: str, node: str = "") -> Dict[str, JobSignals]:
-    """One agent's answer (Prometheus text) as job id -> :class:`JobSignals`.
-
-    Only the series of this module are read; a line that does not parse is skipped (the
-    agent's own GPU series are checked strictly by the telemetry reader). Foreign GPU
-    processes (``job=""``) are not a job and are left out: ask :func:`foreign_gpus`.
-    """
-    from slurmiso.monitor.telemetry import parse_prometheus_text
-
-    wanted = set(SERIES)
-    samples = [s for s in parse_prometheus_text(text) if s.name in wanted]
-    return from_samples(samples, node)
-
-
 def from_samples(samples: Iterable[Any], node: str = "") -> Dict[str, JobSignals]:
-    """:func:`parse` on samples already parsed (``telemetry.Sample``: name, labels, value)."""
+    """One agent's answer, parsed once with its GPU series (``telemetry.Sample``: name,
+    labels, value), as job id -> :class:`JobSignals`.
+
+    Only the series of this module are read, and a figure the job's own answer made absurd
+    (NaN, negative) is no figure. Foreign GPU processes (``job=""``) are not a job and are
+    left out (the agent exports them for people and dashboards)."""
     acc: Dict[str, _Acc] = {}
     for s in samples:
         job = s.labels.get(L_JOB, "")
@@ -225,15 +243,3 @@ class _Acc:
     def signals(self, job: str, node: str) -> JobSignals:
         return JobSignals(job, self.job_class, node, tuple(sorted(self.gpus)),
                           unknown=tuple(sorted(self.unknown)), **self.values)
-
-
-def foreign_gpus(text: str) -> List[Tuple[int, str]]:
-    """(gpu, gi) of the GPUs and MIG instances where a process of no job runs."""
-    from slurmiso.monitor.telemetry import parse_prometheus_text
-
-    out = set()
-    for s in parse_prometheus_text(text):
-        if (s.name == M_JOB_GPU and s.labels.get(L_CLASS) == CLASS_FOREIGN
-                and s.labels.get(L_GPU, "").isdigit() and s.value >= 1):
-            out.add((int(s.labels[L_GPU]), s.labels.get(L_GI, "")))
-    return sorted(out)

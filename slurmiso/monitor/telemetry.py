@@ -21,11 +21,14 @@ import os
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 from slurmiso.monitor import scrape, signals
 from slurmiso.monitor.signals import JobSignals
 from slurmiso.monitor.snapshot import GpuSample
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +291,7 @@ class BackendSource:
     """Read each node's GPU backend in-process: for one host serving several simulated nodes
     (the sandbox), or a monitor running on the GPU node itself."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
 
     def read(self, nodes: Mapping[str, str], now: float) -> Reading:

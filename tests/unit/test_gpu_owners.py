@@ -16,7 +16,9 @@ from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor.agent import NodeCollector, gather_node
 from slurmiso.monitor.gpu_owners import job_of_cgroup
+from slurmiso.monitor.telemetry import parse_prometheus_text
 from slurmiso.state.record import JobRecord
+from tests.unit.test_job_signals import signals_of
 
 V1 = """12:freezer:/slurm_n1/uid_1000/job_41/step_0
 11:devices:/slurm_n1/uid_1000/job_41/step_0/task_0
@@ -99,13 +101,15 @@ def test_mig_instances_per_instance_foreign_unrecorded_and_mps(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(lambda: report, "n3"))
     text = generate_latest(registry).decode()
-    got = sig.parse(text, "n3")
+    got = signals_of(text, "n3")
     assert got["41"].gpus == ((0, str(a.gi_id)),), "a MIG instance, never its whole GPU"
     assert got["42"].gpus == ((0, str(b.gi_id)),)
     assert got["41"].job_class == "infer" and got["42"].job_class == "train"
     assert got["77"].job_class == sig.CLASS_UNRECORDED and got["77"].gpus == ((1, ""),)
     assert got["44"].gpus == ((1, ""),)
-    assert sig.foreign_gpus(text) == [(1, "")], "the miner; the MPS server is not foreign"
+    foreign = {(x.labels["gpu"], x.labels["gi"]) for x in parse_prometheus_text(text)
+               if x.name == sig.M_JOB_GPU and x.labels["class"] == sig.CLASS_FOREIGN}
+    assert foreign == {("1", "")}, "the miner; the MPS server is not foreign"
     assert set(got) == {"41", "42", "44", "77"}
 
 

@@ -17,6 +17,7 @@ from slurmiso.config.model import SignalSettings
 from slurmiso.monitor import ports, scrape
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor.jobsignals import JobSignalsCollector, JobSignalsState
+from slurmiso.monitor.telemetry import BadData, parse_prometheus_text
 from slurmiso.state.record import JobRecord, RecordStatus
 from tests.unit.test_endpoint_profiles import cum, vllm
 
@@ -102,8 +103,14 @@ def scrape_text(st: JobSignalsState) -> str:
     return generate_latest(registry).decode()
 
 
+def signals_of(text: str, node: str = "") -> Dict[str, sig.JobSignals]:
+    """An agent's per-job series as the monitor reads them (AgentSource.read): the answer
+    parsed strictly once, then :func:`signals.from_samples`."""
+    return sig.from_samples(parse_prometheus_text(text, strict=True), node)
+
+
 def read(st: JobSignalsState) -> Dict[str, sig.JobSignals]:
-    return sig.parse(scrape_text(st), "n1")
+    return signals_of(scrape_text(st), "n1")
 
 
 def test_an_endpoint_read_twice_gives_its_window_quantiles(server: Server) -> None:
@@ -323,7 +330,7 @@ def test_jobs_that_ended_are_forgotten(server: Server) -> None:
     assert read(st) == {} and len(server.hits) == 1
 
 
-def test_parse_reads_only_the_contract_series_and_tolerates_garbage() -> None:
+def test_only_the_contract_series_are_read_and_absurd_figures_are_none() -> None:
     text = "\n".join([
         'slurmiso_job_gpu{job="7",class="train",gpu="0",gi="3"} 1',
         'slurmiso_job_gpu{job="7",class="train",gpu="x",gi=""} 1',
@@ -334,16 +341,16 @@ def test_parse_reads_only_the_contract_series_and_tolerates_garbage() -> None:
         'slurmiso_job_signal_age_seconds{job="7",class="train",signal="steps"} +Inf',
         'slurmiso_job_step_seconds{job="7",class="train"} 0.25',
         'slurmiso_job_throughput_vs_solo{job="7",class="train"} 0.8',
-        'this line { is not prometheus',
         'slurmiso_gpu_memory_used_bytes{gpu="0",job="7"} 5',
     ]) + "\n"
-    got = sig.parse(text, "n2")
-    assert set(got) == {"7"}
+    got = signals_of(text, "n2")
+    assert set(got) == {"7"}, "a foreign process (job \"\") is not a job"
     js = got["7"]
     assert js.gpus == ((0, "3"),) and js.p99_ms is None and js.p50_ms is None
     assert js.error_rate == 1.0 and js.steps_age_s == math.inf and js.latency_age_s is None
     assert js.step_s == 0.25 and js.throughput_vs_solo == 0.8
-    assert sig.foreign_gpus(text) == [(1, "")]
+    with pytest.raises(BadData):  # a garbled answer is the node's unknown, not half-read
+        signals_of(text + "this line { is not prometheus\n", "n2")
 
 
 def test_one_parse_of_a_full_node_is_cheap() -> None:
@@ -356,7 +363,7 @@ def test_one_parse_of_a_full_node_is_cheap() -> None:
                     for q in sig.QUANTILES),
                   f'slurmiso_job_requests{{{who}}} 10',
                   f'slurmiso_job_signal_age_seconds{{{who},signal="latency"}} 3']
-    got = sig.parse("\n".join(lines))  # its speed is bench_monitor's business, not a test's
+    got = signals_of("\n".join(lines))  # its speed is bench_monitor's business, not a test's
     assert len(got) == 1000 and got["999"].p95_ms == pytest.approx(100.0)
 
 

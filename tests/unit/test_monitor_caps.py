@@ -47,7 +47,7 @@ def test_hot_caps_the_train_qos_at_what_training_uses_and_holds_nothing() -> Non
     a = actions[0]
     assert a.details["tres"] == {"gpu": 2, "shard": 2, "mps": 0}  # infer's GPUs not counted
     assert a.details["previous"] is None and "memory 80%" in a.reason
-    assert not mem.holds and mem.caps["train"]["tres"] == a.details["tres"]
+    assert not mem.holds and mem.caps["train"].tres == a.details["tres"]
     # still hot, nothing changed: no new action; a training job ends: the cap follows it down
     again, mem = decide(snap([node("n1", mem_pct=80)], jobs, ts=T0 + 30), CAPS, mem)
     assert again == []
@@ -62,7 +62,7 @@ def test_calm_raises_the_cap_by_the_next_jobs_per_interval_then_removes_it() -> 
     waiting = [job(str(i), gres="gres:gpu:1", submit=T0 - 100 + i) for i in range(5)]
     running = [_run("r", "gres:gpu:2")]
     _, mem = decide(snap([node("n1", mem_pct=80)], running + waiting), CAPS, Memory())
-    assert mem.caps["train"]["tres"]["gpu"] == 2
+    assert mem.caps["train"].tres["gpu"] == 2
     calm = [node("n1", mem_pct=20, sm=20)]
     t = T0 + 30
     a, mem = decide(snap(calm, running + waiting, ts=t), CAPS, mem)

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
+from slurmiso.monitor.admission_state import Hold
 from slurmiso.monitor.decide import decide, failed
 from slurmiso.monitor.policy import Action, Memory, Policy, SloLimit
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot, dumps, loads
@@ -76,7 +77,7 @@ def test_hold_details_and_memory() -> None:
     actions, mem = decide(snap([node("n1", mem_pct=80)], [job("7")]), POLICY, Memory())
     assert actions[0].details["memory_pct"] == 80.0 and actions[0].details["node"] == "n1"
     assert "memory 80%" in actions[0].reason
-    assert set(mem.holds) == {"7"} and mem.gates["shared"]["closed"]
+    assert set(mem.holds) == {"7"} and mem.gates["shared"].closed
 
 
 def _run(snaps: Sequence[Snapshot], policy: Policy = POLICY,
@@ -161,7 +162,7 @@ def test_slo_breach_holds_with_latency_in_details() -> None:
 
 def test_slurm_down_changes_nothing() -> None:
     s = Snapshot(T0, slurm_ok=False, errors=("slurm: down",))
-    mem = Memory(holds={"1": {"ts": 0.0, "scopes": ["x"]}})
+    mem = Memory(holds={"1": Hold(0.0, ("x",))})
     actions, new = decide(s, POLICY, mem)
     assert actions == [] and new.holds == mem.holds
 

@@ -18,6 +18,7 @@ import pytest
 from test_monitor_scenarios import BASE, T0, FakeCluster, gpu, run
 
 from slurmiso.monitor import telemetry as t
+from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide
 from slurmiso.monitor.loop import Monitor, file_snapshots
@@ -181,9 +182,8 @@ CALM_AFTER = [
                          ids=[c[0] for c in CALM_AFTER])
 def test_unknown_signals_never_release(case: str, n1: NodeInfo, extra: Dict[str, Any],
                                        policy: Any, released: bool) -> None:
-    mem = Memory(holds={"1": {"ts": T0, "scopes": ["shared"], "reason": "hot"}},
-                 gates={"shared": {"closed": True, "since": T0, "calm_since": None,
-                                   "why": "hot"}}, last_ts=T0)
+    mem = Memory(holds={"1": Hold(T0, ("shared",), "hot")},
+                 gates={"shared": Gate(True, T0, None, "hot")}, last_ts=T0)
     for i in range(1, 40):
         actions, mem = decide(held_snapshot(n1, T0 + 30 * i, **extra), policy, mem)
         if actions:
@@ -262,7 +262,7 @@ def test_crash_between_intent_and_acting_is_reconciled() -> None:
                     "JobHeldAdmin"))  # release lost
     calm = Snapshot(T0 + 30, (NodeInfo("n1", "MIXED", ("shared",), "p", "mps", "", "",
                                        (gpu(10, 10),), 5.0),), {"shared": ("n1",)}, jobs)
-    mem = Memory(holds={"1": {"ts": T0, "scopes": ["shared"]}}, last_ts=T0,
+    mem = Memory(holds={"1": Hold(T0, ("shared",))}, last_ts=T0,
                  intent=[["hold", "1", "", ""], ["release", "2", "", ""]])
     actions, mem = decide(calm, HOLD, mem)
     assert "1" not in mem.overridden and "1" not in mem.holds
@@ -338,10 +338,10 @@ def test_gate_opens_are_limited_per_hour() -> None:
     applier = Applier(None, c)
     for i in range(240):
         c.load["n1"] = (90.0 if i % 12 == 0 else 10.0, 10.0, 5.0)
-        before = bool(mem.gates.get("node:n1", {}).get("closed"))
+        before = "node:n1" in mem.gates and mem.gates["node:n1"].closed
         actions, mem = decide(c.snapshot(T0 + 30 * i), BASE, mem)
         applier.apply(actions)
-        if before and not mem.gates["node:n1"]["closed"]:
+        if before and not mem.gates["node:n1"].closed:
             opens.append(T0 + 30 * i)
     for start in opens:
         assert sum(1 for o in opens if start <= o < start + 3600) <= BASE.gate_opens_per_hour
@@ -446,9 +446,8 @@ def test_admin_releases_are_all_remembered() -> None:
                  for i in range(n))  # someone released every one of our holds
     hot = Snapshot(T0, (NodeInfo("n1", "MIXED", ("shared",), "p", "mps", "", "",
                                  (gpu(95, 10),), 5.0),), {"shared": ("n1",)}, held)
-    mem = Memory(holds={str(i): {"ts": T0 - 60, "scopes": ["shared"]} for i in range(n)},
-                 gates={"shared": {"closed": True, "since": T0 - 60, "calm_since": None,
-                                   "why": "hot"}}, last_ts=T0 - 30)
+    mem = Memory(holds={str(i): Hold(T0 - 60, ("shared",)) for i in range(n)},
+                 gates={"shared": Gate(True, T0 - 60, None, "hot")}, last_ts=T0 - 30)
     _, mem = decide(hot, HOLD, mem)
     actions, mem = decide(dataclasses.replace(hot, ts=T0 + 30), HOLD, mem)
     assert len(mem.overridden) == n and actions == [], "none of them is held again"
@@ -612,7 +611,7 @@ def test_a_job_with_no_admissible_node_is_held_not_excluded_everywhere() -> None
     c.load["n1"] = (90.0, 10.0, 5.0)
     c.submit("1")
     _, mem = run(c, BASE, 1)
-    assert c.jobs["1"].held and "every node it may use (n1)" in mem.holds["1"]["reason"]
+    assert c.jobs["1"].held and "every node it may use (n1)" in mem.holds["1"].reason
     c.load["n1"] = (10.0, 10.0, 5.0)
     run(c, BASE, 30, memory=mem, start=T0 + 30)
     assert not c.jobs["1"].held and c.jobs["1"].exc_nodes == ""

@@ -30,7 +30,7 @@ DT = 30.0
 STEPS = (StepPolicy("hold", 0, 60), StepPolicy("throttle", 60, 60, 6, 100),
          StepPolicy("suspend", 60, 60, 6, 100), StepPolicy("requeue", 60, 60, 6, 100))
 POL = Policy(min_dwell_s=60, stagger_max_starts=100, max_data_age_s=90, admission="nodes",
-             slo=(SloLimit("infer", None, None, 0.05, 250),),
+             slo=(SloLimit("infer", None, 250, 0.05, class_latency=False),),
              ladder=LadderPolicy(STEPS, hysteresis_pct=10))
 CALM_MS, BREACH_MS = 100.0, 400.0
 
@@ -50,6 +50,8 @@ class Cluster:
         self.age: Dict[str, Optional[float]] = {}
         self.sm: Dict[Tuple[str, int], float] = {}
         self.calls: List[Tuple[str, str]] = []
+        #: job -> the agent's "signal:reason" items (figures it exports beside them)
+        self.told: Dict[str, Tuple[str, ...]] = {}
 
     # -- set up ---------------------------------------------------------------------------
     def run_job(self, jid: str, cls: str, node: str = "n1", gpu: int = 0,
@@ -120,7 +122,8 @@ class Cluster:
             if self.jobs[jid].state == "RUNNING":
                 signals[jid] = JobSignals(jid, "infer", node, ((gpu, ""),), p99_ms=p99,
                                           error_rate=0.0, requests=100.0,
-                                          latency_age_s=self.age[jid])
+                                          latency_age_s=self.age[jid],
+                                          unknown=self.told.get(jid, ()))
         return Snapshot(ts, tuple(nodes), {"shared": tuple(self.nodes)},
                         tuple(self.jobs.values()), job_signals=signals)
 
@@ -263,7 +266,8 @@ def test_a_dip_resets_the_breach_dwell() -> None:
 
 
 # --------------------------------------------------------------- unknown: hold position
-@pytest.mark.parametrize("case", ["stale", "p99 missing", "signals gone", "agent silent"])
+@pytest.mark.parametrize("case", ["stale", "p99 missing", "signals gone", "agent silent",
+                                  "told unknown, calm figure", "told unknown, hot figure"])
 def test_unknown_signals_take_no_step_and_release_nothing(case: str) -> None:
     c = shared_pair()
 
@@ -276,6 +280,9 @@ def test_unknown_signals_take_no_step_and_release_nothing(case: str) -> None:
             c.p99["i1"] = None
         elif case == "signals gone":
             c.p99.pop("i1", None)
+        elif case.startswith("told unknown"):  # the agent exports a figure it distrusts
+            c.p99["i1"] = CALM_MS if "calm" in case else BREACH_MS
+            c.told["i1"] = ("latency:stale",)
 
     pol = POL
     if case == "agent silent":
@@ -292,6 +299,28 @@ def test_unknown_signals_take_no_step_and_release_nothing(case: str) -> None:
     assert [k[1] for k in ladder_kinds(steps)] == ["throttle"], "no step, no release"
     assert mem.restrained["t1"].throttled_since == T0 + 2 * DT
     assert c.jobs["p1"].exc_nodes == "n1", "still held off"
+
+
+@pytest.mark.parametrize("p99,error_rate,unknown,error_limit,kind", [
+    (100.0, 0.0, (), 0.05, "calm"),
+    (100.0, 0.0, ("latency:stale",), 0.05, "unknown"),  # every latency figure distrusted
+    (400.0, 0.0, ("latency:timeout",), 0.05, "unknown"),  # a distrusted breach: no step
+    (100.0, 0.0, ("latency:no-quantiles",), None, "unknown"),
+    (100.0, None, ("latency:no-error-series",), 0.05, "unknown"),
+    (100.0, 0.0, ("latency:no-error-series",), None, "calm"),  # names the error rate only
+    (400.0, 0.0, ("latency:no-error-series",), 0.05, "hot"),
+    (100.0, 0.0, ("steps:no-report",), 0.05, "calm"),  # training's signal, not latency
+])
+def test_a_figure_the_agent_names_unknown_is_unknown(p99: float, error_rate: Optional[float],
+                                                     unknown: Tuple[str, ...],
+                                                     error_limit: Optional[float],
+                                                     kind: str) -> None:
+    from slurmiso.monitor.ladder import job_verdict
+
+    sig = JobSignals("i1", "infer", "n1", ((0, ""),), p99_ms=p99, error_rate=error_rate,
+                     requests=100.0, latency_age_s=5.0, unknown=unknown)
+    slo = SloLimit("infer", None, 250, error_limit, class_latency=False)
+    assert job_verdict("i1", sig, slo, POL).kind == kind
 
 
 def test_an_idle_inference_job_is_calm() -> None:
@@ -559,6 +588,113 @@ def test_set_rejects_nonsense(knob: str) -> None:
         override(POL, [knob])
 
 
+#: --set ladder.* and the same value under monitor.ladder in the file: one checker, one error.
+SAME_AS_THE_FILE = [
+    ("ladder.hysteresis_pct=100", {"hysteresis": 100}),  # calm would be unreachable
+    ("ladder.hysteresis_pct=-5", {"hysteresis": -5}),
+    ("ladder.hysteresis_pct=lots", {"hysteresis": "lots"}),
+    ("ladder.unthrottle_signal=URG", {"unthrottle_signal": "URG"}),  # slow down == full speed
+    ("ladder.throttle_signal=WINCH", {"throttle_signal": "WINCH"}),
+    ("ladder.throttle_signal=USR1", {"throttle_signal": "USR1"}),
+    ("ladder.steps=throttle", {"steps": ["throttle"]}),
+    ("ladder.steps=hold,hold", {"steps": ["hold", "hold"]}),
+    ("ladder.steps=hold,suspend,throttle", {"steps": ["hold", "suspend", "throttle"]}),
+    ("ladder.steps=hold,pause", {"steps": ["hold", "pause"]}),
+    ("ladder.requeue.per_hour=0", {"requeue": {"per_hour": 0}}),
+    ("ladder.throttle.after_s=-30", {"throttle": {"after": -30}}),
+    ("ladder.suspend.release_after_s=soon", {"suspend": {"release_after": "soon"}}),
+    ("ladder.hold.per_hour=3", {"hold": {"per_hour": 3}}),
+]
+
+
+@pytest.mark.parametrize("knob,yaml_ladder", SAME_AS_THE_FILE)
+def test_set_ladder_gets_the_config_checks_and_words(knob: str, yaml_ladder: Dict) -> None:
+    import os
+
+    import yaml
+
+    from slurmiso.config import parse_config
+    from slurmiso.errors import ConfigError, UsageError
+
+    etc = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+    with open(etc, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data["monitor"]["ladder"] = yaml_ladder
+    with pytest.raises(ConfigError) as cfg_err:
+        parse_config(data, "x.yaml")
+    in_file = [p.split(": ", 1)[1] for p in cfg_err.value.problems
+               if p.startswith("x.yaml: monitor.ladder")]
+    with pytest.raises(UsageError) as err:
+        override(POL, [knob])
+    line = str(err.value).splitlines()[0]
+    assert line.startswith(f"--set {knob}: monitor.ladder."), line
+    assert in_file and line.split(": ", 1)[1].startswith(in_file[0]), (line, in_file)
+
+
+def test_set_ladder_is_checked_against_the_classes_checkpoint_signals() -> None:
+    """A class checkpointing on URG is fine while the ladder never throttles; turning the
+    throttle on with --set is refused with the file's words."""
+    import os
+
+    import yaml
+
+    from slurmiso.config import parse_config
+    from slurmiso.errors import ConfigError, UsageError
+    from slurmiso.monitor.policy import policy_from_config
+
+    etc = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+    with open(etc, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    for c in data["classes"]:
+        if c.get("checkpoint"):
+            c["checkpoint"]["signal"] = "URG"
+    data["monitor"]["ladder"] = {"steps": ["hold", "suspend", "requeue"]}
+    cfg = parse_config(data, "x.yaml")
+    with pytest.raises(UsageError) as err:
+        override(policy_from_config(cfg), ["ladder.steps=hold,throttle"], cfg)
+    data["monitor"]["ladder"] = {"steps": ["hold", "throttle"]}
+    with pytest.raises(ConfigError) as cfg_err:
+        parse_config(data, "x.yaml")
+    in_file = [p.split(": ", 1)[1] for p in cfg_err.value.problems if "checkpoint signal" in p]
+    assert in_file and str(err.value).startswith(
+        f"--set ladder.steps=hold,throttle: {in_file[0]}"), (str(err.value), in_file)
+    assert override(policy_from_config(cfg), ["ladder.hysteresis_pct=5"], cfg).ladder.names() \
+        == ("hold", "suspend", "requeue"), "no throttle, no conflict"
+
+
+def test_set_ladder_error_is_one_line_from_the_cli(tmp_path: pytest.TempPathFactory,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from slurmiso.cli.main import main
+
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+    state = os.path.join(str(tmp_path), "state.json")
+    rc = main(["-c", cfg, "monitor", "status", "--state", state,
+               "--set", "ladder.hysteresis_pct=100"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err
+    assert "--set ladder.hysteresis_pct=100: monitor.ladder.hysteresis: 100 is out of range " \
+           "(allowed: 0..90)" in err, err
+
+
+def test_set_ladder_still_sets_what_the_file_allows() -> None:
+    pol = override(POL, ["ladder.hysteresis_pct=20", "ladder.throttle_signal=winch",
+                         "ladder.unthrottle_signal=URG", "ladder.throttle.after_s=30",
+                         "ladder.steps=hold,throttle,requeue", "ladder.requeue.per_job=2"])
+    lad = pol.ladder
+    assert (lad.hysteresis_pct, lad.throttle_signal, lad.unthrottle_signal) == (
+        20.0, "WINCH", "URG")
+    assert lad.names() == ("hold", "throttle", "requeue")
+    assert lad.step("throttle") == StepPolicy("throttle", 30.0, 60.0, 6, 100)
+    assert lad.step("requeue") == StepPolicy("requeue", 60.0, 60.0, 2, 100)
+    back = override(pol, ["ladder.steps=hold,throttle,suspend,requeue"])
+    assert back.ladder.step("suspend") == LadderPolicy().step("suspend"), "a step added back " \
+        "gets the defaults"
+    with pytest.raises(Exception, match="'suspend' is not in ladder.steps"):
+        override(pol, ["ladder.suspend.per_job=2"])
+
+
 def test_error_rate_breach_climbs_too() -> None:
     c = shared_pair()
     c.p99["i1"] = CALM_MS
@@ -572,8 +708,10 @@ def test_error_rate_breach_climbs_too() -> None:
     assert "error rate 20.0% (SLO 5.0%)" in throttle.reason
 
 
-def test_gather_fills_unlabelled_gpus_from_signals_for_jobs_slurm_shows_there() -> None:
-    from slurmiso.monitor.gather import attributed
+def test_unlabelled_gpus_get_their_jobs_from_signals_for_jobs_slurm_shows_there() -> None:
+    """One place ties signals to GPUs (Attribution), live or replayed: the gather hands
+    the samples on as the agents said them."""
+    from slurmiso.monitor.attribution import Attribution
 
     jobs = (JobInfo("i1", "RUNNING", "infer", ("shared",), "infer", T0, nodes=("n1",)),
             JobInfo("t9", "RUNNING", "train", ("shared",), "train", T0, nodes=("n2",)))
@@ -581,8 +719,8 @@ def test_gather_fills_unlabelled_gpus_from_signals_for_jobs_slurm_shows_there() 
                     (GpuSample(0, 1, 80_000, 10.0), GpuSample(1, 1, 80_000, 10.0)), 5.0)
     sigs = {"i1": JobSignals("i1", "infer", "n1", ((1, ""),), p99_ms=10.0, latency_age_s=1.0),
             "t9": JobSignals("t9", "train", "n1", ((0, ""),))}  # t9 runs on n2, not n1
-    got = attributed(Snapshot(T0, (node,), {"shared": ("n1",)}, jobs, job_signals=sigs),
-                     ["train"])
-    g0, g1 = got.nodes[0].gpus
-    assert (g0.jobs, g0.classes) == ((), ())
-    assert (g1.jobs, g1.classes) == (("i1",), ("infer",))
+    who = Attribution(Snapshot(T0, (node,), {"shared": ("n1",)}, jobs, job_signals=sigs),
+                      ["train"])
+    assert who.jobs_on("n1", 0) == [] and [j.id for j in who.jobs_on("n1", 1)] == ["i1"]
+    assert who.inference_gpus(node) == frozenset({1}), "only i1's GPU serves inference"
+    assert who.gpus_of == {"i1": [("n1", 1)]}

@@ -132,3 +132,35 @@ def test_applier_batches_and_splits_on_failure() -> None:
     outs = Applier(None, slurm).apply(acts)
     assert [o.ok for o in outs] == [True, False, True]
     assert slurm.calls[0] == ("hold", ["1", "2", "3"])
+
+
+def test_a_state_file_of_the_previous_version_loads_typed_and_saves_the_same(
+        tmp_path: os.PathLike[str]) -> None:
+    """tests/fixtures/monitor/state-v1-dict-records.json was written by the version whose
+    holds, gates, loans and caps were dicts read by string keys: it loads into the records,
+    the monitor acts on them, and saving writes the keys that version wrote."""
+    import json
+    import shutil
+
+    from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
+
+    tmp = str(tmp_path)
+    old = os.path.join(REPO, "tests", "fixtures", "monitor", "state-v1-dict-records.json")
+    shutil.copy(old, os.path.join(tmp, "state.json"))
+    mon = _monitor(tmp, FakeSlurm())
+    mem = mon.memory
+    assert mem.holds["7"] == Hold(900.0, ("p", "slo"), "training held: n1 GPU 0 SM 95%")
+    assert mem.holds["8"].kind == "stagger" and mem.holds["9"] == Hold(0.0, (), "")
+    assert mem.gates["p"] == Gate(True, 900.0, 960.0, "n1 GPU 0 SM 95%")
+    assert mem.gates["node:n2"] == Gate(False, 800.0, None, "calm")
+    assert mem.lent == {"i3": Loan("infer", "train", 500.0), "i4": Loan("", "train", 0.0)}
+    assert mem.caps == {"train": Cap({"gpu": 4, "shard": 0}, 700.0)}
+    assert mem.ladder["n1/0"].step == "throttle" and mem.restrained["t1"].throttled_since == 930
+    mon.save_memory()
+    mon.close()
+    with open(old, encoding="utf-8") as fh:
+        before = json.load(fh)["memory"]
+    with open(os.path.join(tmp, "state.json"), encoding="utf-8") as fh:
+        after = json.load(fh)["memory"]
+    before["holds"]["9"]["reason"] = ""  # a hold restored after a failed release had none
+    assert after == before

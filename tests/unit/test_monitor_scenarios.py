@@ -146,7 +146,7 @@ def test_oscillating_load_flips_each_node_gate_at_most_twice() -> None:
         step(i, T0 + 30 * i)
         actions, mem = decide(c.snapshot(T0 + 30 * i), BASE, mem)
         applier.apply(actions)
-        history[-1] = {k: bool(g["closed"]) for k, g in mem.gates.items()}
+        history[-1] = {k: g.closed for k, g in mem.gates.items()}
     assert all(n <= 2 for n in flips(history).values()), flips(history)
     assert c.jobs["1"].exc_nodes == "n1", "the hot node stays excluded, the calm one open"
 
@@ -164,7 +164,7 @@ def test_slow_ramp_closes_once_and_opens_after_dwell() -> None:
         c.load["n1"] = (float(pct), 10.0, 5.0)
         actions, mem = decide(c.snapshot(T0 + 30 * i), BASE, mem)
         applier.apply(actions)
-        history.append({k: bool(g["closed"]) for k, g in mem.gates.items()})
+        history.append({k: g.closed for k, g in mem.gates.items()})
     closes = [i for i, h in enumerate(history) if h.get("node:n1") and
               (i == 0 or not history[i - 1].get("node:n1"))]
     assert closes == [ramp.index(75)]

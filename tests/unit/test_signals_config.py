@@ -14,9 +14,9 @@ from slurmiso.config import parse_config
 from slurmiso.config.model import DEFAULT_SERVERS
 from slurmiso.errors import ConfigError
 from slurmiso.hooks.runner import run_hook
-from slurmiso.monitor import signals as sig
 from slurmiso.monitor import telemetry as t
 from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.unit.test_job_signals import signals_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -60,6 +60,38 @@ def test_check_config_names_what_is_wrong(signals: Any, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(_example(signals), "x.yaml")
     assert any(needle in p for p in err.value.problems), err.value.problems
+
+
+SIGNAL_KEYS = ("refresh", "window", "timeout", "max_body", "baseline_steps", "step_window",
+               "servers")
+
+
+@pytest.mark.parametrize("key", SIGNAL_KEYS)
+@pytest.mark.parametrize("value", [None, True, [1], {"a": 1}, "x", -1, 10**30, [None]])
+def test_a_null_or_wrong_typed_key_is_a_config_error_naming_it(key: str, value: Any) -> None:
+    """Never a traceback: ``refresh: null`` once reached ``window < 2 * None``."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(_example({key: value}), "x.yaml")
+    mine = [p for p in err.value.problems if f"monitor.signals.{key}" in p]
+    assert mine, err.value.problems
+    if value is None:
+        assert mine == [f"x.yaml: monitor.signals.{key}: expected " + mine[0].split(
+            "expected ", 1)[1]] and "got None (leave the key out for the default" in mine[0]
+
+
+def test_the_shipped_example_states_every_signals_default() -> None:
+    """etc/slurmiso.yaml lists each monitor.signals key (servers commented out) at its
+    default: uncommenting nothing changes nothing."""
+    with open(os.path.join(REPO, "etc", "slurmiso.yaml"), encoding="utf-8") as fh:
+        text = fh.read()
+    block = text[text.index("\n  signals:"):text.index("\n  slo:")]
+    for key in SIGNAL_KEYS:
+        assert f"{key}:" in block, key
+    shipped = parse_config(yaml.safe_load(text), "etc/slurmiso.yaml").monitor.signals
+    default = parse_config(_example({}), "x.yaml").monitor.signals
+    for name in ("refresh_s", "window_s", "timeout_s", "max_body_mb", "baseline_steps",
+                 "step_window_s", "servers"):
+        assert getattr(shipped, name) == getattr(default, name), name
 
 
 def test_the_shipped_selectors_parse() -> None:
@@ -119,7 +151,7 @@ def test_a_scrape_stays_fast_while_an_endpoint_hangs(tmp_path: Any) -> None:
         refresher.stop.set()
         # a scrape that waited on the in-flight fetch would take up to its 1 s timeout
         assert worst < 0.75, f"a scrape took {worst:.3f}s"
-        assert sig.parse(text)["41"].unknown == ("latency:timeout",)
+        assert signals_of(text)["41"].unknown == ("latency:timeout",)
     finally:
         server.close()
 

@@ -19,6 +19,7 @@ from slurmiso.monitor import signals as sig
 from slurmiso.monitor import stepfile
 from slurmiso.wrapper import steps
 from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.unit.test_job_signals import signals_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,7 +67,7 @@ def test_report_step_through_the_wrapper_into_the_agents_output(tmp_path: Any) -
                             "--once", "--node", "node1"], env=_env({}), capture_output=True,
                            text=True, timeout=60)
     assert agent.returncode == 0, agent.stderr
-    js = sig.parse(agent.stdout, "node1")["42"]
+    js = signals_of(agent.stdout, "node1")["42"]
     assert js.job_class == "train" and js.unknown == ()
     # 20 steps of >= 0.02 s then 10 of >= 0.08 s (sleeps only overshoot, more on a busy box):
     # the mean is above 0.04 s, and slower than the baseline of the first steps
