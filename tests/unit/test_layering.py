@@ -179,3 +179,15 @@ def test_backend_abilities_are_declared_not_probed() -> None:
                             for c in node.comparators)):
                 probes.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
     assert probes == []
+
+
+#: Leaf modules: shared by sides that must not import each other, so they import nothing of
+#: slurmiso themselves (and stay cheap on the hooks' start-up path).
+LEAVES = ("slurmiso/jobfiles.py", "slurmiso/pids.py", "slurmiso/sluid.py")
+
+
+def test_leaf_modules_import_nothing_of_slurmiso() -> None:
+    bad = [f"{leaf}:{line} imports {target}" for leaf in LEAVES
+           for target, line in imports_of(ROOT.parent / leaf)]
+    assert bad == []
+
