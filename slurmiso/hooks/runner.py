@@ -157,8 +157,8 @@ def _job_qos(ctx: Context) -> str:
 
 
 def prolog(ctx: Context, env: Mapping[str, str]) -> None:
+    from slurmiso.config.classify import classify
     from slurmiso.isolation import dcgm
-    from slurmiso.isolation.classify import classify
 
     old = ctx.state.read_job(ctx.job_id)
     if (
