@@ -191,3 +191,11 @@ def test_leaf_modules_import_nothing_of_slurmiso() -> None:
            for target, line in imports_of(ROOT.parent / leaf)]
     assert bad == []
 
+
+
+def test_the_wrapper_meets_the_hooks_only_through_the_contract_module() -> None:
+    """What the wrapper writes and the epilog reads is named once, in slurmiso/jobfiles.py:
+    the wrapper imports nothing of the hooks (issue 27)."""
+    bad = [f"{where}: {src} imports {dst}" for src, dst, where in all_edges()
+           if unit_of(src) == "wrapper" and unit_of(dst) == "hooks"]
+    assert bad == []

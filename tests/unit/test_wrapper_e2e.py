@@ -1,5 +1,5 @@
 """The whole preempt -> checkpoint -> requeue -> resume cycle, with the local controller
-(:mod:`slurmiso.wrapper.localsim`) playing Slurm and the real ``slurmiso run`` process.
+(tests/localsim.py) playing Slurm and the real ``slurmiso run`` process.
 
 No Slurm, no root: each test takes a few seconds (short grace times).
 """
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from slurmiso.wrapper.checkpoint_protocol import write_marker
-from slurmiso.wrapper.localsim import LocalSlurm, Trigger
+from tests.localsim import LocalSlurm, Trigger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOAD = os.path.join(ROOT, "slurmiso_sandbox", "train_counter.py")
