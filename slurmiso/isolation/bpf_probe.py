@@ -170,7 +170,7 @@ def v2_node_facts(node: str, state_dir: str, mount: str = "/sys/fs/cgroup") -> D
     import glob
 
     from slurmiso.isolation import fence
-    from slurmiso.sluid import is_sluid
+    from slurmiso.sluid import is_sluid, job_of_dir
 
     facts: Dict[str, Any] = {"mount": mount, "unified": _fstype(mount) == "cgroup2",
                    "hybrid_proc": _hybrid_proc(), "scopes": [], "jobs": [], "error": ""}
@@ -189,9 +189,10 @@ def v2_node_facts(node: str, state_dir: str, mount: str = "/sys/fs/cgroup") -> D
         facts["scopes"].append(scope)
         for name in sorted(os.listdir(scope)):
             path = os.path.join(scope, name)
-            if not os.path.isdir(path) or not (name.startswith("job_") or is_sluid(name)):
+            key = job_of_dir(name)
+            if key is None or not os.path.isdir(path):
                 continue
-            job = name[4:] if name.startswith("job_") else by_sluid.get(name, "")
+            job = by_sluid.get(key, "") if is_sluid(key) else key
             entry: Dict[str, Any] = {"dir": name, "job": job, "own": [], "flags": 0, "deny": 0,
                            "narrow": 0, "tasks": []}
             try:
