@@ -78,8 +78,6 @@ _BPF_OBJ_GET_INFO_BY_FD = 15
 _BPF_PROG_QUERY = 16
 _BPF_CGROUP_DEVICE = 6  # enum bpf_attach_type
 _BPF_F_QUERY_EFFECTIVE = 1
-BPF_F_ALLOW_OVERRIDE = 1
-BPF_F_ALLOW_MULTI = 2
 _MAX_PROGS = 64
 #: What each side names its device programs (BPF_PROG_LOAD's prog_name): Slurm's cgroup/v2
 #: plugin, src/plugins/cgroup/v2/ebpf.c (load_ebpf_prog, 24.11 and 26.05), and
