@@ -116,15 +116,14 @@ def test_proc_devices_parsed_char_section_only(tmp_path):
 
 # --------------------------------------------------------------- written by the hooks
 def _hook_world(tmp: str, mode: str, model: str = "A100-80GB") -> str:
-    from test_hooks_runner import write_config
+    from tests.hookctx import write_config
 
     return write_config(tmp, mode, model)
 
 
 def test_prolog_fences_a_refused_job_and_the_epilog_removes_it(tmp_path):
-    from test_hooks_runner import Drains, job_env
-
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains, job_env
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "timeslice")
@@ -136,9 +135,8 @@ def test_prolog_fences_a_refused_job_and_the_epilog_removes_it(tmp_path):
 
 
 def test_prepared_job_gets_its_modes_fence(tmp_path):
-    from test_hooks_runner import Drains, job_env
-
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains, job_env
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "exclusive")
@@ -147,9 +145,8 @@ def test_prepared_job_gets_its_modes_fence(tmp_path):
 
 
 def test_prolog_that_dies_before_the_end_leaves_a_deny_all_fence(tmp_path, monkeypatch):
-    from test_hooks_runner import Drains, job_env
-
     from slurmiso.hooks import runner
+    from tests.hookctx import Drains, job_env
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "exclusive")
@@ -164,9 +161,8 @@ def test_prolog_that_dies_before_the_end_leaves_a_deny_all_fence(tmp_path, monke
 
 
 def test_a_prolog_rerun_of_the_same_attempt_owes_no_skip(tmp_path):
-    from test_hooks_runner import Drains, job_env, state
-
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains, job_env, state
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "exclusive")

@@ -22,7 +22,7 @@ from slurmiso.hooks.runner import run_hook
 from slurmiso.submit import options
 from slurmiso.submit.job_submit import lua_literal, render_job_submit
 from slurmiso.submit.plugstack import mig_profile_names
-from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.hookctx import Drains, job_env, state, write_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LUA = shutil.which("lua5.1") or shutil.which("lua")

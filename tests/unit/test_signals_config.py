@@ -16,7 +16,7 @@ from slurmiso.errors import ConfigError
 from slurmiso.hooks.runner import run_hook
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor import telemetry as t
-from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.hookctx import Drains, job_env, state, write_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
