@@ -54,9 +54,9 @@ NOT_ON_PATH = (
     "slurmiso.monitor",
 )
 
-root_only = pytest.mark.skipif(
-    os.geteuid() != 0, reason="the config cache is used by root only (cache.py), so a "
-    "non-root run always parses YAML; the hooks run as root")
+root_only = pytest.mark.needs_root(
+    reason="the config cache is used by root only (cache.py), so a non-root run always parses "
+    "YAML; the hooks run as root")
 
 HOOK = """
 import sys

@@ -132,6 +132,7 @@ def test_symlinked_state_dir_refused(tmp_path: Path) -> None:
     assert list((tmp_path / "real").iterdir()) == []
 
 
+@pytest.mark.needs_root(reason="a root-owned state dir")
 def test_group_writable_state_dir_refused_as_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,8 +140,7 @@ def test_group_writable_state_dir_refused_as_root(
     d = tmp_path / "state"
     d.mkdir()
     os.chmod(d, 0o775)
-    if os.stat(d).st_uid != 0:
-        pytest.skip("needs root to own a root-owned dir")
+    assert os.stat(d).st_uid == 0
     with pytest.raises(StateError, match="writable by group or others"):
         NodeState(str(d)).ensure()
     with pytest.raises(StateError, match="writable by group or others"):
@@ -149,12 +149,11 @@ def test_group_writable_state_dir_refused_as_root(
     NodeState(str(d)).ensure()
 
 
+@pytest.mark.needs_root(reason="root-owned ancestors of the state dir")
 def test_user_writable_ancestor_refused_as_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_mod, "_is_root", lambda: True)
-    if os.geteuid() != 0:
-        pytest.skip("needs root-owned ancestors")
     parent = tmp_path / "shared"
     parent.mkdir()
     os.chmod(parent, 0o777)  # anyone could rename state/ and plant their own
@@ -165,14 +164,13 @@ def test_user_writable_ancestor_refused_as_root(
     NodeState(str(parent / "state")).ensure()
 
 
+@pytest.mark.needs_root(reason="chown of the state dir to another uid")
 def test_non_root_owned_state_dir_refused_as_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_mod, "_is_root", lambda: True)
     d = tmp_path / "state"
     d.mkdir(mode=0o755)
-    if os.geteuid() != 0:
-        pytest.skip("needs root to chown")
     os.chown(d, 65534, 65534)
     with pytest.raises(StateError, match="owned by uid 65534"):
         NodeState(str(d)).ensure()
