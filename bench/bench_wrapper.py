@@ -131,7 +131,7 @@ def _tree(pid: int) -> List[int]:
 def _one_stop(wrapped: bool, tmp: str, n: int, phase: float) -> Tuple[float, float]:
     """(seconds from SIGTERM to gone, of which the program's own) for one run."""
     sys.path.insert(0, ROOT)
-    from slurmiso.wrapper.localsim import LocalSlurm
+    from tests.localsim import LocalSlurm
 
     out = os.path.join(tmp, f"s{n}-{int(wrapped)}")
     prog = [sys.executable, "-c", STEPPED, out, str(STEP_S)]

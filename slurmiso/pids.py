@@ -1,4 +1,5 @@
-"""Is a process alive? One answer for the sim backend, the hooks and the state store.
+"""Is a process alive? One answer for the sim backend, the hooks, the state store and the
+wrapper.
 
 ``os.kill(pid, 0)`` (no psutil on the hooks' start-up path), and a zombie counts as dead: it
 holds no GPU context, no lock and no file, it only waits for its parent to reap it.
@@ -7,25 +8,41 @@ holds no GPU context, no lock and no file, it only waits for its parent to reap 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import List, Optional
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` exists and is not a zombie. ``proc``: a recorded ``/proc`` tree (tests),
+    read alone; the live one is asked with ``kill(0)`` first."""
     if pid <= 0:
         return False
+    live = proc == "/proc"
+    others = False
+    if live:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # exists, owned by another user
+            others = True
+        except OSError:
+            return False
+    fields = _stat_fields(pid, proc)
+    if fields:
+        return fields[0] != "Z"
+    # No stat: it just exited, or /proc hides another user's process (hidepid), or there is
+    # no /proc at all (not Linux): then kill(0) is all there is to go by.
+    return live and (others or not os.path.isdir(proc))
+
+
+def _stat_fields(pid: int, proc: str = "/proc") -> List[str]:
+    """``/proc/<pid>/stat`` after the command name (state first); [] when unreadable."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        pass
+        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            # the name is in parentheses and may itself hold ") ": split at the last one
+            return fh.read().rsplit(")", 1)[-1].split()
     except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (or it just exited): trust kill(0)
+        return []
 
 
 def start_ticks(pid: int) -> Optional[int]:
@@ -37,8 +54,6 @@ def start_ticks(pid: int) -> Optional[int]:
     if pid <= 0:
         return None
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            fields = fh.read().rsplit(")", 1)[-1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+        return int(_stat_fields(pid)[19])
+    except (IndexError, ValueError):
         return None

@@ -1,4 +1,5 @@
-"""Build an isolation :class:`Context` on a simulated node, for handler unit tests.
+"""A simulated node for hook tests: an isolation :class:`Context` for handler unit tests, and
+a config file, a job's environment and a drain recorder for ``run_hook`` tests.
 
 No Slurm here: the job's environment is given directly, the GPUs are the sim backend in
 ``tmp_path``, and state/journal live there too.
@@ -7,7 +8,9 @@ No Slurm here: the job's environment is given directly, the GPUs are the sim bac
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
 
 from slurmiso.config import parse_config
 from slurmiso.config.model import Config
@@ -100,3 +103,59 @@ def make_context(
         backend_factory=lambda: SimBackend(sim_path),
         record=JobRecord(job_id, mode=mode, gpus=list(gpus)),
     )
+
+
+# -- run_hook on node1 of a written config ------------------------------------------------
+
+def write_config(tmp: str, mode: str, model: str = "A100-80GB", **over: Any) -> str:
+    """A config file for nodes node[1-2] (``%n`` in its paths), pool ``p`` of ``mode``, classes
+    infer/train/debug; node1's simulated GPUs are (re)created. Returns the file's path."""
+    data: Dict[str, Any] = {
+        "version": 1,
+        "paths": {"state_dir": f"{tmp}/state/%n", "journal": f"{tmp}/journal-%n.jsonl",
+                  "dcgm_job_mapping_dir": f"{tmp}/dcgm"},
+        "gpu": {"backend": "sim", "sim_state": f"{tmp}/sim/%n.json"},
+        "classes": [
+            {"name": "infer", "match": {"qos": ["infer"]}, "isolation": "mps", "qos": {"preempt": ["train"]}},
+            {"name": "train", "match": {"qos": ["train"]}, "isolation": "timeslice", "preemptible": True},
+            {"name": "debug", "match": {"qos": ["debug"]}, "isolation": "exclusive"},
+        ],
+        "default_class": "",
+        "pools": [{"name": "p", "nodes": "node[1-2]", "partition": "part", "gpu_model": model,
+                   "gpus_per_node": 2, "mode": mode}],
+    }
+    data.update(over)
+    path = os.path.join(tmp, "slurmiso.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(data, fh)
+    init_state(f"{tmp}/sim/node1.json", model, 2, node="node1", force=True)
+    return path
+
+
+def job_env(job: str = "42", qos: str = "debug", gpus: str = "0", **extra: str) -> Dict[str, str]:
+    """The environment slurmd gives a hook for ``job`` on node1."""
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "u",
+           "SLURMD_NODENAME": "node1", "SLURM_JOB_PARTITION": "part", "SLURM_JOB_ACCOUNT": "a",
+           "SLURM_JOB_QOS": qos, "SLURM_JOB_GPUS": gpus}
+    env.update(extra)
+    return env
+
+
+class Drains:
+    """Stands in for draining the node: records (node, reason) per call."""
+
+    def __init__(self) -> None:
+        self.calls: List[Tuple[str, str]] = []
+
+    def __call__(self, node: str, reason: str) -> None:
+        self.calls.append((node, reason))
+
+
+def state(tmp: str) -> NodeState:
+    """node1's state dir under :func:`write_config`."""
+    return NodeState(f"{tmp}/state/node1")
+
+
+def journal(tmp: str) -> List[Dict[str, Any]]:
+    """node1's journal under :func:`write_config`, as records."""
+    return list(Journal(f"{tmp}/journal-node1.jsonl").read())

@@ -186,7 +186,7 @@ local function spank_options(job_desc)
   return out
 end
 
--- The job's class, as slurmiso/isolation/classify.py decides it; nil and a message if none.
+-- The job's class, as slurmiso/config/classify.py decides it; nil and a message if none.
 local function classify(qos, partition, account, spank_class)
   local by_qos
   for _, c in ipairs(SLURMISO.classes) do

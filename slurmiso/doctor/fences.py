@@ -15,6 +15,7 @@ from typing import List
 from slurmiso.config.model import Config
 from slurmiso.doctor import Check, Finding, Snapshot
 from slurmiso.doctor.cluster import _items, conf
+from slurmiso.isolation.bpf_probe import FENCE_PROG_NAME, SLURM_PROG_NAME
 
 FENCE_PLUGIN = "slurmiso_fence.so"
 
@@ -133,11 +134,6 @@ def check_fence_cgroup_version(snap: Snapshot, cfg: Config) -> List[Finding]:
                     "own ConstrainDevices on cgroup/v2 needs them too); see docs/security.md")]
 
 
-#: The names the two sides load their device programs with (isolation/bpf_probe.py).
-SLURM_PROG = "Slurm_Cgroup_v2"
-FENCE_PROG = "slurmiso_fence"
-
-
 def check_cgroup_v2_fences(snap: Snapshot, cfg: Config) -> List[Finding]:
     """On a cgroup v2 GPU node, as the kernel has it now: /sys/fs/cgroup is the unified
     hierarchy alone; every running job's cgroup carries Slurm's device program (its
@@ -164,7 +160,7 @@ def check_cgroup_v2_fences(snap: Snapshot, cfg: Config) -> List[Finding]:
     tasks = fenced = 0
     for job in facts.get("jobs", []):
         name = job.get("job") or job.get("dir", "?")
-        if SLURM_PROG not in job.get("own", []):
+        if SLURM_PROG_NAME not in job.get("own", []):
             out.append(Finding("error", "cgroup-v2-device-constraint",
                                f"job {name}'s cgroup ({job.get('dir')}) has no device program "
                                f"of Slurm's: its processes can open every device of the node",
@@ -175,16 +171,16 @@ def check_cgroup_v2_fences(snap: Snapshot, cfg: Config) -> List[Finding]:
                 continue  # an empty cgroup (Slurm makes task_special for every step) runs nothing
             tasks += 1
             eff = task.get("effective", [])
-            if SLURM_PROG not in eff:
+            if SLURM_PROG_NAME not in eff:
                 out.append(Finding("error", "cgroup-v2-slurm-fence-replaced",
                                    f"job {name} {task.get('path')}: Slurm's device program is "
                                    f"not in effect (programs in effect: {eff or 'none'}): its "
                                    "GPU constraint is gone", "see docs/security.md, "
                                    "'Composing with Slurm's device programs'"))
-            if needs and FENCE_PROG not in eff:
+            if needs and FENCE_PROG_NAME not in eff:
                 out.append(Finding("error", "cgroup-v2-fence-missing",
                                    f"job {name} {task.get('path')}: its fence has {needs} "
-                                   f"rule(s) but no {FENCE_PROG} program is in effect",
+                                   f"rule(s) but no {FENCE_PROG_NAME} program is in effect",
                                    "check plugstack.conf loads slurmiso_fence.so (required) and "
                                    "slurmd's log for 'slurmiso_fence'"))
             elif needs:

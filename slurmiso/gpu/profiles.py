@@ -89,11 +89,6 @@ class GpuModel(Value, eq=True):
     def mig_capable(self) -> bool:
         return bool(self.profiles)
 
-    @property
-    def mig_mode_needs_reset(self) -> Optional[bool]:
-        """Whether switching MIG mode needs a GPU reset (None: architecture unknown)."""
-        return RESET_FOR_MIG_MODE.get(self.architecture)
-
 
 def lookup_model(name: str) -> Optional[GpuModel]:
     """Model by canonical name, alias or NVML product name (case-insensitive)."""

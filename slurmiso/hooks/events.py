@@ -13,8 +13,9 @@ Everything in it is opaque user data, read by root under these rules:
 * read per line: at most :data:`MAX_LINE` bytes and :data:`MAX_DEPTH` levels of nesting,
   checked *before* the JSON parser sees the line (100,000 nested brackets would blow its
   recursion limit);
-* only the wrapper's event names (:data:`USER_EVENTS`) pass: a line can never produce
-  ``job-end``, ``prolog`` or ``monitor-action``; fields must be scalars with plain names;
+* only the wrapper's event names (:data:`USER_EVENTS`, from slurmiso/jobfiles.py: the contract
+  both sides import) pass: a line can never produce ``job-end``, ``prolog`` or
+  ``monitor-action``; fields must be scalars with plain names;
 * what is refused is counted and reported, never raised: user data must not drain a node.
 """
 
@@ -28,24 +29,18 @@ import os
 import stat
 from typing import Any, Dict, List, Optional
 
+from slurmiso.jobfiles import MAX_BYTES, RESERVED, USER_EVENTS
 from slurmiso.values import Value, field
 
+__all__ = ["MAX_BYTES", "RESERVED", "USER_EVENTS", "Folded", "UserEvent", "fold", "parse_line"]
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 1024 * 1024
 MAX_LINE = 4096
 MAX_DEPTH = 4
 MAX_RECORDS = 1000
 MAX_LINES = 10_000  # lines examined at all: parsing is bounded even for a file of "1\n"s
 MAX_FIELDS = 16
 MAX_TEXT = 256
-#: What ``slurmiso run`` reports (slurmiso/wrapper/supervisor.py); nothing else is folded.
-USER_EVENTS = frozenset(
-    {"checkpoint-start", "checkpoint-end", "preempt-signal", "requeue", "requeue-declined",
-     "requeue-closed", "resume", "throttle", "unthrottle"}
-)
-#: Fields the epilog sets itself: a job cannot speak for another job or another source.
-RESERVED = frozenset({"ts", "host", "event", "source", "job", "job_ts", "node", "uid"})
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(
     os, "O_NOCTTY", 0
@@ -70,17 +65,6 @@ class Folded(Value, frozen=False):
         if not self.why:
             self.why = why
 
-
-def path_for(work_dir: str, job_id: str) -> Optional[str]:
-    """The job's events file in its working directory; None if Slurm gave no usable one."""
-    if (
-        not work_dir
-        or len(work_dir) > 1024
-        or not work_dir.startswith("/")
-        or not work_dir.isprintable()
-    ):
-        return None
-    return os.path.join(work_dir, f".slurmiso-events.{job_id}.jsonl")
 
 
 def _depth_ok(line: bytes) -> bool:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
+from slurmiso.jobfiles import BY_EPILOG, REQUEUE, REQUEUE_CLOSED
 from slurmiso.slurm.jobenv import EPILOG_REQUEUE
 
 log = logging.getLogger(__name__)
 
-#: ``by`` in the wrapper's ``requeue`` event when the epilog is to run the requeue.
-BY_EPILOG = "epilog"
 #: The environment variable the prolog sets to say this epilog honours the request.
 ENV_FLAG = EPILOG_REQUEUE
 TIMEOUT_S = 5.0
@@ -41,7 +40,7 @@ def requested(records: Iterable[Any], restart_count: Any) -> bool:
         fields = getattr(rec, "fields", {})
         count = fields.get("count")
         if (
-            getattr(rec, "event", "") == "requeue"
+            getattr(rec, "event", "") == REQUEUE
             and fields.get("by") == BY_EPILOG
             and isinstance(count, int)
             and not isinstance(count, bool)
@@ -94,7 +93,7 @@ def closed_claimed(records: Iterable[Any], restart_count: Any) -> bool:
     for rec in records:
         fields = getattr(rec, "fields", {})
         count = fields.get("restart_count")
-        if (getattr(rec, "event", "") == "requeue-closed" and fields.get("ok") is True
+        if (getattr(rec, "event", "") == REQUEUE_CLOSED and fields.get("ok") is True
                 and type(count) is int and count == restart_count):
             return True
     return False

@@ -157,8 +157,8 @@ def _job_qos(ctx: Context) -> str:
 
 
 def prolog(ctx: Context, env: Mapping[str, str]) -> None:
+    from slurmiso.config.classify import classify
     from slurmiso.isolation import dcgm
-    from slurmiso.isolation.classify import classify
 
     old = ctx.state.read_job(ctx.job_id)
     if (
@@ -310,9 +310,9 @@ def _open_events_file(ctx: Context) -> None:
     It lives in the job's own working directory, created by the job itself: a user who fills
     it fills their own quota, never root's state dir.
     """
-    from slurmiso.hooks import events
+    from slurmiso.jobfiles import events_path
 
-    path = events.path_for(ctx.env.work_dir, ctx.job_id)
+    path = events_path(ctx.env.work_dir, ctx.job_id)
     if path is None:
         ctx.warn("no events file for the job wrapper: Slurm gave no usable working directory")
         return
@@ -338,9 +338,9 @@ def _record_metrics(ctx: Context) -> None:
 def _name_steps_file(ctx: Context) -> None:
     """Name the file the job's wrapper folds its training step times into (hooks/stepfiles.py),
     in the job's working directory, as the events file."""
-    from slurmiso.hooks import stepfiles
+    from slurmiso.jobfiles import steps_path
 
-    path = stepfiles.path_for(ctx.env.work_dir, ctx.job_id)
+    path = steps_path(ctx.env.work_dir, ctx.job_id)
     if path is not None:
         ctx.record.steps_file = path
         ctx.set_env("SLURMISO_STEPS_FILE", path)

@@ -1,5 +1,5 @@
-"""The job's step file (training step times, wrapper/steps.py): named by the prolog, removed
-by the epilog.
+"""The job's step file (training step times, wrapper/steps.py): named by the prolog
+(slurmiso/jobfiles.py names it), removed by the epilog.
 
 Like the events file it lives in the job's working directory and is written by the job's
 wrapper as the job's user; the agent reads it as hostile input (monitor/stepfile.py). The
@@ -13,23 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import Optional
+
+from slurmiso.jobfiles import steps_report_path
 
 log = logging.getLogger(__name__)
-
-
-def path_for(work_dir: str, job_id: str) -> Optional[str]:
-    """The job's step file in its working directory; None if Slurm gave no usable one."""
-    from slurmiso.hooks.events import path_for as events_path
-
-    events = events_path(work_dir, job_id)
-    return None if events is None else os.path.join(work_dir, f".slurmiso-steps.{job_id}.json")
-
-
-def report_path_for(steps_file: str) -> str:
-    """The program's report beside the step file (``.slurmiso-steps.<job>.report.json``)."""
-    base = steps_file[:-5] if steps_file.endswith(".json") else steps_file
-    return base + ".report.json"
 
 
 def remove(path: str, uid: int) -> None:
@@ -40,7 +27,7 @@ def remove(path: str, uid: int) -> None:
     except OSError:
         return
     try:
-        for name in (os.path.basename(path), os.path.basename(report_path_for(path))):
+        for name in (os.path.basename(path), os.path.basename(steps_report_path(path))):
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode) and (uid < 0 or st.st_uid == uid):

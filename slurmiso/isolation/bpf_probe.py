@@ -78,8 +78,6 @@ _BPF_OBJ_GET_INFO_BY_FD = 15
 _BPF_PROG_QUERY = 16
 _BPF_CGROUP_DEVICE = 6  # enum bpf_attach_type
 _BPF_F_QUERY_EFFECTIVE = 1
-BPF_F_ALLOW_OVERRIDE = 1
-BPF_F_ALLOW_MULTI = 2
 _MAX_PROGS = 64
 #: What each side names its device programs (BPF_PROG_LOAD's prog_name): Slurm's cgroup/v2
 #: plugin, src/plugins/cgroup/v2/ebpf.c (load_ebpf_prog, 24.11 and 26.05), and
@@ -170,7 +168,7 @@ def v2_node_facts(node: str, state_dir: str, mount: str = "/sys/fs/cgroup") -> D
     import glob
 
     from slurmiso.isolation import fence
-    from slurmiso.sluid import is_sluid
+    from slurmiso.sluid import is_sluid, job_of_dir
 
     facts: Dict[str, Any] = {"mount": mount, "unified": _fstype(mount) == "cgroup2",
                    "hybrid_proc": _hybrid_proc(), "scopes": [], "jobs": [], "error": ""}
@@ -189,9 +187,10 @@ def v2_node_facts(node: str, state_dir: str, mount: str = "/sys/fs/cgroup") -> D
         facts["scopes"].append(scope)
         for name in sorted(os.listdir(scope)):
             path = os.path.join(scope, name)
-            if not os.path.isdir(path) or not (name.startswith("job_") or is_sluid(name)):
+            key = job_of_dir(name)
+            if key is None or not os.path.isdir(path):
                 continue
-            job = name[4:] if name.startswith("job_") else by_sluid.get(name, "")
+            job = by_sluid.get(key, "") if is_sluid(key) else key
             entry: Dict[str, Any] = {"dir": name, "job": job, "own": [], "flags": 0, "deny": 0,
                            "narrow": 0, "tasks": []}
             try:

@@ -184,9 +184,9 @@ def refuse_run_in_job(job_id: str, gpu: int, sluid: str = "", proc: str = "/proc
     A daemon started there lives in that job's cgroup: proctrack/cgroup kills it when that
     job ends, under every later job sharing it, and the job's device constraint is its own.
     slurmiso needs PrologFlags=Alloc,Contain without RunInJob (doctor says so too)."""
-    from slurmiso.isolation.processes import job_of_cgroup
+    from slurmiso.sluid import job_of_process
 
-    holder = job_of_cgroup(os.getpid(), proc)
+    holder = job_of_process(os.getpid(), proc)
     if holder is not None and holder in (job_id.split("_")[0], sluid or None):
         raise NodeFault(
             f"PrologFlags=RunInJob: the prolog of job {job_id} runs in the job's own cgroup; "

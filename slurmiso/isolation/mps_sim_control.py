@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+from slurmiso.pids import pid_alive
 
 _MEM_RE = re.compile(r"([0-9]{1,9})\s*(M|MB|G|GB)", re.IGNORECASE)
 _FIRST_SERVER_PID = 100000
@@ -50,16 +51,6 @@ def parse_percentage(text: str) -> Optional[float]:
     except ValueError:
         return None
     return value if 0 < value <= 100 else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -121,7 +112,7 @@ class Controller:
         """A client's connection: what libcuda would learn from the daemon and server."""
         env = dict(w.split("=", 1) for w in words if "=" in w)
         for server in self.servers:  # a client that exited no longer holds its server
-            server.clients = [c for c in server.clients if _alive(c)]
+            server.clients = [c for c in server.clients if pid_alive(c)]
         foreign = [s for s in self.servers if s.uid != uid and s.clients]
         if foreign:  # NVIDIA: queued until the other user's server has no clients
             return json.dumps({"mps": True, "queued_behind_uid": foreign[0].uid}) + "\n"
@@ -161,7 +152,7 @@ class Controller:
         server = self._server(args[0]) if args else None
         if server is not None:
             if name == "get_client_list" and len(args) == 1:
-                server.clients = [c for c in server.clients if _alive(c)]
+                server.clients = [c for c in server.clients if pid_alive(c)]
                 return "".join(f"{c}\n" for c in server.clients)
             if name == "set_active_thread_percentage" and len(args) == 2:
                 value = parse_percentage(args[1])

@@ -12,46 +12,24 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence
 
 from slurmiso.gpu.backend import GpuProcess
 from slurmiso.pids import pid_alive
-from slurmiso.sluid import is_sluid
+from slurmiso.sluid import is_sluid, job_of_process
 
 if TYPE_CHECKING:  # the protocols are costly to define; hooks only annotate with them
     from slurmiso.gpu.protocols import GpuBackend
 
 log = logging.getLogger(__name__)
-_CGROUP_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
-#: Slurm 26.05's cgroup/v2 job directory: the job's SLUID (slurmiso/sluid.py).
-_CGROUP_SLUID = re.compile(r"^0::.*/(s[0-9A-HJKMNP-TV-Z]{13})(?:/|$)")
 
 
 def job_of_pid(pid: int, proc: str = "/proc") -> Optional[str]:
     """The Slurm job a process belongs to, or None: the job id of a ``job_<id>`` cgroup, the
-    SLUID of a 26.05 cgroup/v2 job cgroup, else the initial environment's job id."""
-    return job_of_cgroup(pid, proc) or _environ_job(pid, proc)
-
-
-def job_of_cgroup(pid: int, proc: str = "/proc") -> Optional[str]:
-    """The job whose cgroup holds the process (its job id, or its SLUID), from the kernel's
-    /proc/PID/cgroup alone; None outside every job's cgroup."""
-    try:
-        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        m = _CGROUP_JOB.search(line)
-        if m:
-            return m.group(1)
-    for line in lines:
-        m = _CGROUP_SLUID.search(line)
-        if m:
-            return m.group(1)
-    return None
+    SLUID of a 26.05 cgroup/v2 job cgroup (slurmiso/sluid.py reads both), else the initial
+    environment's job id."""
+    return job_of_process(pid, proc) or _environ_job(pid, proc)
 
 
 def _environ_job(pid: int, proc: str) -> Optional[str]:

@@ -2,7 +2,7 @@
 
 Slurm unreachable is not an exception here: the snapshot says ``slurm_ok=False`` and
 ``decide`` changes nothing, while the loop backs off. Job classes come from what Slurm
-enforces (QoS, partition, account) through :func:`slurmiso.isolation.classify.classify`.
+enforces (QoS, partition, account) through :func:`slurmiso.config.classify.classify`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def live_snapshot(
 
 def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
     """squeue rows (:meth:`SlurmCli.queue`) into jobs with their slurmiso class."""
-    from slurmiso.isolation.classify import classify
+    from slurmiso.config.classify import classify
 
     classes: Dict[Tuple[str, str, str], str] = {}
     out = []

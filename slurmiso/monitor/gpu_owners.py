@@ -1,11 +1,12 @@
 """Which job holds which GPU or MIG instance: the records, and the processes really there.
 
 Two sources, both root's: the hooks' records (what each job was given) and the GPU's compute
-processes, each mapped to its job through its cgroup (``/proc/PID/cgroup``), which slurmstepd
-sets and the job cannot leave: ``.../job_<id>/step_<s>/...`` under cgroup v1 (freezer,
-devices, memory, cpuset) and v2 (``/system.slice/slurmstepd.scope/job_<id>/...``). The
-*first* ``job_<id>`` component counts, since a job with a delegated cgroup can make deeper
-ones of any name. Never the process's environment: a process may claim any SLURM_JOB_ID.
+processes, each mapped to its job through its cgroup (``/proc/PID/cgroup``, read by
+slurmiso/sluid.py, as the epilog reads it), which slurmstepd sets and the job cannot leave:
+``.../job_<id>/step_<s>/...`` under cgroup v1 (freezer, devices, memory, cpuset) and v2
+(``/system.slice/slurmstepd.scope/job_<id>/...``, or the job's SLUID on 26.05). The *first*
+component that names a job counts, since a job with a delegated cgroup can make deeper ones
+of any name. Never the process's environment: a process may claim any SLURM_JOB_ID.
 
 A process of no job is ``job="" class="foreign"``; one whose job has no record on this node,
 or whose uid is not its job's, is that job's with ``class="unrecorded"`` or foreign.
@@ -19,53 +20,13 @@ are two rows.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
 
 from slurmiso.monitor import signals as sig
-from slurmiso.sluid import is_sluid
-
-_JOB = re.compile(r"(?:^|/)job_([0-9]{1,12})(?:/|$)")
-#: Controllers that follow the job's processes, in order of trust (v2's line has none).
-_PREFERRED = ("freezer", "devices", "memory", "cpuset", "")
-MAX_CGROUP_BYTES = 16384
+from slurmiso.sluid import is_sluid, job_of_cgroup, read_cgroup
 
 #: (job, class, gpu, gi)
 Row = Tuple[str, str, int, str]
-
-
-def job_of_cgroup(text: str, sluids: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """The Slurm job a ``/proc/PID/cgroup`` text puts its process in, or None.
-
-    ``sluids``: SLUID -> job id, from the records (Slurm 26.05's cgroup/v2 names a job's
-    directory by its SLUID, which gives no job id back: slurmiso/sluid.py); a SLUID no
-    record names is no job's here."""
-    by_controller: Dict[str, str] = {}
-    for line in text.splitlines()[:64]:
-        _hid, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        m = _JOB.search(path)
-        if not m and sluids:
-            named = next((sluids[part] for part in path.split("/") if part in sluids), None)
-            if named is not None:
-                for c in controllers.split(",") if controllers else [""]:
-                    by_controller.setdefault(c.replace("name=", ""), named)
-            continue
-        if m:
-            for c in controllers.split(",") if controllers else [""]:
-                by_controller.setdefault(c.replace("name=", ""), m.group(1))
-    for c in _PREFERRED:
-        if c in by_controller:
-            return by_controller[c]
-    return next(iter(by_controller.values()), None)
-
-
-def read_cgroup(pid: int, proc: str = "/proc") -> Optional[str]:
-    try:
-        with open(f"{proc}/{int(pid)}/cgroup", "rb") as fh:
-            return fh.read(MAX_CGROUP_BYTES).decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return None
 
 
 def pid_uid(pid: int, proc: str = "/proc") -> Optional[int]:

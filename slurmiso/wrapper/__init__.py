@@ -13,7 +13,6 @@ One module per concern so each is tested alone:
     steps                the program's step times folded into the job's step file
     record               the prolog's job record: isolation env, or refusal
     supervisor           the main loop that ties them together (the job step's init)
-    localsim             a stand-in for Slurm's signal timing, for tests and laptops
 
 Nothing is imported here: ``slurmiso.checkpoint`` (the program-side helper) and the CLI
 import only what they use.

@@ -140,22 +140,6 @@ def children(parent: int, proc: str = "/proc") -> List[int]:
     return out
 
 
-def alive(pid: int, proc: str = "/proc") -> bool:
-    """Whether ``pid`` exists and is not a zombie (a zombie has already ended)."""
-    st = read_stat(pid, proc)
-    if st is not None:
-        return st[0] != "Z"
-    if os.path.isdir(proc):
-        return False
-    try:  # no /proc (not Linux): existence is all that can be asked
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def descendants(root: int, proc: str = "/proc") -> List[int]:
     """Live (non-zombie) processes below ``root``, from one scan of ``/proc``."""
     below: Dict[int, List[int]] = {}

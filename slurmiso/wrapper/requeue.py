@@ -48,12 +48,11 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Protocol, Sequence, Tuple
 
 from slurmiso.errors import SlurmError
-from slurmiso.hooks.requeue import BY_EPILOG  # the epilog's half reads what this one writes
+from slurmiso.jobfiles import BY_EPILOG, BY_WRAPPER  # the epilog's half reads what we write
 from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT
 
 log = logging.getLogger(__name__)
 
-BY_WRAPPER = "slurmiso"
 REQUEUE_TIMEOUT_S = 5.0
 Version = Tuple[int, int, int]
 

@@ -27,7 +27,7 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from slurmiso.hooks.stepfiles import report_path_for
+from slurmiso.jobfiles import steps_report_path as report_path_for
 
 __all__ = ["StepFolder", "decode", "read_bounded", "report_path_for"]
 log = logging.getLogger(__name__)

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Sequence, Tuple
 
+from slurmiso import jobfiles
 from slurmiso.wrapper import procctl, requeue
 from slurmiso.wrapper.checkpoint_protocol import MarkerWatcher, Report, verify
 from slurmiso.wrapper.child import Child
@@ -114,7 +115,7 @@ class Events:
         lies past the cap never reaches the journal (the epilog says so there too)."""
         if self._over_cap:
             return
-        from slurmiso.hooks.events import MAX_BYTES
+        from slurmiso.jobfiles import MAX_BYTES
 
         try:
             size = os.stat(self.path).st_size
@@ -476,7 +477,7 @@ class Supervisor:
         if decision.requeue and decision.by == requeue.BY_EPILOG:
             # the request the epilog acts on; if it cannot be written, requeue here
             if self.events.emit(
-                "requeue", job=self.job.job_id, reason=cause, count=decision.count,
+                jobfiles.REQUEUE, job=self.job.job_id, reason=cause, count=decision.count,
                 by=decision.by,
             ):
                 log.info("requeue requested: %s", decision.reason)
@@ -486,7 +487,7 @@ class Supervisor:
             error = requeue.scontrol_requeue(self.slurm(), self.job.job_id)
             if error is None:
                 self.events.emit(
-                    "requeue",
+                    jobfiles.REQUEUE,
                     job=self.job.job_id,
                     reason=cause,
                     count=decision.count,
@@ -529,7 +530,7 @@ class Supervisor:
             return
         error = requeue.close_requeue(client, self.job.job_id)
         self.events.emit(
-            "requeue-closed",
+            jobfiles.REQUEUE_CLOSED,
             job=self.job.job_id,
             restart_count=self.job.restart_count,
             status=status,

@@ -13,7 +13,7 @@ from slurmiso.config import cache, load_config
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "etc", "slurmiso.yaml")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the cache is used by root only")
+pytestmark = pytest.mark.needs_root(reason="the config cache is used by root only")
 
 
 def test_second_load_comes_from_cache_and_edits_invalidate_it(tmp_path: Any, monkeypatch: Any) -> None:

@@ -18,7 +18,7 @@ import yaml
 from slurmiso.gpu.sim import SimBackend
 from slurmiso.hooks import runner, task_prolog
 from slurmiso.hooks.runner import run_hook
-from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.hookctx import Drains, job_env, state, write_config
 
 
 def mig_dynamic_config(tmp: str) -> str:

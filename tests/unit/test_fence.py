@@ -11,12 +11,13 @@ from slurmiso.isolation import bpf_probe, fence
 from slurmiso.mig.gres import computed_cap_minor
 from slurmiso.state.record import JobRecord, RecordStatus, Resource
 
+#: Only root may mknod: the tests that make stand-in device nodes carry this mark.
+mknod = pytest.mark.needs_root(reason="mknod of stand-in NVIDIA device nodes")
+
 
 @pytest.fixture
 def devroot(tmp_path):
-    """A /dev stand-in: only root may mknod; elsewhere the tests that need it skip."""
-    if os.geteuid() != 0:
-        pytest.skip("mknod needs root (CI runs as root)")
+    """A /dev stand-in (its tests are marked :data:`mknod`)."""
     root = tmp_path / "dev"
     (root / "nvidia-caps").mkdir(parents=True)
     for name, major, minor in (("nvidia0", 195, 0), ("nvidiactl", 195, 255),
@@ -28,23 +29,27 @@ def devroot(tmp_path):
     return str(root)
 
 
+@mknod
 def test_majors_come_from_the_device_files(devroot):
     assert fence.caps_major(devroot) == 237
     assert fence.nvidia_majors(devroot) == [195, 237, 238]
     assert fence.deny_all_rules(devroot) == ["c 195:*", "c 237:*", "c 238:*"]
 
 
+@mknod
 def test_refused_job_is_denied_every_nvidia_device(devroot):
     why, rules, narrow = fence.job_fence(JobRecord(mode="exclusive"), True, devroot, 2)
     assert "refused" in why and narrow == []
     assert rules == ["c 195:*", "c 237:*", "c 238:*"]
 
 
+@mknod
 @pytest.mark.parametrize("mode", ["exclusive", "mig-static", "mps", "timeslice"])
 def test_modes_slurm_fences_alone_need_no_rules(devroot, mode):
     assert fence.job_fence(JobRecord(mode=mode), False, devroot, 2)[1] == []
 
 
+@mknod
 def test_mig_static_narrows_to_its_own_caps_where_the_cgroup_can():
     """Slurm closes the other instances' caps (gres.conf); the monitor cap and cap files of
     no instance are closed too where cgroup v1 can, never at the price of the job."""
@@ -53,14 +58,13 @@ def test_mig_static_narrows_to_its_own_caps_where_the_cgroup_can():
 
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(f"{tmp}/nvidia-caps")
-        if os.geteuid() != 0:
-            pytest.skip("mknod needs root (CI runs as root)")
         os.mknod(f"{tmp}/nvidia-caps/nvidia-cap2", 0o444 | stat.S_IFCHR, os.makedev(237, 2))
         _why, rules, narrow = fence.job_fence(record, False, tmp, 1)
     assert rules == []
     assert "c 237:2" in narrow and f"c 237:{computed_cap_minor(0, 1)}" not in narrow
 
 
+@mknod
 def test_mig_dynamic_denies_every_cap_but_its_own_instance(devroot):
     record = JobRecord(mode="mig-dynamic",
                        resources=[Resource("mig-dynamic", gpu=1, gi=2, ci=0)])
@@ -116,15 +120,14 @@ def test_proc_devices_parsed_char_section_only(tmp_path):
 
 # --------------------------------------------------------------- written by the hooks
 def _hook_world(tmp: str, mode: str, model: str = "A100-80GB") -> str:
-    from test_hooks_runner import write_config
+    from tests.hookctx import write_config
 
     return write_config(tmp, mode, model)
 
 
 def test_prolog_fences_a_refused_job_and_the_epilog_removes_it(tmp_path):
-    from test_hooks_runner import Drains, job_env
-
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains, job_env
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "timeslice")
@@ -136,9 +139,8 @@ def test_prolog_fences_a_refused_job_and_the_epilog_removes_it(tmp_path):
 
 
 def test_prepared_job_gets_its_modes_fence(tmp_path):
-    from test_hooks_runner import Drains, job_env
-
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains, job_env
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "exclusive")
@@ -147,9 +149,8 @@ def test_prepared_job_gets_its_modes_fence(tmp_path):
 
 
 def test_prolog_that_dies_before_the_end_leaves_a_deny_all_fence(tmp_path, monkeypatch):
-    from test_hooks_runner import Drains, job_env
-
     from slurmiso.hooks import runner
+    from tests.hookctx import Drains, job_env
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "exclusive")
@@ -164,9 +165,8 @@ def test_prolog_that_dies_before_the_end_leaves_a_deny_all_fence(tmp_path, monke
 
 
 def test_a_prolog_rerun_of_the_same_attempt_owes_no_skip(tmp_path):
-    from test_hooks_runner import Drains, job_env, state
-
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains, job_env, state
 
     tmp = str(tmp_path)
     cfg = _hook_world(tmp, "exclusive")

@@ -74,14 +74,18 @@ def _cgroup2_mount() -> Optional[str]:
     return None
 
 
+#: Every test here runs the plugin's fence code, built here, on cgroups and devices of its own.
+pytestmark = [
+    pytest.mark.needs_root(reason="cgroups, mknod and BPF device programs are root's"),
+    pytest.mark.needs_toolchain("cc", reason="builds the plugin's fence code"),
+]
+
+
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: cgroups, mknod and BPF device programs are root's")
     if _cgroup2_mount() is None:
         pytest.skip("no cgroup2 (unified) hierarchy is mounted on this host")
-    if GCC is None:
-        pytest.skip("needs gcc to build the plugin's fence code")
+    assert GCC is not None  # the module's needs_toolchain mark
     exe = str(tmp_path_factory.mktemp("fence") / "fence_test")
     subprocess.run([GCC, *CFLAGS, "-o", exe, SOURCE], check=True)
     probe = subprocess.run([exe, "load", "Apache-2.0"], capture_output=True, text=True)

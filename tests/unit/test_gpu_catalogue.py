@@ -211,7 +211,9 @@ def test_gpus_without_mig_have_memory_and_no_profiles(name: str) -> None:
 )
 def test_mig_mode_reset_by_architecture(name: str, needs_reset: bool) -> None:
     model = lookup_model(name)
-    assert model is not None and model.mig_mode_needs_reset is needs_reset
+    from slurmiso.mig.mode import needs_reset as reset
+
+    assert model is not None and reset(model.architecture) is needs_reset
 
 
 def test_model_from_driver_takes_the_whole_gpu_as_budget() -> None:
@@ -219,4 +221,6 @@ def test_model_from_driver_takes_the_whole_gpu_as_budget() -> None:
     assert b200 is not None
     made = profiles.model_from_driver("NVIDIA X300", 200_000, b200.profiles, "blackwell")
     assert (made.name, made.compute_slices, made.memory_slices) == ("X300", 7, 8)
-    assert made.mig_mode_needs_reset is False and capacity(made, []) == capacity(b200, [])
+    from slurmiso.mig.mode import needs_reset
+
+    assert needs_reset(made.architecture) is False and capacity(made, []) == capacity(b200, [])

@@ -15,8 +15,8 @@ from slurmiso.gpu.backend import create_mig_device
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor.agent import NodeCollector, gather_node
-from slurmiso.monitor.gpu_owners import job_of_cgroup
 from slurmiso.monitor.telemetry import parse_prometheus_text
+from slurmiso.sluid import job_of_cgroup
 from slurmiso.state.record import JobRecord
 from tests.unit.test_job_signals import signals_of
 
@@ -132,9 +132,10 @@ def test_a_process_in_a_jobs_cgroup_of_another_uid_is_foreign(tmp_path: Any) -> 
 
 def test_a_process_in_a_sluid_cgroup_belongs_to_the_job_whose_record_names_that_sluid() -> None:
     """Slurm 26.05's cgroup/v2 names a job's directory by its SLUID (not job_<id>)."""
-    from slurmiso.monitor.gpu_owners import job_of_cgroup
+    from slurmiso.sluid import job_of_cgroup
 
     text = "0::/system.slice/n1_slurmstepd.scope/s42DM918PDCP00/step_0/user/task_0\n"
     assert job_of_cgroup(text, {"s42DM918PDCP00": "77"}) == "77"
     assert job_of_cgroup(text, {"s42DM918PDCP01": "78"}) is None  # no record names it
-    assert job_of_cgroup(text) is None
+    assert job_of_cgroup(text, {}) is None  # the monitor's case: records name no SLUID
+    assert job_of_cgroup(text) == "s42DM918PDCP00"  # the epilog's: the SLUID, to compare

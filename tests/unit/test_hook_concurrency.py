@@ -136,10 +136,10 @@ def test_a_lock_wait_past_the_deadline_names_the_holder(tmp_path: Any) -> None:
     holder.acquire()
     try:
         st.deadline = time.monotonic() + 0.2
-        t0 = time.monotonic()
+        # the holder keeps the lock until the finally below: the raise itself shows the wait
+        # ended at its deadline, on any machine
         with pytest.raises(StateError, match="node lock .* held by pid"), st.locked():
             pass
-        assert time.monotonic() - t0 < 5.0
     finally:
         holder.release()
 

@@ -13,7 +13,7 @@ from slurmiso.hooks import events
 from slurmiso.hooks.runner import run_hook
 from slurmiso.state import Journal
 from slurmiso.state.journal import JOB_SOURCE
-from tests.unit.test_hooks_runner import Drains, job_env, journal, state, write_config
+from tests.hookctx import Drains, job_env, journal, state, write_config
 
 
 def _prolog(tmp: str, work: str) -> str:

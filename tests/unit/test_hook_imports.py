@@ -54,9 +54,9 @@ NOT_ON_PATH = (
     "slurmiso.monitor",
 )
 
-root_only = pytest.mark.skipif(
-    os.geteuid() != 0, reason="the config cache is used by root only (cache.py), so a "
-    "non-root run always parses YAML; the hooks run as root")
+root_only = pytest.mark.needs_root(
+    reason="the config cache is used by root only (cache.py), so a non-root run always parses "
+    "YAML; the hooks run as root")
 
 HOOK = """
 import sys
@@ -118,6 +118,22 @@ def test_prolog_and_epilog_with_a_fresh_cache_import_nothing_heavy(tmp_path: Any
         heavy = [name for name in NOT_ON_PATH if _loaded(mods, name)]
         assert heavy == [], f"{phase} imported {heavy} with a fresh config cache"
     assert SimBackend(f"{tmp}/sim.json").instances() == []  # the hooks did their work
+
+
+#: Leaf modules the hooks share with other sides (the wrapper, the monitor): importing one
+#: alone must pull in no other slurmiso module and nothing kept off the hook path.
+HOOK_LEAVES = ("slurmiso.jobfiles", "slurmiso.pids", "slurmiso.sluid")
+
+
+@pytest.mark.parametrize("leaf", HOOK_LEAVES)
+def test_a_shared_leaf_module_imports_nothing_heavy(leaf: str) -> None:
+    code = f"import sys, {leaf}; sys.stdout.write('\\n'.join(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-S", "-B", "-c", code], env={"PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    mods = set(proc.stdout.splitlines())
+    assert {m for m in mods if _loaded({m}, "slurmiso")} == {"slurmiso", leaf}
+    assert [name for name in NOT_ON_PATH if _loaded(mods, name)] == []
 
 
 ENTRY = """

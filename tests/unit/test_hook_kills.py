@@ -15,8 +15,8 @@ import pytest
 from slurmiso.gpu.sim import SimBackend
 from slurmiso.hooks.runner import run_hook
 from slurmiso.state.record import RecordStatus
+from tests.hookctx import Drains
 from tests.killrounds import NODE, hook_env, leftovers, run_kill_points, setup_node
-from tests.unit.test_hooks_runner import Drains
 
 
 @pytest.mark.slow

@@ -6,66 +6,20 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict
 
 import pytest
 import yaml
 
-from slurmiso.gpu.sim import SimBackend, init_state
+from slurmiso.gpu.sim import SimBackend
 from slurmiso.hooks import task_prolog
 from slurmiso.hooks.runner import run_hook
 from slurmiso.isolation.base import PREPARING
-from slurmiso.state import Journal, NodeState
+from slurmiso.state import NodeState
 from slurmiso.state.record import JobRecord, Resource
+from tests.hookctx import Drains, job_env, journal, state, write_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def write_config(tmp: str, mode: str, model: str = "A100-80GB", **over: Any) -> str:
-    data: Dict[str, Any] = {
-        "version": 1,
-        "paths": {"state_dir": f"{tmp}/state/%n", "journal": f"{tmp}/journal-%n.jsonl",
-                  "dcgm_job_mapping_dir": f"{tmp}/dcgm"},
-        "gpu": {"backend": "sim", "sim_state": f"{tmp}/sim/%n.json"},
-        "classes": [
-            {"name": "infer", "match": {"qos": ["infer"]}, "isolation": "mps", "qos": {"preempt": ["train"]}},
-            {"name": "train", "match": {"qos": ["train"]}, "isolation": "timeslice", "preemptible": True},
-            {"name": "debug", "match": {"qos": ["debug"]}, "isolation": "exclusive"},
-        ],
-        "default_class": "",
-        "pools": [{"name": "p", "nodes": "node[1-2]", "partition": "part", "gpu_model": model,
-                   "gpus_per_node": 2, "mode": mode}],
-    }
-    data.update(over)
-    path = os.path.join(tmp, "slurmiso.yaml")
-    with open(path, "w") as fh:
-        yaml.safe_dump(data, fh)
-    init_state(f"{tmp}/sim/node1.json", model, 2, node="node1", force=True)
-    return path
-
-
-def job_env(job: str = "42", qos: str = "debug", gpus: str = "0", **extra: str) -> Dict[str, str]:
-    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "u",
-           "SLURMD_NODENAME": "node1", "SLURM_JOB_PARTITION": "part", "SLURM_JOB_ACCOUNT": "a",
-           "SLURM_JOB_QOS": qos, "SLURM_JOB_GPUS": gpus}
-    env.update(extra)
-    return env
-
-
-class Drains:
-    def __init__(self) -> None:
-        self.calls: List[Tuple[str, str]] = []
-
-    def __call__(self, node: str, reason: str) -> None:
-        self.calls.append((node, reason))
-
-
-def state(tmp: str) -> NodeState:
-    return NodeState(f"{tmp}/state/node1")
-
-
-def journal(tmp: str) -> List[Dict[str, Any]]:
-    return list(Journal(f"{tmp}/journal-node1.jsonl").read())
 
 
 def test_exclusive_job_round_trip(tmp_path: Any) -> None:

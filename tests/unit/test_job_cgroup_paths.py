@@ -9,6 +9,7 @@ cgroup v2); cgroup v1 keeps ``slurm_<node>/uid_<u>/job_<id>``. A fake /proc per 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Dict, Optional
 
 import pytest
@@ -111,12 +112,35 @@ def test_is_sluid_is_print_sluids_form(text: str, ok: bool) -> None:
     assert S.valid_sluid(text) == (text if ok else "")
 
 
-def test_job_dir_names() -> None:
-    assert S.job_dir("2605001", SLUID) == SLUID
-    assert S.job_dir("2605001") == "job_2605001"
-    assert S.job_dir("77_3", "bogus") == "job_77"
-    assert S.job_dir_names("2605001", SLUID) == ("job_2605001", SLUID)
-    assert S.job_dir_names("2605001", "") == ("job_2605001",)
+@pytest.mark.parametrize("cgroup, job", [
+    # the first component naming a job counts: a job's delegated subtree cannot name another
+    (f"0::{SCOPE}/{SLUID}/step_0/user/task_0/job_99\n", SLUID),
+    (f"0::{SCOPE}/job_7/step_0/user/task_0/{OTHER}\n", "7"),
+    (f"0::{SCOPE}/{SLUID}/step_0/user/{OTHER}\n", SLUID),
+    ("0::/system.slice/job_1234567890123/step_0\n", None),  # no Slurm job id is 13 digits
+])
+def test_the_first_job_component_counts_for_the_epilog_and_the_monitor(
+        tmp_path, cgroup: str, job: Optional[str]) -> None:
+    """One parser (slurmiso/sluid.py) answers both: the epilog's process checks and the
+    monitor's GPU owners (where a record's SLUID maps back to its job id)."""
+    from slurmiso.monitor.gpu_owners import rows
+
+    proc = fake_proc(tmp_path, {10: {"cgroup": cgroup}})
+    assert P.job_of_pid(10, proc) == job
+    assert S.job_of_cgroup(cgroup) == job
+    rec = SimpleNamespace(resources=[], job_class="train", uid=-1, fence={"sluid": SLUID})
+    gp = [GpuProcess(10, 0, 100)]
+    got = rows({"2605001": rec}, gp, [], proc=proc)
+    owner = "2605001" if job == SLUID else ("" if job is None else job)
+    assert {row[0] for row in got} == {owner}
+
+
+@pytest.mark.parametrize("name, job", [
+    ("job_12", "12"), (SLUID, SLUID), ("job_", None), ("job_12x", None), ("step_0", None),
+    ("job_\u0661", None),  # a digit, but not an ASCII one
+])
+def test_job_of_dir(name: str, job: Optional[str]) -> None:
+    assert S.job_of_dir(name) == job
 
 
 def test_hook_env_reads_slurm_job_sluid_and_refuses_a_malformed_one() -> None:

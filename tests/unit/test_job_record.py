@@ -168,8 +168,8 @@ def test_a_job_started_before_the_upgrade_ends_cleanly_after_it(tmp_path: Any,
                                                                 status: str) -> None:
     """The prolog of slurmiso 0.1 wrote schema 1; the epilog of this version releases it."""
     from slurmiso.hooks.runner import run_hook
+    from tests.hookctx import Drains
     from tests.killrounds import NODE, hook_env, leftovers, setup_node
-    from tests.unit.test_hooks_runner import Drains
 
     tmp = str(tmp_path)
     cfg = setup_node(tmp)

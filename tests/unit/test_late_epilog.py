@@ -19,8 +19,8 @@ from slurmiso.gpu.sim import SimBackend
 from slurmiso.hooks import runner
 from slurmiso.isolation import fence
 from slurmiso.state import NodeState
+from tests.hookctx import Drains
 from tests.killrounds import NODE, hook_env, leftovers, setup_node
-from tests.unit.test_hooks_runner import Drains
 
 
 class Slurmctld:

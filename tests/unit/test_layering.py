@@ -179,3 +179,23 @@ def test_backend_abilities_are_declared_not_probed() -> None:
                             for c in node.comparators)):
                 probes.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
     assert probes == []
+
+
+#: Leaf modules: shared by sides that must not import each other, so they import nothing of
+#: slurmiso themselves (and stay cheap on the hooks' start-up path).
+LEAVES = ("slurmiso/jobfiles.py", "slurmiso/pids.py", "slurmiso/sluid.py")
+
+
+def test_leaf_modules_import_nothing_of_slurmiso() -> None:
+    bad = [f"{leaf}:{line} imports {target}" for leaf in LEAVES
+           for target, line in imports_of(ROOT.parent / leaf)]
+    assert bad == []
+
+
+
+def test_the_wrapper_meets_the_hooks_only_through_the_contract_module() -> None:
+    """What the wrapper writes and the epilog reads is named once, in slurmiso/jobfiles.py:
+    the wrapper imports nothing of the hooks (issue 27)."""
+    bad = [f"{where}: {src} imports {dst}" for src, dst, where in all_edges()
+           if unit_of(src) == "wrapper" and unit_of(dst) == "hooks"]
+    assert bad == []

@@ -67,7 +67,9 @@ def test_unknown_gpu_profiles_come_from_the_driver(z900: NvmlBackend) -> None:
 def test_driver_profiles_make_a_catalogue_entry(z900: NvmlBackend) -> None:
     dev = z900.device(0)
     made = model_from_driver(dev.name, dev.memory_total_mb, z900.profiles(0), dev.architecture)
-    assert (made.compute_slices, made.memory_slices, made.mig_mode_needs_reset) == (7, 8, False)
+    from slurmiso.mig.mode import needs_reset
+
+    assert (made.compute_slices, made.memory_slices, needs_reset(made.architecture)) == (7, 8, False)
     assert capacity(made, [])["1g.25gb"] == 7 and pack(made, {"4g.98gb": 1, "3g.98gb": 1})
     text = entry_text(made, "nvml on node z1")
     from slurmiso.gpu import catalogue

@@ -8,8 +8,9 @@ import shutil
 import signal
 import sys
 import textwrap
+import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import psutil
 import pytest
@@ -254,10 +255,10 @@ def test_nvidia_start_runs_d_with_a_clean_env_and_stop_sends_quit(
 def test_nvidia_stop_kills_a_daemon_that_ignores_quit(tmp_path: Any, dirs: Dict[str, str]) -> None:
     control = NvidiaMpsControl(binary=fake_binary(tmp_path, "ignore_quit"))
     pid = control.start(UUID, dirs["pipe"], dirs["log"])
-    t0 = time.monotonic()
     control.stop(dirs["pipe"], timeout=0.5)
-    assert wait_gone(pid)
-    assert time.monotonic() - t0 < 8
+    # the daemon never quits by itself: that it is gone at all shows stop killed it (the
+    # wait is a hang guard for the kill to land, not a speed test)
+    assert wait_gone(pid, timeout=60.0)
     assert control.running(dirs["pipe"]) is None
 
 
@@ -343,10 +344,15 @@ def test_a_hostile_pid_file_reads_as_no_daemon(dirs: Dict[str, str], plant: str)
     else:
         with open(target, "w") as fh:
             fh.write("9" * 100000)
-    t0 = time.monotonic()
-    assert SimMpsControl().running(dirs["pipe"]) is None
-    assert NvidiaMpsControl().running(dirs["pipe"]) is None
-    assert time.monotonic() - t0 < 2
+    answers: List[Optional[int]] = []
+    reader = threading.Thread(target=lambda: answers.extend(
+        [SimMpsControl().running(dirs["pipe"]), NvidiaMpsControl().running(dirs["pipe"])]),
+        daemon=True)
+    reader.start()
+    # a FIFO opened for reading blocks until a writer comes, and none ever does: a reader
+    # that opened it would never return; one that refused it returns at once (a hang guard)
+    reader.join(60)
+    assert answers == [None, None], "reading the planted pid file hung or found a daemon"
 
 
 def test_stop_never_reaches_a_daemon_whose_pid_was_planted(tmp_path: Any) -> None:

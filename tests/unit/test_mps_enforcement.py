@@ -26,9 +26,8 @@ ROOT = os.geteuid() == 0
 #: The job's user, and another user on the same node (no passwd entry is needed to setuid).
 JOB_UID = 65534 if ROOT else os.getuid()
 STRANGER_UID = 65533
-needs_root = pytest.mark.skipif(
-    not ROOT, reason="running a process as another uid needs root (the prolog's own rights)"
-)
+needs_root = pytest.mark.needs_root(
+    reason="running a process as another uid (the prolog's own rights)")
 
 
 @pytest.fixture()

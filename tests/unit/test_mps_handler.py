@@ -34,9 +34,8 @@ from tests.hookctx import make_context
 H100_MB = 81559
 OTHER_UID = os.getuid() + 1
 TRAIN = (60, 30720)  # the train class of tests/hookctx.py: thread %, pinned MiB
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="handing a pipe dir to another uid needs root, as the prolog has"
-)
+needs_root = pytest.mark.needs_root(
+    reason="handing a pipe dir to another uid, as the prolog does")
 
 
 def gone(pid: int) -> bool:

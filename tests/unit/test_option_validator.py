@@ -22,7 +22,7 @@ from slurmiso.hooks.runner import run_hook
 from slurmiso.submit import options
 from slurmiso.submit.job_submit import lua_literal, render_job_submit
 from slurmiso.submit.plugstack import mig_profile_names
-from tests.unit.test_hooks_runner import Drains, job_env, state, write_config
+from tests.hookctx import Drains, job_env, state, write_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LUA = shutil.which("lua5.1") or shutil.which("lua")
@@ -236,8 +236,7 @@ _C_OPT = {"iso_class": 0, "iso_mps_mem": 1, "iso_mig_profile": 2, "iso_ckpt_dir"
 
 
 def c_verdicts(cfg: Any, tmp: Any) -> List[bool]:
-    if GCC is None:
-        pytest.skip("no C compiler")
+    assert GCC is not None, "a test that calls c_verdicts carries needs_toolchain"
     src = tmp / "harness.c"
     src.write_text(_C_HARNESS)
     exe = tmp / "harness"
@@ -256,6 +255,7 @@ def c_verdicts(cfg: Any, tmp: Any) -> List[bool]:
     return [x == "1" for x in out]
 
 
+@pytest.mark.needs_toolchain("cc", reason="builds the SPANK plugin's option checks")
 def test_c_lua_and_python_agree_on_every_input(cluster: Tuple[str, Any], tmp_path: Any) -> None:
     _path, cfg = cluster
     py = python_verdicts(cfg)
@@ -308,9 +308,11 @@ def test_limits_header_is_generated_from_the_python_definition() -> None:
         )
 
 
+@pytest.mark.needs_toolchain("cc", reason="builds the SPANK plugin")
 def test_spank_plugin_builds_with_the_shared_header(tmp_path: Any) -> None:
-    if GCC is None or not os.path.exists("/usr/include/slurm/spank.h"):
-        pytest.skip("needs gcc and libslurm-dev's <slurm/spank.h>")
+    assert GCC is not None
+    if not os.path.exists("/usr/include/slurm/spank.h"):
+        pytest.skip("needs libslurm-dev's <slurm/spank.h> to build the SPANK plugin")
     cp = subprocess.run([GCC, "-std=gnu99", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
                          "-o", str(tmp_path / "slurmiso.so"),
                          os.path.join(REPO, "spank", "slurmiso_spank.c")],

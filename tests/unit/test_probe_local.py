@@ -16,7 +16,12 @@ from slurmiso.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "etc", "slurmiso.yaml")
-QUICK = ["--requests", "8", "--rate", "0", "--train-seconds", "0.3"]
+#: No figure here may depend on how fast this machine is: a request counts as an error only
+#: past 10 minutes (the default, 1 s, is a speed test on a loaded machine).
+QUICK = ["--requests", "8", "--rate", "0", "--train-seconds", "0.3",
+         "--request-timeout-ms", "600000"]
+#: An SLO no machine misses, where the test is not about the recommendation.
+ANY_SPEED = ["--p99-ms", "600000"]
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +55,7 @@ def alive_under(path: str) -> List[int]:
 def test_builtin_local_probe_gives_well_formed_figures(tmp_path, capsys) -> None:
     rc, out, err = probe(tmp_path, capsys, "--workload", "builtin", "--modes", "timeslice,mps",
                          "--json", *QUICK)
-    assert rc == 0, err
+    assert rc in (0, 1), err
     report = json.loads(out)
     assert [m["mode"] for m in report["modes"]] == ["timeslice", "mps"]
     for m in report["modes"]:
@@ -59,8 +64,12 @@ def test_builtin_local_probe_gives_well_formed_figures(tmp_path, capsys) -> None
         assert i["error_rate"] == 0.0
         assert t["step_s"] > 0 and t["throughput_vs_solo"] > 0
         assert m["colocated"] is True and m["seconds"] > 0
-    assert report["recommendation"]["mode"] in ("timeslice", "mps")
-    assert report["recommendation"]["why"]
+    # the config's SLO (P99 250 ms) decides; whether the stand-in holds it on this machine is
+    # the machine's speed, so what is checked is that the recommendation follows the figures
+    assert report["slo"]["p99_ms"] == 250.0 and "monitor.slo" in report["slo"]["source"]
+    holding = [m["mode"] for m in report["modes"] if m["infer"]["p99_ms"] <= 250.0]
+    assert report["recommendation"]["mode"] == (holding[0] if holding else "none")
+    assert rc == (0 if holding else 1) and report["recommendation"]["why"]
     assert report["workload"]["kind"] == "cpu-stand-in"  # said so, in the output
     assert any("CPU stand-ins" in n for n in report["notes"])
     mps = report["modes"][1]
@@ -79,7 +88,7 @@ def test_builtin_local_probe_gives_well_formed_figures(tmp_path, capsys) -> None
 
 
 def test_the_mps_daemons_give_each_class_its_share(tmp_path, capsys) -> None:
-    rc, out, err = probe(tmp_path, capsys, "--modes", "mps", "--json", *QUICK)
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps", "--json", *QUICK, *ANY_SPEED)
     assert rc == 0, err
     work = str(tmp_path / "work")
     granted = {}
@@ -96,8 +105,10 @@ def test_text_and_html_output(tmp_path, capsys) -> None:
     html = tmp_path / "probe.html"
     rc, out, err = probe(tmp_path, capsys, "--modes", "timeslice", "--no-save", "--html",
                          str(html), *QUICK)
-    assert rc == 0, err
-    assert "MODE" in out and "recommendation: timeslice" in out and "why:" in out
+    assert rc in (0, 1), err  # 1: the stand-in missed the config's SLO on this machine
+    held = "recommendation: timeslice" in out
+    assert "MODE" in out and "why:" in out and (held or "recommendation: none" in out)
+    assert rc == (0 if held else 1)
     page = html.read_text()
     assert "<svg" in page and "SLO P99 250 ms" in page and "http" not in page.split(
         "</style>")[1].replace('xmlns="http://www.w3.org/2000/svg"', "")

@@ -15,8 +15,7 @@ from slurmiso.gpu.placement import pack
 from slurmiso.gpu.profiles import lookup_model
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.isolation.mps import HANDLER
-from tests.hookctx import make_context
-from tests.unit.test_hooks_runner import job_env, state, write_config
+from tests.hookctx import job_env, make_context, state, write_config
 
 NODES = [
     # model, NVML name, memory MiB, MIG, architecture

@@ -19,7 +19,7 @@ import pytest
 
 from slurmiso.errors import SlurmError
 from slurmiso.wrapper import requeue
-from slurmiso.wrapper.localsim import LocalSlurm, Trigger
+from tests.localsim import LocalSlurm, Trigger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOAD = os.path.join(ROOT, "slurmiso_sandbox", "train_counter.py")

@@ -16,6 +16,7 @@ from typing import Dict
 
 import pytest
 
+from slurmiso.pids import pid_alive
 from slurmiso.wrapper import guardian, procctl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,9 +112,9 @@ def test_a_guardian_whose_wrapper_died_before_it_watched_starts_nothing(tmp_path
     with os.fdopen(r) as fh:
         guard = int(fh.readline())
     deadline = time.monotonic() + 10
-    while procctl.alive(guard) and time.monotonic() < deadline:
+    while pid_alive(guard) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not procctl.alive(guard), "the guardian of a dead wrapper kept running"
+    assert not pid_alive(guard), "the guardian of a dead wrapper kept running"
     assert not ran.exists(), "the guardian of a dead wrapper started the program"
 
 

@@ -28,6 +28,7 @@ from typing import Callable, Iterator, List
 
 import pytest
 
+from slurmiso.pids import pid_alive
 from slurmiso.wrapper import procctl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -266,7 +267,7 @@ def test_each_kind_of_descendant_dies_with_a_sigkilled_wrapper(
     run = _start(runs, tmp_path, kinds=kind)
     wait_for(lambda: run.has("ready"), "the program's readiness marker")
     (descendant,) = [int((tmp_path / f"{kind}.pid").read_text())]
-    assert procctl.alive(descendant)
+    assert pid_alive(descendant)
     run.kill(signal.SIGKILL)
     run.wait()
     assert_all_gone(run, f"a {kind} of the program, wrapper SIGKILLed")
@@ -337,7 +338,7 @@ def test_interactive_signal_then_sigkill_while_leftovers_are_ended(
     _ready(run)
     program = int((tmp_path / "program.pid").read_text())
     run.kill(sig, group=True)
-    wait_for(lambda: not procctl.alive(program), "the program to die of the signal")
+    wait_for(lambda: not pid_alive(program), "the program to die of the signal")
     run.kill(signal.SIGKILL, group=True)
     run.wait()
     assert_all_gone(run, f"{signal.Signals(sig).name} then SIGKILL")
@@ -389,7 +390,7 @@ def test_signals_slurm_sends_every_process_do_not_end_the_run(
         for pid in helpers:
             os.kill(pid, sig)
     time.sleep(0.2)  # nothing to wait for: checking that nothing happened
-    assert procctl.alive(program) and run.proc.poll() is None
+    assert pid_alive(program) and run.proc.poll() is None
     for pid in everyone:
         os.kill(pid, signal.SIGTERM)  # the preemption itself, to every process
     wait_for(lambda: run.has("asked"), "the checkpoint signal to reach the program")

@@ -276,7 +276,7 @@ class Aggregator:
 
 def classify_fields(cfg: Any, qos: str, partition: str, account: str) -> str:
     """Class name of a job from its accounting fields, by the prolog's own classifier."""
-    from slurmiso.isolation.classify import classify
+    from slurmiso.config.classify import classify
 
     part = partition.split(",", 1)[0]  # a pending job lists its candidate partitions
     cls, _ = classify(cfg, qos if qos != "Unknown" else "", part, account)
