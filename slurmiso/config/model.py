@@ -216,7 +216,7 @@ class Ladder(Value):
     )
     #: Calm = this many percent below the SLO (latency, error rate).
     hysteresis_pct: int = 10
-    #: Sent with ``scancel --signal --full``: slow down / back to full speed.
+    #: Sent with ``scancel --signal`` (plain and ``--full``): slow down / back to full speed.
     throttle_signal: str = "URG"
     unthrottle_signal: str = "WINCH"
 

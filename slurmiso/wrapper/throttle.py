@@ -1,7 +1,7 @@
 """The monitor's throttle on the wrapper's side: two signals turned into one file.
 
-    monitor (ladder)  scancel --signal=URG --full    -> wrapper: create the throttle file
-                      scancel --signal=WINCH --full  -> wrapper: remove it
+    monitor (ladder)  scancel --signal=URG [--full]    -> wrapper: create the throttle file
+                      scancel --signal=WINCH [--full]  -> wrapper: remove it
     program           slurmiso.checkpoint.throttled() (one lstat) between steps
 
 Why a file and not the signal itself: a program learns the state when it is ready to act on
