@@ -96,7 +96,8 @@ class Ladder:
     :meth:`start`, stopped (whatever happened) by :meth:`stop`."""
 
     def __init__(self, sbx: SandboxClient, steps: Sequence[str], dwell_s: int = 2,
-                 window_s: int = 6, budgets: Optional[Dict[str, str]] = None) -> None:
+                 window_s: int = 6, budgets: Optional[Dict[str, str]] = None,
+                 interval_s: float = 1.0) -> None:
         self.sbx = sbx
         self.work = tempfile.mkdtemp(prefix="protect-", dir=sbx.jobs_dir)
         os.chmod(self.work, 0o1777)
@@ -112,6 +113,7 @@ class Ladder:
         self.others: Dict[str, str] = {}
         self.node = "n2"
         self.restarts = 0
+        self.interval_s = interval_s
         self.control = os.path.join(self.work, "latency-ms")
         self.infer_log = os.path.join(self.work, "infer.log")
         self.train_log = os.path.join(self.work, "train.log")
@@ -226,7 +228,8 @@ class Ladder:
     def _start_monitor(self) -> None:
         urls = [f"{self.node}=http://127.0.0.1:{self.agent_port}/metrics"]
         urls += [f"{n}=http://127.0.0.1:{port}/metrics" for n, (_, port) in self.agents.items()]
-        args = ["-v", "monitor", "--apply", "--interval", "1", "--telemetry", "agents",
+        args = ["-v", "monitor", "--apply", "--interval", f"{self.interval_s:g}",
+                "--telemetry", "agents",
                 "--state", self.state, "--lock", os.path.join(self.work, "monitor.lock"),
                 "--metrics-port", str(self.metrics_port)]
         for url in urls:
