@@ -329,7 +329,13 @@ def test_requeue_checkpoints_and_resumes(scene: Scene) -> None:
     assert e["details"]["budget"] == "requeue 1/10 this hour"
     ckpt = _poll(lambda: re.search(r"^# checkpoint step=(\d+)$", _read(lad.train_log), re.M),
                  "the training program's checkpoint")
-    _poll(lambda: sbx.job_state(scene.train) != "RUNNING", "the training job to leave n2")
+    _poll(lambda: sbx.job_state(scene.train) == "PENDING", "the training job to leave n2")
+
+    def kept_off() -> bool:
+        f = sbx.job_fields(scene.train)
+        return f.get("Reason") in HELD or "n2" in f.get("ExcNodeList", "")
+
+    _poll(kept_off, "the requeued job to be kept off n2 while the breach lasts")
     lad.set_latency(CALM_MS)
     _poll(lambda: sbx.job_fields(scene.train).get("Restarts") == "1"
           and sbx.job_state(scene.train) == "RUNNING", "the requeued job to run again", 180)
