@@ -14,7 +14,9 @@ sys.path.insert(1, os.path.dirname(HERE))
 BENCHES = ["bench_startup", "bench_sim_mig", "bench_hooks", "bench_audit", "bench_wrapper",
            "bench_monitor",
            # root and cached Slurm roots only (each release skipped with its reason otherwise)
-           "bench_sandbox_up"]
+           "bench_sandbox_up",
+           # root and a sandbox up only (skipped with its reason otherwise)
+           "bench_reaction"]
 
 
 def main() -> int:

@@ -10,6 +10,12 @@ one number. The series follow the generic profile slurmiso ships
 prometheus_client server would name them. No latency is slept: only the figures matter, and
 the request count keeps rising while the job runs, so a test can tell that the job was never
 stopped. ``--log`` gets ``served=N`` lines (every 50 requests) and ``# listening port=P``.
+
+For the ladder's tests: ``garbage MS`` in ``--control`` makes ``/metrics`` answer an HTML page
+(no series: what a broken or hostile endpoint serves) while requests go on at MS ms,
+and every signal the server can catch is logged as ``# signal NAME`` before its default
+effect (TERM, INT, HUP end it), so a test can tell it was never signalled. SIGSTOP cannot be
+caught, but the SIGCONT that ends any suspend can.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import os
+import signal
 import sys
 import threading
 import time
@@ -58,12 +65,39 @@ class Histogram:
             return "\n".join(lines) + "\n"
 
 
-def latency_ms(control: str) -> float:
+GARBAGE = b"<html><body><h1>It works!</h1></body></html>\n"
+CAUGHT = ("SIGURG", "SIGWINCH", "SIGUSR1", "SIGUSR2", "SIGCONT", "SIGTSTP", "SIGTTIN",
+          "SIGTTOU", "SIGALRM", "SIGTERM", "SIGINT", "SIGHUP")
+ENDING = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def read_control(control: str) -> str:
     try:
         with open(control, encoding="utf-8") as fh:
-            return max(0.0, float(fh.read().strip()))
-    except (OSError, ValueError):
-        return 50.0
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def latency_ms(text: str, last: float = 50.0) -> float:
+    """The latency the control text asks for (``MS`` or ``garbage MS``); ``last`` where it
+    names none."""
+    try:
+        return max(0.0, float(text.split()[-1]))
+    except (ValueError, IndexError):
+        return last
+
+
+def log_signals(path: str) -> None:
+    """Log each catchable signal; those that end a process by default still end it."""
+    def handler(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        log_line(path, f"# signal {name[3:]} at={time.time():.3f}")
+        if name in ENDING:
+            os._exit(128 + signum)
+
+    for name in CAUGHT:
+        signal.signal(getattr(signal, name), handler)
 
 
 def log_line(path: str, text: str) -> None:
@@ -85,9 +119,11 @@ def main() -> int:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
-            body = hist.render().encode()
+            garbage = read_control(args.control).startswith("garbage")
+            body = GARBAGE if garbage else hist.render().encode()
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Type",
+                             "text/html" if garbage else "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -95,12 +131,15 @@ def main() -> int:
         def log_message(self, *_: object) -> None:
             pass
 
+    log_signals(args.log)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log_line(args.log, f"# listening port={args.port} pid={os.getpid()}")
     served = 0
+    last = 50.0
     while True:
-        hist.observe(latency_ms(args.control) / 1000.0)
+        last = latency_ms(read_control(args.control), last)
+        hist.observe(last / 1000.0)
         served += 1
         if served % 50 == 0:
             log_line(args.log, f"served={served} at={time.time():.3f}")

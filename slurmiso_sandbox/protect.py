@@ -51,22 +51,26 @@ def _wait(cond: Any, timeout: float, what: str, every: float = 0.3) -> Any:
 
 
 def ladder_config(sbx: SandboxClient, folder: str, steps: Sequence[str], dwell_s: int = 2,
-                  unknown_after_s: int = 0) -> str:
+                  unknown_after_s: int = 0, window_s: int = 6,
+                  budgets: Optional[Dict[str, str]] = None, name: str = "") -> str:
     """The sandbox config with an SLO for ``infer``, a ladder of ``steps`` whose dwells are
     ``dwell_s`` (the shipped ones are minutes), the agent reading signals every second over a
-    6 s window, and the monitor applying (not dry-run)."""
+    ``window_s`` window, and the monitor applying (not dry-run). ``budgets`` replaces a step's
+    ``per_job``/``per_hour`` text; ``name`` writes ``slurmiso-<name>.yaml`` beside the others
+    (a monitor restarted with other steps keeps the agents' config)."""
     from slurmiso_sandbox.demo import monitor_config
 
     config = monitor_config(sbx, folder)
     with open(config) as fh:
         text = fh.read()
-    budgets = {"throttle": "per_job: 6, per_hour: 120", "suspend": "per_job: 3, per_hour: 30",
-               "requeue": "per_job: 1, per_hour: 10"}
+    budget = {"throttle": "per_job: 6, per_hour: 120", "suspend": "per_job: 3, per_hour: 30",
+              "requeue": "per_job: 1, per_hour: 10"}
+    budget.update(budgets or {})
     rows = []
-    for name in steps:
-        after = 0 if name == "hold" else (2 * dwell_s if name != "throttle" else dwell_s)
-        extra = f", {budgets[name]}" if name in budgets else ""
-        rows.append(f"    {name}: {{after: {after}s, release_after: {dwell_s}s{extra}}}\n")
+    for step in steps:
+        after = 0 if step == "hold" else (2 * dwell_s if step != "throttle" else dwell_s)
+        extra = f", {budget[step]}" if step in budget else ""
+        rows.append(f"    {step}: {{after: {after}s, release_after: {dwell_s}s{extra}}}\n")
     block = (
         "\nmonitor:\n"
         "  slo:\n"
@@ -76,9 +80,12 @@ def ladder_config(sbx: SandboxClient, folder: str, steps: Sequence[str], dwell_s
         f"    steps: [{', '.join(steps)}]\n" + "".join(rows) +
         "  signals:\n"
         "    refresh: 1s\n"
-        "    window: 6s\n"
+        f"    window: {window_s}s\n"
     )
     text = text.replace("\nmonitor:\n", block, 1)
+    if name:
+        os.unlink(config)
+        config = os.path.join(folder, f"slurmiso-{name}.yaml")
     with open(config, "w") as fh:
         fh.write(text)
     return config
@@ -88,11 +95,25 @@ class Ladder:
     """The running parts of one scenario: the two jobs, the agent, the monitor; started by
     :meth:`start`, stopped (whatever happened) by :meth:`stop`."""
 
-    def __init__(self, sbx: SandboxClient, steps: Sequence[str], dwell_s: int = 2) -> None:
+    def __init__(self, sbx: SandboxClient, steps: Sequence[str], dwell_s: int = 2,
+                 window_s: int = 6, budgets: Optional[Dict[str, str]] = None,
+                 interval_s: float = 1.0) -> None:
         self.sbx = sbx
         self.work = tempfile.mkdtemp(prefix="protect-", dir=sbx.jobs_dir)
         os.chmod(self.work, 0o1777)
-        self.config = ladder_config(sbx, self.work, steps, dwell_s)
+        self.dwell_s, self.window_s, self.budgets = dwell_s, window_s, dict(budgets or {})
+        self.config = ladder_config(sbx, self.work, steps, dwell_s, window_s=window_s,
+                                    budgets=budgets)
+        self.monitor_config = self.config  # replaced by restart_monitor()
+        self.state = os.path.join(self.work, "monitor-state.json")
+        self.metrics_port = free_port()
+        #: node -> (agent, its port) for nodes beside the stand-in's (``start_daemons``)
+        self.agents: Dict[str, Any] = {}
+        #: training jobs beside the scene (``add_training``): job -> its step log
+        self.others: Dict[str, str] = {}
+        self.node = "n2"
+        self.restarts = 0
+        self.interval_s = interval_s
         self.control = os.path.join(self.work, "latency-ms")
         self.infer_log = os.path.join(self.work, "infer.log")
         self.train_log = os.path.join(self.work, "train.log")
@@ -101,14 +122,23 @@ class Ladder:
         self.infer = self.train = ""
         self.agent: Optional[subprocess.Popen] = None
         self.monitor: Optional[subprocess.Popen] = None
+        self.agent_starts = 0
         self.started = time.time()
         self.set_latency(CALM_MS)
 
     # -- the jobs ----------------------------------------------------------------------------
     def set_latency(self, ms: float) -> None:
+        self._control(f"{ms}")
+
+    def set_garbage(self, ms: float) -> None:
+        """The stand-in's endpoint answers an HTML page, no series, while its requests take
+        ``ms``."""
+        self._control(f"garbage {ms}")
+
+    def _control(self, text: str) -> None:
         tmp = self.control + ".tmp"
         with open(tmp, "w") as fh:
-            fh.write(f"{ms}\n")
+            fh.write(f"{text}\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, self.control)
 
@@ -139,12 +169,36 @@ class Ladder:
 
         return {job: _record_gpu(self.sbx, node, job) for job in (self.infer, self.train)}
 
-    def steps(self) -> List[int]:
-        return [int(m) for m in re.findall(r"^step=(\d+) ", _read(self.train_log), re.M)]
+    def add_training(self, name: str, *sbatch_args: str) -> str:
+        """Another training job (the stand-in program under ``slurmiso run``, its log
+        ``<work>/<name>.log``), running once this returns: a bystander whose fate a test
+        checks."""
+        sbx = self.sbx
+        py, path = sbx.job_python, sbx.job_pythonpath
+        here = os.path.join(path, "slurmiso_sandbox")
+        log = os.path.join(self.work, f"{name}.log")
+        job = sbx.submit(
+            "#!/bin/bash\n"
+            f"export PYTHONPATH={path}\n"
+            f"srun {py} -m slurmiso run --ckpt-dir {self.work}/ckpt-{name} -- "
+            f"{py} {here}/train_counter.py --steps 100000 --step-time 0.1 --report-steps "
+            f"--stop-file {self.stop_file} --log {log}\n",
+            "--qos=train", "-J", name, *sbatch_args)
+        self.others[job] = log
+        sbx.wait_for(job, {"RUNNING"}, timeout=60)
+        _wait(lambda: len(steps_in(log)) >= 5, 120, f"training job {job} to make progress")
+        return job
 
-    def throttled_steps(self) -> List[int]:
-        return [int(m) for m in re.findall(r"^step=(\d+) .*throttled=1", _read(self.train_log),
-                                           re.M)]
+    def steps(self, log: str = "") -> List[int]:
+        return steps_in(log or self.train_log)
+
+    def throttled_steps(self, log: str = "") -> List[int]:
+        return [int(m) for m in re.findall(r"^step=(\d+) .*throttled=1",
+                                           _read(log or self.train_log), re.M)]
+
+    def infer_signals(self) -> List[str]:
+        """The signals the stand-in server received (it logs each one it can catch)."""
+        return re.findall(r"^# signal (\S+)", _read(self.infer_log), re.M)
 
     def served(self) -> int:
         found = re.findall(r"^served=(\d+) ", _read(self.infer_log), re.M)
@@ -152,38 +206,93 @@ class Ladder:
 
     # -- agent and monitor -------------------------------------------------------------------
     def _slurmiso(self, *args: str) -> List[str]:
-        return self.sbx.ns_argv(sys.executable, "-m", "slurmiso", "--config", self.config,
-                                *args)
+        return self.sbx.ns_argv(sys.executable, "-m", "slurmiso", "--config",
+                                self.monitor_config, *args)
 
-    def start_daemons(self, node: str = "n2") -> None:
-        env = dict(self.sbx.env, PYTHONPATH=REPO)
-        self.agent = self._daemon("agent", env, "agent", "--node", node, "--port",
-                                  str(self.agent_port))
+    def start_daemons(self, node: str = "n2", more: Sequence[str] = ()) -> None:
+        """The agent of ``node`` (the stand-in's), one for each node of ``more``, and the
+        monitor daemon reading them all (its metrics on ``metrics_port``)."""
+        self.node = node
+        self.start_agent()
+        for other in more:
+            port = free_port()
+            self.agents[other] = (self._daemon(f"agent-{other}", "agent", "--node", other,
+                                               "--port", str(port)), port)
         _wait(lambda: self.job_p99() is not None, 60,
               f"the agent to read job {self.infer}'s latency")
-        self.monitor = self._daemon(
-            "monitor", env, "-v", "monitor", "--apply", "--interval", "1", "--telemetry",
-            "agents", "--agent-url", f"{node}=http://127.0.0.1:{self.agent_port}/metrics",
-            "--state", os.path.join(self.work, "monitor-state.json"),
-            "--lock", os.path.join(self.work, "monitor.lock"))
+        for other, (_, port) in self.agents.items():
+            _wait(lambda port=port: _get(port, "/metrics").startswith("#"), 60,
+                  f"the agent of {other} to answer")
+        self._start_monitor()
 
-    def _daemon(self, name: str, env: Dict[str, str], *args: str) -> subprocess.Popen:
+    def _start_monitor(self) -> None:
+        urls = [f"{self.node}=http://127.0.0.1:{self.agent_port}/metrics"]
+        urls += [f"{n}=http://127.0.0.1:{port}/metrics" for n, (_, port) in self.agents.items()]
+        args = ["-v", "monitor", "--apply", "--interval", f"{self.interval_s:g}",
+                "--telemetry", "agents",
+                "--state", self.state, "--lock", os.path.join(self.work, "monitor.lock"),
+                "--metrics-port", str(self.metrics_port)]
+        for url in urls:
+            args += ["--agent-url", url]
+        name = "monitor" if not self.restarts else f"monitor-{self.restarts}"
+        self.monitor = self._daemon(name, *args, config=self.monitor_config)
+        _wait(lambda: self.cycles() >= 1, 60, "the monitor's first cycle")
+
+    def restart_monitor(self, steps: Sequence[str], budgets: Optional[Dict[str, str]] = None,
+                        dwell_s: Optional[int] = None) -> None:
+        """The monitor again with a ladder of ``steps`` (budgets as given, else the
+        scenario's), keeping its memory (state file): budgets spent stay spent."""
+        _end(self.monitor)
+        self.monitor = None
+        self.restarts += 1
+        self.monitor_config = ladder_config(
+            self.sbx, self.work, steps, self.dwell_s if dwell_s is None else dwell_s,
+            window_s=self.window_s, budgets={**self.budgets, **(budgets or {})},
+            name=f"monitor-{self.restarts}")
+        self._start_monitor()
+
+    def _daemon(self, name: str, *args: str, config: str = "") -> subprocess.Popen:
         """Start one slurmiso daemon in the nodes' view, its output in <work>/<name>.log."""
+        env = dict(self.sbx.env, PYTHONPATH=REPO)
+        argv = self.sbx.ns_argv(sys.executable, "-m", "slurmiso", "--config",
+                                config or self.config, *args)
         with open(os.path.join(self.work, f"{name}.log"), "w") as log:
-            return subprocess.Popen(self._slurmiso(*args), env=env, cwd=REPO, stdout=log,
+            return subprocess.Popen(argv, env=env, cwd=REPO, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_agent(self) -> None:
+        """The stand-in's node's agent (again, on the same port, after :meth:`stop_agent`)."""
+        self.agent = self._daemon("agent" if self.agent_starts == 0 else
+                                  f"agent-{self.agent_starts}", "agent", "--node", self.node,
+                                  "--port", str(self.agent_port))
+        self.agent_starts += 1
 
     def stop_agent(self) -> None:
         _end(self.agent)
         self.agent = None
 
-    def scrape(self) -> str:
+    def cycles(self) -> int:
+        """Decision cycles the monitor daemon has run (its own counter; 0 before it serves)."""
+        m = re.search(r"^slurmiso_monitor_cycles_total (\S+)$",
+                      _get(self.metrics_port, "/metrics"), re.M)
+        return int(float(m.group(1))) if m else 0
+
+    def wait_cycles(self, n: int, timeout: float = 120) -> int:
+        """Wait until the monitor has run ``n`` more cycles; returns its count then."""
+        base = self.cycles()
+        return int(_wait(lambda: self.cycles() >= base + n and self.cycles(), timeout,
+                         f"{n} monitor cycles"))
+
+    def memory(self) -> Dict[str, Any]:
+        """The monitor's memory as its state file holds it (rewritten every cycle)."""
         try:
-            with urllib.request.urlopen(
-                    f"http://127.0.0.1:{self.agent_port}/metrics", timeout=3) as r:
-                return str(r.read().decode())
-        except OSError:
-            return ""
+            with open(self.state) as fh:
+                return dict(json.load(fh).get("memory") or {})
+        except (OSError, ValueError):
+            return {}
+
+    def scrape(self) -> str:
+        return _get(self.agent_port, "/metrics")
 
     def job_p99(self) -> Optional[float]:
         """The P99 the agent shows for the inference job (seconds), None if it shows none."""
@@ -250,11 +359,12 @@ class Ladder:
                 for name, p in (("monitor", self.monitor), ("agent", self.agent))}
 
     def stop(self) -> None:
-        for proc in (self.monitor, self.agent):
+        for proc in [self.monitor, self.agent] + [a for a, _ in self.agents.values()]:
             _end(proc)
         self.monitor = self.agent = None
+        self.agents = {}
         open(self.stop_file, "w").close()
-        for job in (self.infer, self.train):
+        for job in [self.infer, self.train, *self.others]:
             if job:
                 self.sbx.cmd("scontrol", "resume", job, check=False)
                 self.sbx.cmd("scancel", job, check=False)
@@ -269,6 +379,19 @@ def _end(proc: Optional[subprocess.Popen]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def _get(port: int, path: str) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
+            return str(r.read().decode())
+    except (OSError, ValueError):
+        return ""
+
+
+def steps_in(log: str) -> List[int]:
+    """The steps a stand-in training program logged."""
+    return [int(m) for m in re.findall(r"^step=(\d+) ", _read(log), re.M)]
 
 
 def _ts(e: Dict[str, Any]) -> float:
