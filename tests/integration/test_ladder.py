@@ -385,11 +385,11 @@ def _wrapper_events(scene: Scene) -> List[str]:
     those of the running attempt, still in its events file."""
     import json
 
-    from slurmiso.hooks.events import path_for
+    from slurmiso.jobfiles import events_path
     from slurmiso_sandbox.protect import _reports
 
     found = _reports(scene.sbx, scene.train)
-    for line in _read(path_for(scene.sbx.jobs_dir, scene.train) or "").splitlines():
+    for line in _read(events_path(scene.sbx.jobs_dir, scene.train) or "").splitlines():
         try:
             found.append(str(json.loads(line).get("event")))
         except ValueError:
