@@ -197,13 +197,14 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
     closed as long as it says, with its reason (its own dwell and hysteresis)."""
     ladder_blocked = ladder_blocked or {}
     from slurmiso.monitor.caps import qos_caps, unhold_all
-    from slurmiso.monitor.exclusions import exclusions, members
+    from slurmiso.monitor.exclusions import exclusions, forget_started, members
     from slurmiso.monitor.requeue import begin_now
 
     train = set(policy.train_classes)
     pending = {j.id: j for j in snap.jobs if j.pending}
     overridden = set(mem.overridden) & set(pending)
     waiting = [j for j in pending.values() if j.job_class in train]
+    actions_started = forget_started(snap, mem)
     verdicts: Dict[str, Verdict] = {}
     closed: Dict[str, str] = {}  # node -> why training is kept off it
     unknown: Dict[str, str] = {}
@@ -256,9 +257,10 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         hold_gates: Dict[str, Optional[bool]] = {
             s: (bool(g) if g is not None else not policy.unknown_admits)
             for s, g in gates.items()}
-        return qos_caps(snap, policy, mem, hold_gates, why, waiting) + unhold_all(pending, mem)
+        return (actions_started + qos_caps(snap, policy, mem, hold_gates, why, waiting)
+                + unhold_all(pending, mem))
 
-    actions: List[Action] = []
+    actions: List[Action] = actions_started
     cache: Dict[Tuple[str, ...], FrozenSet[str]] = {}
     blocked = dict(unknown, **closed)
 

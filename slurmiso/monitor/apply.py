@@ -142,6 +142,8 @@ class Applier:
                 self.slurm.release(ids)
             elif kind == "begin-now":
                 self.slurm.update_jobs(ids, {"StartTime": "now"})
+            elif kind == "uncomment":
+                self.slurm.update_jobs(ids, {"Comment": ""})
             else:  # exclude
                 d = acts[0].details
                 fields = {"ExcNodeList": str(d.get("nodes") or "")}

@@ -13,6 +13,10 @@ from slurmiso.hostlist import compress, expand
 from slurmiso.monitor.policy import Action, Memory
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 
+#: What the monitor's own waiting note starts with (``exclusions`` writes it; a job's own
+#: comment is never replaced or removed).
+NOTE_PREFIX = "slurmiso:"
+
 
 @lru_cache(maxsize=4096)
 def nodeset(expr: str) -> FrozenSet[str]:
@@ -75,7 +79,7 @@ def exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden: 
         want_str = (bad_str if not user else compress(sorted(want))) if bad else user
         own_comment = rec["comment"] if rec else job.comment
         comment: Optional[str] = None
-        if not own_comment or own_comment.startswith("slurmiso:"):
+        if not own_comment or own_comment.startswith(NOTE_PREFIX):
             comment = text if bad else ""
         # The record stays until Slurm shows the job's own list back (a restore that fails
         # or is cut short by a crash is retried, never taken for someone else's change).
@@ -91,4 +95,27 @@ def exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden: 
         reason, record, details = shared[key]
         mem.excluded[job.id] = record
         actions.append(Action("exclude", job.id, reason, details))
+    return actions
+
+
+def forget_started(snap: Snapshot, mem: Memory) -> List[Action]:
+    """Drop the records of excluded jobs that are no longer pending (started, ended,
+    cancelled): nothing is restored on a job that runs, and a daemon that runs for months
+    must not keep one record per job it ever excluded. A job that started with the
+    monitor's waiting note still in its comment gets the note removed, so ``squeue`` never
+    shows a running job as waiting for calm GPUs (measured: Slurm clears a running job's
+    comment with ``Comment=`` but refuses any ``ExcNodeList`` change once it runs)."""
+    if not mem.excluded:
+        return []
+    jobs = {j.id: j for j in snap.jobs}
+    actions = []
+    for jid in list(mem.excluded):
+        job = jobs.get(jid)
+        if job is not None and job.pending:
+            continue
+        del mem.excluded[jid]
+        if job is not None and job.comment.startswith(NOTE_PREFIX):
+            actions.append(Action("uncomment", jid,
+                                  "started: the monitor's waiting note is removed",
+                                  {"comment": job.comment[:250]}))
     return actions

@@ -24,13 +24,14 @@ ADMISSIONS = ("nodes", "hold", "qos-limit")
 #: first (the ladder's escalations with the re-layout's), what gives training back last.
 #: ``resume`` is a node's (State=RESUME), ``resume-job`` a suspended job's.
 KINDS = ("resume", "drain", "requeue", "throttle", "suspend", "mig-apply", "partition-update",
-         "qos-limit", "hold", "exclude", "release", "begin-now", "resume-job", "unthrottle",
+         "qos-limit", "hold", "exclude", "uncomment", "release", "begin-now", "resume-job",
+         "unthrottle",
          "ladder-end", "reconcile")
 #: Pool modes where suspending training frees what inference shares with it (SMs): on MIG a
 #: suspended job keeps its instance, so the ladder goes from throttle to requeue there.
 SUSPEND_MODES = ("mps", "timeslice")
 #: Kinds that change one job each; the applier sends many of them in one Slurm call.
-JOB_KINDS = ("hold", "release", "exclude", "begin-now")
+JOB_KINDS = ("hold", "release", "exclude", "uncomment", "begin-now")
 
 
 @dataclass(frozen=True)

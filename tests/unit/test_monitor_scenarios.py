@@ -304,3 +304,28 @@ def test_alternating_mig_demand_relayouts_within_hourly_limit() -> None:
     for start in drains:
         assert sum(1 for t in drains if start <= t < start + 3600) <= pol.relayouts_per_hour
     assert 1 <= len(drains) <= 4, drains
+
+
+def test_a_job_that_starts_loses_the_waiting_note_and_its_record() -> None:
+    """nodes admission: a job kept off n1 starts on n2. Its comment no longer says it waits
+    (squeue showed running jobs "waiting for calm GPUs"), a user's own comment is never
+    touched, and the monitor keeps no record of jobs that no longer pend (one per job ever
+    excluded, for the daemon's lifetime, before)."""
+    c = FakeCluster(["n1", "n2"], {"shared": ["n1", "n2"]})
+    c.load["n1"] = (95.0, 95.0, 5.0)
+    c.jobs["8"] = JobInfo("8", "RUNNING", "infer", ("shared",), "infer", T0, nodes=("n1",))
+    for jid in ("1", "2", "3"):
+        c.submit(jid)
+    c.jobs["2"] = dataclasses.replace(c.jobs["2"], comment="my own note")
+    _, mem = run(c, BASE, 1)
+    assert "calm GPUs" in c.jobs["1"].comment and c.jobs["2"].comment == "my own note"
+    assert set(mem.excluded) == {"1", "2", "3"}
+    for jid in ("1", "2"):  # Slurm starts them on the calm node
+        c.jobs[jid] = dataclasses.replace(c.jobs[jid], state="RUNNING", nodes=("n2",))
+    del c.jobs["3"]  # cancelled while pending
+    steps, mem = run(c, BASE, 1, memory=mem, start=T0 + 30)
+    assert [(a.kind, a.target) for a in steps[0] if a.kind == "uncomment"] == [("uncomment", "1")]
+    assert c.jobs["1"].comment == "" and c.jobs["2"].comment == "my own note"
+    assert mem.excluded == {}
+    steps, mem = run(c, BASE, 1, memory=mem, start=T0 + 60)
+    assert not any(a.target in ("1", "2") for a in steps[0]), "once only"
