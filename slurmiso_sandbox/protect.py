@@ -152,7 +152,7 @@ class Ladder:
             "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", node, "-J", "infer-standin",
             f"--iso-metrics={self.port}")
         sbx.wait_for(self.infer, {"RUNNING"}, timeout=60)
-        _wait(lambda: "# listening" in _read(self.infer_log), 30, "the stand-in to listen")
+        _wait(lambda: "# listening" in read_text(self.infer_log), 30, "the stand-in to listen")
         self.train = sbx.submit(
             "#!/bin/bash\n"
             f"export PYTHONPATH={path}\n"
@@ -194,14 +194,14 @@ class Ladder:
 
     def throttled_steps(self, log: str = "") -> List[int]:
         return [int(m) for m in re.findall(r"^step=(\d+) .*throttled=1",
-                                           _read(log or self.train_log), re.M)]
+                                           read_text(log or self.train_log), re.M)]
 
     def infer_signals(self) -> List[str]:
         """The signals the stand-in server received (it logs each one it can catch)."""
-        return re.findall(r"^# signal (\S+)", _read(self.infer_log), re.M)
+        return re.findall(r"^# signal (\S+)", read_text(self.infer_log), re.M)
 
     def served(self) -> int:
-        found = re.findall(r"^served=(\d+) ", _read(self.infer_log), re.M)
+        found = re.findall(r"^served=(\d+) ", read_text(self.infer_log), re.M)
         return int(found[-1]) if found else 0
 
     # -- agent and monitor -------------------------------------------------------------------
@@ -221,7 +221,7 @@ class Ladder:
         _wait(lambda: self.job_p99() is not None, 60,
               f"the agent to read job {self.infer}'s latency")
         for other, (_, port) in self.agents.items():
-            _wait(lambda port=port: _get(port, "/metrics").startswith("#"), 60,
+            _wait(lambda port=port: http_get(port, "/metrics").startswith("#"), 60,
                   f"the agent of {other} to answer")
         self._start_monitor()
 
@@ -274,7 +274,7 @@ class Ladder:
     def cycles(self) -> int:
         """Decision cycles the monitor daemon has run (its own counter; 0 before it serves)."""
         m = re.search(r"^slurmiso_monitor_cycles_total (\S+)$",
-                      _get(self.metrics_port, "/metrics"), re.M)
+                      http_get(self.metrics_port, "/metrics"), re.M)
         return int(float(m.group(1))) if m else 0
 
     def wait_cycles(self, n: int, timeout: float = 120) -> int:
@@ -292,7 +292,7 @@ class Ladder:
             return {}
 
     def scrape(self) -> str:
-        return _get(self.agent_port, "/metrics")
+        return http_get(self.agent_port, "/metrics")
 
     def job_p99(self) -> Optional[float]:
         """The P99 the agent shows for the inference job (seconds), None if it shows none."""
@@ -381,7 +381,7 @@ def _end(proc: Optional[subprocess.Popen]) -> None:
         proc.wait(timeout=10)
 
 
-def _get(port: int, path: str) -> str:
+def http_get(port: int, path: str) -> str:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
             return str(r.read().decode())
@@ -391,7 +391,7 @@ def _get(port: int, path: str) -> str:
 
 def steps_in(log: str) -> List[int]:
     """The steps a stand-in training program logged."""
-    return [int(m) for m in re.findall(r"^step=(\d+) ", _read(log), re.M)]
+    return [int(m) for m in re.findall(r"^step=(\d+) ", read_text(log), re.M)]
 
 
 def _ts(e: Dict[str, Any]) -> float:
@@ -406,7 +406,7 @@ def _ts(e: Dict[str, Any]) -> float:
         return 0.0
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         with open(path, errors="replace") as fh:
             return fh.read()
@@ -415,7 +415,7 @@ def _read(path: str) -> str:
 
 
 def _tail(path: str, n: int = 1500) -> str:
-    return _read(path)[-n:]
+    return read_text(path)[-n:]
 
 
 def contiguous(steps: List[int]) -> bool:
@@ -463,7 +463,7 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
             time.sleep(3.0)  # a stopped program counts no step, however long it is stopped
             out["steps_while_suspended"] = len(lad.steps()) - before
         elif top == "requeue":
-            _wait(lambda: "# checkpoint" in _read(lad.train_log), 90,
+            _wait(lambda: "# checkpoint" in read_text(lad.train_log), 90,
                   "the requeued training job's checkpoint")
             out["state_after_requeue"] = sbx.job_state(lad.train)
         out["infer_state_while_hot"] = sbx.job_state(lad.infer)
@@ -494,8 +494,8 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
         out["probe_actions"] = [str(e.get("action")) for e in lad.actions()
                                 if e.get("target") == probe]
         out["step_log"] = lad.steps()
-        out["finished"] = "# finished steps=" in _read(lad.train_log)
-        out["train_reports"] = _reports(sbx, lad.train)
+        out["finished"] = "# finished steps=" in read_text(lad.train_log)
+        out["train_reports"] = journal_events(sbx, lad.train)
     except SandboxError as exc:
         lad.debug_cycle()
         raise SandboxError(f"{exc} (daemons {lad.alive()}; logs in {lad.work})") from None
@@ -506,7 +506,7 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
     return out
 
 
-def _reports(sbx: SandboxClient, job: str) -> List[str]:
+def journal_events(sbx: SandboxClient, job: str) -> List[str]:
     """The wrapper's own events for ``job`` in the node journals (throttle and checkpoint)."""
     from slurmiso.state.journal import Journal
 

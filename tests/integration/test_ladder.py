@@ -23,7 +23,15 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
-from slurmiso_sandbox.protect import CALM_MS, HOT_MS, SLO_MS, Ladder, _get, contiguous
+from slurmiso_sandbox.protect import (
+    CALM_MS,
+    HOT_MS,
+    SLO_MS,
+    Ladder,
+    contiguous,
+    http_get,
+    read_text,
+)
 
 HANG = 120  # seconds: a deadline that only says "this hangs"
 DWELL = 2  # the scene's dwell: throttle after 2 s, suspend/requeue 4 s after it
@@ -94,7 +102,7 @@ class Scene:
         return os.path.lexists(throttle_path(os.path.join(self.lad.work, "ckpt")))
 
     def last_step_line(self) -> str:
-        lines = re.findall(r"^step=\d+ .*$", _read(self.lad.train_log), re.M)
+        lines = re.findall(r"^step=\d+ .*$", read_text(self.lad.train_log), re.M)
         return lines[-1] if lines else ""
 
     def progressed(self, log: str, n: int) -> None:
@@ -136,14 +144,6 @@ class Scene:
         g = sbx.job_fields(job)
         assert g.get("JobState") == "RUNNING" and g.get("Restarts", "0") == "0", g
         assert self.lad.throttled_steps(self.lad.others[job]) == []
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,7 @@ def test_calm_inference_and_training_only_hot_gpus_take_no_step(scene: Scene) ->
     lad = scene.lad
     lad.wait_cycles(2 * DWELL + 4)
     # the premise: the agents show those GPUs hot
-    text = _get(lad.agents["n5"][1], "/metrics")
+    text = http_get(lad.agents["n5"][1], "/metrics")
     assert re.search(r'^DCGM_FI_PROF_SM_ACTIVE\{[^}]*\} 0\.95', text, re.M), text
     assert lad.actions() == [], "the monitor acted with inference calm"
     for pool in ("mps", "tslice"):
@@ -263,7 +263,7 @@ def test_unknown_signals_take_no_step_and_release_nothing(scene: Scene) -> None:
     lad.stop_agent()
     lad.set_latency(CALM_MS)
     _poll(lambda: re.search(r'^slurmiso_monitor_unknown_signals\{[^}]*source="agents"',
-                            _get(lad.metrics_port, "/metrics"), re.M),
+                            http_get(lad.metrics_port, "/metrics"), re.M),
           "the monitor to count n2's agent unknown")  # n5's answers: n2's is the one missing
     lad.wait_cycles(3 * DWELL + 4)  # longer than the release would take
     assert scene.kinds(scene.train)[before:] == ["throttle"], "released on unknown signals"
@@ -327,7 +327,7 @@ def test_requeue_checkpoints_and_resumes(scene: Scene) -> None:
         "training requeued: checkpoints, then starts again off this node: inference job "
         f"{infer} on n2 GPU {gpu}: P99 "), e["reason"]
     assert e["details"]["budget"] == "requeue 1/10 this hour"
-    ckpt = _poll(lambda: re.search(r"^# checkpoint step=(\d+)$", _read(lad.train_log), re.M),
+    ckpt = _poll(lambda: re.search(r"^# checkpoint step=(\d+)$", read_text(lad.train_log), re.M),
                  "the training program's checkpoint")
     _poll(lambda: sbx.job_state(scene.train) == "PENDING", "the training job to leave n2")
 
@@ -339,7 +339,7 @@ def test_requeue_checkpoints_and_resumes(scene: Scene) -> None:
     lad.set_latency(CALM_MS)
     _poll(lambda: sbx.job_fields(scene.train).get("Restarts") == "1"
           and sbx.job_state(scene.train) == "RUNNING", "the requeued job to run again", 180)
-    _poll(lambda: re.search(rf"^# start at={ckpt.group(1)} restart=1 ", _read(lad.train_log),
+    _poll(lambda: re.search(rf"^# start at={ckpt.group(1)} restart=1 ", read_text(lad.train_log),
                             re.M), f"the program to resume from step {ckpt.group(1)}")
     scene.progressed(lad.train_log, 10)
     assert contiguous(lad.steps()), "a step lost or counted twice across the requeue"
@@ -386,10 +386,10 @@ def _wrapper_events(scene: Scene) -> List[str]:
     import json
 
     from slurmiso.jobfiles import events_path
-    from slurmiso_sandbox.protect import _reports
+    from slurmiso_sandbox.protect import journal_events
 
-    found = _reports(scene.sbx, scene.train)
-    for line in _read(events_path(scene.sbx.jobs_dir, scene.train) or "").splitlines():
+    found = journal_events(scene.sbx, scene.train)
+    for line in read_text(events_path(scene.sbx.jobs_dir, scene.train) or "").splitlines():
         try:
             found.append(str(json.loads(line).get("event")))
         except ValueError:
