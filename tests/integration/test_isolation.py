@@ -267,8 +267,14 @@ def test_mps_jobs_share_one_daemon_with_their_class_limits(
         assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert ei["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
     assert et["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60"
-    assert ei["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=32768M"
-    assert et["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
+    # the classes' limits as the sandbox's config states them: 32G/24G on an 80 GB GPU, less
+    # on a smaller one (sandbox up --plain-gpu L40S)
+    from slurmiso.config import load_config
+
+    limit = {c.name: c.mps.memory_limit_mb for c in load_config(sandbox.slurmiso_config).classes}
+    assert limit["infer"] > limit["train"] > 0
+    assert ei["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={limit['infer']}M"
+    assert et["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={limit['train']}M"
     for job in (infer, train):
         wait_epilog(sandbox, "n2", job)
     events = [e["event"] for e in Journal(sandbox.path("log", "journal-n2.jsonl")).read()]
