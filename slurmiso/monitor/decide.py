@@ -33,6 +33,9 @@ from slurmiso.monitor.policy import KINDS, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, Snapshot, jobs_by_node
 
+#: Each kind's place in the order actions are applied (a dict: 40,000 actions a cycle).
+_RANK = {kind: i for i, kind in enumerate(KINDS)}
+
 
 def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action], Memory]:
     """The actions for this snapshot and the memory to keep; ``memory`` is not changed."""
@@ -49,7 +52,7 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
     actions += admission(snap, policy, mem, who, held)
     actions += steps
     actions += _reconcile(snap, policy, mem, running)
-    actions.sort(key=lambda a: KINDS.index(a.kind))
+    actions.sort(key=lambda a: _RANK[a.kind])
     mem.last_ts = snap.ts
     return actions, mem
 
