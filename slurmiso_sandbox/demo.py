@@ -330,7 +330,7 @@ def monitor_hold_scenario(sbx: SandboxClient, folder: str) -> Dict[str, Any]:
     finally:
         open(flag, "w").close()
         for gpu in ("0", "1"):
-            sbx.slurmiso("sim", "load", "--state", state, "--gpu", gpu, "--sm", "0")
+            sbx.slurmiso("sim", "load", "--state", state, "--clear", "--gpu", gpu)
     return out
 
 

@@ -54,7 +54,7 @@ from slurmiso.errors import (
 from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
-from slurmiso.pids import pid_alive
+from slurmiso.pids import pid_alive, start_ticks
 from slurmiso.state.lock import FileLock, LockTimeout
 
 log = logging.getLogger(__name__)
@@ -450,6 +450,7 @@ _INSTANCE_FIELDS: _Fields = {
 }
 _PROCESS_FIELDS: _Fields = {
     "pid": (int,), "gpu_index": (int,), "used_memory_mb": (int,), "mig_uuid": (str,),
+    "start": (int, type(None)),
 }
 
 
@@ -655,6 +656,7 @@ class SimBackend:
                 raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
             entry = {
                 "pid": int(pid),
+                "start": start_ticks(int(pid)),
                 "gpu_index": index,
                 "used_memory_mb": int(used_memory_mb),
                 "mig_uuid": mig_uuid,
@@ -773,7 +775,22 @@ def _instance(gpu: Dict[str, Any], gi_id: int) -> Dict[str, Any]:
 
 
 def _live_processes(state: State) -> List[Dict[str, Any]]:
-    return [p for p in state["processes"] if pid_alive(int(p["pid"]))]
+    """The registered processes still running: the same pid *and* the same start time.
+
+    A pid alone outlives its process: a state file kept across jobs, reboots or machine images
+    would otherwise charge a dead job's memory to whatever process reuses its pid (a GPU that
+    stays "hot" for good). An entry without a start time cannot be told apart, so it is gone.
+    """
+    return [p for p in state["processes"] if _same_process(p)]
+
+
+def _same_process(p: Dict[str, Any]) -> bool:
+    pid, start = int(p["pid"]), p.get("start")
+    if not pid_alive(pid):
+        return False
+    if start is None and "start" in p:  # registered where /proc had no start time to give
+        return True
+    return isinstance(start, int) and start_ticks(pid) == start
 
 
 def _memory_used(state: State, gpu: Dict[str, Any], mig_uuid: Optional[str] = None) -> int:

@@ -152,9 +152,11 @@ def scene(sandbox: Any) -> Iterator[Scene]:
     from slurmiso_sandbox.demo import _record_gpu
 
     lad = Ladder(sandbox, ("hold", "throttle"), dwell_s=DWELL, window_s=4, budgets=BUDGETS)
-    sims = {"n5": SimBackend(sandbox.path("sim", "n5.json"))}
+    sims = {n: SimBackend(sandbox.path("sim", f"{n}.json")) for n in ("n2", "n5")}
     loaded: List[Any] = []
     probes: Dict[str, str] = {}
+    for sim in sims.values():  # the scene's GPUs start idle, whatever an earlier run injected
+        sim.clear_load()
     try:
         lad.start_jobs()
         gpus = lad.gpus()

@@ -209,7 +209,7 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
     finally:
         open(flag, "w").close()
         for gpu in ("0", "1"):
-            sandbox.slurmiso("sim", "load", "--state", state, "--gpu", gpu, "--sm", "0")
+            sandbox.slurmiso("sim", "load", "--state", state, "--clear", "--gpu", gpu)
         sandbox.cmd("sacctmgr", "-i", "modify", "qos", "where", "name=train", "set",
                     "GrpTRES=gres/gpu=-1,gres/shard=-1,gres/mps=-1", check=False)
 

@@ -308,6 +308,24 @@ def test_dead_pids_vanish_from_processes(sim: SimBackend) -> None:
     assert sim.device(0).memory_used_mb == 0
 
 
+def test_a_reused_pid_never_revives_a_dead_jobs_memory(sim: SimBackend) -> None:
+    """A state file kept across runs (a machine image, a reboot) names pids that other
+    processes now hold: only the same pid with the same start time still counts, and an entry
+    written without a start time (an older state file) counts for nothing."""
+    sim.add_process(0, 1, 2048, name="serve")  # pid 1 is always alive
+    assert sim.device(0).memory_used_mb == 2048
+    with open(sim.state_path) as fh:
+        state = json.load(fh)
+    assert state["processes"][0]["start"] is not None
+    state["processes"][0]["start"] += 1  # as if pid 1 were another process than the one seen
+    state["processes"].append({"pid": 1, "gpu_index": 1, "used_memory_mb": 4096,
+                               "mig_uuid": "", "name": "old"})  # no start time at all
+    with open(sim.state_path, "w") as fh:
+        json.dump(state, fh)
+    assert sim.processes() == []
+    assert sim.device(0).memory_used_mb == 0
+
+
 def test_load_and_telemetry(sim: SimBackend) -> None:
     sim.set_mig_mode(1, False)
     sim.set_load(1, util=50, sm_active=40, memory_used_mb=1000)
