@@ -275,6 +275,17 @@ class SandboxClient:
             states = self.node_states()
         return states
 
+    def idle_gpus(self) -> None:
+        """Forget the simulated load and GPU processes of every node: with the queue empty no
+        job holds any, and what a crashed or earlier run injected (a state file carried on a
+        machine image) must not make a GPU look busy to the next session."""
+        import glob
+
+        from slurmiso.gpu.sim import SimBackend
+
+        for state in sorted(glob.glob(self.path("sim", "*.json"))):
+            SimBackend(state).clear_load()
+
     def clear_queue(self, timeout: float = 60) -> None:
         """Cancel every job and wait until none is left (epilogs included)."""
         deadline = time.monotonic() + timeout

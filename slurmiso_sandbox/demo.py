@@ -534,6 +534,7 @@ def run_demo(root: str, as_json: bool = False) -> int:
         sbx = SandboxClient(root, jobs_dir)
         try:
             sbx.clear_queue()
+            sbx.idle_gpus()
             for n, (title, step) in enumerate(STEPS, 1):
                 _say(f"\n== {n}. {title}")
                 started = time.monotonic()

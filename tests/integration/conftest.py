@@ -69,6 +69,7 @@ def _sandbox_session() -> Iterator[Sandbox]:
     os.chmod(jobs_dir, 0o1777)  # jobs of the non-root test user write their output here too
     sbx = Sandbox(SANDBOX_DIR, jobs_dir)
     sbx.clear_queue()  # jobs a crashed earlier session left behind
+    sbx.idle_gpus()  # ... and the simulated load it injected
     # PATH and SLURMISO_SLURM_BIN change only for a sandbox of another Slurm release.
     keys = ("SLURM_CONF", "SLURMISO_CONFIG", "PATH", "SLURMISO_SLURM_BIN")
     saved = {k: os.environ.get(k) for k in keys}
