@@ -29,6 +29,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.attribution import Attribution
+from slurmiso.monitor.exclusions import NOTE_PREFIX
 from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
@@ -300,12 +301,12 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
     if policy.admission == "hold":
         # One hold record and one details dict per partition set, shared by its jobs (both
         # are read-only once made: 20,000 holds cost 20,000 references, not dicts).
-        group: Dict[Tuple[Tuple[str, ...], bool], Optional[Tuple[str, Hold,
-                                                                  Dict[str, Any]]]] = {}
+        group: Dict[Tuple[Tuple[str, ...], bool, bool], Optional[Tuple[str, Hold,
+                                                                        Dict[str, Any]]]] = {}
         for job in waiting:
             if job.id in mem.holds or job.held or job.id in overridden:
                 continue
-            key = (job.partitions, job.id in arrival_ids)
+            key = (job.partitions, job.id in arrival_ids, _ours(job))
             if key not in group:
                 scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
                 closing = [s for s in scopes if gates.get(s)]
@@ -316,7 +317,8 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
                     group[key] = (text, Hold(snap.ts, tuple(closing), text),
                                   dict(why[closing[0]][2], scopes=closing,
                                        job_class=job.job_class,
-                                       partition=",".join(job.partitions)))
+                                       partition=",".join(job.partitions),
+                                       comment=_note(text) if key[2] else None))
                 else:
                     group[key] = None
             hit = group[key]
@@ -365,6 +367,8 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         actions += exclusions(snap, mem, rest, overridden, blocked, cache)
 
     # -- releases: our holds whose job can start now, highest priority first ----------------
+    # a released job keeps no hold note, unless an exclusion this cycle wrote its own note
+    noted = {a.target for a in actions if a.kind == "exclude" and a.details.get("comment")}
     candidates: List[JobInfo] = []
     for jid in list(mem.holds):
         mine = pending.get(jid)
@@ -375,6 +379,10 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         elif not mine.held:  # someone released it: respect that and never hold it again
             del mem.holds[jid]
             overridden.add(jid)
+            if mine.comment.startswith(NOTE_PREFIX) and jid not in noted:
+                actions.append(Action("uncomment", jid, "released by someone else: the "
+                                      "monitor's hold note is removed",
+                                      {"comment": mine.comment[:250]}))
         elif open_for(mine):
             candidates.append(mine)
     candidates.sort(key=_order)
@@ -388,7 +396,8 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
             else "its turn in the start budget, in priority order",
             {"hold": hold.to_dict(), "held_s": round(snap.ts - hold.ts, 1),
              "partition": ",".join(job.partitions), "priority": job.priority,
-             "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": len(backlog)}))
+             "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": len(backlog),
+             "uncomment": job.comment.startswith(NOTE_PREFIX) and job.id not in noted}))
     actions += begin_now(snap, policy, mem, pending, allowance, open_for, _order)
     mem.overridden = sorted(overridden)
     return actions
@@ -402,14 +411,28 @@ def _order(job: JobInfo) -> Tuple[float, float, str]:
 _HoldShare = Dict[Tuple[Any, ...], Tuple[Hold, Dict[str, Any]]]
 
 
+def _ours(job: JobInfo) -> bool:
+    """Whether the job's comment is free for the monitor's note (empty, or a note of ours)."""
+    return not job.comment or job.comment.startswith(NOTE_PREFIX)
+
+
+def _note(reason: str) -> str:
+    """The comment a held job shows its owner in ``squeue``: why it waits."""
+    return f"{NOTE_PREFIX} {reason}"[:250]
+
+
 def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[str, Any],
           mem: Memory, share: Optional[_HoldShare] = None) -> Action:
-    """Hold ``job``; with ``share``, jobs alike get one (read-only) record and details."""
-    key = (job.partitions, job.job_class, reason, tuple(scopes))
+    """Hold ``job``; with ``share``, jobs alike get one (read-only) record and details.
+    The details' ``comment`` is the note that tells the job's owner why (None: the job has
+    a comment of its own, never replaced)."""
+    ours = _ours(job)
+    key = (job.partitions, job.job_class, reason, tuple(scopes), ours)
     if share is None or key not in share:
         made = (Hold(now, tuple(scopes), reason),
                 dict(facts, scopes=scopes, job_class=job.job_class,
-                     partition=",".join(job.partitions)))
+                     partition=",".join(job.partitions),
+                     comment=_note(reason) if ours else None))
         if share is None:
             share = {}
         share[key] = made

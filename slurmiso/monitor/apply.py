@@ -37,6 +37,10 @@ def _fields_key(act: Action) -> Any:
     """Job actions that can share one Slurm call: same kind, same fields."""
     if act.kind == "exclude":
         return (act.details.get("nodes"), act.details.get("comment"))
+    if act.kind == "hold":
+        return (act.kind, act.details.get("comment"))
+    if act.kind == "release":
+        return (act.kind, bool(act.details.get("uncomment")))
     return act.kind
 
 
@@ -138,8 +142,12 @@ class Applier:
         try:
             if kind == "hold":
                 self.slurm.hold(ids)
+                if acts[0].details.get("comment"):
+                    self._comment(ids, str(acts[0].details["comment"]))
             elif kind == "release":
                 self.slurm.release(ids)
+                if acts[0].details.get("uncomment"):
+                    self._comment(ids, "")
             elif kind == "begin-now":
                 self.slurm.update_jobs(ids, {"StartTime": "now"})
             elif kind == "uncomment":
@@ -165,6 +173,16 @@ class Applier:
                 out += [Outcome(b, False, res[0].error) for b in acts[len(out):]]
                 break
         return out
+
+    def _comment(self, ids: List[str], text: str) -> None:
+        """The hold's note for its owner (or its removal) after the hold or release itself:
+        the note only explains, so a refusal is logged and the hold or release stands."""
+        try:
+            self.slurm.update_jobs(ids, {"Comment": _quote(text)})
+        except SlurmisoError as exc:
+            log.warning("monitor: the comment of job(s) %s was not %s: %s",
+                        ",".join(ids[:5]) + (",..." if len(ids) > 5 else ""),
+                        "set" if text else "removed", exc)
 
     def _ladder(self, act: Action) -> str:
         """One ladder action; the answer ("done", "already", "gone") becomes the note."""

@@ -254,6 +254,9 @@ class Recorder:
         self.batches.append(len(ids))
         self.mon_ref[0].request_stop()  # SIGTERM arrives during the first batch
 
+    def update_jobs(self, ids: Sequence[str], fields: Dict[str, str]) -> None:
+        """The hold's note for the owner, in the same batch as the hold."""
+
 
 def _hot_with_jobs(n: int, ts: float = T0 + 30) -> Snapshot:
     jobs = tuple(JobInfo(str(i), "PENDING", "train", ("shared",), "train", ts - 10)

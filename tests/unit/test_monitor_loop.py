@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, List
+from typing import Any, Dict, List
 
 from slurmiso.errors import SlurmError, SlurmUnavailable
 from slurmiso.monitor.apply import Applier
@@ -24,6 +24,7 @@ HOT = Snapshot(1000.0, (NodeInfo("n1", "MIXED", ("p",), "x", "mps", "", "",
 class FakeSlurm:
     def __init__(self, fail: bool = False) -> None:
         self.calls: List[Any] = []
+        self.comments: List[Any] = []
         self.fail = fail
 
     def hold(self, ids: List[str]) -> None:
@@ -33,6 +34,9 @@ class FakeSlurm:
 
     def release(self, ids: List[str]) -> None:
         self.calls.append(("release", list(ids)))
+
+    def update_jobs(self, ids: List[str], fields: Dict[str, str]) -> None:
+        self.comments.append((list(ids), fields.get("Comment")))
 
 
 def _monitor(tmp: str, slurm: FakeSlurm, dry_run: bool = False, snap: Snapshot = HOT) -> Monitor:
@@ -48,6 +52,9 @@ def test_memory_survives_restart_and_journal(tmp_path: os.PathLike[str]) -> None
     outcomes = next(mon.run(once=True))
     mon.close()
     assert [o.ok for o in outcomes] == [True] and slurm.calls == [("hold", ["7"])]
+    # the held job's owner reads why in squeue's comment
+    assert slurm.comments == [(["7"], "slurmiso: training held: n1 GPU 0 memory 88% (limit "
+                                      "75%), inference there")], slurm.comments
     again = _monitor(tmp, slurm)
     assert set(again.memory.holds) == {"7"}, "a restart knows the holds it placed"
     rec = Journal(os.path.join(tmp, "journal.jsonl")).read()

@@ -329,3 +329,58 @@ def test_a_job_that_starts_loses_the_waiting_note_and_its_record() -> None:
     assert mem.excluded == {}
     steps, mem = run(c, BASE, 1, memory=mem, start=T0 + 60)
     assert not any(a.target in ("1", "2") for a in steps[0]), "once only"
+
+
+def test_a_held_job_says_why_in_its_comment_and_loses_the_note_when_released() -> None:
+    """Every node a job may use is hot: the job is held and its comment (empty before) names
+    the cause, a job's own comment is never replaced; calm for the dwell: both are released,
+    the note is gone, the job's own comment is still there. Under ``admission: hold`` too."""
+    for admission in ("nodes", "hold"):
+        c = FakeCluster(["n1"], {"shared": ["n1"]})
+        c.load["n1"] = (90.0, 10.0, 5.0)
+        c.submit("1")
+        c.submit("2")
+        c.jobs["2"] = dataclasses.replace(c.jobs["2"], comment="my sweep, lr=3e-4")
+        pol = dataclasses.replace(BASE, admission=admission)
+        steps, mem = run(c, pol, 1, memory=Memory(last_ts=T0 - 30))
+        assert c.jobs["1"].held and c.jobs["2"].held, (admission, steps)
+        assert c.jobs["1"].comment.startswith("slurmiso: training held:"), c.jobs["1"]
+        assert "n1 GPU 0 memory 90%" in c.jobs["1"].comment, c.jobs["1"].comment
+        assert c.jobs["2"].comment == "my sweep, lr=3e-4"
+        c.load["n1"] = (10.0, 10.0, 5.0)
+        steps, mem = run(c, pol, 15, memory=mem, start=T0 + 30)
+        assert not c.jobs["1"].held and not c.jobs["2"].held, (admission, mem.holds)
+        assert c.jobs["1"].comment == "", (admission, c.jobs["1"].comment)
+        assert c.jobs["2"].comment == "my sweep, lr=3e-4"
+
+
+def test_a_hold_someone_else_released_loses_the_monitors_note() -> None:
+    """An admin releases a job the monitor held: the monitor respects it (never holds it
+    again) and takes its note off, so squeue does not show a released job as held."""
+    c = FakeCluster(["n1"], {"shared": ["n1"]})
+    c.load["n1"] = (90.0, 10.0, 5.0)
+    c.submit("1")
+    _, mem = run(c, BASE, 1)
+    assert c.jobs["1"].held and c.jobs["1"].comment.startswith("slurmiso:")
+    c.jobs["1"] = dataclasses.replace(c.jobs["1"], held=False, reason="Priority")
+    steps, mem = run(c, BASE, 1, memory=mem, start=T0 + 30)
+    assert [a.kind for a in steps[0] if a.target == "1"] == ["uncomment"], steps
+    assert c.jobs["1"].comment == "" and not c.jobs["1"].held
+
+
+def test_a_refused_note_leaves_the_hold_standing() -> None:
+    """The note only explains: Slurm refusing the comment update is logged, the hold is
+    done and remembered (no retry loop of holds)."""
+    from slurmiso.errors import SlurmError
+
+    class NoComments(FakeCluster):
+        def update_jobs(self, ids: Sequence[str], fields: Dict[str, str]) -> None:
+            if "Comment" in fields:
+                raise SlurmError("scontrol update failed: Access/permission denied")
+            super().update_jobs(ids, fields)
+
+    c = NoComments(["n1"], {"shared": ["n1"]})
+    c.load["n1"] = (90.0, 10.0, 5.0)
+    c.submit("1")
+    steps, mem = run(c, BASE, 1)  # run() asserts every outcome ok
+    assert c.jobs["1"].held and "1" in mem.holds and c.jobs["1"].comment == ""
