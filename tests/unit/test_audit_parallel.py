@@ -73,9 +73,11 @@ def digest_for(seed: int) -> JournalDigest:
 
 
 def figures(agg: Aggregator, stats: ParseStats) -> Dict[str, Any]:
-    """test_audit_fold's state, less what only the order of work decides: the heap's layout
-    and how far the id bitmaps grew."""
+    """test_audit_fold's state, less what only the order of work decides: the heap's layout,
+    how far the id bitmaps grew, and the order the series points were made in (a part's
+    GPU-hours settle into points when it is merged; the report sorts them)."""
     got = state(agg, stats)
+    got["series"] = sorted(got["series"])
     seen = agg.seen
     got["jobs"] = (seen.count, bytes(seen._bits).rstrip(b"\0"),
                    sorted((k, bytes(v).rstrip(b"\0")) for k, v in seen._tasks.items()),

@@ -66,7 +66,8 @@ class Aggregator:
     """
 
     #: What a part's aggregator carries back: its figures, not the config, journal or caches.
-    _FIGURES = ("bucket_s", "since", "until", "classes", "pools", "series", "seen", "multi",
+    _FIGURES = ("bucket_s", "since", "until", "classes", "pools", "points", "spread", "seen",
+                "multi",
                 "preempted", "users", "accounts", "inefficient", "restarted",
                 "outside_window", "first_time", "last_time", "ladder_lost")
 
@@ -80,8 +81,13 @@ class Aggregator:
         self.classes: Dict[str, ClassStats] = {
             c.name: ClassStats() for c in cfg.classes}  # config order, even when empty
         self.pools: Dict[str, List[float]] = {}  # pool -> [attempts, gpu_hours]
-        #: (bucket, class) and (bucket, "pool:" + name) -> [gpu_h, wait sum, waits, wait max]
-        self.series: Dict[Tuple[int, str], List[float]] = {}
+        #: (bucket, class) and (bucket, "pool:" + name) -> [gpu_h, wait sum, waits, wait max],
+        #: but for the GPU-hours still in ``spread``: read :attr:`series`
+        self.points: Dict[Tuple[int, str], List[float]] = {}
+        #: (class, pool) -> bucket -> [GPU-hours]: the kernel adds a run's hours here once,
+        #: not to the class's point and the pool's (half the additions in the hottest loop);
+        #: :meth:`settle` moves them into ``points``
+        self.spread: Dict[Tuple[str, str], Dict[float, List[float]]] = {}
         self.seen = JobSet()
         self.multi: Dict[str, int] = {}  # attempts of ids seen more than once
         self.preempted: Dict[str, Preempted] = {}
@@ -127,6 +133,8 @@ class Aggregator:
 
         Job ids must not repeat across the two (attempts, jobs and requeues would be
         counted twice): the caller checks :meth:`JobSet.overlaps` first."""
+        self.settle()
+        other.settle()
         _merge_table(self.classes, other.classes)
         for name, row in other.pools.items():
             p = self.pools.get(name)
@@ -135,8 +143,8 @@ class Aggregator:
             else:
                 p[0] += row[0]
                 p[1] += row[1]
-        series = self.series
-        for key, point in other.series.items():
+        series = self.points
+        for key, point in other.points.items():
             mine_p = series.get(key)
             if mine_p is None:
                 series[key] = point
@@ -170,6 +178,30 @@ class Aggregator:
         if other.last_time is not None and (self.last_time is None
                                             or other.last_time > self.last_time):
             self.last_time = other.last_time
+
+    @property
+    def series(self) -> Dict[Tuple[int, str], List[float]]:
+        """(bucket, class) and (bucket, "pool:" + name) -> [GPU-hours, wait sum, waits,
+        longest wait]: every point, with all the GPU-hours folded so far."""
+        self.settle()
+        return self.points
+
+    def settle(self) -> None:
+        """Add each (class, pool, bucket)'s spread GPU-hours to the bucket's class point and
+        pool point (made in that order where new) and empty the spread (in place: the
+        kernel holds on to its dicts). Idempotent."""
+        points = self.points
+        for (cls, pool), buckets in self.spread.items():
+            if not buckets:
+                continue
+            pool_name = "pool:" + pool
+            for b, (gh,) in buckets.items():
+                for key in ((int(b), cls), (int(b), pool_name)):
+                    point = points.get(key)
+                    if point is None:
+                        point = points[key] = [0.0, 0.0, 0.0, 0.0]
+                    point[0] += gh
+            buckets.clear()
 
     # -- classification ------------------------------------------------------------------
 

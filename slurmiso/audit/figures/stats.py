@@ -117,11 +117,5 @@ def offer(heap: List[Waste], item: Waste) -> None:
         heapq.heapreplace(heap, item)
 
 
-def efficiency(util: float, gpus: float) -> float:
-    """0..1 from Slurm's ``gres/gpuutil``; a value above 100 is a sum over the job's GPUs."""
-    per_gpu = util / gpus if util > 100 and gpus > 1 else util
-    return max(0.0, min(1.0, per_gpu / 100.0))
-
-
 def _round(value: Optional[float]) -> Optional[float]:
     return None if value is None else round(value, 1)

@@ -133,8 +133,9 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
             # the line end stays on the last field unless the fast path reads that field
             if upto:
                 parts = line.split("|", upto)
-                if (len(parts) != upto + 1 or parts[upto].count("|") != rest_bars
-                        or line[-1:] != "\n"):  # odd: the whole row, read as below
+                # the rest holds rest_bars >= 1 bars only where the row has every column (a
+                # shorter row's last part holds none)
+                if parts[-1].count("|") != rest_bars or line[-1:] != "\n":  # odd: as below
                     parts = line.split("|")
                     regular = False
                 else:
