@@ -15,6 +15,8 @@ from slurmiso.values import Value
 
 ISOLATIONS = ("exclusive", "mig", "mps", "timeslice")
 POOL_MODES = ("exclusive", "mig-static", "mig-dynamic", "mps", "timeslice")
+#: Pool modes whose GPUs several jobs share: their load can hurt inference.
+SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
 #: How strong each class isolation is; a class may land only on a pool at least as strong.
 ISOLATION_STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
 #: Which class isolation a pool mode can give.

@@ -26,11 +26,12 @@ import dataclasses
 import math
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
+from slurmiso.config.model import SHARED_MODES
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.exclusions import NOTE_PREFIX
-from slurmiso.monitor.policy import SHARED_MODES, Action, Memory, Policy
+from slurmiso.monitor.policy import Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
 SLO_SCOPE = "slo"

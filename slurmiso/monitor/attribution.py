@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from slurmiso.monitor.policy import SHARED_MODES
+from slurmiso.config.model import SHARED_MODES
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 
 #: Slurm states of a job that holds its GPUs.

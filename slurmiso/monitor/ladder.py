@@ -26,11 +26,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from slurmiso.config.model import LADDER_STEPS
+from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
-    SHARED_MODES,
     SUSPEND_MODES,
     Action,
     Memory,

@@ -16,8 +16,6 @@ from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
 
-#: Pool modes whose GPUs several jobs share: their load can hurt inference.
-SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
 #: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
 ADMISSIONS = ("nodes", "hold", "qos-limit")
 #: Action kinds, in the order they are applied within one cycle: what protects inference

@@ -219,6 +219,24 @@ def test_only_lines_from_their_real_writer_count(tmp_path, utc, capsys, monkeypa
     assert any("user-reported" in n for n in r["notes"])
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_digits_that_are_not_ascii_never_crash_the_audit(tmp_path, utc, capsys, monkeypatch,  # noqa: F811
+                                                         workers):
+    # str.isdigit() is True for a superscript two, which int() refuses: a forged file with
+    # such a job id, array task, TimelimitRaw or Restarts once ended the audit in a traceback
+    monkeypatch.setenv("SLURMISO_AUDIT_WORKERS", workers)
+    rows = [row("1\u00b2"), row("7_\u00b2"), row("\u00b2_3"), row("\u0663"), row("3"),
+            row("9").replace("|1440|", "|\u00b2|"),
+            row("10", restarts=4).replace("|4", "|\u00b2"),
+            row("11", restarts=4).replace("|4", "|\u0664")]
+    rc, r, err = audit(tmp_path, capsys, monkeypatch, rows)
+    assert rc in (0, 1) and "Traceback" not in err, err
+    assert r["overall"]["attempts"] == 8
+    assert r["inputs"]["sacct"]["bad"] == 0, err
+    # an Arabic-Indic three is the digit int() reads (the same job as "3"); the rest are ids
+    assert r["overall"]["jobs"] == 7
+
+
 # -- one classifier -----------------------------------------------------------------------
 
 def test_the_audit_classifies_like_the_prolog(tmp_path, utc, capsys, monkeypatch):  # noqa: F811

@@ -275,4 +275,4 @@ def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:
 
 def _natural(s: str) -> Any:
     head = s.split("_")[0].split("+")[0]
-    return (0, int(head), s) if head.isdigit() else (1, 0, s)
+    return (0, int(head), s) if head.isdecimal() else (1, 0, s)

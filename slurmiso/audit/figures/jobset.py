@@ -49,46 +49,44 @@ class JobSet:
         return self._bits
 
     def add(self, job: str) -> bool:
-        if job.isdigit():  # the common case inline: a plain job id within the bitmap
-            n = int(job)
-            bits = self._bits
-            byte = n >> 3
-            if n < MAX_BIT_ID and byte < len(bits):
-                mask = 1 << (n & 7)
-                if bits[byte] & mask:
-                    return False
-                bits[byte] |= mask
-                self.count += 1
-                return True
-        new = self._add(job)
-        self.count += new
-        return new
-
-    def _add(self, job: str) -> bool:
-        if job.isdigit():
+        if job.isdecimal():
             n = int(job)
             if n < MAX_BIT_ID:
-                return _set_bit(self._bits, n)
-        else:
+                bits = self._bits
+                byte = n >> 3
+                if byte < len(bits):  # the common case inline: inside the bitmap
+                    mask = 1 << (n & 7)
+                    if bits[byte] & mask:
+                        return False
+                    bits[byte] |= mask
+                    self.count += 1
+                    return True
+                new = _set_bit(bits, n)  # grows the bitmap
+                self.count += new
+                return new
+        else:  # an array task (as common as plain ids on some clusters): its job's bitmap
             parent, sep, task = job.partition("_")
-            if sep and parent.isdigit() and task.isdigit():
+            if sep and task.isdecimal() and parent.isdecimal():
                 t = int(task)
                 if t < MAX_TASK_ID:
                     bits = self._tasks.get(int(parent))
                     if bits is None:
                         bits = self._tasks[int(parent)] = bytearray()
-                    return _set_bit(bits, t)
+                    new = _set_bit(bits, t)
+                    self.count += new
+                    return new
         if job in self._other:
             return False
         self._other.add(job)
+        self.count += 1
         return True
 
     def __contains__(self, job: str) -> bool:
-        if job.isdigit() and int(job) < MAX_BIT_ID:
+        if job.isdecimal() and int(job) < MAX_BIT_ID:
             n = int(job)
             return (n >> 3) < len(self._bits) and bool(self._bits[n >> 3] & (1 << (n & 7)))
         parent, sep, task = job.partition("_")
-        if sep and parent.isdigit() and task.isdigit() and int(task) < MAX_TASK_ID:
+        if sep and parent.isdecimal() and task.isdecimal() and int(task) < MAX_TASK_ID:
             bits = self._tasks.get(int(parent))
             t = int(task)
             return bits is not None and (t >> 3) < len(bits) and bool(bits[t >> 3] & (1 << (t & 7)))

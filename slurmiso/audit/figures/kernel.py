@@ -285,7 +285,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
         pool_row[0] += 1
         cs.attempts += 1
         # JobSet.add, inline for a plain id inside the bitmap (see JobSet.bits)
-        n = int(job) if job.isdigit() else in_bits
+        n = int(job) if job.isdecimal() else in_bits
         if n < in_bits:
             byte = bits[n >> 3]
             mask = _MASKS[n & 7]

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from slurmiso.audit.figures.quantiles import LogHistogram
 from slurmiso.audit.read.ladder import LadderLog
 from slurmiso.audit.read.sacct import parse_time
-from slurmiso.monitor.policy import SHARED_MODES
+from slurmiso.config.model import SHARED_MODES
 from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
 #: Journal events the audit reads (passed to ``read_journals`` so the rest is skipped early).

@@ -218,7 +218,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                     if not parts[i_limit].isascii():
                         raise ValueError("what int() makes of it")
                     text = parts[i_restarts]
-                    restarts = 0 if text == "0" else int(text) if text.isdigit() else 0
+                    restarts = 0 if text == "0" else int(text) if text.isdecimal() else 0
                     waited_from = eligible if eligible is not None else submit
                     if (elapsed < 0 or tres[3]
                             or (start is not None and end is not None

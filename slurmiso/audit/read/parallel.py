@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import itertools
 import logging
-import multiprocessing
 import os
 import re
 import stat
@@ -61,6 +60,8 @@ def workers() -> int:
 
 
 def _can_fork() -> bool:
+    import multiprocessing  # here: a serial read never pays for its import
+
     return "fork" in multiprocessing.get_all_start_methods()
 
 
@@ -287,6 +288,8 @@ def fold_file(path: str, stats: ParseStats, agg: Aggregator) -> bool:
 def _run(fd: int, header: str, ranges: List[Tuple[int, Optional[int]]], agg: Aggregator,
          source: str) -> Optional[List[Tuple[Aggregator, ParseStats]]]:
     """Every part folded (the first here, the others in forked workers), or None."""
+    import multiprocessing
+
     ctx = multiprocessing.get_context("fork")
     procs: List[Tuple[Any, Any]] = []
     quiet = _Quiet()

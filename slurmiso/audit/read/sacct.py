@@ -275,7 +275,7 @@ def het_offset(job_id: str) -> int:
     if at < 0:
         return 0
     digits = job_id[at + 1 :].split(".", 1)[0]
-    return int(digits) if digits.isdigit() else 0
+    return int(digits) if digits.isdecimal() else 0
 
 
 def checked_record(
@@ -528,8 +528,8 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
             submitted,
             when(eligible, "Eligible") if eligible != submit else submitted,
             start, end, elapsed,
-            int(limit) * 60 if limit.isdigit() else None,
+            int(limit) * 60 if limit.isdecimal() else None,
             tres[0], tres[1], tres[2], parts[i_nodes], util, 0, 0,
-            int(restarts) if restarts.isdigit() else 0, mem))
+            int(restarts) if restarts.isdecimal() else 0, mem))
 
     return make
