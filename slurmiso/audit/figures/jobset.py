@@ -69,10 +69,10 @@ class JobSet:
             if sep and task.isdecimal() and parent.isdecimal():
                 t = int(task)
                 if t < MAX_TASK_ID:
-                    bits = self._tasks.get(int(parent))
-                    if bits is None:
-                        bits = self._tasks[int(parent)] = bytearray()
-                    new = _set_bit(bits, t)
+                    task_bits = self._tasks.get(int(parent))
+                    if task_bits is None:
+                        task_bits = self._tasks[int(parent)] = bytearray()
+                    new = _set_bit(task_bits, t)
                     self.count += new
                     return new
         if job in self._other:
