@@ -30,7 +30,7 @@ from slurmiso.config.model import SHARED_MODES
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.attribution import Attribution
-from slurmiso.monitor.exclusions import NOTE_PREFIX
+from slurmiso.monitor.exclusions import NOTE_PREFIX, comment_is_free
 from slurmiso.monitor.policy import Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
@@ -307,7 +307,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         for job in waiting:
             if job.id in mem.holds or job.held or job.id in overridden:
                 continue
-            key = (job.partitions, job.id in arrival_ids, _ours(job))
+            key = (job.partitions, job.id in arrival_ids, comment_is_free(job.comment))
             if key not in group:
                 scopes = list(job.partitions) + ([SLO_SCOPE] if policy.slo else [])
                 closing = [s for s in scopes if gates.get(s)]
@@ -412,11 +412,6 @@ def _order(job: JobInfo) -> Tuple[float, float, str]:
 _HoldShare = Dict[Tuple[Any, ...], Tuple[Hold, Dict[str, Any]]]
 
 
-def _ours(job: JobInfo) -> bool:
-    """Whether the job's comment is free for the monitor's note (empty, or a note of ours)."""
-    return not job.comment or job.comment.startswith(NOTE_PREFIX)
-
-
 def _note(reason: str) -> str:
     """The comment a held job shows its owner in ``squeue``: why it waits."""
     return f"{NOTE_PREFIX} {reason}"[:250]
@@ -427,7 +422,7 @@ def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[
     """Hold ``job``; with ``share``, jobs alike get one (read-only) record and details.
     The details' ``comment`` is the note that tells the job's owner why (None: the job has
     a comment of its own, never replaced)."""
-    ours = _ours(job)
+    ours = comment_is_free(job.comment)
     key = (job.partitions, job.job_class, reason, tuple(scopes), ours)
     if share is None or key not in share:
         made = (Hold(now, tuple(scopes), reason),

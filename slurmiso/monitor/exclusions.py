@@ -18,6 +18,12 @@ from slurmiso.monitor.snapshot import JobInfo, Snapshot
 NOTE_PREFIX = "slurmiso:"
 
 
+def comment_is_free(comment: str) -> bool:
+    """Whether the monitor may write its note into a job's comment: it is empty, or a note of
+    the monitor's own (a comment the user or an admin wrote is never replaced)."""
+    return not comment or comment.startswith(NOTE_PREFIX)
+
+
 @lru_cache(maxsize=4096)
 def nodeset(expr: str) -> FrozenSet[str]:
     expr = expr.strip()
@@ -79,7 +85,7 @@ def exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden: 
         want_str = (bad_str if not user else compress(sorted(want))) if bad else user
         own_comment = rec["comment"] if rec else job.comment
         comment: Optional[str] = None
-        if not own_comment or own_comment.startswith(NOTE_PREFIX):
+        if comment_is_free(own_comment):
             comment = text if bad else ""
         # The record stays until Slurm shows the job's own list back (a restore that fails
         # or is cut short by a crash is retried, never taken for someone else's change).
