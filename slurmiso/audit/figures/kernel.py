@@ -242,9 +242,12 @@ def kernel_for(agg: Aggregator) -> Kernel:
             gpus += shards / shards_per_gpu
         gh = 0.0
         if lo is not None and gpus:
-            clo = since if since is not None and lo < since else lo
-            chi = until if until is not None and hi > until else hi
-            seconds = elapsed if (clo == lo and chi == hi) else min(elapsed, chi - clo)
+            if (since is None or lo >= since) and (until is None or hi <= until):
+                clo, chi, seconds = lo, hi, elapsed  # the whole run is inside the window
+            else:
+                clo = since if since is not None and lo < since else lo
+                chi = until if until is not None and hi > until else hi
+                seconds = min(elapsed, chi - clo)
             if seconds > 0:
                 gh = gpus * seconds / 3600.0
                 # bucket numbers as floats (exact): a float equal to an int finds its key.

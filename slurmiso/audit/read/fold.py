@@ -215,8 +215,6 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         tres = (g, m, s, g < 0 or m < 0 or s < 0)
                         if len(tres_cache) < _CACHE:
                             tres_cache[text] = tres
-                    if not parts[i_limit].isascii():
-                        raise ValueError("what int() makes of it")
                     text = parts[i_restarts]
                     restarts = 0 if text == "0" else int(text) if text.isdecimal() else 0
                     waited_from = eligible if eligible is not None else submit
