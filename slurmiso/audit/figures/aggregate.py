@@ -45,9 +45,10 @@ class _Mergeable(Protocol):
 
 
 _M = TypeVar("_M", bound=_Mergeable)
+_K = TypeVar("_K")
 
 
-def _merge_table(mine: Dict[str, _M], theirs: Dict[str, _M]) -> None:
+def _merge_table(mine: Dict[_K, _M], theirs: Dict[_K, _M]) -> None:
     """Each entry of ``theirs`` added to ``mine``'s (new names keep their order)."""
     for name, entry in theirs.items():
         had = mine.get(name)
@@ -67,9 +68,8 @@ class Aggregator:
 
     #: What a part's aggregator carries back: its figures, not the config, journal or caches.
     _FIGURES = ("bucket_s", "since", "until", "classes", "pools", "points", "spread", "seen",
-                "multi",
-                "preempted", "users", "accounts", "inefficient", "restarted",
-                "outside_window", "first_time", "last_time", "ladder_lost")
+                "multi", "preempted", "people", "inefficient", "restarted", "outside_window",
+                "first_time", "last_time", "ladder_lost")
 
     def __init__(self, cfg: Any, digest: Optional[JournalDigest] = None, bucket_s: int = 3600,
                  since: Optional[float] = None, until: Optional[float] = None) -> None:
@@ -91,8 +91,9 @@ class Aggregator:
         self.seen = JobSet()
         self.multi: Dict[str, int] = {}  # attempts of ids seen more than once
         self.preempted: Dict[str, Preempted] = {}
-        self.users: Dict[str, Who] = {}
-        self.accounts: Dict[str, Who] = {}
+        #: (user, account) -> figures: one record an attempt adds to, where a user's and an
+        #: account's each took one (read :attr:`users` and :attr:`accounts`, their sums)
+        self.people: Dict[Tuple[str, str], Who] = {}
         #: worst GPU efficiency by wasted GPU-hours: (wasted, job, user, util %, GPU-h, class)
         self.inefficient: List[Waste] = []
         self.restarted: Dict[str, int] = {}  # job -> sacct Restarts, when > 0
@@ -158,8 +159,7 @@ class Aggregator:
         for job, n in other.multi.items():
             self.multi[job] = self.multi.get(job, 0) + n
         _merge_table(self.preempted, other.preempted)
-        _merge_table(self.users, other.users)
-        _merge_table(self.accounts, other.accounts)
+        _merge_table(self.people, other.people)
         for item in other.inefficient:  # what the kernel does with each
             offer(self.inefficient, item)
         for job, restarts in other.restarted.items():
@@ -185,6 +185,27 @@ class Aggregator:
         longest wait]: every point, with all the GPU-hours folded so far."""
         self.settle()
         return self.points
+
+    @property
+    def users(self) -> Dict[str, Who]:
+        """user -> figures (GPU-hours, idle, lost, preemptions, jobs), in order of first
+        appearance: the sums of its (user, account) records."""
+        return self._sums(0)
+
+    @property
+    def accounts(self) -> Dict[str, Who]:
+        """account -> figures, as :attr:`users`."""
+        return self._sums(1)
+
+    def _sums(self, part: int) -> Dict[str, Who]:
+        out: Dict[str, Who] = {}
+        for key, who in self.people.items():
+            name = key[part]
+            total = out.get(name)
+            if total is None:
+                total = out[name] = Who()
+            total.merge(who)
+        return out
 
     def settle(self) -> None:
         """Add each (class, pool, bucket)'s spread GPU-hours to the bucket's class point and

@@ -89,7 +89,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
     job_class = digest.job_class
     classes, pools, series, preempted = agg.classes, agg.pools, agg.points, agg.preempted
     spread_of = agg.spread
-    multi, restarted, users, accounts = agg.multi, agg.restarted, agg.users, agg.accounts
+    multi, restarted, people = agg.multi, agg.restarted, agg.people
     inefficient = agg.inefficient
     ladder_lost = agg.ladder_lost
     ladder_requeued = digest.ladder.requeued_at  # empty: no attempt asks
@@ -106,8 +106,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
     last_gpus = last_gh = 0.0
     last_job = last_user = last_cls = ""
     last_cs = ClassStats()
-    last_who_u: Optional[Who] = None
-    last_who_a = Who()
+    last_who: Optional[Who] = None  # its (user, account)'s figures
 
     def find(job: str, qos: str, partition: str, account: str, nodes: str) -> Spot:
         """What a job's fields decide: its class and the class's figures, its pool and the
@@ -207,7 +206,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
                 end: Optional[float], elapsed: float, gpus: float, mps: int, shards: int,
                 nodes: str, component: int, restarts: int) -> None:
         nonlocal last_gpus, last_gh, last_job, last_user, last_cls, last_cs
-        nonlocal last_who_u, last_who_a, in_bits
+        nonlocal last_who, in_bits
         lo: Optional[float] = None  # the run [lo, hi), where it ran (else hi means nothing)
         hi = 0.0
         if start is not None and nodes != "None assigned":
@@ -283,7 +282,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
         last_cls = cls
         last_cs = cs
         if component:  # another component of a het job: same job, same attempt
-            last_who_u = None
+            last_who = None
             return
         pool_row[0] += 1
         cs.attempts += 1
@@ -307,20 +306,15 @@ def kernel_for(agg: Aggregator) -> Kernel:
             multi[job] = multi.get(job, 1) + 1
         if restarts > 0:
             restarted[job] = max(restarts, restarted.get(job, 0))
+        # one record per (user, account): the users' and accounts' figures are its sums
         try:
-            who_u = users[user]
+            who = people[(user, account)]
         except KeyError:
-            who_u = users[user] = Who()
-        try:
-            who_a = accounts[account]
-        except KeyError:
-            who_a = accounts[account] = Who()
-        last_who_u, last_who_a = who_u, who_a
+            who = people[(user, account)] = Who()
+        last_who = who
         if new_job:
-            who_u.jobs += 1
-            who_a.jobs += 1
-        who_u.gpu_hours += gh
-        who_a.gpu_hours += gh
+            who.jobs += 1
+        who.gpu_hours += gh
         if lo is not None and (since is None or lo >= since):  # started in the window
             cs.started += 1
             waited_from = eligible if eligible is not None else submit
@@ -338,7 +332,6 @@ def kernel_for(agg: Aggregator) -> Kernel:
                     counts[b] += 1
                 except KeyError:
                     counts[b] = 1
-                hist.n += 1
                 hist.total += wait
                 if wait > hist.max:
                     hist.max = wait
@@ -361,10 +354,8 @@ def kernel_for(agg: Aggregator) -> Kernel:
                 start is not None and digest.confirmed_unpreempted(job, start)):
             # (24.05+ names an attempt that ended by itself PREEMPTED: see digest.py)
             lost = preemption(job, user, cls, cs, gpus, lo, hi)
-            who_u.preemptions += 1
-            who_u.lost_gpu_hours += lost
-            who_a.preemptions += 1
-            who_a.lost_gpu_hours += lost
+            who.preemptions += 1
+            who.lost_gpu_hours += lost
         elif state == "REQUEUED" and start is not None and end is not None:
             # only REQUEUED attempts look further: other rows pay nothing for the ladder
             if ladder_requeued and digest.ladder_requeued_within(job, start, end):
@@ -393,8 +384,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
             offer_waste(inefficient, (wasted, last_job, last_user, round(util, 1), gh, last_cls))
         if util <= 0:
             cs.idle_gpu_hours += gh
-            if gh and last_who_u is not None:  # a het component's are its class's only
-                last_who_u.idle_gpu_hours += gh
-                last_who_a.idle_gpu_hours += gh
+            if gh and last_who is not None:  # a het component's are its class's only
+                last_who.idle_gpu_hours += gh
 
     return Kernel(attempt, usage)
