@@ -108,3 +108,18 @@ def test_a_run_ending_on_a_bucket_edge_makes_no_point_after_it(bucket_s: float) 
     assert all(p[0] > 0 for p in agg.series.values())
     assert sum(p[0] for (_, n), p in agg.series.items() if n.startswith("pool:")) == \
         pytest.approx((2 * bucket_s + 100) / H)
+
+
+def test_users_and_accounts_are_the_sums_of_their_user_account_records() -> None:
+    agg = Aggregator(CFG)
+    for job, user, account, hours in (("1", "ann", "a", 1), ("2", "ann", "b", 2),
+                                      ("3", "bob", "a", 4), ("1", "ann", "a", 8)):
+        agg.kernel.attempt(job, user, account, "train", "train", "COMPLETED", T0, T0, T0,
+                           T0 + hours * H, hours * H, 1.0, 0, 0, "gpu033", 0, 0)
+    assert list(agg.people) == [("ann", "a"), ("ann", "b"), ("bob", "a")]
+    users, accounts = agg.users, agg.accounts
+    assert list(users) == ["ann", "bob"] and list(accounts) == ["a", "b"]  # first seen first
+    assert (users["ann"].gpu_hours, users["ann"].jobs) == (11.0, 2)  # job 1 twice: one job
+    assert (users["bob"].gpu_hours, users["bob"].jobs) == (4.0, 1)
+    assert (accounts["a"].gpu_hours, accounts["a"].jobs) == (13.0, 2)
+    assert (accounts["b"].gpu_hours, accounts["b"].jobs) == (2.0, 1)
