@@ -62,6 +62,37 @@ def _slow_time(text: str, hours: Dict[str, float]) -> Optional[float]:
     return value
 
 
+def _odd_row(line: str, parts: List[str], ncol: int, idx: Dict[str, int], number: int,
+             stats: ParseStats) -> Optional[List[str]]:
+    """The fields of a row the fast split found odd (another number of columns, no line
+    end), all split, as the record path reads them; None to skip it (a blank line, a row
+    past repair: ``fitted_row`` counts it)."""
+    parts[-1] = parts[-1].rstrip("\r\n")
+    if len(parts) == 1 and (not parts[0] or parts[0].isspace()):
+        return None  # a blank line
+    if len(parts) != ncol:
+        repaired = fitted_row(parts, ncol, idx, line[-1:] == "\n", f"line {number}", stats)
+        if repaired is None:
+            return None
+        parts = repaired
+    if line[-1:] != "\n":  # sacct ends every line; a last line without one was cut
+        stats.truncated = True
+    return parts
+
+
+def _odd_times(start: Optional[float], end: Optional[float], submit: Optional[float],
+               eligible: Optional[float], elapsed: float, nodes: str) -> bool:
+    """Whether a job row's times are a problem the record path names (its checks, on what
+    it reads): a negative ElapsedRaw, an end before the start, more time elapsed than ran,
+    a start before the job could wait (submit where eligible is unknown) on a node."""
+    waited_from = eligible if eligible is not None else submit
+    return (elapsed < 0
+            or (start is not None and end is not None
+                and (end < start or elapsed > end - start + SLACK_S))
+            or (start is not None and waited_from is not None
+                and start < waited_from - SLACK_S and nodes != "None assigned"))
+
+
 def _header(it: Iterable[str], stats: ParseStats) -> Tuple[int, List[str], Dict[str, int],
                                                           Optional[str]]:
     """(lines read, header, column index, a first line that is data: ``sacct -n``)."""
@@ -135,26 +166,18 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                 parts = line.split("|", upto)
                 # the rest holds rest_bars >= 1 bars only where the row has every column (a
                 # shorter row's last part holds none)
-                if parts[-1].count("|") != rest_bars or line[-1:] != "\n":  # odd: as below
-                    parts = line.split("|")
-                    regular = False
-                else:
-                    regular = True
+                if parts[-1].count("|") != rest_bars or line[-1:] != "\n":
+                    odd = _odd_row(line, line.split("|"), ncol, idx, number, stats)
+                    if odd is None:
+                        continue
+                    parts = odd
             else:
                 parts = line.rstrip("\r\n").split("|") if strip else line.split("|")
-                regular = len(parts) == ncol and line[-1:] == "\n"
-            if not regular:
-                parts[-1] = parts[-1].rstrip("\r\n")
-                if len(parts) == 1 and (not parts[0] or parts[0].isspace()):
-                    continue  # a blank line
-                if len(parts) != ncol:
-                    repaired = fitted_row(parts, ncol, idx, line[-1:] == "\n", f"line {number}",
-                                          stats)
-                    if repaired is None:
+                if len(parts) != ncol or line[-1:] != "\n":
+                    odd = _odd_row(line, parts, ncol, idx, number, stats)
+                    if odd is None:
                         continue
-                    parts = repaired
-                if line[-1:] != "\n":  # sacct ends every line; a last line without one was cut
-                    stats.truncated = True
+                    parts = odd
             if pad:
                 parts.append("")
             job_id = parts[i_job]
@@ -201,12 +224,21 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                         submit = hours[(text := parts[i_submit])[:13]] + mmss[text[13:]]
                         eligible = (submit if parts[i_elig] == text
                                     else hours[(text := parts[i_elig])[:13]] + mmss[text[13:]])
+                        raw = parts[i_elapsed]
+                        elapsed = float(int(raw)) if raw else end - start
+                        # _odd_times where every stamp is a time
+                        if (elapsed < 0 or end < start or elapsed > end - start + SLACK_S
+                                or (start < eligible - SLACK_S
+                                    and parts[i_nodes] != "None assigned")):
+                            raise ValueError("a problem the record path names")
                     except KeyError:  # an hour to learn, or a stamp to read in full
                         start, end, submit, eligible = [_slow_time(parts[i], hours)
                                                         for i in stamps]
-                    raw = parts[i_elapsed]
-                    elapsed = (float(int(raw)) if raw else end - start
-                               if start is not None and end is not None else 0.0)
+                        raw = parts[i_elapsed]
+                        elapsed = (float(int(raw)) if raw else end - start
+                                   if start is not None and end is not None else 0.0)
+                        if _odd_times(start, end, submit, eligible, elapsed, parts[i_nodes]):
+                            raise ValueError("a problem the record path names") from None
                     text = parts[i_tres]
                     try:
                         tres = tres_cache[text]
@@ -217,13 +249,7 @@ def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Aggregator) -> N
                             tres_cache[text] = tres
                     text = parts[i_restarts]
                     restarts = 0 if text == "0" else int(text) if text.isdecimal() else 0
-                    waited_from = eligible if eligible is not None else submit
-                    if (elapsed < 0 or tres[3]
-                            or (start is not None and end is not None
-                                and (end < start or elapsed > end - start + SLACK_S))
-                            or (start is not None and waited_from is not None
-                                and start < waited_from - SLACK_S
-                                and parts[i_nodes] != "None assigned")):
+                    if tres[3]:  # a negative count
                         raise ValueError("a problem the record path names")
                 except (ValueError, KeyError):
                     pass
