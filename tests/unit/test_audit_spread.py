@@ -123,3 +123,18 @@ def test_users_and_accounts_are_the_sums_of_their_user_account_records() -> None
     assert (users["bob"].gpu_hours, users["bob"].jobs) == (4.0, 1)
     assert (accounts["a"].gpu_hours, accounts["a"].jobs) == (13.0, 2)
     assert (accounts["b"].gpu_hours, accounts["b"].jobs) == (2.0, 1)
+
+
+def test_classes_and_pools_are_the_sums_of_their_class_pool_runs() -> None:
+    agg = Aggregator(CFG)
+    run(agg, "1", T0, T0 + H, gpus=4, partition="train")  # train on bulk
+    run(agg, "2", T0, T0 + 2 * H, gpus=1, partition="elastic")  # train on elastic
+    run(agg, "3", T0, T0 + H, gpus=2, partition="train", qos="debug")  # debug on bulk
+    classes, pools = agg.classes, agg.pools
+    assert (classes["train"].attempts, classes["train"].gpu_hours) == (2, 6.0)
+    assert (classes["debug"].attempts, classes["debug"].gpu_hours) == (1, 2.0)
+    assert (classes["infer"].attempts, classes["infer"].gpu_hours) == (0, 0.0)  # config's
+    assert pools == {"bulk": [2, 6.0], "elastic": [1, 2.0]}
+    assert list(pools) == ["bulk", "elastic"]  # first seen first
+    pools["bulk"][0] = 99  # a reader's copy: the figures stay
+    assert agg.pools["bulk"] == [2, 6.0] and agg.classes["train"].attempts == 2

@@ -67,7 +67,7 @@ class Aggregator:
     """
 
     #: What a part's aggregator carries back: its figures, not the config, journal or caches.
-    _FIGURES = ("bucket_s", "since", "until", "classes", "pools", "points", "spread", "seen",
+    _FIGURES = ("bucket_s", "since", "until", "class_stats", "runs", "points", "spread", "seen",
                 "multi", "preempted", "people", "inefficient", "restarted", "outside_window",
                 "first_time", "last_time", "ladder_lost")
 
@@ -78,9 +78,12 @@ class Aggregator:
         self.bucket_s = bucket_s
         self.since = since
         self.until = until
-        self.classes: Dict[str, ClassStats] = {
-            c.name: ClassStats() for c in cfg.classes}  # config order, even when empty
-        self.pools: Dict[str, List[float]] = {}  # pool -> [attempts, gpu_hours]
+        #: class -> figures, in config order even when empty; attempts and GPU-hours are
+        #: the sums of ``runs``: read :attr:`classes`
+        self.class_stats: Dict[str, ClassStats] = {c.name: ClassStats() for c in cfg.classes}
+        #: (class, pool) -> [attempts, GPU-hours]: what the kernel adds an attempt to once,
+        #: where the class's figures and the pool's row each took it (read :attr:`pools`)
+        self.runs: Dict[Tuple[str, str], List[float]] = {}
         #: (bucket, class) and (bucket, "pool:" + name) -> [gpu_h, wait sum, waits, wait max],
         #: but for the GPU-hours still in ``spread``: read :attr:`series`
         self.points: Dict[Tuple[int, str], List[float]] = {}
@@ -136,14 +139,14 @@ class Aggregator:
         counted twice): the caller checks :meth:`JobSet.overlaps` first."""
         self.settle()
         other.settle()
-        _merge_table(self.classes, other.classes)
-        for name, row in other.pools.items():
-            p = self.pools.get(name)
-            if p is None:
-                self.pools[name] = row
+        _merge_table(self.class_stats, other.class_stats)  # attempts, GPU-hours: from runs
+        for where, row in other.runs.items():
+            mine_r = self.runs.get(where)
+            if mine_r is None:
+                self.runs[where] = row
             else:
-                p[0] += row[0]
-                p[1] += row[1]
+                mine_r[0] += row[0]
+                mine_r[1] += row[1]
         series = self.points
         for key, point in other.points.items():
             mine_p = series.get(key)
@@ -185,6 +188,31 @@ class Aggregator:
         longest wait]: every point, with all the GPU-hours folded so far."""
         self.settle()
         return self.points
+
+    @property
+    def classes(self) -> Dict[str, ClassStats]:
+        """class -> figures (config order, then others as they appear), with attempts and
+        GPU-hours summed from :attr:`runs`."""
+        sums: Dict[str, Tuple[int, float]] = {}
+        for (cls, _), (attempts, hours) in self.runs.items():
+            had = sums.get(cls, (0, 0.0))
+            sums[cls] = (had[0] + int(attempts), had[1] + hours)
+        for name, stats in self.class_stats.items():
+            stats.attempts, stats.gpu_hours = sums.get(name, (0, 0.0))
+        return self.class_stats
+
+    @property
+    def pools(self) -> Dict[str, List[float]]:
+        """pool -> [attempts, GPU-hours], in order of first appearance: sums of :attr:`runs`."""
+        out: Dict[str, List[float]] = {}
+        for (_, pool), (attempts, hours) in self.runs.items():
+            row = out.get(pool)
+            if row is None:
+                out[pool] = [attempts, hours]
+            else:
+                row[0] += attempts
+                row[1] += hours
+        return out
 
     @property
     def users(self) -> Dict[str, Who]:

@@ -44,7 +44,8 @@ Points = Dict[float, Point]
 #: bucket -> [GPU-hours], of one (class, pool): see Aggregator.spread
 Spread = Dict[float, List[float]]
 #: What a (QOS, partition, account) decides: class, its figures and points, its SLO wait,
-#: whether it counts long jobs, pool, MPS shares and shards per GPU, pool row, spread
+#: whether it counts long jobs, pool, MPS shares and shards per GPU, the (class, pool)'s
+#: [attempts, GPU-hours] (Aggregator.runs), spread
 Spot = Tuple[str, ClassStats, Points, Optional[float], bool, str, float, float, List[float],
              Spread]
 
@@ -87,7 +88,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
     whole_s = bucket_s if type(bucket_s) is int and bucket_s > 0 else 0
     digest = agg.digest
     job_class = digest.job_class
-    classes, pools, series, preempted = agg.classes, agg.pools, agg.points, agg.preempted
+    classes, runs, series, preempted = agg.class_stats, agg.runs, agg.points, agg.preempted
     spread_of = agg.spread
     multi, restarted, people = agg.multi, agg.restarted, agg.people
     inefficient = agg.inefficient
@@ -118,9 +119,9 @@ def kernel_for(agg: Aggregator) -> Kernel:
         if cs is None:
             cs = classes[cls] = ClassStats()
         pool, mps_per_gpu, shards_per_gpu = agg.pool_for(partition, nodes)
-        row = pools.get(pool)
+        row = runs.get((cls, pool))
         if row is None:
-            row = pools[pool] = [0, 0.0]
+            row = runs[(cls, pool)] = [0, 0.0]
         spot: Spot = (cls, cs, points.setdefault(cls, {}), agg.slo_wait.get(cls),
                 cls in agg.long_classes, pool, mps_per_gpu, shards_per_gpu, row,
                 spread_of.setdefault((cls, pool), {}))
@@ -233,7 +234,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
             except KeyError:
                 spot = find(job, qos, partition, account, nodes)
         (cls, cs, cls_points, slo_limit, long_class, pool, mps_per_gpu, shards_per_gpu,
-         pool_row, spread) = spot
+         run, spread) = spot
         # GPU equivalents and the hours of the run inside the window (sreport's clipping)
         if mps:
             gpus += mps / mps_per_gpu
@@ -273,8 +274,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
                         spread[b1] = [cut]
                 else:
                     spread_long(spread, b0, b1, clo, chi, gh)
-        cs.gpu_hours += gh
-        pool_row[1] += gh
+        run[1] += gh  # the class's and the pool's GPU-hours are sums of these
         last_gpus = gpus
         last_gh = gh
         last_job = job
@@ -284,8 +284,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
         if component:  # another component of a het job: same job, same attempt
             last_who = None
             return
-        pool_row[0] += 1
-        cs.attempts += 1
+        run[0] += 1  # attempts, as GPU-hours
         # JobSet.add, inline for a plain id inside the bitmap (see JobSet.bits)
         n = int(job) if job.isdecimal() else in_bits
         if n < in_bits:

@@ -249,7 +249,7 @@ def fold_file(path: str, stats: ParseStats, agg: Aggregator) -> bool:
     return True; or return False, both untouched, where the caller must fold it serially
     (not a large regular file, one worker, no ``fork``, a job id in two parts, a worker
     that failed)."""
-    if agg.seen.count or agg.pools or agg.outside_window or agg.people:
+    if agg.seen.count or agg.runs or agg.outside_window or agg.people:
         return False  # merging assumes an empty aggregator to start from
     n = workers()
     if n < 2 or not _can_fork():
