@@ -23,6 +23,7 @@ spreading was a fifth of the fold's time while each bucket took two additions.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Tuple
 
 from slurmiso.audit.figures.jobset import MAX_BIT_ID
@@ -108,6 +109,10 @@ def kernel_for(agg: Aggregator) -> Kernel:
     last_job = last_user = last_cls = ""
     last_cs = ClassStats()
     last_who: Optional[Who] = None  # its (user, account)'s figures
+    # the earliest start and latest end this kernel has seen (the aggregator's may be wider:
+    # a merged part's)
+    first_seen = agg.first_time if agg.first_time is not None else math.inf
+    last_seen = agg.last_time if agg.last_time is not None else -math.inf
 
     def find(job: str, qos: str, partition: str, account: str, nodes: str) -> Spot:
         """What a job's fields decide: its class and the class's figures, its pool and the
@@ -207,7 +212,7 @@ def kernel_for(agg: Aggregator) -> Kernel:
                 end: Optional[float], elapsed: float, gpus: float, mps: int, shards: int,
                 nodes: str, component: int, restarts: int) -> None:
         nonlocal last_gpus, last_gh, last_job, last_user, last_cls, last_cs
-        nonlocal last_who, in_bits
+        nonlocal last_who, in_bits, first_seen, last_seen
         lo: Optional[float] = None  # the run [lo, hi), where it ran (else hi means nothing)
         hi = 0.0
         if start is not None and nodes != "None assigned":
@@ -219,13 +224,15 @@ def kernel_for(agg: Aggregator) -> Kernel:
             agg.outside_window += 1
             last_gpus = 0.0
             return
-        if lo is not None:
-            first = agg.first_time
-            if first is None or lo < first:
-                agg.first_time = lo
-            last = agg.last_time
-            if last is None or hi > last:
-                agg.last_time = hi
+        if lo is not None:  # the data's span: the aggregator's read only when it may move
+            if lo < first_seen:
+                first_seen = lo
+                if agg.first_time is None or lo < agg.first_time:
+                    agg.first_time = lo
+            if hi > last_seen:
+                last_seen = hi
+                if agg.last_time is None or hi > agg.last_time:
+                    agg.last_time = hi
         if job_class and job in job_class:  # the journal's class wins
             spot = find(job, qos, partition, account, nodes)
         else:
