@@ -15,10 +15,13 @@ whichever reader feeds it, and every float sum is the same.
 Speed: this is the loop body of a million rows. The closures bind the aggregator's
 containers once (cell variables, not attribute lookups), and what a (QOS, partition,
 account) triple decides, a time bucket's series points and a wait's histogram bucket are
-looked up in caches filled on first use (bounded: hostile input cannot grow them). A run's
-GPU-hours go into one sum per (class, pool, bucket), ``Aggregator.spread``, which
-``Aggregator.settle`` adds to the class's and the pool's series points when they are read:
-spreading was a fifth of the fold's time while each bucket took two additions.
+looked up in caches filled on first use (bounded: hostile input cannot grow them). Each
+value is added once, at the finest grain a figure needs; the coarser figures are sums made
+when read: a run's GPU-hours per (class, pool, bucket) (``Aggregator.spread``, settled into
+the class's and the pool's series points), attempts and GPU-hours per (class, pool)
+(``runs``: ``classes``, ``pools``), a user's figures per (user, account) (``people``:
+``users``, ``accounts``). Spreading alone was a fifth of the fold's time while each bucket
+took two additions.
 """
 
 from __future__ import annotations
