@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """A stand-in inference server: serves requests at a latency the demo sets, and exports them
-as a Prometheus histogram on 127.0.0.1 (what ``--iso-metrics=PORT`` names for the agent).
+on 127.0.0.1 (what ``--iso-metrics=PORT`` names for the agent) exactly as vLLM's V1 engine and
+its OpenAI API server do: the real ``prometheus_client``, vLLM's names, labels
+(``model_name``, ``engine``, ``finished_reason``) and bucket layout (vllm/v1/metrics/
+loggers.py; tests/fixtures/servers.py cites the source), and the API server's
+prometheus-fastapi-instrumentator counter ``http_requests_total{handler,method,status}``.
 
-It answers one simulated request every ``--interval`` seconds. Each request's latency is the
-number of milliseconds in ``--control`` (re-read every request; ``50`` if the file is absent
-or does not parse), so the demo drives the job's P99 over and back under the SLO by writing
-one number. The series follow the generic profile slurmiso ships
-(``*_request_duration_seconds`` histogram, ``*_requests_total{status}``), as a
-prometheus_client server would name them. No latency is slept: only the figures matter, and
-the request count keeps rising while the job runs, so a test can tell that the job was never
-stopped. ``--log`` gets ``served=N`` lines (every 50 requests) and ``# listening port=P``.
+It answers one simulated request every ``--interval`` seconds. Each request's time to first
+token is the number of milliseconds in ``--control`` (re-read every request; ``50`` if the
+file is absent or does not parse); its end-to-end latency is that plus 200 ms of decoding, so
+the demo drives the job's TTFT (the SLO signal the sandbox judges, as the example config does
+for vLLM) over and back under the SLO by writing one number. No latency is slept: only the
+figures matter, and the request count keeps rising while the job runs, so a test can tell that
+the job was never stopped. ``--log`` gets ``served=N`` lines (every 50 requests) and
+``# listening port=P``.
 
 For the ladder's tests: ``garbage MS`` in ``--control`` makes ``/metrics`` answer an HTML page
 (no series: what a broken or hostile endpoint serves) while requests go on at MS ms,
@@ -27,42 +31,52 @@ import signal
 import sys
 import threading
 import time
-from typing import List
+from typing import Any
 
-BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-NAME = "standin_request_duration_seconds"
+#: vLLM V1's layouts (after vLLM PR #15202; vllm/v1/metrics/buckets.py keeps the same values).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+MODEL = "standin"
+DECODE_S = 0.2
 
 
-class Histogram:
-    """Cumulative bucket counts, the sum and the count, under a lock (the HTTP thread reads
-    while the request loop writes)."""
+class Metrics:
+    """vLLM's series for one model on engine 0, in a registry of their own."""
 
     def __init__(self) -> None:
-        self.counts: List[int] = [0] * (len(BOUNDS) + 1)
-        self.total = 0.0
-        self.n = 0
-        self.lock = threading.Lock()
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
-    def observe(self, seconds: float) -> None:
-        with self.lock:
-            for i, bound in enumerate(BOUNDS):
-                if seconds <= bound:
-                    self.counts[i] += 1
-            self.counts[-1] += 1
-            self.total += seconds
-            self.n += 1
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        r = self.registry
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request "
+                             "latency in seconds.", labels, buckets=E2E_BUCKETS, registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first "
+                              "token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token "
+                             "latency in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
+        self.success = Counter("vllm:request_success", "Count of successfully processed "
+                               "requests.", labels + ["finished_reason"], registry=r)
+        for reason in ("stop", "length", "abort", "error"):
+            self.success.labels(MODEL, "0", reason)
+        self.http = Counter("http_requests", "Total number of requests by method, status and "
+                            "handler.", ["method", "status", "handler"], registry=r)
 
-    def render(self) -> str:
-        with self.lock:
-            lines = [f"# HELP {NAME} Request latency (stand-in).", f"# TYPE {NAME} histogram"]
-            for bound, count in zip(BOUNDS, self.counts):
-                lines.append(f'{NAME}_bucket{{le="{bound}"}} {count}')
-            lines.append(f'{NAME}_bucket{{le="+Inf"}} {self.counts[-1]}')
-            lines.append(f"{NAME}_sum {self.total:.6f}")
-            lines.append(f"{NAME}_count {self.n}")
-            lines.append("# TYPE standin_requests_total counter")
-            lines.append(f'standin_requests_total{{status="200"}} {self.n}')
-            return "\n".join(lines) + "\n"
+    def observe(self, ttft_s: float) -> None:
+        self.ttft.labels(MODEL, "0").observe(ttft_s)
+        self.itl.labels(MODEL, "0").observe(0.02)
+        self.e2e.labels(MODEL, "0").observe(ttft_s + DECODE_S)
+        self.success.labels(MODEL, "0", "stop").inc()
+        self.http.labels("POST", "2xx", "/v1/completions").inc()
+
+    def render(self) -> Any:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
 
 
 GARBAGE = b"<html><body><h1>It works!</h1></body></html>\n"
@@ -112,7 +126,7 @@ def main() -> int:
     p.add_argument("--log", required=True)
     p.add_argument("--interval", type=float, default=0.02)
     args = p.parse_args()
-    hist = Histogram()
+    hist = Metrics()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
@@ -120,7 +134,7 @@ def main() -> int:
                 self.send_error(404)
                 return
             garbage = read_control(args.control).startswith("garbage")
-            body = GARBAGE if garbage else hist.render().encode()
+            body = GARBAGE if garbage else hist.render()
             self.send_response(200)
             self.send_header("Content-Type",
                              "text/html" if garbage else "text/plain; version=0.0.4")

@@ -75,7 +75,8 @@ def ladder_config(sbx: SandboxClient, folder: str, steps: Sequence[str], dwell_s
         "\nmonitor:\n"
         "  slo:\n"
         "    - class: infer\n"
-        f"      p99_latency_ms: {SLO_MS}\n"
+        "      signal: ttft\n"
+        f"      p99_ms: {SLO_MS}\n"
         "  ladder:\n"
         f"    steps: [{', '.join(steps)}]\n" + "".join(rows) +
         "  signals:\n"
@@ -297,8 +298,8 @@ class Ladder:
     def job_p99(self) -> Optional[float]:
         """The P99 the agent shows for the inference job (seconds), None if it shows none."""
         job = re.escape(self.infer)
-        pat = (r'^slurmiso_job_latency_seconds\{[^}]*job="' + job
-               + r'"[^}]*quantile="0\.99"[^}]*\} (\S+)$')
+        pat = (r'^slurmiso_job_latency_seconds\{(?=[^}]*job="' + job + r'")'
+               r'(?=[^}]*signal="ttft")(?=[^}]*percentile="99")[^}]*\} (\S+)$')
         m = re.search(pat, self.scrape(), re.M)
         return float(m.group(1)) if m else None
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Ty
 from slurmiso.config.model import (
     ISOLATIONS,
     LADDER_STEPS,
+    LATENCY_SIGNALS,
     POOL_MODES,
     SEVERITIES,
     SIGNALS,
@@ -387,13 +388,19 @@ def _read_monitor(s: _Section) -> MonitorSettings:
     slos = []
     for i, item in enumerate(s.seq("slo")):
         ss = _Section(item, f"{s.key('slo')}[{i}]", s.p)
+        p99 = ss.raw("p99_latency_ms", None)
+        if "p99_ms" in ss.data:  # the short name; one of the two
+            if p99 is not None:
+                ss.p.add(ss.key("p99_ms"), "given with p99_latency_ms: keep one of the two")
+            p99 = ss.raw("p99_ms", None)
         slos.append(
             Slo(
                 class_name=ss.text("class"),
                 max_queue_wait_s=ss.converted("max_queue_wait", None, _duration, "duration"),
-                p99_latency_ms=ss.raw("p99_latency_ms", None),
+                p99_latency_ms=p99,
                 latency_query=ss.text("latency_query", ""),
                 max_error_rate=_fraction(ss, "max_error_rate"),
+                signal=ss.text("signal", "e2e", LATENCY_SIGNALS),
             )
         )
         ss.done()
@@ -595,11 +602,19 @@ def _read_servers(s: _Section) -> Tuple[ServerProfile, ...]:
             requests=ss.strlist("requests"),
             errors=ss.strlist("errors"),
             errors_missing=ss.text("errors_missing", "unknown", ("unknown", "zero")),
+            ttft=ss.strlist("ttft"),
+            ttft_unit=ss.text("ttft_unit", "s", ("s", "ms", "us")),
+            itl=ss.strlist("itl"),
+            itl_unit=ss.text("itl_unit", "s", ("s", "ms", "us")),
+            model_labels=ss.strlist("model_labels") if "model_labels" in ss.data
+            else ("model_name", "model"),
+            errors_need=ss.text("errors_need", "any", ("any", "all")),
+            match=ss.strlist("match"),
         )
         if not prof.latency and not prof.requests:
             ss.p.add(ss.path, "a server needs `latency:` (a histogram or summary) or "
                      "`requests:`")
-        for key in ("latency", "requests", "errors"):
+        for key in ("latency", "requests", "errors", "ttft", "itl", "match"):
             for text in getattr(prof, key):
                 try:
                     parse_selector(text)
@@ -728,6 +743,13 @@ def _check(cfg: Config, p: _Problems) -> None:
                 f"monitor.slo[{i}].class",
                 f"{slo.class_name!r} is not a class (allowed: {', '.join(class_names)})",
             )
+        elif [s.class_name for s in cfg.monitor.slo].index(slo.class_name) != i:
+            p.add(f"monitor.slo[{i}].class", f"a second SLO for {slo.class_name!r}: one per "
+                  "class (its signal: e2e, ttft or itl)")
+    from slurmiso.config.slo_check import slo_problems
+
+    for key, msg in slo_problems(cfg):
+        p.warn(key, msg)
     mixes = {mix.pool: mix for mix in mps_mixes(cfg)}
     for i, pool in enumerate(cfg.pools):
         if pool.name in mixes:

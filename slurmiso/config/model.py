@@ -188,13 +188,22 @@ class TelemetrySettings(Value):
     deadline_s: int = 0
 
 
+#: The latency signals an SLO may judge (``monitor.slo[].signal``): end to end, time to first
+#: token, inter-token latency.
+LATENCY_SIGNALS: Tuple[str, ...] = ("e2e", "ttft", "itl")
+
+
 class Slo(Value):
+    """A class's SLO: ``p99_latency_ms`` of ``signal`` read as "at most 1 % of requests slower"
+    (per job, from its server's histogram), ``max_error_rate``, ``max_queue_wait_s``."""
+
     class_name: str
     max_queue_wait_s: Optional[int] = None
     p99_latency_ms: Optional[float] = None
     latency_query: str = ""
     #: Highest share of failed requests (0..1) an inference job of the class may answer.
     max_error_rate: Optional[float] = None
+    signal: str = "e2e"
 
 
 class LadderStep(Value):
@@ -244,39 +253,72 @@ class ServerProfile(Value):
     latency: Tuple[str, ...]
     unit: str = "s"  # of the latency values: s, ms or us
     requests: Tuple[str, ...] = ()  # (): the latency family's own count
+    #: Every failure counter the server has, summed; errors are unknown while any of these
+    #: families is absent (a server that cannot report a failure kind never reads as 0).
     errors: Tuple[str, ...] = ()
     #: The errors' series absent altogether: "unknown", or "zero" where the server creates
     #: its failure counter at the first failure.
     errors_missing: str = "unknown"
+    #: Time to first token and inter-token latency (LLM servers), selectable as SLO signals.
+    ttft: Tuple[str, ...] = ()
+    ttft_unit: str = "s"
+    itl: Tuple[str, ...] = ()
+    itl_unit: str = "s"
+    #: Labels naming the model a series is about: each model is judged on its own.
+    model_labels: Tuple[str, ...] = ("model_name", "model")
+    #: Errors are known when ``any`` error family is present, or only when ``all`` are (a
+    #: server whose failures are split over counters sees none of a kind it lacks).
+    errors_need: str = "any"
+    #: Series whose presence says the answer is this server's (default: its latency and
+    #: request series); a server that also exports generic HTTP series (vLLM) names its own.
+    match: Tuple[str, ...] = ()
 
 
-#: Server defaults, each name checked in the server's own documentation:
-#: vLLM (docs.vllm.ai "Production Metrics"; vllm/v1/engine/__init__.py FINISH_REASON_STRINGS:
-#: stop, length, abort, error, repetition; "error" is always a 500, "abort" a request the
-#: client gave up on, often a slow answer): ``vllm:e2e_request_latency_seconds`` histogram,
-#: ``vllm:request_success_total{finished_reason}``.
-#: TGI (huggingface.co/docs/text-generation-inference/reference/metrics): ``tgi_request_duration``
-#: histogram (seconds), counters ``tgi_request_count`` and ``tgi_request_failure{err}``, the
-#: latter created at the first failure (router/src: ``increment_counter!``), some exporters
-#: add ``_total``.
-#: Triton (server docs/user_guide/metrics.md): latency quantiles only as the summary
-#: ``nv_inference_request_summary_us`` (``--metrics-config summary_latencies=true``; the
-#: default ``nv_inference_request_duration_us`` is a cumulative total: no quantile can come
-#: from it), counters ``nv_inference_request_success`` / ``nv_inference_request_failure``.
-#: Generic (prometheus_client / OpenTelemetry HTTP servers): ``*_request_duration_seconds``
-#: histogram, ``*_requests_total`` with a ``status`` or ``code`` label.
+#: Server defaults, each read from the server's own source (release and file in
+#: docs/monitor.md "What each server can see"; the test fixtures that hold them are
+#: generated with prometheus_client from the same definitions, tests/fixtures/servers.py).
+#: vLLM V1 (vllm/v1/metrics/loggers.py; the API server's prometheus-fastapi-instrumentator,
+#: statuses grouped "2xx".."5xx"): e2e, TTFT and inter-token histograms labelled model_name;
+#: failures are the API server's 4xx/5xx answers (an engine "error" always becomes a 500,
+#: vllm/v1/engine/__init__.py) plus engine requests finished "abort".
+#: SGLang (python/sglang/srt/metrics/collector.py): sglang:* histograms, aborted requests and
+#: the HTTP answers by status_code. TGI (router/src/server.rs): tgi_request_duration (s),
+#: tgi_request_count at entry, tgi_request_failure{err} created at the first failure, no TTFT.
+#: Triton (core src/metrics.cc): the e2e summary in us (--metrics-config
+#: summary_latencies=true), the TTFT histogram in ms (histogram_latencies=true), success and
+#: failure counters. Generic: Prometheus conventions, prometheus-fastapi-instrumentator and
+#: OpenTelemetry's http.server.request.duration as its Prometheus exporter names it.
 DEFAULT_SERVERS: Tuple[ServerProfile, ...] = (
-    ServerProfile("vllm", ("vllm:e2e_request_latency_seconds",), "s",
-                  ("vllm:request_success_total",),
-                  ('vllm:request_success_total{finished_reason=~"error|abort"}',)),
+    ServerProfile(
+        "vllm", ("vllm:e2e_request_latency_seconds",), "s",
+        ('http_requests_total{handler=~"/v1/.+|/generate|/invocations|/pooling|/classify|'
+         '/score|/rerank",handler!="/v1/models"}',),
+        ('http_requests_total{handler=~"/v1/.+|/generate|/invocations|/pooling|/classify|'
+         '/score|/rerank",handler!="/v1/models",status=~"4xx|5xx|4..|5.."}',
+         'vllm:request_success_total{finished_reason="abort"}'),
+        ttft=("vllm:time_to_first_token_seconds",),
+        itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        errors_need="all", match=("vllm:*",)),
+    ServerProfile(
+        "sglang", ("sglang:e2e_request_latency_seconds",), "s",
+        ('sglang:http_responses_total{endpoint!="/metrics",endpoint!="/health"}',),
+        ("sglang:num_aborted_requests_total",
+         'sglang:http_responses_total{status_code=~"[45].."}'),
+        ttft=("sglang:time_to_first_token_seconds",),
+        itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        errors_need="all", match=("sglang:*",)),
     ServerProfile("tgi", ("tgi_request_duration",), "s",
                   ("tgi_request_count", "tgi_request_count_total"),
-                  ("tgi_request_failure", "tgi_request_failure_total"), "zero"),
+                  ("tgi_request_failure", "tgi_request_failure_total"), "zero",
+                  itl=("tgi_request_mean_time_per_token_duration",)),
     ServerProfile("triton", ("nv_inference_request_summary_us",), "us",
                   ("nv_inference_request_success", "nv_inference_request_failure"),
-                  ("nv_inference_request_failure",)),
-    ServerProfile("generic", ("*_request_duration_seconds",), "s", ("*_requests_total",),
-                  ('*_requests_total{status=~"5.."}', '*_requests_total{code=~"5.."}')),
+                  ("nv_inference_request_failure",),
+                  ttft=("nv_inference_first_response_histogram_ms",), ttft_unit="ms"),
+    ServerProfile("generic", ("*_request_duration_highr_seconds", "*_request_duration_seconds"),
+                  "s", ("*_requests_total",),
+                  ('*_requests_total{status=~"5..|5xx"}', '*_requests_total{code=~"5.."}',
+                   '*_request_duration_seconds_count{http_response_status_code=~"5.."}')),
 )
 
 

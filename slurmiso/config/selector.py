@@ -1,8 +1,8 @@
 """The selectors of ``monitor.signals.servers``: which series of a job's ``/metrics`` answer
 mean latency, requests and failures.
 
-``name{label="v",label=~"regex"}``, PromQL's form: the name may hold ``*`` (any run of name
-characters), matchers are ``=``, ``!=``, ``=~`` and ``!~`` (regexes anchored at both ends, as
+``name{label="v",label=~"regex"}``, PromQL's form: the name may hold ``*`` (any run of letters,
+digits and ``_``), matchers are ``=``, ``!=``, ``=~`` and ``!~`` (regexes anchored at both ends, as
 in PromQL). Here, not in the monitor, because the config loader checks them on every load,
 the hooks' included: stdlib ``re`` only, no dataclass.
 """
@@ -44,8 +44,10 @@ class Selector:
 
 
 def name_regex(pattern: str) -> str:
-    """The regex (unanchored) of a selector's name pattern."""
-    return "".join(f"[{_NAME_CHARS}]*" if ch == "*" else re.escape(ch) for ch in pattern)
+    """The regex (unanchored) of a selector's name pattern. ``*`` never spans a ``:``: a
+    server that namespaces its series (``sglang:``, ``vllm:``) is never read by a wildcard
+    meant for plain names."""
+    return "".join("[A-Za-z0-9_]*" if ch == "*" else re.escape(ch) for ch in pattern)
 
 
 def parse_selector(text: str) -> Selector:

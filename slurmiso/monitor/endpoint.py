@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.config.model import ServerProfile
 from slurmiso.config.selector import Selector, parse_selector
@@ -34,27 +34,51 @@ _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 _SHAPE_LABELS = ("le", "quantile")
 
 
+#: The latency signals a profile may name: end-to-end request latency, time to first token,
+#: inter-token latency (LLM servers; their documentation recommends the last two as SLOs).
+E2E, TTFT, ITL = "e2e", "ttft", "itl"
+LATENCY_SIGNALS: Tuple[str, ...] = (E2E, TTFT, ITL)
+#: Distinct models one answer may hold; more is nobody's server (and unbounded labels).
+MAX_MODELS = 32
+MAX_MODEL_NAME = 128
+
+
 @dataclass(frozen=True)
 class Profile:
-    """One server kind's series (config ``monitor.signals.servers[]``), compiled."""
+    """One server kind's series (config ``monitor.signals.servers[]``), compiled.
+
+    ``latency``: per signal (e2e, ttft, itl), the alternatives (first family present wins)
+    and the unit of their values in seconds. ``model_labels``: the labels that name the
+    model a series is about (the first present); each model is judged on its own."""
 
     name: str
-    latency: Tuple[Selector, ...]
-    unit_s: float = 1.0
+    latency: Tuple[Tuple[str, Tuple[Selector, ...], float], ...]
     requests: Tuple[Selector, ...] = ()
     errors: Tuple[Selector, ...] = ()
     #: When the errors' series are absent altogether: "unknown", or "zero" for servers that
     #: create their failure counter at the first failure (TGI).
     errors_missing: str = "unknown"
+    model_labels: Tuple[str, ...] = ("model_name", "model")
+    errors_need: str = "any"
+    match: Tuple[Selector, ...] = ()
 
     @classmethod
     def from_config(cls, p: ServerProfile) -> Profile:
         """From the config's profile (selectors as text, checked by the loader)."""
-        return cls(
-            p.name, tuple(parse_selector(t) for t in p.latency), _UNITS[p.unit],
-            tuple(parse_selector(t) for t in p.requests),
-            tuple(parse_selector(t) for t in p.errors), p.errors_missing,
-        )
+        lat = tuple((signal, tuple(parse_selector(t) for t in texts), _UNITS[unit])
+                    for signal, texts, unit in ((E2E, p.latency, p.unit),
+                                                (TTFT, p.ttft, p.ttft_unit),
+                                                (ITL, p.itl, p.itl_unit)) if texts)
+        return cls(p.name, lat, tuple(parse_selector(t) for t in p.requests),
+                   tuple(parse_selector(t) for t in p.errors), p.errors_missing,
+                   p.model_labels, p.errors_need, tuple(parse_selector(t) for t in p.match))
+
+    def selectors(self) -> Iterator[Selector]:
+        for _, sels, _ in self.latency:
+            yield from sels
+        yield from self.requests
+        yield from self.errors
+        yield from self.match
 
 
 @dataclass
@@ -63,11 +87,17 @@ class Answer:
     quantiles)."""
 
     profile: str
-    kind: str  # "histogram", "summary" or "" (no latency family: totals only)
+    #: signal -> "histogram" or "summary", for the signals the answer has.
+    kinds: Dict[str, str] = field(default_factory=dict)
     counters: Counters = field(default_factory=dict)
-    #: Summary quantiles in seconds, the server's own window (the highest over its series).
-    quantiles: Dict[str, float] = field(default_factory=dict)
+    #: Summary quantiles in seconds, the server's own window: (signal, model) -> {q: value}.
+    quantiles: Dict[Tuple[str, str], Dict[str, float]] = field(default_factory=dict)
     errors_known: bool = True
+
+    @property
+    def kind(self) -> str:
+        """The end-to-end latency family's kind ("" if none: totals only)."""
+        return self.kinds.get(E2E, "")
 
 
 class BadAnswer(ValueError):
@@ -81,8 +111,7 @@ class Profiles:
 
     def __init__(self, profiles: Sequence[Profile]) -> None:
         self.profiles = tuple(profiles)
-        names = {s.name.pattern for p in self.profiles
-                 for s in (*p.latency, *p.requests, *p.errors)}
+        names = {s.name.pattern for p in self.profiles for s in p.selectors()}
         alts = "|".join(sorted(names)) or "(?!)"
         self._wanted = re.compile(f"(?:{alts})(?:_bucket|_count|_sum)?")
 
@@ -137,47 +166,74 @@ def _present(sels: Iterable[Selector], samples: Sequence[Sample]) -> bool:
     return any(sel.name.fullmatch(s.name) for sel in sels for s in samples)
 
 
+def _model(p: Profile, labels: Dict[str, str], seen: Set[str]) -> str:
+    """The model a series is about ("" where the server names none); BadAnswer past
+    :data:`MAX_MODELS` distinct ones."""
+    model = next((labels[m] for m in p.model_labels if m in labels), "")[:MAX_MODEL_NAME]
+    if model not in seen:
+        seen.add(model)
+        if len(seen) > MAX_MODELS:
+            raise BadAnswer("too-many-models", f"more than {MAX_MODELS} models in one answer")
+    return model
+
+
 def _apply(p: Profile, samples: Sequence[Sample]) -> Optional[Answer]:
-    kind = family = ""
-    chosen: Optional[Selector] = None
-    for sel in p.latency:
-        kind, family = _family(sel, samples)
-        if kind:
-            chosen = sel
-            break
-    if not kind and not _present(p.requests, samples):
+    if p.match and not _present(p.match, samples):
         return None
-    answer = Answer(p.name, kind)
+    chosen: Dict[str, Tuple[str, str, Selector, float]] = {}
+    for signal, sels, unit in p.latency:
+        for sel in sels:
+            kind, family = _family(sel, samples)
+            if kind:
+                chosen[signal] = (kind, family, sel, unit)
+                break
+    if not chosen and not _present(p.requests, samples):
+        return None
+    answer = Answer(p.name, {sg: k for sg, (k, _, _, _) in chosen.items()})
     c = answer.counters
-    for s in samples:
-        name, labels = s.name, s.labels
-        v = _value(s)
-        if v is None or chosen is None or not chosen.labels_match(labels):
-            continue
-        ident: Hashable = _identity(labels)
-        if kind == "histogram" and name == family + "_bucket":
-            try:
-                le = float(labels.get("le", ""))
-            except ValueError:
+    models: Set[str] = set()
+    for signal, (kind, family, sel, unit) in chosen.items():
+        for s in samples:
+            name, labels = s.name, s.labels
+            if not name.startswith(family) or not sel.labels_match(labels):
                 continue
-            if not math.isnan(le):
-                c[("b", ident, le * p.unit_s if math.isfinite(le) else le)] = v
-        elif kind == "summary" and name == family:
-            q = labels.get("quantile", "")
-            for want in sig.QUANTILES:
-                if _same_quantile(q, want):
-                    answer.quantiles[want] = max(answer.quantiles.get(want, 0.0), v * p.unit_s)
-        elif kind == "summary" and name == family + "_count":
-            c[("n", ident)] = v
+            v = _value(s)
+            if v is None:
+                continue
+            model = _model(p, labels, models)
+            ident: Hashable = _identity(labels)
+            if kind == "histogram" and name == family + "_bucket":
+                le = _edge(labels.get("le", ""))
+                if le is not None:
+                    c[("b", signal, model, ident, le * unit if math.isfinite(le) else le)] = v
+            elif kind == "summary" and name == family:
+                q = labels.get("quantile", "")
+                got = answer.quantiles.setdefault((signal, model), {})
+                for want in sig.QUANTILES:
+                    if _same_quantile(q, want):
+                        got[want] = max(got.get(want, 0.0), v * unit)
+            elif kind == "summary" and name == family + "_count":
+                c[("n", signal, model, ident)] = v
     for tag, sels in (("r", p.requests), ("e", p.errors)):
         for i, sel in enumerate(sels):
             for s in samples:
                 v = _value(s)
                 if v is not None and sel.name.fullmatch(s.name) and sel.labels_match(s.labels):
                     c[(tag, i, s.name, _identity(s.labels))] = v
+    need = all if p.errors_need == "all" else any
     answer.errors_known = bool(p.errors) and (
-        _present(p.errors, samples) or p.errors_missing == "zero")
+        need(_present((sel,), samples) for sel in p.errors) or p.errors_missing == "zero")
     return answer
+
+
+def _edge(text: str) -> Optional[float]:
+    """A bucket's ``le`` as a number of the unit; None for what no latency can be (NaN,
+    negative, -Inf, not a number): a hostile answer's bucket is no bucket."""
+    try:
+        le = float(text)
+    except ValueError:
+        return None
+    return le if le >= 0 else None
 
 
 def _same_quantile(label: str, want: str) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 from slurmiso.monitor import signals as sig
-from slurmiso.monitor.endpoint import Answer, BadAnswer, Profile, Profiles
+from slurmiso.monitor.endpoint import E2E, Answer, BadAnswer, Profile, Profiles
 from slurmiso.monitor.histogram import Window, quantile
 from slurmiso.monitor.stepfile import StepFigures
 
@@ -35,15 +35,30 @@ log = logging.getLogger(__name__)
 STALE_AFTER = 3
 
 
+#: One window histogram: (signal, model) -> ((edge in s, requests at or under it), ...).
+Windows = Dict[Tuple[str, str], Tuple[Tuple[float, float], ...]]
+
+
 @dataclass(frozen=True)
 class Latency:
-    """One reading's figures: quantiles in seconds (absent when idle), requests and error
-    ratio over the window, and what is unknown about them."""
+    """One reading's figures: quantiles in seconds per (signal, model) (absent when idle),
+    the window's histogram per (signal, model), requests and error ratio over the window, and
+    what is unknown about them."""
 
-    quantiles: Dict[str, float] = field(default_factory=dict)
+    quantiles: Dict[Tuple[str, str], Dict[str, float]] = field(default_factory=dict)
     requests: Optional[float] = None
     error_ratio: Optional[float] = None
     unknown: Tuple[str, ...] = ()
+    windows: Windows = field(default_factory=dict)
+
+    def e2e(self) -> Dict[str, float]:
+        """The end-to-end quantiles, each the worst over the models."""
+        out: Dict[str, float] = {}
+        for (signal, _), qs in self.quantiles.items():
+            if signal == E2E:
+                for q, v in qs.items():
+                    out[q] = max(out.get(q, 0.0), v)
+        return out
 
 
 @dataclass
@@ -75,34 +90,30 @@ def figures(answer: Answer, window: Window) -> Latency:
     """The window's figures after ``answer`` was added to it."""
     inc = window.increases()
     unknown: List[str] = []
-    buckets: Dict[float, float] = {}
+    windows: Dict[Tuple[str, str], Dict[float, float]] = {}
     requests: Optional[float] = None
     errors: Optional[float] = None
-    counted: Optional[float] = None
     if inc is not None:
-        req = [v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "r"]
-        err = [v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "e"]
-        for k, v in inc.items():
-            if isinstance(k, tuple) and k[0] == "b":
-                buckets[k[2]] = buckets.get(k[2], 0.0) + v
-        if answer.kind == "histogram":
-            counted = buckets.get(math.inf)
-        elif answer.kind == "summary":
-            # No _count series: the request count is unknown, never 0 (0 reads as idle,
-            # and an idle server is calm whatever its quantiles say).
-            counts = [v for k, v in inc.items() if isinstance(k, tuple) and k[0] == "n"]
-            counted = sum(counts) if counts else None
-        requests = sum(req) if req else counted
+        keyed: Dict[Tuple[Any, ...], float] = {k: v for k, v in inc.items()
+                                               if isinstance(k, tuple)}
+        req = [v for k, v in keyed.items() if k[0] == "r"]
+        err = [v for k, v in keyed.items() if k[0] == "e"]
+        for k, v in keyed.items():
+            if k[0] == "b":  # ("b", signal, model, series, edge)
+                hist = windows.setdefault((str(k[1]), str(k[2])), {})
+                hist[float(k[4])] = hist.get(float(k[4]), 0.0) + v
+        requests = sum(req) if req else _counted(answer, inc, windows)
         errors = sum(err) if answer.errors_known else None
-    quantiles: Dict[str, float] = {}
-    if answer.kind == "summary":
-        quantiles = dict(answer.quantiles)
-    elif answer.kind == "histogram" and buckets:
-        for q in sig.QUANTILES:
-            qv = quantile(float(q), sorted(buckets.items()))
-            if qv is not None:
-                quantiles[q] = qv
-    if not quantiles:
+    quantiles: Dict[Tuple[str, str], Dict[str, float]] = {}
+    for key, qs in answer.quantiles.items():
+        quantiles[key] = dict(qs)  # a summary's own window
+    for key, hist in windows.items():
+        qs = {q: v for q in sig.QUANTILES
+              for v in (quantile(float(q), sorted(hist.items())),) if v is not None}
+        if qs:
+            quantiles[key] = qs
+    has_e2e = any(sg == E2E for sg, _ in quantiles)
+    if not has_e2e:
         if answer.kind == "":
             unknown.append(sig.R_NO_QUANTILES)
         elif inc is None and answer.kind == "histogram":
@@ -116,7 +127,23 @@ def figures(answer: Answer, window: Window) -> Latency:
         ratio = min(1.0, errors / requests)
     elif requests and not answer.errors_known:
         unknown.append(sig.R_NO_ERRORS)
-    return Latency(quantiles, requests, ratio, tuple(unknown))
+    frozen = {key: tuple(sorted(hist.items())) for key, hist in windows.items()}
+    return Latency(quantiles, requests, ratio, tuple(unknown), frozen)
+
+
+def _counted(answer: Answer, inc: Dict[Any, float],
+             windows: Dict[Tuple[str, str], Dict[float, float]]) -> Optional[float]:
+    """Requests in the window from the end-to-end family itself (no request counter): its
+    ``+Inf`` buckets, or a summary's ``_count``; None (unknown, never 0: 0 reads as idle) if
+    it has neither."""
+    if answer.kind == "histogram":
+        tops = [h.get(math.inf) for (sg, _), h in windows.items() if sg == E2E]
+        known = [t for t in tops if t is not None]
+        return sum(known) if known else None
+    if answer.kind == "summary":
+        counts = [v for k, v in inc.items() if k[0] == "n" and k[1] == E2E]
+        return sum(counts) if counts else None
+    return None
 
 
 class JobSignalsState:
@@ -304,8 +331,9 @@ class JobSignalsCollector:
         jc = [sig.L_JOB, sig.L_CLASS]
         fam = {
             sig.M_LATENCY: GaugeMetricFamily(
-                sig.M_LATENCY, "Request latency over the window (the job's own endpoint)",
-                labels=[*jc, sig.L_QUANTILE]),
+                sig.M_LATENCY, "Request latency percentile over the window (interpolated in "
+                "the server's buckets; the SLO is judged on slurmiso_job_window_latency_seconds)",
+                labels=[*jc, sig.L_LATENCY_SIGNAL, sig.L_MODEL, sig.L_PERCENTILE]),
             sig.M_ERROR_RATIO: GaugeMetricFamily(
                 sig.M_ERROR_RATIO, "Failed / all requests over the window", labels=jc),
             sig.M_REQUESTS: GaugeMetricFamily(
@@ -323,6 +351,7 @@ class JobSignalsCollector:
             sig.M_THROUGHPUT_VS_SOLO: GaugeMetricFamily(
                 sig.M_THROUGHPUT_VS_SOLO, "Baseline step time / recent step time", labels=jc),
         }
+        window = _WindowFamily()
         for v in self.state.view():
             who = [v.job, v.job_class]
             if v.latency_age is not None:
@@ -330,8 +359,12 @@ class JobSignalsCollector:
             for reason in v.latency_unknown:
                 fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_LATENCY, reason], 1.0)
             if v.latency is not None:
-                for q, value in sorted(v.latency.quantiles.items()):
-                    fam[sig.M_LATENCY].add_metric([*who, q], value)
+                for (signal, model), qs in sorted(v.latency.quantiles.items()):
+                    for q, value in sorted(qs.items()):
+                        fam[sig.M_LATENCY].add_metric(
+                            [*who, signal, model, sig.PERCENTILE[q]], value)
+                for (signal, model), hist in sorted(v.latency.windows.items()):
+                    window.add(who, signal, model, hist)
                 if v.latency.requests is not None:
                     fam[sig.M_REQUESTS].add_metric(who, v.latency.requests)
                 if v.latency.error_ratio is not None:
@@ -349,6 +382,36 @@ class JobSignalsCollector:
                 if st.throughput_vs_solo is not None:
                     fam[sig.M_THROUGHPUT_VS_SOLO].add_metric(who, st.throughput_vs_solo)
         yield from fam.values()
+        yield window.family
+
+
+class _WindowFamily:
+    """``slurmiso_job_window_latency_seconds``: each job's requests per bucket over the window,
+    per signal and model, as a gauge histogram (what the monitor judges the SLO on)."""
+
+    def __init__(self) -> None:
+        from prometheus_client.metrics_core import Metric
+
+        self.family = Metric(sig.M_WINDOW, "Requests at or under each bucket edge over the "
+                             "window (the server's own buckets, seconds)", "gaugehistogram")
+
+    def add(self, who: List[str], signal: str, model: str,
+            hist: Tuple[Tuple[float, float], ...]) -> None:
+        labels = dict(zip((sig.L_JOB, sig.L_CLASS), who))
+        labels.update({sig.L_LATENCY_SIGNAL: signal, sig.L_MODEL: model})
+        top = 0.0
+        for edge, count in hist:
+            top = max(top, count)
+            self.family.add_sample(sig.M_WINDOW + "_bucket",
+                                   {**labels, "le": _edge_label(edge)}, top)
+        if not hist or hist[-1][0] != math.inf:
+            self.family.add_sample(sig.M_WINDOW + "_bucket", {**labels, "le": "+Inf"}, top)
+        self.family.add_sample(sig.M_WINDOW + "_gcount", labels, top)
+
+
+def _edge_label(edge: float) -> str:
+    """An ``le`` as Prometheus writes it (``+Inf``, ``0.25``)."""
+    return "+Inf" if edge == math.inf else repr(float(edge))
 
 
 class Refresher:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.monitor.attribution import Attribution, gpu_key
+from slurmiso.monitor.histogram import quantile
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
@@ -38,6 +39,7 @@ from slurmiso.monitor.policy import (
     StepPolicy,
 )
 from slurmiso.monitor.signals import JobSignals, unknown_fields
+from slurmiso.monitor.slo_share import Verdict, judge
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
 HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
@@ -77,49 +79,78 @@ def _text(signal: str, value: float, limit: float) -> str:
 
 #: What :func:`_judge` names instead of a figure: the signals are too old, or idle.
 _STALE, _IDLE = "(age)", "(idle)"
+#: A verdict on one limit: (kind, the figure's name, its value, its limit, words).
+_Verdict = Tuple[str, str, Optional[float], Optional[float], str]
+_SHARE_KIND = {Verdict.HOT: HOT, Verdict.BETWEEN: BETWEEN, Verdict.CALM: CALM,
+               Verdict.UNKNOWN: UNKNOWN}
+_LATENCY_WORDS = {"e2e": "latency", "ttft": "time to first token",
+                  "itl": "inter-token latency"}
 
 
-def _judge(sig: JobSignals, slo: SloLimit,
-           policy: Policy) -> Tuple[str, str, Optional[float], Optional[float]]:
+def _latency(sig: JobSignals, slo: SloLimit, limit: float, margin: float,
+             told: FrozenSet[str]) -> _Verdict:
+    """The latency limit as users state it: at most 1 % of requests slower than ``limit`` ms
+    of the SLO's signal, judged on the window's buckets, per model, the worst deciding
+    (:mod:`slurmiso.monitor.slo_share`). A summary-only server (no buckets) is judged on its
+    own P99 (end to end only)."""
+    words = _LATENCY_WORDS.get(slo.signal, slo.signal)
+    hists = sig.window(slo.signal)
+    if hists:
+        worst_v: Optional[_Verdict] = None
+        for model, hist in sorted(hists.items()):
+            j = judge(hist, limit / 1000.0, 0.01, 1.0 - margin)
+            kind = _SHARE_KIND[j.verdict]
+            p99 = quantile(0.99, hist) if j.verdict != Verdict.UNKNOWN else None
+            shown = f"{words}{f' of model {model}' if model else ''}: {j.why}" + (
+                f", P99 about {p99 * 1000:.0f} ms" if p99 is not None else "")
+            v = (kind, "p99_ms", None if p99 is None else p99 * 1000.0, limit, shown)
+            if worst_v is None or _RANK[kind] < _RANK[worst_v[0]]:
+                worst_v = v
+        assert worst_v is not None
+        return worst_v
+    if slo.signal != "e2e" or sig.p99_ms is None or "p99_ms" in told:
+        return UNKNOWN, "p99_ms", None, limit, f"its {words} is unknown"
+    value = float(sig.p99_ms)
+    kind = HOT if value > limit else CALM if value <= limit * margin else BETWEEN
+    return kind, "p99_ms", value, limit, _text("p99_ms", value, limit)
+
+
+def _judge(sig: JobSignals, slo: SloLimit, policy: Policy) -> _Verdict:
     """The one judgement of a job's signals against its class's per-job SLO: (HOT, CALM,
     BETWEEN or UNKNOWN; the figure nearest its limit, or the unknown one; its value; its
-    limit). Cheap enough for every job every cycle; :func:`job_verdict` words it."""
+    limit; words). Cheap enough for every job every cycle; :func:`job_verdict` words it."""
     age = sig.latency_age_s
     if age is None or age > policy.max_data_age_s:
-        return UNKNOWN, _STALE, None, None
+        return UNKNOWN, _STALE, None, None, ""
     if sig.requests is not None and sig.requests <= 0:
-        return CALM, _IDLE, None, None
+        return CALM, _IDLE, None, None, ""
     told = unknown_fields(sig.unknown)
     margin = 1.0 - policy.ladder.hysteresis_pct / 100.0
-    top: Optional[Tuple[str, float, float]] = None  # nearest its limit, breached or not
-    top_rank = (False, 0.0)
-    missing = ""
-    calm = True
-    for name, limit in limits(slo):
-        value = getattr(sig, name)
-        if value is None or name in told:  # absent, or present but named unknown: unknown
-            missing = missing or name
-            continue
-        rank = (value > limit, value / limit if limit else 0.0)
-        if top is None or rank > top_rank:
-            top, top_rank = (name, float(value), limit), rank
-        calm = calm and value <= limit * margin
-    if top is not None and top_rank[0]:
-        return HOT, top[0], top[1], top[2]
-    if missing:
-        return UNKNOWN, missing, None, None
-    kind = CALM if calm else BETWEEN
-    return (kind, "", None, None) if top is None else (kind, top[0], top[1], top[2])
+    verdicts: List[_Verdict] = []
+    if slo.p99_latency_ms is not None:
+        verdicts.append(_latency(sig, slo, float(slo.p99_latency_ms), margin, told))
+    if slo.max_error_rate is not None:
+        limit = float(slo.max_error_rate)
+        value = sig.error_rate
+        if value is None or "error_rate" in told:
+            verdicts.append((UNKNOWN, "error_rate", None, limit, "its error rate is unknown"))
+        else:
+            kind = HOT if value > limit else CALM if value <= limit * margin else BETWEEN
+            verdicts.append((kind, "error_rate", value, limit, _text("error_rate", value, limit)))
+    if not verdicts:
+        return CALM, "", None, None, ""
+    return min(verdicts, key=lambda v: (_RANK[v[0]], -((v[2] or 0.0) / v[3] if v[3] else 0.0)))
 
 
 def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
                 policy: Policy) -> Breach:
     """One inference job against its class's per-job SLO. A figure that is missing, named
-    unknown by the agent, or older than ``max_data_age_s`` is unknown (never calm); a job
-    that served no request at all in the window is calm (no one is waiting on it)."""
+    unknown by the agent, older than ``max_data_age_s``, or whose buckets cannot tell is
+    unknown (never calm, never hot); a job that served no request at all in the window is
+    calm (no one is waiting on it)."""
     if sig is None:
         return Breach(UNKNOWN, jid, why=f"no signals from inference job {jid}")
-    kind, name, value, limit = _judge(sig, slo, policy)
+    kind, name, value, limit, words = _judge(sig, slo, policy)
     if name == _STALE:
         age = sig.latency_age_s
         return Breach(UNKNOWN, jid, why=(
@@ -129,10 +160,11 @@ def job_verdict(jid: str, sig: Optional[JobSignals], slo: SloLimit,
     if name == _IDLE:
         return Breach(CALM, jid, why=f"inference job {jid} served no requests")
     if kind == UNKNOWN:
-        return Breach(UNKNOWN, jid, why=f"inference job {jid}'s {name} is unknown")
-    if value is None or limit is None:
+        return Breach(UNKNOWN, jid, name, None, limit, f"inference job {jid}: {words}",
+                      slo.class_name)
+    if limit is None:
         return Breach(kind, jid, why=f"inference job {jid} has no per-job limit")
-    return Breach(kind, jid, name, value, limit, _text(name, value, limit), slo.class_name)
+    return Breach(kind, jid, name, value, limit, words, slo.class_name)
 
 
 def worst(verdicts: List[Breach]) -> Breach:

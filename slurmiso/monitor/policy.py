@@ -62,6 +62,8 @@ class SloLimit:
     #: A latency query measures the class-wide P99: only then is it admission's limit (one
     #: that nothing measures would be unknown forever, and so admit no training).
     class_latency: bool = True
+    #: The latency signal the per-job limit judges: e2e, ttft or itl.
+    signal: str = "e2e"
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,8 @@ def policy_from_config(
         # Per job, the agents' signals measure latency and errors without any query;
         # class-wide, the P99 is measured only where a latency query says how.
         slo=tuple(SloLimit(s.class_name, s.max_queue_wait_s, s.p99_latency_ms,
-                           s.max_error_rate, bool(s.latency_query)) for s in mon.slo),
+                           s.max_error_rate, bool(s.latency_query), s.signal)
+                    for s in mon.slo),
         lend=tuple(lend),
         lend_reserve=lend_reserve,
         mig_layouts=mig_candidates(cfg),

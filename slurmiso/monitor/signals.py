@@ -11,8 +11,12 @@ series                                 labels                              value
 ``slurmiso_job_gpu``                   job, class, gpu, gi                 1 per job and GPU
                                                                            or MIG instance
                                                                            (gi "" = whole GPU)
-``slurmiso_job_latency_seconds``       job, class, quantile (0.5, 0.95,    request latency
-                                       0.99)                               over the window
+``slurmiso_job_latency_seconds``       job, class, signal (e2e, ttft,      latency percentile
+                                       itl), model, percentile (50, 95,    over the window,
+                                       99)                                 interpolated
+``slurmiso_job_window_latency_seconds  job, class, signal, model, le       requests at or
+_bucket`` (a gauge histogram)                                              under each edge
+                                                                           over the window
 ``slurmiso_job_error_ratio``           job, class                          failed / all
                                                                            requests, window
 ``slurmiso_job_requests``              job, class                          requests finished
@@ -57,18 +61,24 @@ M_SIGNAL_UNKNOWN = "slurmiso_job_signal_unknown"
 M_STEP_SECONDS = "slurmiso_job_step_seconds"
 M_STEPS_TOTAL = "slurmiso_job_steps_total"
 M_THROUGHPUT_VS_SOLO = "slurmiso_job_throughput_vs_solo"
+M_WINDOW = "slurmiso_job_window_latency_seconds"
+M_WINDOW_BUCKET = M_WINDOW + "_bucket"
 
 #: Every per-job series, in the order the agent writes them.
 SERIES: Tuple[str, ...] = (
     M_JOB_GPU, M_LATENCY, M_ERROR_RATIO, M_REQUESTS, M_SIGNAL_AGE, M_SIGNAL_UNKNOWN,
-    M_STEP_SECONDS, M_STEPS_TOTAL, M_THROUGHPUT_VS_SOLO,
+    M_STEP_SECONDS, M_STEPS_TOTAL, M_THROUGHPUT_VS_SOLO, M_WINDOW_BUCKET,
 )
 
 L_JOB, L_CLASS, L_GPU, L_GI = "job", "class", "gpu", "gi"
 L_QUANTILE, L_SIGNAL, L_REASON = "quantile", "signal", "reason"
+#: ``signal`` of a latency series (e2e, ttft, itl); the model it is about ("" if none).
+L_LATENCY_SIGNAL, L_MODEL, L_PERCENTILE = "signal", "model", "percentile"
 
 #: The latency quantiles, as the ``quantile`` label writes them.
 QUANTILES: Tuple[str, ...] = ("0.5", "0.95", "0.99")
+#: A quantile as the ``percentile`` label writes it (no ``quantile`` label outside a summary).
+PERCENTILE: Dict[str, str] = {"0.5": "50", "0.95": "95", "0.99": "99"}
 SIGNAL_LATENCY = "latency"
 SIGNAL_STEPS = "steps"
 SIGNALS: Tuple[str, ...] = (SIGNAL_LATENCY, SIGNAL_STEPS)
@@ -95,6 +105,13 @@ R_BAD_FILE = "bad-file"  # step file unreadable as the wrapper writes it
 R_NO_ERRORS = "no-error-series"  # latency known, failures not
 
 
+#: One window histogram: (signal, model, ((edge in seconds, requests at or under it), ...)).
+Window = Tuple[str, str, Tuple[Tuple[float, float], ...]]
+#: Window histograms one job may carry (signals x models): more is a hostile answer's.
+MAX_WINDOWS = 3 * 32
+MAX_EDGES = 64
+
+
 @dataclass(frozen=True)
 class JobSignals:
     """One job's signals as one agent exported them; None where the agent had no figure.
@@ -119,6 +136,8 @@ class JobSignals:
     throughput_vs_solo: Optional[float] = None
     steps_age_s: Optional[float] = None
     unknown: Tuple[str, ...] = ()
+    #: The window's histograms: (signal, model, ((edge s, requests at or under it), ...)).
+    windows: Tuple[Window, ...] = ()
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"job": self.job, "class": self.job_class, "node": self.node,
@@ -129,15 +148,29 @@ class JobSignals:
                 out[name] = value
         if self.unknown:
             out["unknown"] = list(self.unknown)
+        if self.windows:
+            out["windows"] = [[signal, model, [[_edge_text(e), c] for e, c in hist]]
+                              for signal, model, hist in self.windows]
         return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> JobSignals:
         figures = {n: (None if d.get(n) is None else float(d[n])) for n in _FIGURES}
+        windows = tuple((str(w[0]), str(w[1]), tuple((float(e), float(c)) for e, c in w[2]))
+                        for w in d.get("windows", ()))
         return cls(str(d["job"]), str(d.get("class", "")), str(d.get("node", "")),
                    tuple((int(g[0]), str(g[1]) if len(g) > 1 else "")
                          for g in d.get("gpus", ())),
-                   unknown=tuple(str(u) for u in d.get("unknown", ())), **figures)
+                   unknown=tuple(str(u) for u in d.get("unknown", ())), windows=windows,
+                   **figures)
+
+    def window(self, signal: str) -> Dict[str, Tuple[Tuple[float, float], ...]]:
+        """The window histograms of ``signal``, model -> buckets."""
+        return {model: hist for sg, model, hist in self.windows if sg == signal}
+
+
+def _edge_text(edge: float) -> Any:
+    return "+Inf" if edge == math.inf else edge
 
 
 _LATENCY_FIGURES = ("p50_ms", "p95_ms", "p99_ms")
@@ -196,6 +229,7 @@ def _finite(value: float) -> Optional[float]:
 
 
 _QUANTILE_FIELD = {"0.5": "p50_ms", "0.95": "p95_ms", "0.99": "p99_ms"}
+_PERCENTILE_FIELD = {"50": "p50_ms", "95": "p95_ms", "99": "p99_ms"}
 _AGE_FIELD = {SIGNAL_LATENCY: "latency_age_s", SIGNAL_STEPS: "steps_age_s"}
 
 
@@ -207,6 +241,7 @@ class _Acc:
         self.gpus: Set[Tuple[int, str]] = set()
         self.unknown: Set[str] = set()
         self.values: Dict[str, Optional[float]] = {}
+        self.windows: Dict[Tuple[str, str], Dict[float, float]] = {}
 
     def fold(self, name: str, labels: Dict[str, str], value: float) -> None:
         self.job_class = self.job_class or labels.get(L_CLASS, "")
@@ -228,9 +263,17 @@ class _Acc:
             return
         if v is None or v < 0:
             return  # a figure the job's own answer made absurd is no figure
+        if name == M_WINDOW_BUCKET:
+            self._bucket(labels, v)
+            return
         if name == M_LATENCY:
-            key = _QUANTILE_FIELD.get(labels.get(L_QUANTILE, ""), "")
+            if labels.get(L_LATENCY_SIGNAL, "e2e") != "e2e":
+                return
+            key = _QUANTILE_FIELD.get(labels.get(L_QUANTILE, ""), "") or \
+                _PERCENTILE_FIELD.get(labels.get(L_PERCENTILE, ""), "")
             v *= 1000.0
+            if key and self.values.get(key) is not None:
+                v = max(v, self.values[key] or 0.0)  # the worst model's
         elif name == M_ERROR_RATIO:
             key, v = "error_rate", min(1.0, v)
         elif name == M_REQUESTS:
@@ -240,6 +283,24 @@ class _Acc:
         if key:
             self.values[key] = v
 
+    def _bucket(self, labels: Dict[str, str], count: float) -> None:
+        try:
+            edge = float(labels.get("le", ""))
+        except ValueError:
+            return
+        if not edge >= 0:
+            return  # NaN, negative: no latency is that
+        key = (labels.get(L_LATENCY_SIGNAL, ""), labels.get(L_MODEL, ""))
+        hist = self.windows.get(key)
+        if hist is None:
+            if len(self.windows) >= MAX_WINDOWS:
+                return
+            hist = self.windows[key] = {}
+        if len(hist) < MAX_EDGES or edge in hist:
+            hist[edge] = count
+
     def signals(self, job: str, node: str) -> JobSignals:
+        windows = tuple((sg, model, tuple(sorted(h.items())))
+                        for (sg, model), h in sorted(self.windows.items()))
         return JobSignals(job, self.job_class, node, tuple(sorted(self.gpus)),
-                          unknown=tuple(sorted(self.unknown)), **self.values)
+                          unknown=tuple(sorted(self.unknown)), windows=windows, **self.values)

@@ -54,8 +54,11 @@ def test_example_content() -> None:
     half = cfg.mig_layout("half-half")
     assert half is not None and half.for_device(5).counts() == {"4g.40gb": 1, "1g.10gb": 3}  # type: ignore[union-attr]
     # infer beside train on the MPS pool, any account: true, and said (docs/security.md)
-    (warning,) = cfg.warnings
+    slo, warning = cfg.warnings
     assert "pools[0]" in warning and "'serve'" in warning and "time-sliced" in warning
+    # the example's TTFT bound is an edge of vLLM's and Triton's buckets, not SGLang's
+    assert "monitor.slo[0]" in slo and "sglang cannot resolve ttft 500 ms" in slo
+    assert "(400 ms, 600 ms]" in slo and "vllm" not in slo
 
 
 def _set(path: str, value: Any) -> Callable[[Dict[str, Any]], None]:

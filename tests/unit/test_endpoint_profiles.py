@@ -31,6 +31,11 @@ def vllm(counts: Dict[str, float], stop: float = 0, abort: float = 0, error: flo
     for reason, n in (("stop", stop), ("length", 0), ("abort", abort), ("error", error)):
         lines.append(f'vllm:request_success_total{{finished_reason="{reason}",'
                      f'model_name="{model}"}} {n}')
+    # the API server's instrumentator: an engine error is its 500 (vllm/v1/engine/__init__.py)
+    lines.append(f'http_requests_total{{handler="/v1/completions",method="POST",status="2xx"}} '
+                 f"{stop + abort}")
+    lines.append(f'http_requests_total{{handler="/v1/completions",method="POST",status="5xx"}} '
+                 f"{error}")
     lines.append('vllm:num_requests_running{model_name="m"} 3.0')
     return "\n".join(lines) + "\n"
 
@@ -55,7 +60,7 @@ def test_vllm_quantiles_come_from_the_window_not_since_start() -> None:
     before = vllm(cum(1000, 1000, 1000, 1000), stop=1000)
     after = vllm(cum(1010, 1050, 1090, 1100), stop=1090, abort=8, error=2)
     lat = window_figures(before, after)
-    assert lat.quantiles == pytest.approx({"0.5": 0.5, "0.95": 1.0, "0.99": 1.0})
+    assert lat.e2e() == pytest.approx({"0.5": 0.5, "0.95": 1.0, "0.99": 1.0})
     assert lat.requests == 100.0
     assert lat.error_ratio == pytest.approx(0.10)  # abort 8 + error 2 of 100
     assert lat.unknown == ()
@@ -80,17 +85,20 @@ def test_restarted_server_counts_from_its_restart() -> None:
     restarted = vllm(cum(10, 50, 90, 100), stop=100)
     lat = window_figures(before, restarted)
     assert lat.requests == 100.0
-    assert lat.quantiles["0.5"] == pytest.approx(0.5)
+    assert lat.e2e()["0.5"] == pytest.approx(0.5)
 
 
-def test_two_models_are_summed_per_bucket() -> None:
+def test_two_models_are_judged_apart() -> None:
+    """Each model has its own window histogram (issue 32: a fast, busy model must not hide a
+    breaching one); the e2e quantiles shown are the worst model's."""
     a0, b0 = vllm(cum(0, 0, 0, 0), model="a"), vllm(cum(0, 0, 0, 0), model="b")
     a1 = vllm(cum(10, 50, 50, 50), stop=50, model="a")
     b1 = vllm(cum(0, 0, 40, 50), stop=50, model="b")
     lat = window_figures(a0 + b0, a1 + b1)
-    # sum: 10, 50, 90, 100 -> the same histogram as above
-    assert lat.quantiles == pytest.approx({"0.5": 0.5, "0.95": 1.0, "0.99": 1.0})
-    assert lat.requests == 100.0
+    assert lat.windows[("e2e", "a")] == ((0.1, 10.0), (0.5, 50.0), (1.0, 50.0), (math.inf, 50.0))
+    assert lat.windows[("e2e", "b")] == ((0.1, 0.0), (0.5, 0.0), (1.0, 40.0), (math.inf, 50.0))
+    assert lat.e2e()["0.99"] == pytest.approx(1.0)  # model b's
+    assert lat.quantiles[("e2e", "a")]["0.99"] == pytest.approx(0.1 + 0.4 * 39.5 / 40)
 
 
 TGI = """# TYPE tgi_request_duration histogram
@@ -114,7 +122,7 @@ def test_tgi_failure_counter_created_at_the_first_failure() -> None:
     zero), and when it appears its whole value is new failures."""
     lat = window_figures(tgi(0, 0, 0), tgi(40, 90, 100))
     assert lat.error_ratio == 0.0 and lat.requests == 100
-    assert lat.quantiles["0.5"] == pytest.approx(0.5 + 1.5 * 10 / 50)  # rank 50 in (0.5, 2]
+    assert lat.e2e()["0.5"] == pytest.approx(0.5 + 1.5 * 10 / 50)  # rank 50 in (0.5, 2]
     lat = window_figures(tgi(40, 90, 100), tgi(50, 140, 200, failures=20))
     assert lat.error_ratio == pytest.approx(0.2)
 
@@ -136,7 +144,7 @@ def test_triton_summary_quantiles_in_microseconds_highest_model_wins() -> None:
     """Summary quantiles are the server's own window: valid from the first reading; the
     highest over the models (P99 20 ms of model "other")."""
     lat = window_figures(TRITON_SUMMARY.replace("{n}", "100").replace("{f}", "0"))
-    assert lat.quantiles == pytest.approx({"0.5": 0.0055, "0.95": 0.0098, "0.99": 0.020})
+    assert lat.e2e() == pytest.approx({"0.5": 0.0055, "0.95": 0.0098, "0.99": 0.020})
     assert lat.requests is None  # no window yet for the counters
     lat = window_figures(TRITON_SUMMARY.replace("{n}", "100").replace("{f}", "0"),
                          TRITON_SUMMARY.replace("{n}", "190").replace("{f}", "10"))
@@ -167,7 +175,7 @@ def generic(ok: int, err5: int, b: Dict[str, float]) -> str:
 def test_generic_http_server_5xx_are_errors() -> None:
     lat = window_figures(generic(0, 0, cum(0, 0, 0, 0)), generic(80, 20, cum(10, 50, 90, 100)))
     assert lat.requests == 100 and lat.error_ratio == pytest.approx(0.2)
-    assert lat.quantiles["0.5"] == pytest.approx(0.5)
+    assert lat.e2e()["0.5"] == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("text", [
@@ -244,8 +252,11 @@ def test_bad_selectors_are_refused(text: str) -> None:
 def test_glob_names_match_name_characters_only() -> None:
     sel = parse_selector("*_requests_total")
     assert sel.name.fullmatch("http_requests_total")
-    assert sel.name.fullmatch("app:api_requests_total")
     assert not sel.name.fullmatch("http_requests_total_created")
+    # a wildcard never spans a namespace: sglang:num_requests_total is SGLang's, not generic
+    assert not sel.name.fullmatch("app:api_requests_total")
+    assert not sel.name.fullmatch("sglang:num_requests_total")
+    assert parse_selector("sglang:*").name.fullmatch("sglang:num_requests_total")
 
 
 def test_a_summary_without_its_count_is_no_count_not_idle() -> None:
@@ -254,5 +265,5 @@ def test_a_summary_without_its_count_is_no_count_not_idle() -> None:
     text = "\n".join(ln for ln in TRITON_SUMMARY.splitlines()
                      if "_count" not in ln and "success" not in ln and "failure" not in ln)
     lat = window_figures(text, text)
-    assert lat.quantiles["0.99"] == pytest.approx(0.020)
+    assert lat.e2e()["0.99"] == pytest.approx(0.020)
     assert lat.requests is None

@@ -34,7 +34,7 @@ def test_defaults_and_a_site_profile() -> None:
     s = cfg.monitor.signals
     assert (s.refresh_s, s.window_s, s.timeout_s, s.max_body_mb, s.baseline_steps) == (
         5, 60, 1, 1, 20)
-    assert [p.name for p in s.servers] == ["vllm", "tgi", "triton", "generic"]
+    assert [p.name for p in s.servers] == ["vllm", "sglang", "tgi", "triton", "generic"]
     cfg = parse_config(_example({"refresh": "10s", "window": "2m", "max_body": "4M", "servers": [
         {"name": "mine", "latency": "app_latency_ms", "unit": "ms",
          "errors": ['app_requests_total{outcome="fail"}']}]}), "x.yaml")
