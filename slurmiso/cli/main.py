@@ -31,6 +31,7 @@ SUBCOMMANDS = [
     "slurmiso.cli.qos",
     "slurmiso.cli.doctor",
     "slurmiso.cli.probe",
+    "slurmiso.cli.signals",
     "slurmiso.cli.agent",
     "slurmiso.cli.monitor",
 ]
