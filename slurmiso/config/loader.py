@@ -380,6 +380,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         prometheus_url=te.text("prometheus_url", ""),
         agent_addr=te.text("agent_addr", "127.0.0.1"),
         job_labels=te.flag("job_labels", False),
+        agent_dcgm_names=te.flag("agent_dcgm_names", True),
         deadline_s=te.converted("deadline", 0, _duration, "duration"),
     )
     te.done()

@@ -184,6 +184,9 @@ class TelemetrySettings(Value):
     agent_addr: str = "127.0.0.1"
     #: Label per-GPU series with the job ids holding them (cardinality: off by default).
     job_labels: bool = False
+    #: The agent also writes the DCGM exporter's names (DCGM_FI_*); switch off where a real
+    #: DCGM exporter runs on the node, or a Prometheus sum counts each GPU twice.
+    agent_dcgm_names: bool = True
     #: One deadline for all telemetry of a cycle (0: a third of the interval).
     deadline_s: int = 0
 

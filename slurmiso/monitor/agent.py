@@ -243,7 +243,8 @@ def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(lambda: gather_node(cfg, node), node,
-                                    job_labels=cfg.monitor.telemetry.job_labels))
+                                    job_labels=cfg.monitor.telemetry.job_labels,
+                                    dcgm_names=cfg.monitor.telemetry.agent_dcgm_names))
     if signals is not None:
         from slurmiso.monitor.jobsignals import JobSignalsCollector
 

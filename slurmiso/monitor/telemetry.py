@@ -412,24 +412,55 @@ def parse_query_result(doc: Any) -> List[Sample]:
     return out
 
 
+#: The labels that name a DCGM series' node: the exporter's own (``Hostname`` in its releases,
+#: ``hostname`` in its newer source; absent with ``--no-hostname``), then Prometheus's target.
+NODE_LABELS = ("Hostname", "hostname", "instance")
+
+
+def dcgm_node(labels: Mapping[str, str], nodes: Mapping[str, str]) -> str:
+    """The cluster node a DCGM series is about ("" if none): by name, short name or address;
+    ``instance`` without its port."""
+    by_addr = {addr: n for n, addr in nodes.items() if addr}
+    for label in NODE_LABELS:
+        host = labels.get(label, "")
+        if label == "instance" and host.count(":") == 1:
+            host = host.rsplit(":", 1)[0]
+        host = host.strip("[]")
+        if not host:
+            continue
+        short = host.split(".")[0]
+        node = host if host in nodes else short if short in nodes else by_addr.get(host, "")
+        if node:
+            return node
+    return ""
+
+
+def _label_words(labels: Mapping[str, str]) -> str:
+    shown = [f"{k}={labels[k][:40]!r}" for k in NODE_LABELS + ("gpu",) if k in labels]
+    return ", ".join(shown) or "none of them"
+
+
 def dcgm_gpus(
     series: Mapping[str, List[Sample]], nodes: Mapping[str, str], now: float, reading: Reading
 ) -> None:
     """Fold DCGM series into per-GPU samples: MIG instances (``GPU_I_ID``) add up their
-    framebuffer; SM/engine activity takes the busiest instance (what can hurt inference)."""
-    by_addr = {addr: n for n, addr in nodes.items() if addr}
+    framebuffer; SM/engine activity takes the busiest instance (what can hurt inference).
+    A series whose node cannot be told is counted (``prometheus/unmapped``) with its labels,
+    never dropped in silence."""
     acc: Dict[Tuple[str, int], Dict[str, Any]] = {}
-
-    def node_of(s: Sample) -> str:
-        host = s.labels.get("Hostname", "")
-        short = host.split(".")[0]
-        return host if host in nodes else short if short in nodes else by_addr.get(host, "")
-
+    unmapped = 0
     for name, key in ((DCGM_USED, "mem"), (DCGM_FREE, "free"), (DCGM_SM, "sm"),
                       (DCGM_GR, "gr"), (DCGM_UTIL, "util"), (f"timestamp({DCGM_USED})", "seen")):
         for s in series.get(name, []):
-            node = node_of(s)
+            node = dcgm_node(s.labels, nodes)
             if not node or "gpu" not in s.labels:
+                unmapped += 1
+                if unmapped == 1:
+                    log.warning(
+                        "monitor: DCGM series %s maps to no node of the cluster by its "
+                        "Hostname, hostname or instance labels (%s): counted as "
+                        "prometheus/unmapped; run DCGM exporter without --no-hostname, or "
+                        "relabel instance to the node's name", name, _label_words(s.labels))
                 continue
             try:
                 index = int(s.labels["gpu"])
@@ -447,6 +478,8 @@ def dcgm_gpus(
                 g[key] = max(g.get(key, 0.0), s.value)
             else:
                 g[key] = max(g.get(key, 0.0), 100.0 * s.value)
+    if unmapped:  # counted, not an error: a Prometheus may hold GPUs outside the cluster
+        reading.unknown["prometheus/unmapped"] = unmapped
     for (node, index), g in sorted(acc.items()):
         used = int(g.get("mem", 0))
         total = used + int(g["free"]) if "free" in g else 0  # 0: unknown, never calm

@@ -3,11 +3,12 @@ HTTP sources against a loopback server (never anything but 127.0.0.1)."""
 
 from __future__ import annotations
 
+import copy
 import http.server
 import os
 import threading
 import urllib.parse
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 
@@ -184,3 +185,38 @@ def test_prometheus_down_is_an_error_line_not_an_exception() -> None:
     r = t.PrometheusSource(f"http://127.0.0.1:{port}", {"infer": "x"}, timeout=1).read(
         {"gpu017": ""}, NOW)
     assert r.gpus == {} and len(r.errors) == 2
+
+
+def _relabel(doc: Dict[str, Any], drop: str, add: Optional[str], value: Any = None) -> Any:
+    """A query result whose series carry ``add`` (``value(old labels)``) instead of ``drop``,
+    as DCGM exporter's newer source (``hostname``) or ``--no-hostname`` write them."""
+    out = copy.deepcopy(doc)
+    for item in out["data"]["result"]:
+        m = item["metric"]
+        old = m.pop(drop, None)
+        if add is not None:
+            m[add] = value(old) if value else old
+    return out
+
+
+@pytest.mark.parametrize("label,value", [
+    ("hostname", None),  # DCGM exporter's source after d5e5f51 (2026-05-12)
+    ("instance", lambda host: f"{host}:9400"),  # --no-hostname: Prometheus's target
+])
+def test_dcgm_node_from_hostname_or_instance(label: str, value: Any) -> None:
+    series = {n: t.parse_query_result(_relabel(_json(f), "Hostname", label, value))
+              for n, f in ((t.DCGM_USED, "dcgm-fb-used.json"), (t.DCGM_FREE, "dcgm-fb-free.json"),
+                           (f"timestamp({t.DCGM_USED})", "dcgm-timestamp.json"))}
+    r = t.Reading()
+    t.dcgm_gpus(series, {"gpu017": "10.0.0.17", "gpu018": ""}, NOW, r)
+    assert sorted(r.gpus) == ["gpu017", "gpu018"] and "prometheus/unmapped" not in r.unknown
+
+
+def test_dcgm_series_of_no_node_are_counted_not_dropped(caplog: Any) -> None:
+    series = {t.DCGM_USED: t.parse_query_result(_relabel(_json("dcgm-fb-used.json"),
+                                                         "Hostname", None))}
+    r = t.Reading()
+    with caplog.at_level("WARNING"):
+        t.dcgm_gpus(series, {"gpu017": "10.0.0.17", "gpu018": ""}, NOW, r)
+    assert r.gpus == {} and r.unknown["prometheus/unmapped"] == len(series[t.DCGM_USED])
+    assert "--no-hostname" in caplog.text
