@@ -54,6 +54,7 @@ sandbox-down:
 
 unit: install
 	sh tests/tools/install-chromium.sh
+	sh tests/tools/install-promtool.sh
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: sandbox
@@ -63,6 +64,7 @@ integration: sandbox
 # (with their reason) where no NVIDIA driver is present.
 test: sandbox
 	sh tests/tools/install-chromium.sh
+	sh tests/tools/install-promtool.sh
 	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
 
 demo: sandbox
