@@ -97,3 +97,11 @@ def test_the_dashboard_is_importable() -> None:
         assert {"x", "y", "w", "h"} <= set(p["gridPos"])
         for target in p.get("targets", []):
             assert target["refId"] and target["datasource"]["uid"] == "${datasource}"
+
+
+def test_the_dashboard_judges_what_the_ladder_judges() -> None:
+    """Issue 32: the share of requests over the SLO bound from the window's buckets, and the
+    percentiles under their percentile label (no quantile label outside a summary)."""
+    exprs = " ".join(queries(dashboard()))
+    assert "slurmiso_job_window_latency_seconds_bucket" in exprs and 'le="$slo_bound"' in exprs
+    assert 'percentile="99"' in exprs and "quantile=" not in exprs
