@@ -406,9 +406,21 @@ def check_plugstack_files(snap: Snapshot, cfg: Config) -> List[Finding]:
     return out
 
 
+def check_slo_resolvable(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """A class's latency bound that a built-in server's buckets cannot place: its jobs read
+    unknown whenever over 1 % of their requests fall in that bucket (issue 32)."""
+    from slurmiso.config.slo_check import slo_problems
+
+    return [Finding("warning", "slo-unresolvable", f"{key}: {words}",
+                    fix="set monitor.slo[].p99_ms to a bucket edge or signal: ttft; check a "
+                    "live server with: slurmiso signals check URL")
+            for key, words in slo_problems(cfg)]
+
+
 CHECKS: List[Check] = [
     check_preempt_type, check_preempt_mode, check_job_requeue, check_accounting_storage,
     check_accounting_enforce, check_accounting_tres, check_gres_types, check_prolog_flags,
     check_prep_plugins, check_slurmd_user, check_timeouts, check_gpu_acct, check_hooks_set,
     check_qos, check_submit_plugins, check_plugstack_files, check_slurm_version,
+    check_slo_resolvable,
 ]

@@ -19,6 +19,8 @@ from typing import List, Optional, Sequence, Tuple
 
 #: Two edges closer than this (relative) are one: 0.25 s and 250 ms are the same bound.
 _SAME = 1e-9
+#: Shares this close are equal: 4 of 400 requests over the bound is 1 %, not 1.0000000001 %.
+_EPS = 1e-9
 
 
 class Verdict(str, enum.Enum):
@@ -106,18 +108,18 @@ def judge(buckets: Sequence[Tuple[float, float]], bound_s: float, allowed: float
     share = share_over(buckets, bound_s)
     if share is None:
         return Judgement(Verdict.UNKNOWN, None, "no request in the window's buckets")
-    if share.low > allowed:
+    if share.low > allowed + _EPS:
         return Judgement(Verdict.HOT, share, f"{share.low:.1%} of requests over "
                          f"{_ms(bound_s)} (SLO: at most {allowed:.1%})")
-    if share.high > allowed:
+    if share.high > allowed + _EPS:
         return Judgement(Verdict.UNKNOWN, share, f"the SLO bound {_ms(bound_s)} lies inside "
                          f"bucket ({_ms(share.below)}, {_ms(share.above)}]: between "
                          f"{share.low:.1%} and {share.high:.1%} of requests are over it")
     calm = share_over(buckets, bound_s * (1.0 - hysteresis))
-    if calm is not None and (calm.high <= allowed or calm.low > allowed):
-        ok = calm.high <= allowed  # the calm bound decides
+    if calm is not None and (calm.high <= allowed + _EPS or calm.low > allowed + _EPS):
+        ok = calm.high <= allowed + _EPS  # the calm bound decides
     else:
-        ok = share.high <= allowed * (1.0 - hysteresis)
+        ok = share.high <= allowed * (1.0 - hysteresis) + _EPS
     verdict = Verdict.CALM if ok else Verdict.BETWEEN
     return Judgement(verdict, share, f"at most {share.high:.1%} of requests over "
                      f"{_ms(bound_s)} (SLO: at most {allowed:.1%})")
