@@ -72,7 +72,7 @@ def test_ladder_keys_reach_the_policy() -> None:
         30, 120, 2, 9)
     assert (lad.throttle_signal, lad.unthrottle_signal) == ("URG", "WINCH")
     slo = policy_from_config(cfg).slo[0]
-    assert slo.p99_latency_ms == 250 and slo.max_error_rate == 0.01
+    assert slo.p99_latency_ms == 500 and slo.max_error_rate == 0.01 and slo.signal == "ttft"
     assert not slo.class_latency, "class-wide latency only with a query"
 
 

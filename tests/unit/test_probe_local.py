@@ -64,10 +64,10 @@ def test_builtin_local_probe_gives_well_formed_figures(tmp_path, capsys) -> None
         assert i["error_rate"] == 0.0
         assert t["step_s"] > 0 and t["throughput_vs_solo"] > 0
         assert m["colocated"] is True and m["seconds"] > 0
-    # the config's SLO (P99 250 ms) decides; whether the stand-in holds it on this machine is
+    # the config's SLO (P99 500 ms) decides; whether the stand-in holds it on this machine is
     # the machine's speed, so what is checked is that the recommendation follows the figures
-    assert report["slo"]["p99_ms"] == 250.0 and "monitor.slo" in report["slo"]["source"]
-    holding = [m["mode"] for m in report["modes"] if m["infer"]["p99_ms"] <= 250.0]
+    assert report["slo"]["p99_ms"] == 500.0 and "monitor.slo" in report["slo"]["source"]
+    holding = [m["mode"] for m in report["modes"] if m["infer"]["p99_ms"] <= 500.0]
     assert report["recommendation"]["mode"] == (holding[0] if holding else "none")
     assert rc == (0 if holding else 1) and report["recommendation"]["why"]
     assert report["workload"]["kind"] == "cpu-stand-in"  # said so, in the output
@@ -110,7 +110,7 @@ def test_text_and_html_output(tmp_path, capsys) -> None:
     assert "MODE" in out and "why:" in out and (held or "recommendation: none" in out)
     assert rc == (0 if held else 1)
     page = html.read_text()
-    assert "<svg" in page and "SLO P99 250 ms" in page and "http" not in page.split(
+    assert "<svg" in page and "SLO P99 500 ms" in page and "http" not in page.split(
         "</style>")[1].replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
