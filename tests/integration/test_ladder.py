@@ -40,6 +40,11 @@ BUDGETS = {"throttle": "per_job: 8, per_hour: 120", "suspend": "per_job: 3, per_
            "requeue": "per_job: 1, per_hour: 10"}
 HELD = ("JobHeldAdmin", "JobHeldUser")
 
+#: How the journal words a breach of the stand-in's TTFT SLO (issue 32: the share of requests
+#: over the bound, judged on vLLM's buckets, the interpolated P99 beside it).
+BREACH = re.compile(r"time to first token of model standin: \d+\.\d% of requests over "
+                    f"{SLO_MS} ms" r" \(SLO: at most 1\.0%\), P99 about \d+ ms")
+
 
 @pytest.fixture(autouse=True)
 def _empty_queue() -> Iterator[None]:
@@ -214,8 +219,8 @@ def test_throttle_then_unthrottle(scene: Scene) -> None:
     e = scene.entry("throttle")
     assert e["ok"] is True and e["dry_run"] is False
     assert e["reason"].startswith(
-        f"training throttled: asked to slow down: inference job {infer} on n2 GPU {gpu}: P99 "
-    ) and e["reason"].endswith(f"ms (SLO {SLO_MS} ms)"), e["reason"]
+        f"training throttled: asked to slow down: inference job {infer} on n2 GPU {gpu}: "
+    ) and BREACH.search(e["reason"]), e["reason"]
     d = e["details"]
     assert (d["cause"], d["signal"], d["gpu"], d["sends"]) == (infer, "p99_ms", f"n2/{gpu}",
                                                                "URG")
@@ -225,7 +230,8 @@ def test_throttle_then_unthrottle(scene: Scene) -> None:
     _poll(lambda: "throttled=1" in scene.last_step_line(), "a throttled step")
     _poll(scene.kept_off_n2, "new training to be kept off n2")
     held = scene.entries(scene.probes["mps"], ("hold", "exclude"))
-    assert held and f"inference job {infer} on n2 GPU {gpu}: P99" in held[-1]["reason"], held
+    assert held and f"inference job {infer} on n2 GPU {gpu}: time to first token" in held[-1][
+        "reason"], held
     assert scene.probe("tslice")["exclude"] in ("", "(null)"), "n5 was not in breach"
 
     lad.set_latency(CALM_MS)
@@ -292,7 +298,8 @@ def test_suspend_then_resume(scene: Scene) -> None:
     _poll(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
     e = scene.entry("suspend")
     assert e["ok"] is True and e["reason"].startswith(
-        f"training suspended: inference job {infer} on n2 GPU {gpu}: P99 "), e["reason"]
+        f"training suspended: inference job {infer} on n2 GPU {gpu}: ") and BREACH.search(
+        e["reason"]), e["reason"]
     assert re.fullmatch(r"suspend \d+/30 this hour", e["details"]["budget"])
     steps = len(lad.steps())
     served = lad.served()
@@ -327,7 +334,7 @@ def test_requeue_checkpoints_and_resumes(scene: Scene) -> None:
     e = scene.entry("requeue")
     assert e["ok"] is True and e["reason"].startswith(
         "training requeued: checkpoints, then starts again off this node: inference job "
-        f"{infer} on n2 GPU {gpu}: P99 "), e["reason"]
+        f"{infer} on n2 GPU {gpu}: ") and BREACH.search(e["reason"]), e["reason"]
     assert e["details"]["budget"] == "requeue 1/10 this hour"
     ckpt = _poll(lambda: re.search(r"^# checkpoint step=(\d+)$", read_text(lad.train_log), re.M),
                  "the training program's checkpoint")
