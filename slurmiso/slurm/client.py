@@ -256,16 +256,24 @@ class SlurmCli:
         """Jobs in ``states`` as dicts keyed by :attr:`QUEUE_FIELDS` plus ``comment``; a job
         whose comment could not be read apart from a forged row has no ``comment`` key
         (unread). Rejected rows are counted into ``counts`` and logged at WARNING."""
-        from slurmiso.slurm.rows import COMMENT_FORMAT, RowCounts, comment_rows, job_rows
+        from slurmiso.slurm.rows import (
+            COMMENT_FORMAT,
+            COUNT,
+            STATE,
+            RowCounts,
+            comment_rows,
+            job_rows,
+        )
 
         wait = max(self.timeout, 30.0)
         mine = RowCounts("squeue")
         out = self.run("squeue", ["-h", "-t", states, "-o", self.QUEUE_FORMAT], timeout=wait)
-        rows = job_rows(out, self.QUEUE_FIELDS, mine, free_last=True)
+        rows = job_rows(out, self.QUEUE_FIELDS, mine, free_last=True,
+                        shapes={"state": STATE, "priority": COUNT, "num_nodes": COUNT})
         if rows:
-            # after the facts, over every job slurmctld holds: each job listed above has its
-            # row here, so a forged row for it is always a second one
-            text = self.run("squeue", ["-h", "-t", "all", "-o", COMMENT_FORMAT], timeout=wait)
+            # after the facts, in the same states: a job listed above has its row here unless
+            # it ended since, so a forged row for it is a second one
+            text = self.run("squeue", ["-h", "-t", states, "-o", COMMENT_FORMAT], timeout=wait)
             for jid, comment in comment_rows(text, rows, mine).items():
                 if comment is not None:
                     rows[jid]["comment"] = comment

@@ -11,8 +11,8 @@ wiped (issue #33). The rules every reader of Slurm's text keeps, here once:
   one line whatever a user wrote;
 - a user's field, when one is needed (the job's comment, for the monitor's note), comes in a
   query of its own, keyed by job id (:func:`comment_rows`), and is applied only to jobs the
-  first query listed: a comment that forges a row makes that job's comment *unread*
-  (``None``), never someone else's state;
+  first query listed: a comment that forges a row leaves that job's comment, and the
+  forger's, *unread* (``None``), never someone else's state or comment;
 - rows are split on ``\\n`` alone (``str.splitlines`` also splits on ``\\r``, ``\\x1c``-``\\x1e``,
   ``\\x85`` and ``\\u2028``, which Slurm prints inside a field);
 - a row whose job id is not Slurm's spelling (:data:`JOB_ID`) or whose field count is wrong is
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Pattern, Sequence, Set
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 #: ``123_4``, a pending array's tasks ``123_[5-9%2]`` (one record until they start), a
 #: heterogeneous job's component ``123+1``.
 JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+|_\[[0-9,%:-]+\]|\+[0-9]+)?")
+#: squeue's spelling of a job state (``%T``) and of a count (``%Q``, ``%D``).
+STATE = re.compile(r"[A-Z_]+")
+COUNT = re.compile(r"[0-9]+")
 #: What squeue prints for a string field Slurm has no value for.
 NO_VALUE = ("(null)", "N/A")
 _SAMPLES = 3
@@ -48,9 +51,9 @@ def valid_job_id(text: str) -> bool:
 
 def lines_of(text: str) -> List[str]:
     """Slurm's output as rows: split on ``\\n`` only, the last line end dropped."""
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text.split("\n") if text else []
+    if not text:
+        return []
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
 
 
 class RowCounts:
@@ -90,19 +93,24 @@ class RowCounts:
                         self.malformed, self.duplicate, self.unread, "; ".join(self.samples))
 
 
-def job_rows(text: str, fields: Sequence[str], counts: RowCounts,
-             free_last: bool = False) -> Dict[str, Dict[str, str]]:
+def job_rows(text: str, fields: Sequence[str], counts: RowCounts, free_last: bool = False,
+             shapes: Optional[Mapping[str, Pattern[str]]] = None,
+             ) -> Dict[str, Dict[str, str]]:
     """Rows of ``squeue -h -o "%i|..."`` output (the job id first) as job id -> field -> value,
-    in Slurm's order. ``free_last``: the last field may hold ``|`` (a reason an admin wrote).
-    Rows of a bad id or field count, and every row of an id listed twice, are left out and
+    in Slurm's order. ``free_last``: the last field may hold ``|`` (a reason an admin wrote);
+    ``shapes``: field -> what Slurm prints there (a state word, a number), so a ``|`` where
+    none was expected, which would shift the fields after it, is a malformed row. Rows of a
+    bad id, field count or shape, and every row of an id listed twice, are left out and
     counted."""
     n = len(fields)
+    checks = [(fields.index(f), p) for f, p in (shapes or {}).items()]
     rows: Dict[str, Dict[str, str]] = {}
     twice: Set[str] = set()
     for line in lines_of(text):
         parts = line.split("|", n - 1) if free_last else line.split("|")
-        jid = parts[0].strip()
-        if len(parts) != n or not valid_job_id(jid):
+        jid = parts[0]
+        if (len(parts) != n or not valid_job_id(jid)
+                or any(p.fullmatch(parts[i].strip()) is None for i, p in checks)):
             counts.reject("malformed", line)
             continue
         if jid in rows or jid in twice:
@@ -123,15 +131,21 @@ _COMMENT_ROW = re.compile(r"([^|\n]*)\|\1\|")
 
 def comment_rows(text: str, wanted: Iterable[str], counts: RowCounts
                  ) -> Dict[str, Optional[str]]:
-    """Each wanted job's comment from ``squeue -o COMMENT_FORMAT`` output (run after the query
-    that listed the jobs, with ``-t all``: every job it listed is in this one too).
+    """Each wanted job's comment from ``squeue -o COMMENT_FORMAT`` output, run after the query
+    that listed the wanted jobs, with the same states.
 
     A line that does not start a row continues the comment before it (a comment with a
-    newline). A job whose row appears twice (a comment wrote a row for it), a job whose
-    comment is followed by such a row (its comment was cut where the forgery began), and a
-    wanted job with no row get ``None``: unread, so never taken for empty or for the
-    monitor's own note. Slurm's "no comment" (``(null)``) reads as ``""``.
+    newline). A row is believed only for a wanted job listed once: a job whose row appears
+    twice (a comment wrote one for it) is unread, and so is every job whose comment a row
+    of a job listed twice or of a job not wanted came right after (where a forged row
+    begins, the comment it is written in was cut). A job not wanted may be real (submitted
+    between the two queries): its row only costs the job before it its comment this cycle.
+    Unread is ``None``: never taken for empty or for the monitor's own note. A wanted job
+    with no row (it ended between the queries) is unread too; one that ended and whose only
+    row a comment forged reads that text, which can only move the monitor to act on a job
+    that has ended (Slurm refuses). Slurm's "no comment" (``(null)``) reads as ``""``.
     """
+    want = set(wanted)
     parts: Dict[str, List[str]] = {}
     after: Dict[str, str] = {}  # job -> the job whose row came just before its first row
     unread: Set[str] = set()
@@ -148,16 +162,16 @@ def comment_rows(text: str, wanted: Iterable[str], counts: RowCounts
             continue
         current = [line[m.end():]]
         if jid in parts:
-            # one of its rows is a forgery, which cut the comment it was written in: the
-            # job, and each job a row of it came after, are unread
             counts.reject("duplicate", line)
             unread.update((jid, before, after[jid]))
         else:
             parts[jid] = current
             after[jid] = before
+            if jid not in want:
+                unread.add(before)
         before = jid
     out: Dict[str, Optional[str]] = {}
-    for jid in wanted:
+    for jid in want:
         got = parts.get(jid)
         if got is None or jid in unread:
             out[jid] = None
