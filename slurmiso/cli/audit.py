@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmiso.audit.read.sacct import SACCT_FIELDS
+from slurmiso.audit.read.sacct import LIVE_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
         ),
         epilog=(
             "sacct fields read (save a file for --sacct-file with exactly this):\n"
-            f"  sacct -a -D -P -S 2024-05-01 --format={','.join(SACCT_FIELDS)} > jobs.txt\n"
+            f"  sacct -a -D -P -S 2024-05-01 --format={','.join(LIVE_FIELDS)} > jobs.txt\n"
             "  sacct -a -D -S 2024-05-01 --json > jobs.json     (any data_parser version)\n"
             "examples:\n"
             "  slurmiso audit --since 1d\n"

@@ -30,7 +30,7 @@ from slurmiso.config.model import SHARED_MODES
 from slurmiso.hostlist import compress
 from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.attribution import Attribution
-from slurmiso.monitor.exclusions import NOTE_PREFIX, comment_is_free
+from slurmiso.monitor.exclusions import NOTE_PREFIX, comment_is_free, note_is_ours
 from slurmiso.monitor.policy import Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
@@ -380,7 +380,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         elif not mine.held:  # someone released it: respect that and never hold it again
             del mem.holds[jid]
             overridden.add(jid)
-            if mine.comment.startswith(NOTE_PREFIX) and jid not in noted:
+            if mine.comment is not None and note_is_ours(mine.comment) and jid not in noted:
                 actions.append(Action("uncomment", jid, "released by someone else: the "
                                       "monitor's hold note is removed",
                                       {"comment": mine.comment[:250]}))
@@ -398,7 +398,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
             {"hold": hold.to_dict(), "held_s": round(snap.ts - hold.ts, 1),
              "partition": ",".join(job.partitions), "priority": job.priority,
              "budget": f"{budget}/{policy.stagger_interval_s:g}s", "backlog": len(backlog),
-             "uncomment": job.comment.startswith(NOTE_PREFIX) and job.id not in noted}))
+             "uncomment": note_is_ours(job.comment) and job.id not in noted}))
     actions += begin_now(snap, policy, mem, pending, allowance, open_for, _order)
     mem.overridden = sorted(overridden)
     return actions

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.monitor.admission_state import Cap
-from slurmiso.monitor.exclusions import NOTE_PREFIX
+from slurmiso.monitor.exclusions import note_is_ours
 from slurmiso.monitor.policy import Action, Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 from slurmiso.slurm.gres import gres_counts
@@ -84,5 +84,5 @@ def unhold_all(pending: Dict[str, JobInfo], mem: Memory) -> List[Action]:
         if job is not None and job.held:
             actions.append(Action("release", jid, "admission is qos-limit now: no holds",
                                   {"hold": hold.to_dict(),
-                                   "uncomment": job.comment.startswith(NOTE_PREFIX)}))
+                                   "uncomment": note_is_ours(job.comment)}))
     return actions

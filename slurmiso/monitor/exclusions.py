@@ -18,10 +18,17 @@ from slurmiso.monitor.snapshot import JobInfo, Snapshot
 NOTE_PREFIX = "slurmiso:"
 
 
-def comment_is_free(comment: str) -> bool:
+def comment_is_free(comment: Optional[str]) -> bool:
     """Whether the monitor may write its note into a job's comment: it is empty, or a note of
-    the monitor's own (a comment the user or an admin wrote is never replaced)."""
-    return not comment or comment.startswith(NOTE_PREFIX)
+    the monitor's own (a comment the user or an admin wrote is never replaced, nor one that
+    could not be read: None)."""
+    return comment is not None and (not comment or comment.startswith(NOTE_PREFIX))
+
+
+def note_is_ours(comment: Optional[str]) -> bool:
+    """Whether a job's comment is the monitor's own note, which it removes when the note no
+    longer holds (an unread comment, None, is never removed)."""
+    return comment is not None and comment.startswith(NOTE_PREFIX)
 
 
 @lru_cache(maxsize=4096)
@@ -120,7 +127,7 @@ def forget_started(snap: Snapshot, mem: Memory) -> List[Action]:
         if job is not None and job.pending:
             continue
         del mem.excluded[jid]
-        if job is not None and job.comment.startswith(NOTE_PREFIX):
+        if job is not None and job.comment is not None and note_is_ours(job.comment):
             actions.append(Action("uncomment", jid,
                                   "started: the monitor's waiting note is removed",
                                   {"comment": job.comment[:250]}))

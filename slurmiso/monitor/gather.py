@@ -16,6 +16,7 @@ from slurmiso.errors import SlurmError, SlurmisoError
 from slurmiso.hostlist import expand
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 from slurmiso.monitor.telemetry import Reading, TelemetrySource
+from slurmiso.slurm.rows import NO_VALUE, RowCounts
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config
@@ -34,10 +35,11 @@ def live_snapshot(
     :class:`~slurmiso.monitor.attribution.Attribution` to work out, in one place, live or
     replayed."""
     now = clock()
+    rejected = RowCounts("monitor")
     try:
-        raw_nodes = slurm.show_all("node")
-        raw_parts = slurm.show_all("partition")
-        raw_jobs = slurm.queue("PENDING,RUNNING,SUSPENDED")
+        raw_nodes = slurm.show_all("node", counts=rejected)
+        raw_parts = slurm.show_all("partition", counts=rejected)
+        raw_jobs = slurm.queue("PENDING,RUNNING,SUSPENDED", counts=rejected)
     except SlurmError as exc:
         log.warning("monitor: Slurm did not answer: %s", exc)
         return Snapshot(now, slurm_ok=False, errors=(f"slurm: {exc}",))
@@ -66,13 +68,17 @@ def live_snapshot(
             pool.name if pool else "", pool.mode if pool else "", _gres(f.get("Gres", "")),
             addrs[name], gpus, reading.ages.get(name)))
     jobs = parse_queue(cfg, raw_jobs)
+    # rows Slurm's output could not vouch for are counted where unknown signals are (the
+    # journal's monitor-unknown line, the unknown-signals metric)
+    unknown = dict(reading.unknown, **rejected.unknown())
     return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
-                    reading.latency_age_s, True, tuple(reading.errors), dict(reading.unknown),
+                    reading.latency_age_s, True, tuple(reading.errors), unknown,
                     dict(reading.job_signals))
 
 
 def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
-    """squeue rows (:meth:`SlurmCli.queue`) into jobs with their slurmiso class."""
+    """squeue rows (:meth:`SlurmCli.queue`) into jobs with their slurmiso class; a row with
+    no ``comment`` is a job whose comment is unread (``JobInfo.comment`` None)."""
     from slurmiso.config.classify import classify
 
     classes: Dict[Tuple[str, str, str], str] = {}
@@ -88,7 +94,7 @@ def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
                 classes[key] = ""
         reason = r.get("reason", "")
         state = r.get("state", "")
-        comment = r.get("comment", "")
+        comment = r.get("comment")
         out.append(JobInfo(
             r["id"], state, classes[key], parts, r.get("qos", ""), _epoch(r.get("submit", "")),
             state == "PENDING" and reason in _HELD, reason if reason != "None" else "",
@@ -96,7 +102,7 @@ def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
             _gres(r.get("gres", "")), _number(r.get("priority", "")),
             _gres(r.get("exc_nodes", "")), max(1, int(_number(r.get("num_nodes", "1")) or 1)),
             _epoch(r.get("start", "")) if state == "PENDING" else 0.0,
-            "" if comment in ("(null)", "N/A") else comment))
+            "" if comment in NO_VALUE else comment))
     return out
 
 

@@ -130,7 +130,9 @@ class JobInfo:
     num_nodes: int = 1
     #: Pending: the earliest start Slurm allows (BeginTime), Unix seconds; 0 = none.
     begin_ts: float = 0.0
-    comment: str = ""
+    #: The job's comment; None: unread (its squeue row could not be told from one a comment
+    #: forged, slurmiso.slurm.rows), neither empty nor the monitor's note, so never written.
+    comment: Optional[str] = ""
 
     #: Derived once (decide() asks 60,000 jobs several times per cycle): pending, and
     #: eligible = pending and waiting only on resources or priority (not held, not a

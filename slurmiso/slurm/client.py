@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import SlurmError, SlurmUnavailable
+
+if TYPE_CHECKING:
+    from slurmiso.slurm.rows import RowCounts
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +101,12 @@ def parse_show_config(text: str) -> Dict[str, str]:
 
 
 def parse_kv_line(line: str) -> Dict[str, str]:
-    """``scontrol show ... -o`` output: ``Key=Value Key2=Value two`` (values may hold spaces
-    only for the last keys Slurm prints unquoted; we split on `` Key=`` boundaries)."""
-    out: Dict[str, str] = {}
-    key: Optional[str] = None
-    for token in line.strip().split(" "):
-        if "=" in token and token.split("=", 1)[0].replace("/", "").replace(":", "").isalnum():
-            key, value = token.split("=", 1)
-            out[key] = value
-        elif key is not None:
-            out[key] += " " + token
-    return out
+    """``scontrol show ... -o`` output: ``Key=Value Key2=Value two`` (values may hold spaces;
+    a ``Key=`` token starts a field, the first time that key appears:
+    :func:`slurmiso.slurm.rows.split_kv_line`)."""
+    from slurmiso.slurm.rows import split_kv_line
+
+    return split_kv_line(line)
 
 
 #: ``squeue -O`` fields :meth:`SlurmCli.job_fields` may ask for: values Slurm makes itself,
@@ -132,6 +130,7 @@ class SlurmCli:
                 argv,
                 capture_output=True,
                 text=True,
+                errors="replace",  # a job's comment may hold any byte: never a traceback
                 timeout=timeout or self.timeout,
                 check=False,
                 env=None if env is None else dict(env),
@@ -172,14 +171,38 @@ class SlurmCli:
         """``scontrol show config`` as key -> value (``(null)`` kept: it means unset)."""
         return parse_show_config(self.run("scontrol", ["show", "config"], timeout))
 
-    def show_all(self, kind: str, timeout: Optional[float] = None) -> Dict[str, Dict[str, str]]:
-        """``scontrol show partition|node -o``: name -> fields, for every entity."""
+    def show_all(self, kind: str, timeout: Optional[float] = None,
+                 counts: Optional[RowCounts] = None) -> Dict[str, Dict[str, str]]:
+        """``scontrol show partition|node -o``: name -> fields, for every entity.
+
+        One entity a line (split on ``\\n`` alone), each key read where it first appears
+        (:func:`~slurmiso.slurm.rows.split_kv_line`); a line that names no entity first (the
+        rest of a free-text field that held a newline) and an entity named twice (which line
+        is Slurm's cannot be told) are rejected and counted into ``counts``."""
+        from slurmiso.slurm.rows import RowCounts, lines_of, split_kv_line
+
         key = {"partition": "PartitionName", "node": "NodeName"}[kind]
+        mine = RowCounts(f"scontrol show {kind}")
         out: Dict[str, Dict[str, str]] = {}
-        for line in self.run("scontrol", ["show", kind, "-o"], timeout).splitlines():
-            if line.startswith(key + "="):
-                fields = parse_kv_line(line)
-                out[fields[key]] = fields
+        twice = set()
+        for line in lines_of(self.run("scontrol", ["show", kind, "-o"], timeout)):
+            if not line.strip():
+                continue
+            fields = split_kv_line(line)
+            name = fields.get(key, "") if line.startswith(key + "=") else ""
+            if not name or " " in name:
+                mine.reject("malformed", line)
+                continue
+            if name in out or name in twice:
+                mine.reject("duplicate", line)
+                if out.pop(name, None) is not None:
+                    mine.duplicate += 1
+                twice.add(name)
+                continue
+            out[name] = fields
+        mine.log()
+        if counts is not None:
+            counts.merge(mine)
         return out
 
     def job_fields(self, job_id: str, fields: Sequence[str], node: Optional[str] = None,
@@ -188,8 +211,14 @@ class SlurmCli:
         return job_fields(self.run, job_id, fields, node, timeout)
 
     def show_node(self, node: str, timeout: Optional[float] = None) -> Dict[str, str]:
-        out = self.run("scontrol", ["show", "node", "-o", node], timeout)
-        return parse_kv_line(out.splitlines()[0] if out else "")
+        """``scontrol show node -o NODE``: its fields, {} unless Slurm printed exactly one
+        line for it (:meth:`show_all`'s rules)."""
+        from slurmiso.slurm.rows import lines_of, split_kv_line
+
+        found = [split_kv_line(ln) for ln in
+                 lines_of(self.run("scontrol", ["show", "node", "-o", node], timeout))
+                 if ln.startswith(f"NodeName={node} ")]
+        return found[0] if len(found) == 1 else {}
 
     def drain(self, node: str, reason: str, timeout: Optional[float] = None) -> None:
         reason = " ".join(reason.split())[:200] or "slurmiso"
@@ -200,30 +229,58 @@ class SlurmCli:
         )
 
     def jobs_on_node(self, node: str) -> List[str]:
+        """Ids of the jobs running, starting or ending on ``node`` (``squeue %A``: the id
+        alone, no field a user writes); odd or repeated ids are rejected and logged."""
+        from slurmiso.slurm.rows import RowCounts, job_rows
+
         out = self.run(
             "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"]
         )
-        return [ln.strip() for ln in out.splitlines() if ln.strip()]
+        counts = RowCounts(f"squeue -w {node}")
+        rows = job_rows(out, ("id",), counts)
+        counts.log()
+        return list(rows)
 
     # -- the monitor's reads and actions (slurmiso.monitor) -------------------------------
-    #: squeue fields the monitor reads, in order (``-o`` with ``|``: stable across versions,
-    #: unlike ``--json`` whose schema changes between 21.08, 22.05 and 24.11).
-    #: The comment is last: it is free text and may hold the separator.
-    QUEUE_FIELDS = ("id", "state", "partition", "qos", "submit", "reason", "nodes", "gres",
-                    "account", "priority", "exc_nodes", "num_nodes", "start", "comment")
+    #: squeue fields the monitor reads, in order (``-o`` with ``|``): every one made by Slurm
+    #: or an admin, or a name Slurm validated (partition, QoS, account, ``--gres``,
+    #: ``--exclude``), so no row is a user's text; the reason (an admin's words at most,
+    #: which may hold ``|``) is last. The comment, which the job's user writes, is read apart
+    #: (:meth:`queue`). ``--json`` is not used: see :mod:`slurmiso.slurm.rows`.
+    QUEUE_FIELDS = ("id", "state", "partition", "qos", "submit", "nodes", "gres", "account",
+                    "priority", "exc_nodes", "num_nodes", "start", "reason")
+    QUEUE_FORMAT = "%i|%T|%P|%q|%V|%N|%b|%a|%Q|%x|%D|%S|%r"
 
-    def queue(self, states: str = "PENDING,RUNNING") -> List[Dict[str, str]]:
-        """Jobs in ``states`` as dicts keyed by :attr:`QUEUE_FIELDS`."""
-        out = self.run("squeue", ["-h", "-t", states, "-o",
-                                  "%i|%T|%P|%q|%V|%r|%N|%b|%a|%Q|%x|%D|%S|%k"],
-                       timeout=max(self.timeout, 30.0))
-        rows = []
-        n = len(self.QUEUE_FIELDS)
-        for line in out.splitlines():
-            parts = line.split("|", n - 1)
-            if len(parts) == n:
-                rows.append(dict(zip(self.QUEUE_FIELDS, (p.strip() for p in parts))))
-        return rows
+    def queue(self, states: str = "PENDING,RUNNING",
+              counts: Optional[RowCounts] = None) -> List[Dict[str, str]]:
+        """Jobs in ``states`` as dicts keyed by :attr:`QUEUE_FIELDS` plus ``comment``; a job
+        whose comment could not be read apart from a forged row has no ``comment`` key
+        (unread). Rejected rows are counted into ``counts`` and logged at WARNING."""
+        from slurmiso.slurm.rows import (
+            COMMENT_FORMAT,
+            COUNT,
+            STATE,
+            RowCounts,
+            comment_rows,
+            job_rows,
+        )
+
+        wait = max(self.timeout, 30.0)
+        mine = RowCounts("squeue")
+        out = self.run("squeue", ["-h", "-t", states, "-o", self.QUEUE_FORMAT], timeout=wait)
+        rows = job_rows(out, self.QUEUE_FIELDS, mine, free_last=True,
+                        shapes={"state": STATE, "priority": COUNT, "num_nodes": COUNT})
+        if rows:
+            # after the facts, in the same states: a job listed above has its row here unless
+            # it ended since, so a forged row for it is a second one
+            text = self.run("squeue", ["-h", "-t", states, "-o", COMMENT_FORMAT], timeout=wait)
+            for jid, comment in comment_rows(text, rows, mine).items():
+                if comment is not None:
+                    rows[jid]["comment"] = comment
+        mine.log()
+        if counts is not None:
+            counts.merge(mine)
+        return list(rows.values())
 
     def update_jobs(self, job_ids: Sequence[str], fields: Dict[str, str]) -> None:
         """``scontrol update JobId=a,b,c K=V ...`` (pending jobs; an empty value clears)."""

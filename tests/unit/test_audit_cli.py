@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 import pytest
 
 from slurmiso.audit.read.live import live_findings
-from slurmiso.audit.read.sacct import SACCT_FIELDS
+from slurmiso.audit.read.sacct import LIVE_FIELDS, SACCT_FIELDS, USER_FIELDS
 from slurmiso.cli.main import main
 from slurmiso.config import load_config
 from slurmiso.errors import SlurmUnavailable
@@ -30,7 +30,10 @@ def _write(tmp_path: Any, name: str, text: str) -> str:
 def test_help_names_the_sacct_fields(capsys):
     with pytest.raises(SystemExit):
         main(["audit", "--help"])
-    assert "--format=" + ",".join(SACCT_FIELDS) in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--format=" + ",".join(LIVE_FIELDS) in out
+    # none a job's user writes: sacct -P prints them raw, a newline in one makes rows
+    assert "JobName" not in out and set(LIVE_FIELDS) == set(SACCT_FIELDS) - USER_FIELDS
 
 
 def test_clean_input_exits_0(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
@@ -194,12 +197,11 @@ def test_live_runs_exactly_doctors_checks_on_a_snapshot_taken_now():
 def test_sacct_query_asks_only_for_fields_this_sacct_knows() -> None:
     """22.05's sacct refuses the whole query for one unknown field (Restarts, measured)."""
     from slurmiso.audit.read.collect import known_fields, sacct_argv
-    from slurmiso.audit.read.sacct import SACCT_FIELDS
-
     help_2205 = " ".join(f for f in SACCT_FIELDS if f != "Restarts") + " Reason ExitCode"
     fields = known_fields(help_2205)
-    assert "Restarts" not in fields and fields == [f for f in SACCT_FIELDS if f != "Restarts"]
-    assert known_fields(help_2205 + " Restarts") == list(SACCT_FIELDS)
-    assert known_fields("") == list(SACCT_FIELDS)  # no answer: ask for all, sacct says why
+    assert "Restarts" not in fields and fields == [f for f in LIVE_FIELDS if f != "Restarts"]
+    assert known_fields(help_2205 + " Restarts") == list(LIVE_FIELDS)
+    assert known_fields("") == list(LIVE_FIELDS)  # no answer: ask for all, sacct says why
+    assert not USER_FIELDS & set(known_fields(help_2205 + " Restarts Comment WorkDir"))
     argv = sacct_argv(0, None, fields=fields)
     assert argv[-1] == "--format=" + ",".join(fields) and "-D" in argv

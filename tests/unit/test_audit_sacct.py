@@ -192,3 +192,33 @@ def test_format_is_detected_from_the_first_byte(utc):  # noqa: F811
     stats = ParseStats()
     recs = list(records_from(io.StringIO(HEADER + "1|n|q|p|COMPLETED|||||\n"), stats))
     assert stats.format == "parsable" and len(recs) == 1
+
+
+def test_a_job_name_forges_rows_only_where_the_file_holds_it(capsys, monkeypatch):
+    """22.05.8, measured: job 8 named $'j\\n<a row of job 999999, another user's, 8 GPUs for
+    10 h>\\nk'. The file saved with JobName holds that row as sacct printed it; the live
+    query's fields (no field a user writes) read job 8 alone, and a saved file that holds
+    JobName and lines that are no row is flagged as forgeable."""
+    import json
+    import os
+
+    from tests.audit_helpers import CONFIG, SACCT, run_audit
+
+    def read(name):
+        stats = ParseStats()
+        with open(os.path.join(SACCT, name), encoding="utf-8") as fh:
+            return [r.job for r in parse_parsable(fh, stats)], stats
+
+    jobs, stats = read("22.05-live-fields.txt")
+    assert jobs == ["8"] and stats.bad == 0
+    jobs, stats = read("22.05-jobname-forged.txt")
+    # premise: the name made a row sacct never had, and job 8's own row is two bad lines
+    assert jobs == ["999999"] and stats.bad == 2
+
+    found = {}
+    for name in ("22.05-live-fields.txt", "22.05-jobname-forged.txt"):
+        rc, out, _ = run_audit(["--sacct-file", os.path.join(SACCT, name), "--format", "json",
+                                "--journal", os.devnull], capsys, monkeypatch, config=CONFIG)
+        found[name] = {f["code"] for f in json.loads(out)["findings"]}
+    assert "sacct-forgeable-rows" not in found["22.05-live-fields.txt"]
+    assert "sacct-forgeable-rows" in found["22.05-jobname-forged.txt"]

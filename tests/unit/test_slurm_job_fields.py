@@ -33,8 +33,12 @@ def _answer(monkeypatch: Any, out: str = "", fail: str = "") -> List[Sequence[st
 def test_the_old_reader_is_forged_by_a_comment_the_new_one_asks_no_user_text() -> None:
     line = ("JobId=7 JobName=t UserId=u(1) GroupId=u(1) MCS_label=N/A Priority=1 Nice=0 "
             "Account=a QOS=train JobState=PENDING Reason=None Command=(null) WorkDir=/w "
-            "Comment=x QOS=infer JobState=RUNNING StdErr=/w/e")
-    assert parse_kv_line(line)["QOS"] == "infer"  # why the hooks never read it
+            "Comment=x QOS=infer JobState=RUNNING StdErr=/w/e StdOut=/w/o")
+    # keys are read where they first appear, so QOS and JobState hold; but a key Slurm
+    # prints after the comment is the comment's to write: why the hooks never read it
+    assert parse_kv_line(line)["QOS"] == "train"
+    line = line.replace("RUNNING StdErr", "RUNNING StdOut=/etc/shadow StdErr")
+    assert parse_kv_line(line)["StdOut"] == "/etc/shadow"
     assert not JOB_FIELDS & {"JobName", "Comment", "WorkDir", "StdOut", "StdErr", "Command",
                              "AdminComment", "Reason", "NodeList"}
 

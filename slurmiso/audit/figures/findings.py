@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.audit.figures.aggregate import Aggregator
 from slurmiso.audit.read.digest import JournalDigest
-from slurmiso.audit.read.sacct import ParseStats
+from slurmiso.audit.read.sacct import USER_FIELDS, ParseStats
 from slurmiso.doctor import Finding
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
@@ -53,6 +53,14 @@ def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]],
                         "or negative/inconsistent times): " + "; ".join(stats.bad_samples[:3]),
                         "check the file is unmodified sacct -P or --json output; for live "
                         "sacct, check slurmdbd's clock and the job records named"))
+    user = sorted(USER_FIELDS.intersection(stats.fields))
+    if user and stats.bad:
+        out.append(make("warning", "sacct-forgeable-rows",
+                        f"{src}: {stats.bad} line(s) are no sacct row, in a file that holds "
+                        f"{', '.join(user)}, text a job's user writes: a newline there ends a "
+                        "line early, and the text after it may read as rows of other jobs",
+                        "save sacct with the audit's own --format (slurmiso audit --help: no "
+                        "field a user writes) or --json; live audits ask for no such field"))
     if stats.unknown_fields:
         out.append(make("info", "sacct-unknown-fields",
                         f"{src}: ignored unknown field(s) {', '.join(stats.unknown_fields)}"))

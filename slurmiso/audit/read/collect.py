@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from slurmiso.audit.read.sacct import (
-    SACCT_FIELDS,
+    LIVE_FIELDS,
     AcctRecord,
     AuditInputError,
     ParseStats,
@@ -59,7 +59,8 @@ def sacct_time(ts: float) -> str:
 
 
 def known_fields(helpformat: str) -> List[str]:
-    """The audit's fields this sacct knows (``sacct --helpformat``), in the audit's order.
+    """The audit's live fields this sacct knows (``sacct --helpformat``), in the audit's order:
+    none a job's user writes (:data:`~slurmiso.audit.read.sacct.LIVE_FIELDS`).
 
     Measured: 22.05's sacct has no ``Restarts`` (``Invalid field requested``), so asking for
     it would fail the whole query; the live query always passes ``-D``, so nothing is lost.
@@ -67,8 +68,8 @@ def known_fields(helpformat: str) -> List[str]:
     """
     have = {w.lower() for w in helpformat.split()}
     if not have:
-        return list(SACCT_FIELDS)
-    return [f for f in SACCT_FIELDS if f.lower() in have]
+        return list(LIVE_FIELDS)
+    return [f for f in LIVE_FIELDS if f.lower() in have]
 
 
 def sacct_fields(timeout: float = 30) -> List[str]:
@@ -79,7 +80,7 @@ def sacct_fields(timeout: float = 30) -> List[str]:
         cp = subprocess.run([find_command("sacct"), "--helpformat"], capture_output=True,
                             text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return list(SACCT_FIELDS)
+        return list(LIVE_FIELDS)
     return known_fields(cp.stdout if cp.returncode == 0 else "")
 
 
@@ -90,7 +91,7 @@ def sacct_argv(since: float, until: Optional[float], as_json: bool = False,
         args += ["-E", sacct_time(until)]
     if as_json:
         return args + ["--json"]
-    return args + ["-P", "--format=" + ",".join(fields or SACCT_FIELDS)]
+    return args + ["-P", "--format=" + ",".join(fields or LIVE_FIELDS)]
 
 
 def records_from(fh: IO[str], stats: ParseStats) -> Iterable[AcctRecord]:

@@ -52,6 +52,17 @@ SACCT_FIELDS: Tuple[str, ...] = (
 #: The audit's ``--format`` before ``TRESUsageInTot`` and ``Restarts`` were added: a file saved
 #: without a header in that order is still read.
 LEGACY_FIELDS: Tuple[str, ...] = SACCT_FIELDS[:16]
+#: sacct fields whose text the job's user writes (``-J``, ``--comment``, ``-D``, the command
+#: line, ``-o``/``-e``/``-i``, ``--extra``, ``--container``). ``sacct -P`` prints them raw: a
+#: newline in one ends the line, and what follows it reads as rows sacct never printed
+#: (measured on 22.05.8: ``-J $'name\nwith|bar'`` printed ``4|name`` and ``with|bar|root|...``
+#: as two lines). No live query asks for one; a saved file that holds one is flagged when a
+#: line broke (``sacct-forgeable-rows``).
+USER_FIELDS = frozenset({"JobName", "Comment", "WorkDir", "SubmitLine", "StdOut", "StdErr",
+                         "StdIn", "Extra", "Container"})
+#: What the live query asks for: the audit's fields less those a user writes (the audit reads
+#: no figure from them).
+LIVE_FIELDS: Tuple[str, ...] = tuple(f for f in SACCT_FIELDS if f not in USER_FIELDS)
 #: Without these a record means nothing to the audit.
 REQUIRED_FIELDS = ("JobID", "State")
 #: Other fields sacct prints that we accept quietly (people pass ``--format`` of their own).
@@ -59,7 +70,8 @@ _TOLERATED = {"JobIDRaw", "Elapsed", "Timelimit", "ExitCode", "Flags", "Reason",
               "AllocCPUS", "ReqTRES", "Cluster", "UID", "Group", "WorkDir",
               "ReqCPUS", "ReqMem", "NCPUS", "AveCPU", "MaxRSS", "MaxVMSize", "CPUTimeRaw",
               "TotalCPU", "DerivedExitCode", "Priority", "Constraints", "ReqNodes",
-              "TRESUsageInMax", "Comment", "Reservation", "SubmitLine"}
+              "TRESUsageInMax", "Comment", "Reservation", "SubmitLine", "StdOut", "StdErr",
+              "StdIn", "Extra", "Container"}
 _MAX_BAD_SAMPLES = 5
 
 
@@ -412,7 +424,7 @@ def read_header(parts: List[str], stats: ParseStats) -> Tuple[List[str], Dict[st
     """(the columns, name -> index) of a ``-P`` header line split on ``|``; a line of data
     as long as the audit's own ``--format`` is read as that order (``sacct -n``)."""
     if "JobID" not in parts:
-        for names in (SACCT_FIELDS, LEGACY_FIELDS):
+        for names in (SACCT_FIELDS, LIVE_FIELDS, LEGACY_FIELDS):
             if len(parts) == len(names):
                 log.warning("%s: no header line; assuming the audit's own --format order",
                             stats.source or "sacct output")
