@@ -140,6 +140,10 @@ class Policy:
     stagger_interval_s: float = 60
     #: Telemetry older than this is stale: no admission change rests on it.
     max_data_age_s: float = 90
+    #: The agents' latency window (``monitor.signals.window_s``): a calm figure proves calm
+    #: over the window before it, which lets the ladder's calm dwell go on across a gap in
+    #: what the monitor saw (0: nothing proven beyond the figure's own age).
+    signal_window_s: float = 0.0
     train_classes: Tuple[str, ...] = ("train",)
     slo: Tuple[SloLimit, ...] = ()
     #: (inference partition, training partition) pairs whose idle nodes may be lent.
@@ -214,6 +218,7 @@ def policy_from_config(
         stagger_max_starts=mon.stagger.max_starts,
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
+        signal_window_s=float(mon.signals.window_s),
         train_classes=tuple(c.name for c in train),
         # Per job, the agents' signals measure latency and errors without any query;
         # class-wide, the P99 is measured only where a latency query says how.
