@@ -186,6 +186,45 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
                             "ask the owners; consider MPS or MIG shares for such jobs", idle))
     out.extend(_slo_findings(cfg, agg, digest))
     out.extend(_journal_findings(digest))
+    out.extend(_monitor_requeue_findings(agg, digest))
+    return out
+
+
+def _monitor_requeue_findings(agg: Aggregator, digest: JournalDigest) -> List[Finding]:
+    """The monitor's own requeues of running training, named as such. The job's wrapper
+    reads their SIGTERM as a preemption, finds Slurm showing the job requeued already and
+    reports a declined requeue; the job goes on from its checkpoint. Those lines are the
+    monitor's requeues (never ``requeue-declined``), and the work the ladder's cost is
+    accounting's (REQUEUED attempts, since the last checkpoint, as the ladder section)."""
+    out: List[Finding] = []
+    said = {k: [j for j, kind in digest.monitor_requeue_declines if kind == k]
+            for k in ("ladder", "monitor")}
+    jobs = sorted(set(digest.ladder.requeued_at) | set(said["ladder"]))
+    if jobs:
+        n = sum(len(t) for t in digest.ladder.requeued_at.values()) or len(jobs)
+        found = [0.0, 0.0, 0.0]
+        for row in agg.ladder_lost.values():
+            for i, v in enumerate(row):
+                found[i] += v
+        if found[0] >= n:
+            lost = (f"{found[1] + found[2]:.2f} GPU-hours of work since the last checkpoint "
+                    "lost" + (f" ({found[2]:.2f} of them estimated: no checkpoint seen)"
+                              if found[2] else ""))
+        else:
+            lost = (f"the work lost is unknown: accounting shows {int(found[0])} of the "
+                    f"{n} requeue(s)")
+        wrapper = (f"; {len(said['ladder'])} job(s)' wrappers reported it as a declined "
+                   "requeue, which it was not" if said["ladder"] else "")
+        out.append(make("info", "ladder-requeue",
+                        f"{n} ladder requeue(s) of training (the monitor's SLO ladder; "
+                        f"the jobs start again from their checkpoint): {lost}{wrapper}",
+                        "see 'What the ladder cost training'; budgets: monitor.ladder",
+                        jobs))
+    if said["monitor"]:
+        out.append(make("info", "monitor-requeue",
+                        f"{len(said['monitor'])} training job(s) requeued by the monitor's "
+                        "MIG re-layout (preempt-training), not declined requeues",
+                        "see monitor.relayout", said["monitor"]))
     return out
 
 

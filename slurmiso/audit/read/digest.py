@@ -66,6 +66,9 @@ class CheckpointStats:
 
 #: sacct times are whole seconds; journal times are not.
 _SACCT_SLACK_S = 2.0
+#: The monitor journals its requeue once ``scontrol requeue`` has returned; the job's
+#: wrapper may have read the SIGTERM and decided a moment before that line was written.
+_DECLINE_SLACK_S = 60.0
 
 
 @dataclass
@@ -89,6 +92,13 @@ class JournalDigest:
     requeues: Counter[str] = field(default_factory=Counter)  # by reason
     requeued_jobs: Set[str] = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
+    #: The wrapper's "declined" lines that were the monitor's own requeue of the attempt
+    #: (its SIGTERM read as a preemption, Slurm already showing the job requeued): (job,
+    #: "ladder" or "monitor" for a re-layout's). Never counted as declined requeues.
+    monitor_requeue_declines: List[Tuple[str, str]] = field(default_factory=list)
+    #: job -> (when, "ladder"/"monitor") of the monitor's latest requeue of its running
+    #: attempt, until the job's next attempt starts (its prolog): what a decline is matched on
+    _monitor_requeued: Dict[str, Tuple[float, str]] = field(default_factory=dict)
     monitor_actions: Counter[str] = field(default_factory=Counter)
     monitor_dry_run: int = 0
     #: (class, p99 ms) samples from monitor-action details that carry a latency
@@ -120,6 +130,11 @@ class JournalDigest:
         job = str(rec.get("job", ""))
         source = rec.get("source")
         if self.since is not None and _ts(rec) < self.since:
+            if event == "monitor-action" and source == MONITOR_SOURCE:
+                # its decline may be folded in the window
+                self._monitor_requeue(str(rec.get("target", "")), rec)
+            elif event == "prolog" and source is None:
+                self._monitor_requeued.pop(job, None)
             if event in ("prolog", "job-end") and source is None and rec.get("class"):
                 self.job_class[job] = str(rec["class"])
             if event == "prolog" and source is None and rec.get("mode") in SHARED_MODES \
@@ -132,6 +147,8 @@ class JournalDigest:
             return
         if source == "job":
             self.user_reported += 1
+        if event == "prolog":
+            self._monitor_requeued.pop(job, None)  # a new attempt: earlier requeues are over
         if event in ("prolog", "job-end"):
             if rec.get("class"):
                 self.job_class[job] = str(rec["class"])
@@ -165,8 +182,7 @@ class JournalDigest:
             if start is not None:
                 bisect.insort(self.unpreempted_starts.setdefault(job, []), start)
         elif event == "requeue-declined":
-            if len(self.requeue_declined) < _MAX_IDS:
-                self.requeue_declined.append((job, str(rec.get("reason", ""))))
+            self._declined(job, rec)
         elif event == "resume":
             self.resume_steps.setdefault(job, []).append(rec.get("step"))
         elif event == "monitor-action":
@@ -234,8 +250,33 @@ class JournalDigest:
                 if len(stats.over_grace_jobs) < _MAX_IDS:
                     stats.over_grace_jobs.append(job)
 
+    def _monitor_requeue(self, job: str, rec: Dict[str, Any]) -> None:
+        """Remember the monitor's requeue of a running job (the ladder's, with its
+        ``restraint``, or a re-layout's), taken for real: not a dry run, not failed."""
+        if rec.get("action") != "requeue" or rec.get("dry_run") is not False \
+                or rec.get("ok") is not True:
+            return
+        raw = rec.get("details")
+        details: Dict[str, Any] = raw if isinstance(raw, dict) else {}
+        self._monitor_requeued[job] = (_ts(rec), "ladder" if "restraint" in details
+                                       else "monitor")
+
+    def _declined(self, job: str, rec: Dict[str, Any]) -> None:
+        """A decline the wrapper reports is the monitor's requeue when the monitor requeued
+        this attempt no later than (a minute of clock and journaling slack) the wrapper's
+        own decision: the SIGTERM it read as a preemption was that requeue's, and Slurm
+        already showed the job requeued. Anything else is a decline of its own."""
+        requeued = self._monitor_requeued.get(job)
+        if requeued is not None and requeued[0] <= _when(rec) + _DECLINE_SLACK_S:
+            del self._monitor_requeued[job]
+            if len(self.monitor_requeue_declines) < _MAX_IDS:
+                self.monitor_requeue_declines.append((job, requeued[1]))
+        elif len(self.requeue_declined) < _MAX_IDS:
+            self.requeue_declined.append((job, str(rec.get("reason", ""))))
+
     def _monitor(self, rec: Dict[str, Any]) -> None:
         action = str(rec.get("action", "?"))
+        self._monitor_requeue(str(rec.get("target", "")), rec)
         self.monitor_actions[action] += 1
         if rec.get("dry_run"):
             self.monitor_dry_run += 1
