@@ -187,6 +187,34 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
     out.extend(_slo_findings(cfg, agg, digest))
     out.extend(_journal_findings(digest))
     out.extend(_monitor_requeue_findings(agg, digest))
+    out.extend(_telemetry_findings(agg, digest))
+    return out
+
+
+def _telemetry_findings(agg: Aggregator, digest: JournalDigest) -> List[Finding]:
+    """Nodes whose telemetry the monitor could not read: it kept training off them and its
+    ladder neither stepped nor released there, blind, for that long."""
+    from slurmiso.audit.figures.telemetry import telemetry_end
+
+    nodes = {n: v for n, v in digest.telemetry.totals(telemetry_end(agg, digest)).items()
+             if v["unknown_s"] > 0 or v["still_unknown"]}
+    out: List[Finding] = []
+    if nodes:
+        worst = sorted(nodes.items(), key=lambda kv: (-kv[1]["unknown_s"], kv[0]))
+        out.append(make("warning", "telemetry-unknown",
+                        f"telemetry of {len(nodes)} node(s) was unknown to the monitor for "
+                        f"{sum(v['unknown_s'] for v in nodes.values()):.0f}s in all: "
+                        + ", ".join(f"{n} {v['unknown_s']:.0f}s"
+                                    f" ({v['reason'] or '?'}"
+                                    f"{', still unknown' if v['still_unknown'] else ''})"
+                                    for n, v in worst[:5]),
+                        "check each node's slurmiso agent (systemctl status slurmiso-agent) "
+                        "and that the monitor reaches its port", list(nodes)))
+    if digest.telemetry.bad:
+        out.append(make("warning", "telemetry-bad-lines",
+                        f"{digest.telemetry.bad} monitor-telemetry line(s) left out: not a "
+                        "node, state or duration the monitor writes",
+                        "check who else writes the monitor's journal"))
     return out
 
 

@@ -8,7 +8,7 @@ Trust boundary. A line counts only when its writer is one the event can come fro
 
 - ``prolog``, ``job-end``, ``reconcile``, ``mps-user-conflict``: the hooks, as root, which
   write no ``source`` field;
-- ``monitor-action``: the monitor, as root, ``source: "monitor"``;
+- ``monitor-action``, ``monitor-telemetry``: the monitor, as root, ``source: "monitor"``;
 - the wrapper's events (``preempt-signal``, ``checkpoint-*``, ``requeue*``, ``resume``): the
   job's own user, folded in by the epilog with ``source: "job"``. They are the job's *report*
   (time to checkpoint, lost work since its last checkpoint), shown as user-reported, never
@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from slurmiso.audit.figures.quantiles import LogHistogram
 from slurmiso.audit.read.ladder import LadderLog
 from slurmiso.audit.read.sacct import parse_time
+from slurmiso.audit.read.telemetry import TelemetryLog
 from slurmiso.config.model import SHARED_MODES
 from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
@@ -36,6 +37,7 @@ EVENTS = {
     "prolog", "job-end", "reconcile", "mps-user-conflict", "preempt-signal",
     "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined", "requeue-closed",
     "resume", "monitor-action", "not-preempted", "throttle", "unthrottle",
+    "monitor-telemetry",
 }
 _MAX_IDS = 50
 #: event -> the only ``source`` it may carry (None: the hooks, which write no source).
@@ -43,6 +45,7 @@ WRITER: Dict[str, Optional[str]] = {
     "prolog": None, "job-end": None, "reconcile": None, "mps-user-conflict": None,
     "not-preempted": None,
     "monitor-action": MONITOR_SOURCE,
+    "monitor-telemetry": MONITOR_SOURCE,
     **{event: JOB_SOURCE for event in (
         "preempt-signal", "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined",
         "requeue-closed", "resume", "throttle", "unthrottle")},
@@ -116,6 +119,10 @@ class JournalDigest:
     user_reported: int = 0  # lines accepted as the job's own report (source: job)
     #: The ladder's steps on running training, checked line by line (read/ladder.py).
     ladder: LadderLog = field(default_factory=LadderLog)
+    #: How long each node's telemetry was unknown (read/telemetry.py).
+    telemetry: TelemetryLog = field(default_factory=TelemetryLog)
+    #: The latest time of a line read in the window (where an open outage is counted to).
+    last_ts: Optional[float] = None
     #: job -> (restart count, GPUs) of its latest attempt in a pool the ladder acts on (the
     #: prolog's ``gpus``, summed over its nodes): what a throttled second costs in GPUs.
     #: Kept for those pools' jobs only, so exclusive pools cost nothing here.
@@ -130,7 +137,9 @@ class JournalDigest:
         job = str(rec.get("job", ""))
         source = rec.get("source")
         if self.since is not None and _ts(rec) < self.since:
-            if event == "monitor-action" and source == MONITOR_SOURCE:
+            if event == "monitor-telemetry" and source == MONITOR_SOURCE:
+                self.telemetry.add(rec, _ts(rec), self.since)  # an outage reaching in
+            elif event == "monitor-action" and source == MONITOR_SOURCE:
                 # its decline may be folded in the window
                 self._monitor_requeue(str(rec.get("target", "")), rec)
             elif event == "prolog" and source is None:
@@ -142,6 +151,9 @@ class JournalDigest:
                 self._gpus(job, rec)  # a job restrained in the window may start before it
             return
         self.records += 1
+        when = _ts(rec)
+        if self.last_ts is None or when > self.last_ts:
+            self.last_ts = when
         if event not in WRITER or WRITER[event] != source:
             self._reject(rec, str(event), job, source)
             return
@@ -187,6 +199,8 @@ class JournalDigest:
             self.resume_steps.setdefault(job, []).append(rec.get("step"))
         elif event == "monitor-action":
             self._monitor(rec)
+        elif event == "monitor-telemetry":
+            self.telemetry.add(rec, when, self.since)
         elif event == "reconcile" and not rec.get("dry_run"):
             self.reconcile_fixes[str(rec.get("node", rec.get("host", "?")))] += 1
         elif event == "mps-user-conflict" and len(self.mps_conflicts) < _MAX_IDS:
