@@ -32,6 +32,7 @@ from slurmiso.monitor.ladder_state import Restraint
 from slurmiso.monitor.policy import KINDS, Action, Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, Snapshot, jobs_by_node
+from slurmiso.monitor.unknown import track as track_unknown
 
 #: Each kind's place in the order actions are applied (a dict: 40,000 actions a cycle).
 _RANK = {kind: i for i, kind in enumerate(KINDS)}
@@ -44,6 +45,7 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
         return [], mem
     if mem.intent:
         reconcile_intent(snap, mem)
+    track_unknown(snap, policy, mem)
     running = jobs_by_node(list(snap.jobs))
     actions = relayout(snap, policy, mem, running)
     actions += _partitions(snap, policy, mem, running)

@@ -58,7 +58,9 @@ def live_snapshot(
             reading = Reading()
             reading.miss("telemetry", "source-error", f"telemetry: {exc!r}")
     for err in reading.errors[:20]:
-        log.info("monitor: telemetry: %s", err)
+        # every cycle: the loop warns once when a node's telemetry turns unknown, and says
+        # when it is back (slurmiso.monitor.unknown)
+        log.debug("monitor: telemetry: %s", err)
     nodes = []
     for name, f in sorted(raw_nodes.items()):
         pool = cfg.pool_for_node(name, tuple(_features(f)))
@@ -73,7 +75,7 @@ def live_snapshot(
     unknown = dict(reading.unknown, **rejected.unknown())
     return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
                     reading.latency_age_s, True, tuple(reading.errors), unknown,
-                    dict(reading.job_signals))
+                    dict(reading.job_signals), dict(reading.node_unknown))
 
 
 def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:

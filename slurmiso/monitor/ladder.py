@@ -13,7 +13,13 @@ Per GPU that an inference job of an SLO class shares with training, one step at 
 A step is taken once the breach (per-job P99 latency or error rate above the SLO) has lasted
 that step's ``after_s`` at the step below; the ladder steps back, in reverse, after
 ``release_after_s`` below the SLO by the hysteresis margin. Between the two it holds
-position; so it does on unknown or stale signals: no step and no release. Escalations are
+position; so it does on unknown or stale signals: no step and no release. Two shortcuts,
+both on facts rather than on hope: once every inference job behind a rung has left the GPU
+(Slurm no longer shows it running there: ``GONE``, not unknown), the rung is released within
+the cycle; and a calm dwell steps back past rungs that restrain nobody there any more (the
+requeued job is gone: one dwell, not one per rung). A calm dwell goes on across a gap in
+what the monitor saw (it was down, or the signals were unknown) only where the agents'
+latency windows prove the gap calm. Escalations are
 budgeted per hour, in all and per job on either side (the training job acted on, the
 inference job whose breach asks for it), lowest Slurm priority first; releases never are.
 Inference jobs are never acted on, and a job's signals reach only the training jobs on its
@@ -23,6 +29,7 @@ own GPUs (:mod:`slurmiso.monitor.attribution`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
@@ -43,7 +50,10 @@ from slurmiso.monitor.slo_share import Verdict, judge
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
 HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
-_RANK = {HOT: 0, UNKNOWN: 1, BETWEEN: 2, CALM: 3}
+#: A GPU whose rung has no cause left: every inference job behind it has ended or left the
+#: node as Slurm shows it (never said of a job that is merely silent: that is UNKNOWN).
+GONE = "gone"
+_RANK = {HOT: 0, UNKNOWN: 1, BETWEEN: 2, CALM: 3, GONE: 4}
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class Breach:
     limit: Optional[float] = None
     why: str = ""
     job_class: str = ""
+    #: CALM only: since when the agents' series prove the calm (the oldest sample window
+    #: behind the figures); None where nothing older than now is proven.
+    calm_from: Optional[float] = None
 
     @property
     def ratio(self) -> float:
@@ -194,6 +207,7 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     """This cycle's ladder actions, and the nodes where it holds new training (node -> why
     a user can read)."""
     now = snap.ts
+    memory_last_ts = mem.last_ts  # the cycle before this one (decide sets it after)
     nodes = {n.name: n for n in snap.nodes}
     slos = {s.class_name: s for s in policy.slo if limits(s)}
     exempt = {j for j in mem.ladder_exempt if j in who.live}
@@ -222,14 +236,24 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     for key in set(infer_jobs) | set(mem.ladder):
         node_name, _, index = key.rpartition("/")
         node = nodes.get(node_name)
+        fresh = node is not None and node.telemetry_age_s is not None and \
+            node.telemetry_age_s <= policy.max_data_age_s
+        gone = None if key in infer_jobs or key not in mem.ladder else \
+            cause_gone(mem.ladder[key], node_name, snap, who, slos, fresh)
         if node is None or node.mode not in SHARED_MODES:
             v = Breach(CALM, why=f"{node_name} is no longer a shared pool's node")
-        elif node.telemetry_age_s is None or node.telemetry_age_s > policy.max_data_age_s:
+        elif gone is not None:
+            v = gone
+        elif not fresh:
             v = Breach(UNKNOWN, why=f"no fresh telemetry from {node_name}")
         elif key in infer_jobs:
             v = worst([job_verdict(j, snap.job_signals.get(j),
                                    slos[who.live[j].job_class], policy)
                        for j in infer_jobs[key]])
+            if v.kind == CALM:
+                v = dataclasses.replace(v, calm_from=calm_proven_from(
+                    [snap.job_signals.get(j) for j in infer_jobs[key]], now,
+                    policy.signal_window_s))
         else:
             v = Breach(CALM, why=f"no inference job left on {node_name} GPU {index}")
         verdicts[key] = (v, node_name, int(index))
@@ -248,7 +272,7 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     for key in sorted(verdicts):
         v, at, gpu = verdicts[key]
         _move(mem, key, v, node_steps(policy, nodes.get(at)), now, victims.get(key, []),
-              at, gpu)
+              at, gpu, (memory_last_ts, policy.max_data_age_s))
     # -- what each training job should be, and the actions that get it there ------------
     actions = _restrain(snap, policy, mem, who, verdicts, victims, exempt)
     mem.ladder_exempt = sorted(exempt)
@@ -271,33 +295,51 @@ def _applied(rec: Optional[Restraint], step: str) -> bool:
 
 
 def _move(mem: Memory, key: str, v: Breach, steps: Tuple[StepPolicy, ...], now: float,
-          victims: List[JobInfo], node: str, index: int) -> None:
-    """One GPU's rung after this verdict (see the module doc)."""
+          victims: List[JobInfo], node: str, index: int,
+          seen: Tuple[Optional[float], float] = (None, 0.0)) -> None:
+    """One GPU's rung after this verdict (see the module doc). ``seen``: when the cycle
+    before this one ran, and how old data may be (what makes two cycles consecutive)."""
     rung = mem.ladder.get(key)
     if rung is None and v.kind != HOT:
         return
+    if v.kind == GONE:  # nothing left to protect: every step goes now
+        mem.ladder.pop(key, None)
+        return
     if v.kind in (UNKNOWN, BETWEEN):  # hold position: neither dwell goes on
-        if rung is not None and (rung.breach_since, rung.calm_since) != (None, None):
-            mem.ladder[key] = dataclasses.replace(rung, breach_since=None, calm_since=None)
+        # unknown keeps when calm began (a later calm figure may prove the gap calm);
+        # a figure between the SLO and calm ends it
+        calm = (rung.calm_since, rung.calm_seen) if rung is not None and v.kind == UNKNOWN \
+            else (None, None)
+        if rung is not None and (rung.breach_since, rung.calm_since, rung.calm_seen) != \
+                (None,) + calm:
+            mem.ladder[key] = dataclasses.replace(rung, breach_since=None, calm_since=calm[0],
+                                                  calm_seen=calm[1])
         return
     old = rung or Rung()
     idx = _index(steps, old.step)
     if v.kind == CALM:
-        calm_since = old.calm_since if old.calm_since is not None else now
+        calm_since = calm_start(old, v, now, *seen)
         cur = steps[idx].release_after_s if idx >= 0 else 0.0
         if now - max(calm_since, old.since) < cur:
-            new = dataclasses.replace(old, breach_since=None, calm_since=calm_since)
-        elif idx <= 0:
-            mem.ladder.pop(key, None)
-            return
+            new = dataclasses.replace(old, breach_since=None, calm_since=calm_since,
+                                      calm_seen=now)
         else:
-            new = dataclasses.replace(old, step=steps[idx - 1].name, since=now,
-                                      breach_since=None, calm_since=now, capped="")
+            back = step_back(steps, idx, victims, mem)
+            if back < 0:
+                mem.ladder.pop(key, None)
+                return
+            new = dataclasses.replace(old, step=steps[back].name, since=now,
+                                      breach_since=None, calm_since=now, calm_seen=now,
+                                      capped="")
         mem.ladder[key] = new
         return
     breach_since = old.breach_since if old.breach_since is not None else now
-    new = dataclasses.replace(old, breach_since=breach_since, calm_since=None,
-                              cause=v.job, signal=v.signal, why=_where(v, node, index))
+    causes = old.causes or ((old.cause,) if old.cause else ())
+    if v.job and v.job not in causes:
+        causes = (causes + (v.job,))[-20:]
+    new = dataclasses.replace(old, breach_since=breach_since, calm_since=None, calm_seen=None,
+                              cause=v.job, causes=causes, signal=v.signal,
+                              why=_where(v, node, index))
     if idx + 1 < len(steps):
         nxt = steps[idx + 1]
         start = breach_since if rung is None else max(breach_since, old.since)
@@ -313,6 +355,83 @@ def _move(mem: Memory, key: str, v: Breach, steps: Tuple[StepPolicy, ...], now: 
                                           limit=old.limit if rung else v.limit)
     if new != rung:
         mem.ladder[key] = new
+
+
+def cause_gone(rung: Rung, node: str, snap: Snapshot, who: Attribution,
+               slos: Dict[str, SloLimit], fresh: bool) -> Optional[Breach]:
+    """A GONE verdict when every inference job behind ``rung`` has left its node as Slurm
+    shows it (ended, cancelled, requeued, moved), else None. Called only where no live
+    SLO job is attributed to the GPU. Where the node's telemetry is not fresh, which GPU a
+    job holds is unknown, so any SLO inference job running on the node keeps the rung."""
+    causes = rung.causes or ((rung.cause,) if rung.cause else ())
+    if not causes:
+        return None
+    for jid in causes:
+        live = who.live.get(jid)
+        if live is not None and node in live.nodes:
+            return None
+    if not fresh and any(j.job_class in slos and node in j.nodes
+                         for j in who.live.values() if j.job_class not in who.train):
+        return None
+    states = {j.id: j.state for j in snap.jobs if j.id in causes}
+    words = []
+    for jid in causes:
+        state = states.get(jid)
+        words.append(f"inference job {jid} " + (
+            "has ended" if state is None else
+            f"is {state.lower()}, no longer running" if state not in ("RUNNING", "SUSPENDED")
+            else f"no longer runs on {node}"))
+    return Breach(GONE, rung.cause or causes[-1], why="; ".join(words))
+
+
+def calm_proven_from(sigs: List[Optional[JobSignals]], now: float,
+                     window_s: float) -> Optional[float]:
+    """Since when the calm of a GPU's inference jobs is proven by their own series: each
+    calm figure covers the agent's window before its sample (``latency_age_s`` ago), so
+    the GPU's calm is proven from the latest such start; None where a job's age is
+    unknown."""
+    window = window_s if math.isfinite(window_s) and window_s > 0 else 0.0
+    start: Optional[float] = None
+    for sig in sigs:
+        age = sig.latency_age_s if sig is not None else None
+        if age is None or not math.isfinite(age) or age < 0:
+            return None
+        begin = now - age - window
+        start = begin if start is None else max(start, begin)
+    return start
+
+
+def calm_start(old: Rung, v: Breach, now: float, last_ts: Optional[float],
+               max_age_s: float) -> float:
+    """When this calm began, counting only calm that is proven: the calm seen at the cycle
+    before goes on (as it always did); across a gap (the monitor was down, the signals were
+    unknown) it goes on only where the agents' windows reach back to the last calm the
+    monitor saw; otherwise from what the windows prove, never before that last calm."""
+    seen = old.calm_seen
+    if old.calm_since is None or seen is None:
+        return now
+    if seen == last_ts and now - seen <= max_age_s:
+        return old.calm_since  # consecutive cycles, both calm
+    if v.calm_from is not None and v.calm_from <= seen:
+        return old.calm_since  # the gap is inside the windows behind this calm figure
+    if v.calm_from is not None:
+        return min(now, max(v.calm_from, seen))
+    return now
+
+
+def step_back(steps: Tuple[StepPolicy, ...], idx: int, victims: List[JobInfo],
+              mem: Memory) -> int:
+    """Where a calm dwell at ``steps[idx]`` steps back to: one step, past the steps that
+    restrain nobody on this GPU any more. With no training left there (the ladder requeued
+    it, or it ended) the rung goes altogether (-1): the dwell just served was measured with
+    no training on the GPU, as the hold's own would be."""
+    if idx <= 0 or not victims:
+        return -1
+    back = idx - 1
+    while back > 0 and not any(_applied(mem.restrained.get(j.id), steps[back].name)
+                               for j in victims):
+        back -= 1
+    return back
 
 
 def _where(v: Breach, node: str, gpu: int) -> str:
@@ -482,9 +601,15 @@ def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: s
              since: float, sends: str = "") -> Action:
     how = "resumed" if kind == "resume-job" else "back to full speed"
     figure = "" if v.figure is None else f" ({_text(v.signal, v.figure, v.limit or 0)})"
-    reason = (f"training {how} after {now - since:.0f}s: inference on {rec.node} GPU "
-              f"{rec.gpu} within its SLO{figure}")
+    if v.kind == GONE:  # no figure to quote: the job it would be of is gone
+        reason = (f"training {how} after {now - since:.0f}s on {rec.node} GPU {rec.gpu}: "
+                  f"{v.why}")[:300]
+    else:
+        reason = (f"training {how} after {now - since:.0f}s: inference on {rec.node} GPU "
+                  f"{rec.gpu} within its SLO{figure}")
     extra: Dict[str, Any] = {what: round(now - since, 1)}
+    if v.kind == GONE:
+        extra["cause_gone"] = True
     if sends:
         extra["sends"] = sends
     return Action(kind, jid, reason, dict(_facts(rec, v), step=kind, restraint=rec.to_dict(),

@@ -7,8 +7,8 @@ edit. JSON through :meth:`to_dict`/:meth:`from_dict` (the monitor's state file).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Optional, Type, TypeVar
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
 R = TypeVar("R")
 
@@ -37,13 +37,29 @@ class Rung:
     limit: Optional[float] = None
     #: Why the next step waits although the breach lasts (a budget spent), "" if it does not.
     capped: str = ""
+    #: Every inference job whose breach moved or kept this rung: once all of them have left
+    #: the GPU the rung has no cause left and goes at once (``cause`` is the latest).
+    causes: Tuple[str, ...] = ()
+    #: The last cycle that judged this GPU calm: a calm dwell goes on across a gap (the
+    #: monitor down, signals unknown) only where the agents' windows prove the gap calm.
+    calm_seen: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """The keys earlier versions wrote, and the newer ones only where they say
+        something (a state file read back by the version before stays the same)."""
+        out = asdict(self)
+        out["causes"] = list(self.causes)
+        for name in ("causes", "calm_seen"):
+            if not out[name] and out[name] != 0:
+                del out[name]
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Rung:
-        return _from(cls, data)
+        rung = _from(cls, data)
+        causes = data.get("causes")
+        return replace(rung, causes=tuple(str(c) for c in causes)
+                       if isinstance(causes, (list, tuple)) else ())
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,10 @@ class Stats:
     #: Age of the oldest hold this monitor keeps (None: it keeps none).
     oldest_hold_s: Optional[float] = None
     held_by_reason: Dict[str, int] = field(default_factory=dict)
-    #: "source/reason" -> signals unknown last cycle.
+    #: "source/reason" -> signals unknown last cycle (the memory's, as status shows them).
     unknown: Dict[str, int] = field(default_factory=dict)
+    #: node -> (seconds its telemetry has been unknown, "source/reason").
+    unknown_nodes: Dict[str, Tuple[Optional[float], str]] = field(default_factory=dict)
     excluded_jobs: int = 0
     slurm_ok: bool = True
     #: The ladder: GPUs per step in force, training jobs throttled / suspended by it.
@@ -223,6 +225,7 @@ class Monitor:
         memory.intent = []
         if self.overlay is not None:
             self.overlay.record(outcomes)
+        self._telemetry_changes(snap, memory)
         if set(memory.stale) != set(self.memory.stale):
             if memory.stale:
                 log.warning("monitor: unknown or stale telemetry for %s: no new training "
@@ -235,6 +238,43 @@ class Monitor:
             self.save_memory()
         self._count(snap, outcomes, time.monotonic() - started)
         return outcomes
+
+    def _telemetry_changes(self, snap: Snapshot, memory: Memory) -> None:
+        """A WARNING when nodes' telemetry turns unknown (an agent stops answering) and a
+        line when it is back, once per change, never every cycle; each change journaled
+        (``monitor-telemetry``), which the audit reads as how long each node was unknown.
+        Unknown signals tied to no node (a Prometheus query) warn when a new kind appears."""
+        from slurmiso.monitor import unknown
+
+        found = unknown.changes(self.memory, memory, snap.ts)
+        lost = [c for c in found if c.state == unknown.UNKNOWN]
+        back = [c for c in found if c.state == unknown.KNOWN]
+        if lost:
+            log.warning("monitor: telemetry unknown for %d node(s): %s%s: no step and no "
+                        "release of the ladder there, no new training where admission "
+                        "needs it", len(lost), ", ".join(f"{c.node} ({c.reason})"
+                                                         for c in lost[:20]),
+                        f" and {len(lost) - 20} more" if len(lost) > 20 else "")
+            for err in snap.errors[:5]:
+                log.warning("monitor: telemetry: %s", err)
+        if back:
+            log.info("monitor: telemetry known again for %s", ", ".join(
+                f"{c.node} (unknown {c.unknown_s:.0f}s)" if c.unknown_s is not None
+                else c.node for c in back[:20]))
+        new_kinds = sorted(set(memory.unknown_signals) - set(self.memory.unknown_signals))
+        if new_kinds and not lost:
+            log.warning("monitor: telemetry signals unknown: %s%s", ", ".join(
+                f"{k} x{memory.unknown_signals[k]}" for k in new_kinds[:20]),
+                f" ({snap.errors[0]})" if snap.errors else "")
+        journal = getattr(self.applier, "journal", None)
+        if journal is None or not found:
+            return
+        try:
+            for c in found:
+                journal.append(unknown.EVENT, source=MONITOR_SOURCE, dry_run=self.dry_run,
+                               **c.journal_fields())
+        except OSError as exc:
+            log.warning("monitor: cannot write the journal: %s", exc)
 
     def _journal_unknown(self, snap: Snapshot, memory: Memory) -> None:
         """One journal line whenever the set of unknown scopes changes: which, since when,
@@ -264,7 +304,11 @@ class Monitor:
         st.stale_scopes = list(self.memory.stale)
         st.telemetry_errors = len(snap.errors)
         st.slurm_ok = snap.slurm_ok
-        st.unknown = dict(snap.unknown)
+        from slurmiso.monitor.unknown import view
+
+        seen = view(self.memory, snap.ts)  # what `monitor status` shows too
+        st.unknown = dict(seen["signals"])
+        st.unknown_nodes = {n: (v["for_s"], v["reason"]) for n, v in seen["nodes"].items()}
         st.excluded_jobs = len(self.memory.excluded)
         steps: Dict[str, int] = {}
         for rung in self.memory.ladder.values():
@@ -416,6 +460,15 @@ class MonitorCollector:
             src, _, why = key.partition("/")
             unknown.add_metric([src, why], float(n))
         yield unknown
+        yield GaugeMetricFamily("slurmiso_monitor_unknown_telemetry_nodes",
+                                "Pool nodes whose telemetry is unknown now",
+                                value=float(len(st.unknown_nodes)))
+        nodes = GaugeMetricFamily("slurmiso_monitor_unknown_telemetry_seconds",
+                                  "How long a node's telemetry has been unknown",
+                                  labels=["node", "reason"])
+        for node, (secs, why) in sorted(st.unknown_nodes.items()):
+            nodes.add_metric([node, why], float(secs or 0.0))
+        yield nodes
         gates = GaugeMetricFamily("slurmiso_monitor_gate_closed",
                                   "1 while training admission is closed for a scope",
                                   labels=["scope"])

@@ -142,6 +142,10 @@ class Policy:
     stagger_interval_s: float = 60
     #: Telemetry older than this is stale: no admission change rests on it.
     max_data_age_s: float = 90
+    #: The agents' latency window (``monitor.signals.window_s``): a calm figure proves calm
+    #: over the window before it, which lets the ladder's calm dwell go on across a gap in
+    #: what the monitor saw (0: nothing proven beyond the figure's own age).
+    signal_window_s: float = 0.0
     train_classes: Tuple[str, ...] = ("train",)
     slo: Tuple[SloLimit, ...] = ()
     #: (inference partition, training partition) pairs whose idle nodes may be lent.
@@ -216,6 +220,7 @@ def policy_from_config(
         stagger_max_starts=mon.stagger.max_starts,
         stagger_interval_s=mon.stagger.interval_s,
         max_data_age_s=max(3 * mon.interval_s, 60),
+        signal_window_s=float(mon.signals.window_s),
         train_classes=tuple(c.name for c in train),
         # Per job, the agents' signals measure latency and errors without any query;
         # class-wide, the P99 is measured only where a latency query says how.
@@ -442,6 +447,12 @@ class Memory:
     #: Jobs someone else resumed (or unthrottled) after the ladder acted: never touched by
     #: the ladder again (pruned to the jobs that still run).
     ladder_exempt: List[str] = field(default_factory=list)
+    #: node -> {"since": when its telemetry turned unknown, "reason": "source/reason"}:
+    #: every node of a pool, whatever admission makes of it (slurmiso.monitor.unknown).
+    telemetry_unknown: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: "source/reason" -> signals unknown in the last cycle: what ``monitor status`` and
+    #: the exported ``unknown_signals`` both show.
+    unknown_signals: Dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON for the state file: the records as the dicts they have always been."""
@@ -450,6 +461,8 @@ class Memory:
             value = getattr(self, f.name)
             if f.name in _RECORDS:
                 out[f.name] = {k: r.to_dict() for k, r in value.items()}
+            elif f.name in _WRITTEN_WHEN_SET and not value:
+                continue  # a state file the version before wrote saves unchanged
             else:
                 out[f.name] = copy.deepcopy(value)
         return out
@@ -475,7 +488,8 @@ class Memory:
                       {k: list(v) for k, v in self.events.items()}, self.last_ts,
                       list(self.running_train), list(self.intent), dict(self.requeued),
                       dict(self.unknown_since), dict(self.ladder), dict(self.restrained),
-                      list(self.ladder_exempt))
+                      list(self.ladder_exempt), dict(self.telemetry_unknown),
+                      dict(self.unknown_signals))
 
     def count(self, key: str, now: float) -> int:
         """Events of ``key`` within the hour before ``now`` (older ones are dropped)."""
@@ -490,6 +504,8 @@ class Memory:
         self.events[key] = self.events.get(key, []) + [now]
 
 
+#: Memory's fields added after the state file's first version: written only when set.
+_WRITTEN_WHEN_SET = ("telemetry_unknown", "unknown_signals")
 #: Memory's fields of records, and the record each holds (JSON through to_dict/from_dict).
 _RECORDS: Dict[str, Any] = {"holds": Hold, "gates": Gate, "lent": Loan, "caps": Cap,
                             "ladder": Rung, "restrained": Restraint}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set
 
 from slurmiso.monitor.policy import Memory, Policy
+from slurmiso.monitor.unknown import view as unknown_view
 
 
 @dataclass
@@ -102,6 +103,7 @@ def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
     opens = {k[5:]: mem.count(k, now) for k in sorted(mem.events) if k.startswith("open:")}
     window = [t for t in mem.release_times if t > now - policy.stagger_interval_s]
     stamps = [h.ts for h in mem.holds.values()]
+    seen = unknown_view(mem, now)  # the exported metrics read the same view
     return {
         "admission": policy.admission,
         "unknown_admits": policy.unknown_admits,
@@ -111,6 +113,8 @@ def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
         "closed": sorted(s for s, g in mem.gates.items() if g.closed),
         "unknown": list(mem.stale),
         "unknown_since": dict(mem.unknown_since),
+        "unknown_telemetry": seen["nodes"],
+        "unknown_signals": seen["signals"],
         "lent": sorted(mem.lent),
         "relayout": mem.relayout,
         "starts_this_interval": [len(window), policy.stagger_max_starts],
@@ -131,9 +135,7 @@ def status_lines(st: Dict[str, Any]) -> List[str]:
                                        if st["oldest_hold_s"] is not None else ""),
              f"kept off hot nodes: {st['excluded_jobs']} job(s)",
              f"closed to training: {', '.join(st['closed'][:20]) or 'nothing'}",
-             "unknown data: " + (", ".join(
-                 f"{k} (for {now_s - v:.0f}s)" for k, v in sorted(st["unknown_since"].items())[:20])
-                 or "none"),
+             *_unknown_lines(st, now_s),
              f"lent: {', '.join(st['lent'][:20]) or 'none'}",
              f"starts this interval: {st['starts_this_interval'][0]} "
              f"(at least {st['starts_this_interval'][1]} allowed; a backlog drains in "
@@ -145,6 +147,27 @@ def status_lines(st: Dict[str, Any]) -> List[str]:
         lines.append(f"gate {scope} opened {n} time(s) this hour (limit {limit})"
                      + ("  -- LIMIT REACHED" if n >= limit else ""))
     lines.append(f"minimum dwell: {st['dwell_s']:g}s")
+    return lines
+
+
+def _unknown_lines(st: Dict[str, Any], now_s: float) -> List[str]:
+    """Unknown data, said once: "none" only when no scope, no node's telemetry and no
+    signal of the last cycle is unknown (the exported ``unknown_signals`` counts the same)."""
+    scopes = ", ".join(f"{k} (for {now_s - v:.0f}s)"
+                       for k, v in sorted(st["unknown_since"].items())[:20])
+    nodes = st.get("unknown_telemetry") or {}
+    signals = st.get("unknown_signals") or {}
+    if not (scopes or nodes or signals):
+        return ["unknown data: none"]
+    lines = [f"unknown data: {scopes or 'no admission scope'}"]
+    if nodes:
+        lines.append(f"unknown telemetry: {len(nodes)} node(s): " + ", ".join(
+            f"{n} ({v['reason'] or '?'}"
+            + (f", for {v['for_s']:.0f}s)" if v.get("for_s") is not None else ")")
+            for n, v in sorted(nodes.items())[:20]))
+    if signals:
+        lines.append(f"unknown signals last cycle: {sum(signals.values())}: " + ", ".join(
+            f"{k} x{n}" for k, n in sorted(signals.items())[:20]))
     return lines
 
 

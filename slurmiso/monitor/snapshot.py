@@ -192,6 +192,9 @@ class Snapshot:
     unknown: Dict[str, int] = field(default_factory=dict)
     #: Per-job signals from the node agents (job id -> signals); the ladder's input.
     job_signals: Dict[str, JobSignals] = field(default_factory=dict)
+    #: node -> "source/reason" where its own telemetry came back unknown this cycle (an
+    #: agent unreachable, an answer that did not parse).
+    telemetry_unknown: Dict[str, str] = field(default_factory=dict)
 
     def node(self, name: str) -> Optional[NodeInfo]:
         for n in self.nodes:
@@ -207,7 +210,9 @@ class Snapshot:
                 "latency_p99_ms": dict(self.latency_p99_ms),
                 "latency_age_s": self.latency_age_s, "slurm_ok": self.slurm_ok,
                 "errors": list(self.errors), "unknown": dict(self.unknown),
-                "job_signals": [s.to_dict() for _, s in sorted(self.job_signals.items())]}
+                "job_signals": [s.to_dict() for _, s in sorted(self.job_signals.items())],
+                **({"telemetry_unknown": dict(self.telemetry_unknown)}
+                   if self.telemetry_unknown else {})}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
@@ -228,6 +233,7 @@ class Snapshot:
             tuple(g("errors", ())),
             {str(k): int(v) for k, v in (g("unknown") or {}).items()},
             {s.job: s for s in (JobSignals.from_dict(x) for x in g("job_signals") or ())},
+            {str(k): str(v) for k, v in (g("telemetry_unknown") or {}).items()},
         )
 
 

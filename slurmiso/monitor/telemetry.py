@@ -67,11 +67,16 @@ class Reading:
     unknown: Dict[str, int] = field(default_factory=dict)
     #: Per-job signals, job id -> signals (the node agents fill them).
     job_signals: Dict[str, JobSignals] = field(default_factory=dict)
+    #: node -> "source/reason" of its own telemetry that came back unknown this cycle.
+    node_unknown: Dict[str, str] = field(default_factory=dict)
 
-    def miss(self, source: str, reason: str, line: str) -> None:
-        """Count an unknown signal and keep one line about it (the first 200 only)."""
+    def miss(self, source: str, reason: str, line: str, node: str = "") -> None:
+        """Count an unknown signal and keep one line about it (the first 200 only); with
+        ``node``, the node whose telemetry it was (the monitor tells which are unknown)."""
         key = f"{source}/{reason}"
         self.unknown[key] = self.unknown.get(key, 0) + 1
+        if node:
+            self.node_unknown.setdefault(node, key)
         if len(self.errors) < 200:
             self.errors.append(line)
 
@@ -236,12 +241,12 @@ class AgentSource:
             res = got[node]
             if res.body is None:
                 reading.miss("agents", res.reason, f"agent {urls[node]}: {res.reason}"
-                             f"{' (' + res.detail + ')' if res.detail else ''}")
+                             f"{' (' + res.detail + ')' if res.detail else ''}", node)
                 continue
             try:
                 gpus, age, samples = agent_reading(res.body, now)
             except BadData as exc:
-                reading.miss("agents", exc.reason, f"agent {urls[node]}: {exc}")
+                reading.miss("agents", exc.reason, f"agent {urls[node]}: {exc}", node)
                 continue
             # Each inference job's own figures (the ladder's input). A job on several nodes
             # keeps one node's: the first its agents answered for. A reply whose per-job
@@ -249,7 +254,7 @@ class AgentSource:
             try:
                 jobs = signals.from_samples(samples, node)
             except (ValueError, KeyError, TypeError) as exc:
-                reading.miss("agents", "bad-job-series", f"agent {urls[node]}: {exc}")
+                reading.miss("agents", "bad-job-series", f"agent {urls[node]}: {exc}", node)
                 continue
             reading.gpus[node] = gpus
             for jid, js in jobs.items():
@@ -275,12 +280,12 @@ class FileSource:
                     text = fh.read()
                 mtime = os.path.getmtime(path)
             except OSError as exc:
-                reading.miss("files", "unreadable", f"{path}: {exc.strerror}")
+                reading.miss("files", "unreadable", f"{path}: {exc.strerror}", node)
                 continue
             try:
                 gpus, age = agent_view(text, now)
             except BadData as exc:
-                reading.miss("files", exc.reason, f"{path}: {exc}")
+                reading.miss("files", exc.reason, f"{path}: {exc}", node)
                 continue
             reading.gpus[node] = gpus
             reading.ages[node] = age if age is not None else max(0.0, now - mtime)
@@ -305,7 +310,7 @@ class BackendSource:
             try:
                 report = gather_node(self.cfg, node)
             except SlurmisoError as exc:
-                reading.miss("local", "gpu-error", f"{node}: {exc}")
+                reading.miss("local", "gpu-error", f"{node}: {exc}", node)
                 continue
             reading.gpus[node] = report.samples()
             reading.ages[node] = max(0.0, now - report.collected)
@@ -388,7 +393,8 @@ class PrometheusSource:
             if node in by_node:
                 gpus, collected = agent_gpus(by_node[node])
                 if not collected:
-                    reading.miss("prometheus", "no-timestamp", f"{node}: sample age unknown")
+                    reading.miss("prometheus", "no-timestamp", f"{node}: sample age unknown",
+                         node)
                     continue
                 reading.gpus[node] = gpus
                 reading.ages[node] = max(0.0, now - collected)
@@ -488,7 +494,8 @@ def dcgm_gpus(
             mig_profiles=tuple(sorted(g["mig"]))))
         age = max(0.0, now - g["seen"]) if "seen" in g else None
         if age is None:
-            reading.miss("prometheus", "no-timestamp", f"{node}: sample age unknown")
+            reading.miss("prometheus", "no-timestamp", f"{node}: sample age unknown",
+                         node)
             continue
         reading.ages[node] = max(reading.ages.get(node, 0.0), age)
     for node in nodes:

@@ -54,6 +54,9 @@ from slurmiso.wrapper.signals import PREEMPTED, TIME_LIMIT
 log = logging.getLogger(__name__)
 
 REQUEUE_TIMEOUT_S = 5.0
+#: Job states that say the job is back in the queue already (``scontrol requeue`` by the
+#: monitor or an admin sends the same SIGTERM a preemption does): not a cancellation.
+REQUEUED_STATES = frozenset(("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PENDING"))
 Version = Tuple[int, int, int]
 
 
@@ -100,6 +103,12 @@ def decide(
         # the flag is set only on a running job, for those two; preemption sends SIGCONT
         # first), printed instead of RUNNING while the signal agent works (measured on 26.05.5:
         # one preemption in three read it)
+        if slurm_state in REQUEUED_STATES:
+            return Decision(
+                False,
+                f"Slurm shows the job {slurm_state}: someone requeued it already (the "
+                "monitor's ladder or re-layout, an admin); it starts again from its checkpoint",
+            )
         if slurm_state and slurm_state not in ("RUNNING", "SIGNALING"):
             return Decision(
                 False,

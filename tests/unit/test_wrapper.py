@@ -122,6 +122,17 @@ def test_cancelled_job_is_never_requeued() -> None:
     assert signaling.requeue
 
 
+@pytest.mark.parametrize("state", ["REQUEUED", "REQUEUE_HOLD", "PENDING"])
+def test_a_job_requeued_by_someone_else_is_not_called_cancelled(state: str) -> None:
+    """The monitor's ladder (or an admin) ran scontrol requeue: its SIGTERM reads as a
+    preemption, Slurm shows the job back in the queue. No second requeue, and the reason
+    says what happened (the audit matches it with the monitor's line)."""
+    d = requeue.decide(PREEMPTED, job_id="9", restart_count=0, max_requeues=20,
+                       checkpoint_ok=True, slurm_state=state)
+    assert not d.requeue and "cancelled" not in d.reason
+    assert f"Slurm shows the job {state}: someone requeued it already" in d.reason
+
+
 def test_slurm_job_state_reads_squeue_fields_and_tolerates_failure() -> None:
     class Show(FakeSlurm):
         def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,

@@ -85,4 +85,7 @@ DEFINITIONS: Dict[str, str] = {
                   "was first restrained) and after",
     "ladder_bad_lines": "ladder lines left out of every figure: a wrong type, a negative, "
                         "non-finite or out-of-range figure or duration, an unknown step",
+    "telemetry_unknown_s": "per node, seconds its telemetry was unknown to the monitor in the "
+                           "window (its monitor-telemetry lines); an outage still open counts "
+                           "to the window's end",
 }

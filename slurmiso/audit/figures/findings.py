@@ -194,6 +194,73 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
                             "ask the owners; consider MPS or MIG shares for such jobs", idle))
     out.extend(_slo_findings(cfg, agg, digest))
     out.extend(_journal_findings(digest))
+    out.extend(_monitor_requeue_findings(agg, digest))
+    out.extend(_telemetry_findings(agg, digest))
+    return out
+
+
+def _telemetry_findings(agg: Aggregator, digest: JournalDigest) -> List[Finding]:
+    """Nodes whose telemetry the monitor could not read: it kept training off them and its
+    ladder neither stepped nor released there, blind, for that long."""
+    from slurmiso.audit.figures.telemetry import telemetry_end
+
+    nodes = {n: v for n, v in digest.telemetry.totals(telemetry_end(agg, digest)).items()
+             if v["unknown_s"] > 0 or v["still_unknown"]}
+    out: List[Finding] = []
+    if nodes:
+        worst = sorted(nodes.items(), key=lambda kv: (-kv[1]["unknown_s"], kv[0]))
+        out.append(make("warning", "telemetry-unknown",
+                        f"telemetry of {len(nodes)} node(s) was unknown to the monitor for "
+                        f"{sum(v['unknown_s'] for v in nodes.values()):.0f}s in all: "
+                        + ", ".join(f"{n} {v['unknown_s']:.0f}s"
+                                    f" ({v['reason'] or '?'}"
+                                    f"{', still unknown' if v['still_unknown'] else ''})"
+                                    for n, v in worst[:5]),
+                        "check each node's slurmiso agent (systemctl status slurmiso-agent) "
+                        "and that the monitor reaches its port", list(nodes)))
+    if digest.telemetry.bad:
+        out.append(make("warning", "telemetry-bad-lines",
+                        f"{digest.telemetry.bad} monitor-telemetry line(s) left out: not a "
+                        "node, state or duration the monitor writes",
+                        "check who else writes the monitor's journal"))
+    return out
+
+
+def _monitor_requeue_findings(agg: Aggregator, digest: JournalDigest) -> List[Finding]:
+    """The monitor's own requeues of running training, named as such. The job's wrapper
+    reads their SIGTERM as a preemption, finds Slurm showing the job requeued already and
+    reports a declined requeue; the job goes on from its checkpoint. Those lines are the
+    monitor's requeues (never ``requeue-declined``), and the work the ladder's cost is
+    accounting's (REQUEUED attempts, since the last checkpoint, as the ladder section)."""
+    out: List[Finding] = []
+    said = {k: [j for j, kind in digest.monitor_requeue_declines if kind == k]
+            for k in ("ladder", "monitor")}
+    jobs = sorted(set(digest.ladder.requeued_at) | set(said["ladder"]))
+    if jobs:
+        n = sum(len(t) for t in digest.ladder.requeued_at.values()) or len(jobs)
+        found = [0.0, 0.0, 0.0]
+        for row in agg.ladder_lost.values():
+            for i, v in enumerate(row):
+                found[i] += v
+        if found[0] >= n:
+            lost = (f"{found[1] + found[2]:.2f} GPU-hours of work since the last checkpoint "
+                    "lost" + (f" ({found[2]:.2f} of them estimated: no checkpoint seen)"
+                              if found[2] else ""))
+        else:
+            lost = (f"the work lost is unknown: accounting shows {int(found[0])} of the "
+                    f"{n} requeue(s)")
+        wrapper = (f"; {len(said['ladder'])} job(s)' wrappers reported it as a declined "
+                   "requeue, which it was not" if said["ladder"] else "")
+        out.append(make("info", "ladder-requeue",
+                        f"{n} ladder requeue(s) of training (the monitor's SLO ladder; "
+                        f"the jobs start again from their checkpoint): {lost}{wrapper}",
+                        "see 'What the ladder cost training'; budgets: monitor.ladder",
+                        jobs))
+    if said["monitor"]:
+        out.append(make("info", "monitor-requeue",
+                        f"{len(said['monitor'])} training job(s) requeued by the monitor's "
+                        "MIG re-layout (preempt-training), not declined requeues",
+                        "see monitor.relayout", said["monitor"]))
     return out
 
 

@@ -15,6 +15,7 @@ from slurmiso.audit.figures.findings import sort_findings
 from slurmiso.audit.figures.ladder import ladder_section
 from slurmiso.audit.figures.quantiles import EXACT, RELATIVE_ERROR
 from slurmiso.audit.figures.stats import ClassStats, Who
+from slurmiso.audit.figures.telemetry import telemetry_section
 from slurmiso.audit.read.digest import JournalDigest
 from slurmiso.audit.read.sacct import ParseStats
 from slurmiso.doctor import Finding
@@ -91,6 +92,7 @@ def build_report(
         "monitor_dry_run_actions": digest.monitor_dry_run,
         "latency_slo": _latency(agg, digest),
         "ladder": ladder_section(agg, digest),
+        "telemetry_unknown": telemetry_section(agg, digest),
         "idle": {
             "measured_gpu_hours": (round(overall.idle_gpu_hours, 3)
                                    if overall.util_gpu_hours else None),

@@ -8,7 +8,7 @@ Trust boundary. A line counts only when its writer is one the event can come fro
 
 - ``prolog``, ``job-end``, ``reconcile``, ``mps-user-conflict``: the hooks, as root, which
   write no ``source`` field;
-- ``monitor-action``: the monitor, as root, ``source: "monitor"``;
+- ``monitor-action``, ``monitor-telemetry``: the monitor, as root, ``source: "monitor"``;
 - the wrapper's events (``preempt-signal``, ``checkpoint-*``, ``requeue*``, ``resume``): the
   job's own user, folded in by the epilog with ``source: "job"``. They are the job's *report*
   (time to checkpoint, lost work since its last checkpoint), shown as user-reported, never
@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from slurmiso.audit.figures.quantiles import LogHistogram
 from slurmiso.audit.read.ladder import LadderLog
 from slurmiso.audit.read.sacct import parse_time
+from slurmiso.audit.read.telemetry import TelemetryLog
 from slurmiso.config.model import SHARED_MODES
 from slurmiso.state.journal import JOB_SOURCE, MONITOR_SOURCE, parse_ts
 
@@ -36,6 +37,7 @@ EVENTS = {
     "prolog", "job-end", "reconcile", "mps-user-conflict", "preempt-signal",
     "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined", "requeue-closed",
     "resume", "monitor-action", "not-preempted", "throttle", "unthrottle",
+    "monitor-telemetry",
 }
 _MAX_IDS = 50
 #: event -> the only ``source`` it may carry (None: the hooks, which write no source).
@@ -43,6 +45,7 @@ WRITER: Dict[str, Optional[str]] = {
     "prolog": None, "job-end": None, "reconcile": None, "mps-user-conflict": None,
     "not-preempted": None,
     "monitor-action": MONITOR_SOURCE,
+    "monitor-telemetry": MONITOR_SOURCE,
     **{event: JOB_SOURCE for event in (
         "preempt-signal", "checkpoint-start", "checkpoint-end", "requeue", "requeue-declined",
         "requeue-closed", "resume", "throttle", "unthrottle")},
@@ -66,6 +69,9 @@ class CheckpointStats:
 
 #: sacct times are whole seconds; journal times are not.
 _SACCT_SLACK_S = 2.0
+#: The monitor journals its requeue once ``scontrol requeue`` has returned; the job's
+#: wrapper may have read the SIGTERM and decided a moment before that line was written.
+_DECLINE_SLACK_S = 60.0
 
 
 @dataclass
@@ -89,6 +95,13 @@ class JournalDigest:
     requeues: Counter[str] = field(default_factory=Counter)  # by reason
     requeued_jobs: Set[str] = field(default_factory=set)  # jobs the wrapper says it requeued
     requeue_declined: List[Tuple[str, str]] = field(default_factory=list)
+    #: The wrapper's "declined" lines that were the monitor's own requeue of the attempt
+    #: (its SIGTERM read as a preemption, Slurm already showing the job requeued): (job,
+    #: "ladder" or "monitor" for a re-layout's). Never counted as declined requeues.
+    monitor_requeue_declines: List[Tuple[str, str]] = field(default_factory=list)
+    #: job -> (when, "ladder"/"monitor") of the monitor's latest requeue of its running
+    #: attempt, until the job's next attempt starts (its prolog): what a decline is matched on
+    _monitor_requeued: Dict[str, Tuple[float, str]] = field(default_factory=dict)
     monitor_actions: Counter[str] = field(default_factory=Counter)
     monitor_dry_run: int = 0
     #: (class, p99 ms) samples from monitor-action details that carry a latency
@@ -106,6 +119,10 @@ class JournalDigest:
     user_reported: int = 0  # lines accepted as the job's own report (source: job)
     #: The ladder's steps on running training, checked line by line (read/ladder.py).
     ladder: LadderLog = field(default_factory=LadderLog)
+    #: How long each node's telemetry was unknown (read/telemetry.py).
+    telemetry: TelemetryLog = field(default_factory=TelemetryLog)
+    #: The latest time of a line read in the window (where an open outage is counted to).
+    last_ts: Optional[float] = None
     #: job -> (restart count, GPUs) of its latest attempt in a pool the ladder acts on (the
     #: prolog's ``gpus``, summed over its nodes): what a throttled second costs in GPUs.
     #: Kept for those pools' jobs only, so exclusive pools cost nothing here.
@@ -120,6 +137,13 @@ class JournalDigest:
         job = str(rec.get("job", ""))
         source = rec.get("source")
         if self.since is not None and _ts(rec) < self.since:
+            if event == "monitor-telemetry" and source == MONITOR_SOURCE:
+                self.telemetry.add(rec, _ts(rec), self.since)  # an outage reaching in
+            elif event == "monitor-action" and source == MONITOR_SOURCE:
+                # its decline may be folded in the window
+                self._monitor_requeue(str(rec.get("target", "")), rec)
+            elif event == "prolog" and source is None:
+                self._monitor_requeued.pop(job, None)
             if event in ("prolog", "job-end") and source is None and rec.get("class"):
                 self.job_class[job] = str(rec["class"])
             if event == "prolog" and source is None and rec.get("mode") in SHARED_MODES \
@@ -127,11 +151,16 @@ class JournalDigest:
                 self._gpus(job, rec)  # a job restrained in the window may start before it
             return
         self.records += 1
+        when = _ts(rec)
+        if self.last_ts is None or when > self.last_ts:
+            self.last_ts = when
         if event not in WRITER or WRITER[event] != source:
             self._reject(rec, str(event), job, source)
             return
         if source == "job":
             self.user_reported += 1
+        if event == "prolog":
+            self._monitor_requeued.pop(job, None)  # a new attempt: earlier requeues are over
         if event in ("prolog", "job-end"):
             if rec.get("class"):
                 self.job_class[job] = str(rec["class"])
@@ -165,12 +194,13 @@ class JournalDigest:
             if start is not None:
                 bisect.insort(self.unpreempted_starts.setdefault(job, []), start)
         elif event == "requeue-declined":
-            if len(self.requeue_declined) < _MAX_IDS:
-                self.requeue_declined.append((job, str(rec.get("reason", ""))))
+            self._declined(job, rec)
         elif event == "resume":
             self.resume_steps.setdefault(job, []).append(rec.get("step"))
         elif event == "monitor-action":
             self._monitor(rec)
+        elif event == "monitor-telemetry":
+            self.telemetry.add(rec, when, self.since)
         elif event == "reconcile" and not rec.get("dry_run"):
             self.reconcile_fixes[str(rec.get("node", rec.get("host", "?")))] += 1
         elif event == "mps-user-conflict" and len(self.mps_conflicts) < _MAX_IDS:
@@ -234,8 +264,33 @@ class JournalDigest:
                 if len(stats.over_grace_jobs) < _MAX_IDS:
                     stats.over_grace_jobs.append(job)
 
+    def _monitor_requeue(self, job: str, rec: Dict[str, Any]) -> None:
+        """Remember the monitor's requeue of a running job (the ladder's, with its
+        ``restraint``, or a re-layout's), taken for real: not a dry run, not failed."""
+        if rec.get("action") != "requeue" or rec.get("dry_run") is not False \
+                or rec.get("ok") is not True:
+            return
+        raw = rec.get("details")
+        details: Dict[str, Any] = raw if isinstance(raw, dict) else {}
+        self._monitor_requeued[job] = (_ts(rec), "ladder" if "restraint" in details
+                                       else "monitor")
+
+    def _declined(self, job: str, rec: Dict[str, Any]) -> None:
+        """A decline the wrapper reports is the monitor's requeue when the monitor requeued
+        this attempt no later than (a minute of clock and journaling slack) the wrapper's
+        own decision: the SIGTERM it read as a preemption was that requeue's, and Slurm
+        already showed the job requeued. Anything else is a decline of its own."""
+        requeued = self._monitor_requeued.get(job)
+        if requeued is not None and requeued[0] <= _when(rec) + _DECLINE_SLACK_S:
+            del self._monitor_requeued[job]
+            if len(self.monitor_requeue_declines) < _MAX_IDS:
+                self.monitor_requeue_declines.append((job, requeued[1]))
+        elif len(self.requeue_declined) < _MAX_IDS:
+            self.requeue_declined.append((job, str(rec.get("reason", ""))))
+
     def _monitor(self, rec: Dict[str, Any]) -> None:
         action = str(rec.get("action", "?"))
+        self._monitor_requeue(str(rec.get("target", "")), rec)
         self.monitor_actions[action] += 1
         if rec.get("dry_run"):
             self.monitor_dry_run += 1
