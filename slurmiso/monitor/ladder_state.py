@@ -37,6 +37,9 @@ class Rung:
     limit: Optional[float] = None
     #: Why the next step waits although the breach lasts (a budget spent), "" if it does not.
     capped: str = ""
+    #: Since when its cause has not been hot (unknown, between or calm): at the step's
+    #: ``max_s`` the rung ends (:mod:`slurmiso.monitor.bound`). None while hot.
+    not_hot_since: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import SlurmError, SlurmUnavailable
 
@@ -302,6 +302,40 @@ class SlurmCli:
         if resume_first:
             self.resume_job(job_id)
         return self._job_op(["scontrol", "requeue", str(job_id)], ("Job is pending execution",))
+
+    def admin_comment(self, job_id: str) -> Optional[str]:
+        """A job's ``AdminComment`` (only an admin sets it; None: Slurm no longer lists the
+        job). Read with ``squeue -O`` at a fixed width, the value last on its line."""
+        from slurmiso.monitor.restraints import ADMIN_COMMENT_WIDTH
+
+        if not str(job_id).replace("_", "").isdigit():
+            raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
+        try:
+            out = self.run("squeue", ["-h", "-t", "all", "-j", str(job_id), "-O",
+                                      f"JobID:40,AdminComment:{ADMIN_COMMENT_WIDTH}"])
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
+        line = next((ln for ln in out.splitlines() if ln.strip()), None)
+        if line is None:
+            return None
+        parts = line.split(None, 1)
+        text = parts[1].strip() if len(parts) > 1 else ""
+        return "" if text in ("(null)", "N/A") else text
+
+    def set_restraint_note(self, job_id: str, note: Any) -> None:
+        """Write the ladder's restraint note (:class:`slurmiso.monitor.restraints.Note`, None:
+        remove it) into the job's ``AdminComment``, keeping the site's own text there."""
+        from slurmiso.monitor.restraints import with_note
+
+        current = self.admin_comment(job_id)
+        if current is None:
+            return  # the job is gone: nothing to note
+        text = with_note(current, note)
+        if text == current:
+            return
+        self.run("scontrol", ["update", f"JobId={job_id}", f"AdminComment={text}"])
 
     def set_qos_grp_tres(self, qos: str, tres: Dict[str, int]) -> None:
         """Set a QoS's ``GrpTRES`` for GRES counts: ``{"gpu": 4, "shard": -1}`` ->
