@@ -41,6 +41,10 @@ HEARTBEAT_FILE = "monitor-heartbeat"
 #: In the node's state dir: the restraints the node last read from Slurm.
 BOOK_FILE = "restraints.json"
 PREFIX = "slurmiso-restraint:"
+#: The agent's series (slurmiso/monitor/agent.py).
+M_RESTRAINT = "slurmiso_job_restraint_seconds"
+M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
+M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
 #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
 ADMIN_COMMENT_WIDTH = 1024
 
@@ -314,3 +318,32 @@ def _journal(journal: Any, r: NodeRestraint, now: float, how: str, ok: bool,
         journal.append("monitor-action", **fields)
     except OSError as exc:
         log.warning("restraints: cannot write the journal: %s", exc)
+
+
+# --------------------------------------------------------- what status and doctor show
+def node_view(state_dir: str, node: str, interval_s: float, now: float,
+              slurm: Any = None) -> Dict[str, Any]:
+    """The node's restraints (from Slurm through root's record when ``slurm`` is given,
+    else the record as last read) with their age and bound, and the monitor's heartbeat:
+    plain data for ``slurmiso status`` and ``doctor``."""
+    book = refresh(slurm, state_dir, node, now) if slurm is not None else load_book(state_dir)
+    age = heartbeat_age(state_dir, now)
+    out: Dict[str, Any] = {
+        "read_at": book["read_at"],
+        "restraints": [r.to_dict(now) for r in book["restraints"]],
+        "heartbeat_age_s": None if age is None else round(age, 1),
+        "monitor_alive": age is not None and age <= alive_limit(interval_s),
+        "alive_limit_s": alive_limit(interval_s),
+    }
+    if "error" in book:
+        out["error"] = book["error"]
+    return out
+
+
+def describe(r: Dict[str, Any]) -> str:
+    """One restraint as an admin reads it: what, how long against its bound, and why."""
+    what = "suspended" if r["step"] == "suspend" else "throttled"
+    over = "  -- PAST ITS BOUND" if r["over_bound"] else ""
+    return (f"{what} by the ladder for {r['age_s']:.0f}s (bound {r['max_s']:.0f}s, then "
+            f"{r['on_bound']}): inference job {r['cause'] or '?'} on {r['node']} GPU "
+            f"{r['gpu']}{over}")
