@@ -9,7 +9,7 @@ adds doctor's checks and the node's leftovers (:mod:`slurmiso.audit.read.live`).
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.audit.figures.aggregate import Aggregator
 from slurmiso.audit.read.digest import JournalDigest
@@ -262,7 +262,8 @@ def _ladder_findings(cfg: Any, digest: JournalDigest) -> List[Finding]:
         return []
     bounds = {st.name: st.max_s for st in cfg.monitor.ladder.steps}
     end = log.last_ts or 0.0
-    past, within = [], []
+    past: List[Tuple[str, str]] = []
+    within: List[Tuple[str, str]] = []
     for job, (step, when) in sorted(log.open_since.items(), key=lambda kv: kv[1][1]):
         lasted = max(0.0, end - when)
         bound = bounds.get(step, min(bounds.values(), default=0))
