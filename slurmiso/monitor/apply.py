@@ -206,10 +206,7 @@ class Applier:
         explains and bounds: a refusal is logged and the action stands."""
         if "left" not in act.details:
             return
-        write = getattr(self.slurm, "set_restraint_note", None)
-        if write is None:
-            return  # a Slurm stand-in without AdminComment
-        from slurmiso.monitor.restraints import Note, OnBound, RestraintStep
+        from slurmiso.monitor.restraints import Note, OnBound, RestraintStep, write_note
 
         left = act.details["left"]
         note = None if not left else Note(
@@ -217,7 +214,7 @@ class Applier:
             int(left["gpu"]), str(left.get("cause") or ""), float(left["max_s"]),
             OnBound(left["on_bound"]))
         try:
-            write(act.target, note)
+            write_note(self.slurm, act.target, note)
         except SlurmisoError as exc:
             log.warning("monitor: job %s: the restraint note was not %s: %s", act.target,
                         "written" if note else "removed", exc)

@@ -46,7 +46,7 @@ M_RESTRAINT = "slurmiso_job_restraint_seconds"
 M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
 M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
 #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
-ADMIN_COMMENT_WIDTH = 1024
+ADMIN_COMMENT_WIDTH = 1024  # SlurmCli.ADMIN_COMMENT_WIDTH
 
 
 class RestraintStep(str, enum.Enum):
@@ -106,6 +106,25 @@ class Note:
         return {"step": self.step.value, "since": self.since, "node": self.node,
                 "gpu": self.gpu, "cause": self.cause, "max_s": self.max_s,
                 "on_bound": self.on_bound.value}
+
+
+def write_note(slurm: Any, job: str, note: Optional[Note]) -> None:
+    """Put ``note`` (None: remove ours) in ``job``'s ``AdminComment`` through ``slurm`` (a
+    :class:`~slurmiso.slurm.client.SlurmCli`), keeping the site's own text there; a
+    stand-in may take the note itself (``set_restraint_note``). A job Slurm no longer
+    lists is left alone."""
+    own = getattr(slurm, "set_restraint_note", None)
+    if own is not None:
+        own(job, note)
+        return
+    if not hasattr(slurm, "admin_comment"):
+        return  # a Slurm without AdminComment (a test's stand-in)
+    current = slurm.admin_comment(job)
+    if current is None:
+        return
+    text = with_note(current, note)
+    if text != current:
+        slurm.set_admin_comment(job, text)
 
 
 def with_note(admin_comment: str, note: Optional[Note]) -> str:
@@ -290,7 +309,7 @@ def _clear_note(slurm: Any, job: str) -> None:
     from slurmiso.errors import SlurmisoError
 
     try:
-        slurm.set_restraint_note(job, None)
+        write_note(slurm, job, None)
     except SlurmisoError as exc:
         log.warning("restraints: job %s: its AdminComment note was not removed: %s", job, exc)
 

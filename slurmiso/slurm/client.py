@@ -303,16 +303,17 @@ class SlurmCli:
             self.resume_job(job_id)
         return self._job_op(["scontrol", "requeue", str(job_id)], ("Job is pending execution",))
 
+    #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
+    ADMIN_COMMENT_WIDTH = 1024
+
     def admin_comment(self, job_id: str) -> Optional[str]:
         """A job's ``AdminComment`` (only an admin sets it; None: Slurm no longer lists the
         job). Read with ``squeue -O`` at a fixed width, the value last on its line."""
-        from slurmiso.monitor.restraints import ADMIN_COMMENT_WIDTH
-
         if not str(job_id).replace("_", "").isdigit():
             raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
         try:
             out = self.run("squeue", ["-h", "-t", "all", "-j", str(job_id), "-O",
-                                      f"JobID:40,AdminComment:{ADMIN_COMMENT_WIDTH}"])
+                                      f"JobID:40,AdminComment:{self.ADMIN_COMMENT_WIDTH}"])
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None
@@ -324,17 +325,8 @@ class SlurmCli:
         text = parts[1].strip() if len(parts) > 1 else ""
         return "" if text in ("(null)", "N/A") else text
 
-    def set_restraint_note(self, job_id: str, note: Any) -> None:
-        """Write the ladder's restraint note (:class:`slurmiso.monitor.restraints.Note`, None:
-        remove it) into the job's ``AdminComment``, keeping the site's own text there."""
-        from slurmiso.monitor.restraints import with_note
-
-        current = self.admin_comment(job_id)
-        if current is None:
-            return  # the job is gone: nothing to note
-        text = with_note(current, note)
-        if text == current:
-            return
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """``scontrol update JobId=J AdminComment=...`` (an admin's right; "" clears it)."""
         self.run("scontrol", ["update", f"JobId={job_id}", f"AdminComment={text}"])
 
     def set_qos_grp_tres(self, qos: str, tres: Dict[str, int]) -> None:

@@ -196,7 +196,7 @@ def test_slurm_cli_note_keeps_the_site_text(monkeypatch: Any) -> None:
         calls.append([cmd, *args])
         return f"{'41':<40}site text\n" if cmd == "squeue" else ""
     monkeypatch.setattr(SlurmCli, "run", run)
-    SlurmCli().set_restraint_note("41", NOTE)
+    r.write_note(SlurmCli(), "41", NOTE)
     assert calls[-1] == ["scontrol", "update", "JobId=41",
                          f"AdminComment=site text {NOTE.text()}"]
 
