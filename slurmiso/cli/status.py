@@ -132,9 +132,9 @@ def _ladder_lines(view: Dict[str, Any], shown: Any) -> None:
     for r in view["restraints"]:
         if r["job"] not in shown:  # a restrained job without a record here
             print(f"  job {r['job']} (no slurmiso record here): {describe(r)}")
-    if view.get("error"):
-        print(f"  restraints as last read: Slurm did not answer ({view['error']})")
     age = view["heartbeat_age_s"]
+    if view.get("error") and (view["restraints"] or age is not None):
+        print(f"  restraints as last read: Slurm did not answer ({view['error']})")
     if view["restraints"] or age is not None:
         seen = "never" if age is None else f"{age:.0f}s ago"
         state = "alive" if view["monitor_alive"] else "NOT ALIVE"

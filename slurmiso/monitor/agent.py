@@ -362,6 +362,10 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
         slurm = SlurmCli()
     state_dir = cfg.paths.state_dir_for(node)
     now = clock()
+    from slurmiso.state import NodeState
+
+    if not NodeState(state_dir).jobs() and not r.load_book(state_dir)["restraints"]:
+        return []  # no job here and none restrained: nothing to ask slurmctld about
     book = r.refresh(slurm, state_dir, node, now)
     if "error" in book:
         return []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmiso.errors import SlurmError, SlurmUnavailable
 

@@ -318,3 +318,32 @@ def test_the_audit_names_an_unreleased_restraint_by_job_id(tmp_path, utc, capsys
     (tmp_path / "2").mkdir()
     rep = ladder(tmp_path / "2", capsys, monkeypatch, SCENARIO + [ended])
     assert not [f for f in rep["findings"] if f["code"] == "ladder-unreleased"]
+
+
+def test_the_agents_watch_ends_a_restraint_past_its_bound_with_no_monitor(tmp_path: Any) -> None:
+    import time
+
+    from slurmiso.config import load_config
+    from slurmiso.monitor.agent import restraint_watch
+    from slurmiso.state import NodeState
+    from slurmiso.state.record import JobRecord, RecordStatus
+    from tests.hookctx import write_config
+
+    cfg = load_config(write_config(str(tmp_path), "mps"))
+    asked: List[str] = []
+
+    class Counting(FakeSlurm):
+        def run(self, cmd: str, args: List[str], *a: Any, **k: Any) -> str:
+            asked.append(cmd)
+            return super().run(cmd, args)
+    now = time.time()
+    note = Note(RestraintStep.SUSPEND, now - 2000, "node1", 0, "4711", 1800, OnBound.RESUME)
+    slurm = Counting([("41", "SUSPENDED", note.text())])
+    assert restraint_watch(cfg, "node1", slurm, clock=lambda: now) == []
+    assert asked == [], "no job on the node and none restrained: slurmctld is not asked"
+    NodeState(cfg.paths.state_dir_for("node1")).write_job(
+        "41", JobRecord("41", RecordStatus.READY, mode="mps", gpus=[0]))
+    lines = restraint_watch(cfg, "node1", slurm, clock=lambda: now)
+    assert len(lines) == 1 and slurm.calls[0] == ("resume", "41")
+    with open(cfg.paths.journal_for("node1")) as f:
+        assert any('"by":"node"' in line for line in f)
