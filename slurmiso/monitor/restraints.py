@@ -296,12 +296,15 @@ def _how(r: NodeRestraint) -> str:
 
 
 def _end(slurm: Any, r: NodeRestraint, unthrottle_signal: str) -> str:
+    """Resume: a suspended job is resumed, and every job gets the unthrottle signal (a job
+    the ladder suspended was throttled first; the signal is idempotent and ignored by
+    default, so one that was not loses nothing). Requeue: as the ladder requeues."""
     suspended = r.state == "SUSPENDED"
     if r.note.on_bound is OnBound.REQUEUE:
         return str(slurm.requeue_job(r.job, suspended))
-    if suspended:
-        return str(slurm.resume_job(r.job))
-    return str(slurm.signal_job(r.job, unthrottle_signal))
+    said = str(slurm.resume_job(r.job)) if suspended else "done"
+    signalled = str(slurm.signal_job(r.job, unthrottle_signal))
+    return said if suspended else signalled
 
 
 def _clear_note(slurm: Any, job: str) -> None:

@@ -138,7 +138,8 @@ def test_monitor_gone_a_suspend_past_its_bound_is_resumed_and_journaled(tmp_path
     young = Note(RestraintStep.SUSPEND, NOW - 100, "n3", 1, "4711", 1800, OnBound.RESUME)
     slurm = FakeSlurm([("41", "SUSPENDED", NOTE.text()), ("42", "SUSPENDED", young.text())])
     lines, recs = _bound(tmp_path, slurm)
-    assert slurm.calls == [("resume", "41"), ("note", "41", "")], "only the one past its bound"
+    assert slurm.calls == [("resume", "41"), ("signal", "41", "WINCH"), ("note", "41", "")], \
+        "only the one past its bound: resumed, the throttle under it lifted, its note gone"
     assert len(lines) == 1 and "job 41" in lines[0] and "monitor last seen never" in lines[0]
     (rec,) = recs
     assert rec["action"] == "ladder-end" and rec["target"] == "41" and rec["ok"] is True
