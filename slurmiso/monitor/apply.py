@@ -215,9 +215,10 @@ class Applier:
             OnBound(left["on_bound"]))
         try:
             write_note(self.slurm, act.target, note)
-        except SlurmisoError as exc:
-            log.warning("monitor: job %s: the restraint note was not %s: %s", act.target,
-                        "written" if note else "removed", exc)
+        except SlurmisoError as exc:  # a job that ended may refuse it: nothing to explain
+            log.log(logging.INFO if act.kind == "ladder-end" else logging.WARNING,
+                    "monitor: job %s: the restraint note was not %s: %s", act.target,
+                    "written" if note else "removed", exc)
 
     def _one(self, act: Action) -> Outcome:
         try:

@@ -185,7 +185,7 @@ class NodeRestraint:
                 "over_bound": self.note.over_bound(now), **self.note.to_dict()}
 
 
-_JOB = re.compile(r"[0-9]{1,12}(_[0-9]{1,10})?")
+_JOB = re.compile(r"[0-9]{1,12}(_[0-9]{1,10})?(\+[0-9]{1,4})?")
 
 
 def parse_squeue(out: str) -> List[NodeRestraint]:
