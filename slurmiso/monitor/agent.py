@@ -248,6 +248,7 @@ def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
         from slurmiso.monitor.jobsignals import JobSignalsCollector
 
         registry.register(JobSignalsCollector(signals))
+    registry.register(RestraintCollector(cfg.paths.state_dir_for(node)))
     return registry
 
 
@@ -406,9 +407,7 @@ def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     where = addr or cfg.monitor.telemetry.agent_addr
     refresher = signals_for(cfg, node).start()
     registry = registry_for(cfg, node, refresher.state)
-    state_dir = cfg.paths.state_dir_for(node)
-    registry.register(RestraintCollector(state_dir))
-    app = wsgi_app(registry, _Heartbeat(state_dir))
+    app = wsgi_app(registry, _Heartbeat(cfg.paths.state_dir_for(node)))
     try:
         httpd = make_server(where, port, app, _Server, _Quiet)
     except OSError as exc:

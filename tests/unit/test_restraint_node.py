@@ -348,3 +348,38 @@ def test_the_agents_watch_ends_a_restraint_past_its_bound_with_no_monitor(tmp_pa
     assert len(lines) == 1 and slurm.calls[0] == ("resume", "41")
     with open(cfg.paths.journal_for("node1")) as f:
         assert any('"by":"node"' in line for line in f)
+
+
+def test_the_real_agent_stamps_the_monitors_scrape(tmp_path: Any) -> None:
+    """``slurmiso agent`` as a process: a plain scrape stamps nothing, the monitor's (its
+    header) stamps the heartbeat in the node's state dir; its answer has the series."""
+    import subprocess
+    import sys
+    import time
+
+    from slurmiso.config import load_config
+    from slurmiso.monitor import scrape
+    from tests.hookctx import write_config
+
+    path = write_config(str(tmp_path), "mps")
+    state_dir = load_config(path).paths.state_dir_for("node1")
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "slurmiso", "--config", path, "agent",
+                             "--node", "node1", "--port", str(port), "--addr", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = {"a": f"http://127.0.0.1:{port}/metrics"}
+    try:
+        deadline = time.monotonic() + 60  # guards a hang only: the agent starts in ~1 s
+        while scrape.fetch_all(url, 5)["a"].body is None:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.2)
+        assert r.heartbeat_age(state_dir, time.time()) is None, "a plain scrape is no heartbeat"
+        body = scrape.fetch_all(url, 5, headers={r.HEARTBEAT_HEADER: "1"})["a"].body
+        assert body is not None and f"{r.M_HEARTBEAT} " in body
+        age = r.heartbeat_age(state_dir, time.time())
+        assert age is not None and age < 60
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
