@@ -169,7 +169,8 @@ def ladder_lines(st: Dict[str, Any]) -> List[str]:
     for j in st["restrained"][:50]:
         held = j["suspended_s"] if j["step"] == "suspend" else j["throttled_s"]
         over = "  -- PAST ITS BOUND" if held is not None and held >= j["bound_s"] else ""
-        lines.append(f"  job {j['job']} {j['step']}ed on {j['gpu']} for {held:.0f}s (bound "
+        done = "suspended" if j["step"] == "suspend" else "throttled"
+        lines.append(f"  job {j['job']} {done} on {j['gpu']} for {held:.0f}s (bound "
                      f"{j['bound_s']:.0f}s), cause inference job {j['cause'] or '?'}{over}")
     return lines
 

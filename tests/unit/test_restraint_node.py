@@ -293,12 +293,14 @@ def test_monitor_status_has_a_ladder_section() -> None:
                               "on n3 GPU 0: P99 400 ms (SLO 250 ms)", not_hot_since=NOW - 150)
     mem.restrained["41"] = Restraint("n3", 0, "4711", throttled_since=NOW - 400,
                                      suspended_since=NOW - 200)
+    mem.restrained["42"] = Restraint("n3", 1, "4711", throttled_since=NOW - 30)
     mem.last_ts = NOW - 900
     st = status(Policy(), mem, NOW)
     assert st["ladder"]["restrained"][0]["job"] == "41"
     assert st["ladder"]["restrained"][0]["suspended_s"] == 200.0
     text = "\n".join(status_lines(st))
-    assert "ladder: 1 GPU(s) at a step, 1 training job(s) restrained" in text
+    assert "ladder: 1 GPU(s) at a step, 2 training job(s) restrained" in text
+    assert "job 42 throttled on n3/1 for 30s (bound 3600s)" in text
     assert "job 41 suspended on n3/0 for 200s (bound 1800s), cause inference job 4711" in text
     assert "cause not hot for 150s of 1800s" in text
     assert "the monitor's last cycle: 900s ago" in text
