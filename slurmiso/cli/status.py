@@ -14,13 +14,19 @@ def add_parser(sub: Any) -> None:
         help="show which job holds which GPU, MIG instance or MPS share on this node",
         description=(
             "Reads this node's slurmiso records (state dir from the config) and, unless "
-            "--no-gpus, the GPUs through the configured backend."
+            "--no-gpus, the GPUs through the configured backend; unless --no-slurm, the "
+            "restraints the monitor's ladder put on jobs here (suspended, throttled: their "
+            "AdminComment note), with their age, bound and cause, and whether the monitor "
+            "is alive (its last scrape of the agent)."
         ),
         epilog="examples:\n  slurmiso status\n  slurmiso status --node n3 --json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--node", default="", help="node name (default: $SLURMD_NODENAME or hostname)")
     p.add_argument("--no-gpus", action="store_true", help="do not open the GPU backend")
+    p.add_argument("--no-slurm", action="store_true",
+                   help="do not ask Slurm for the ladder's restraints here (show the node's "
+                        "record of them as last read)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -44,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from slurmiso.isolation.lifecycle import node_status
 
     data = node_status(cfg, args.node, not args.no_gpus)
+    data["ladder"] = _ladder(cfg, data["node"], args.no_slurm)
+    restrained = {r["job"]: r for r in data["ladder"]["restraints"]}
+    for j in data["jobs"]:
+        r = restrained.get(j["job"])
+        j["restraint"] = r
+        if r is not None:
+            j["status"] = "suspended" if r["step"] == "suspend" else "throttled"
     if args.json:
         print_json(data)
         return 0
@@ -55,10 +68,15 @@ def run(args: argparse.Namespace) -> int:
         rows.append([j["job"], j["class"] or "-", j["status"], gpus, shares])
     print(table(rows, ["JOB", "CLASS", "STATUS", "GPUS", "SHARE"]) if rows else "no jobs")
     for j in data["jobs"]:
+        if j["restraint"] is not None:
+            from slurmiso.monitor.restraints import describe
+
+            print(f"  job {j['job']}: {describe(j['restraint'])}")
         if j["reason"]:
             print(f"  job {j['job']}: {j['reason']}")
         for w in j["warnings"]:
             print(f"  job {j['job']}: warning: {w}")
+    _ladder_lines(data["ladder"], {j["job"] for j in data["jobs"]})
     if "gpus" in data:
         owners: Dict[str, str] = {}
         for j in data["jobs"]:
@@ -91,3 +109,34 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(table(irows, ["GPU", "GI", "PROFILE", "START", "UUID", "JOB"]))
     return 0
+
+
+def _ladder(cfg: Any, node: str, no_slurm: bool) -> Dict[str, Any]:
+    """The ladder's restraints here and the monitor's heartbeat (monitor/restraints.py)."""
+    import time
+
+    from slurmiso.monitor.restraints import node_view
+
+    slurm = None
+    if not no_slurm:
+        from slurmiso.slurm.client import SlurmCli
+
+        slurm = SlurmCli()
+    return node_view(cfg.paths.state_dir_for(node), node, cfg.monitor.interval_s,
+                     time.time(), slurm)
+
+
+def _ladder_lines(view: Dict[str, Any], shown: Any) -> None:
+    from slurmiso.monitor.restraints import describe
+
+    for r in view["restraints"]:
+        if r["job"] not in shown:  # a restrained job without a record here
+            print(f"  job {r['job']} (no slurmiso record here): {describe(r)}")
+    age = view["heartbeat_age_s"]
+    if view.get("error") and (view["restraints"] or age is not None):
+        print(f"  restraints as last read: Slurm did not answer ({view['error']})")
+    if view["restraints"] or age is not None:
+        seen = "never" if age is None else f"{age:.0f}s ago"
+        state = "alive" if view["monitor_alive"] else "NOT ALIVE"
+        print(f"monitor: last scraped this node {seen} ({state}; limit "
+              f"{view['alive_limit_s']:.0f}s)")

@@ -15,6 +15,7 @@ from slurmiso.config.model import (
     ISOLATIONS,
     LADDER_STEPS,
     LATENCY_SIGNALS,
+    ON_BOUND,
     POOL_MODES,
     SEVERITIES,
     SIGNALS,
@@ -450,6 +451,41 @@ def _dwell(s: _Section, name: str, default: int) -> int:
     return default if got is None else int(got)
 
 
+#: The longest bound a step may have: a week (a restraint longer than that is forgotten).
+MAX_BOUND_S = 7 * 86400
+
+
+def _bound(s: _Section, default: int, release_after: int) -> int:
+    """A step's ``max`` (or ``max_s``): how long it may stand without a hot cause or a live
+    monitor. A duration > 0, at most a week, and not shorter than the step's own
+    ``release_after`` (a bound below it would end a restraint before calm could)."""
+    given = [k for k in ("max", "max_s") if k in s.data]
+    s.seen.update(("max", "max_s"))
+    if len(given) > 1:
+        s.p.add(s.key("max_s"), "give max or max_s, not both (they are one setting)")
+        return default
+    if not given:
+        return default
+    name = given[0]
+    v = s.data[name]
+    if v is None or isinstance(v, bool) or (isinstance(v, (int, float)) and v <= 0):
+        s.p.add(s.key(name), f"expected a duration > 0 (e.g. 30m, 1h), got {_show(v)}: a "
+                "restraint must end some time; leave the key out for the default")
+        return default
+    got = s.converted(name, default, _duration, "duration")
+    bound = default if got is None else int(got)
+    if bound <= 0:
+        s.p.add(s.key(name), f"expected a duration > 0 (e.g. 30m, 1h), got {_show(v)}")
+        return default
+    if bound > MAX_BOUND_S:
+        s.p.add(s.key(name), f"{bound}s is out of range (allowed: 1s..{MAX_BOUND_S}s, a week)")
+        return default
+    if bound < release_after:
+        s.p.add(s.key(name), f"{bound}s is shorter than release_after ({release_after}s): the "
+                "bound would end the step before calm could release it")
+    return bound
+
+
 LADDER_PATH = "monitor.ladder"
 
 
@@ -518,6 +554,7 @@ def _read_ladder(s: _Section) -> Ladder:
                      f"{s.key('steps')}")
         after = _dwell(st, "after", d.after_s)
         release = _dwell(st, "release_after", d.release_after_s)
+        bound = _bound(st, d.max_s, release)
         per_job = per_hour = 0
         if name != "hold":  # hold gates new training only: it has no budget
             per_job = st.integer("per_job", d.per_job, 0, 100_000)
@@ -528,7 +565,7 @@ def _read_ladder(s: _Section) -> Ladder:
                              f"out of {s.key('steps')} instead")
         st.done()
         if name in names:
-            steps.append(LadderStep(name, after, release, per_job, per_hour))
+            steps.append(LadderStep(name, after, release, per_job, per_hour, bound))
     throttle = s.text("throttle_signal", "URG", THROTTLE_SIGNALS)
     unthrottle = s.text("unthrottle_signal", "WINCH", THROTTLE_SIGNALS)
     if throttle == unthrottle:
@@ -536,7 +573,8 @@ def _read_ladder(s: _Section) -> Ladder:
                 "the wrapper could not tell slow down from full speed")
     ladder = Ladder(steps=tuple(steps),
                     hysteresis_pct=s.integer("hysteresis", 10, 0, 90),
-                    throttle_signal=throttle, unthrottle_signal=unthrottle)
+                    throttle_signal=throttle, unthrottle_signal=unthrottle,
+                    on_bound=s.text("on_bound", "resume", ON_BOUND))
     s.done()
     return ladder
 

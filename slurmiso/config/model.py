@@ -30,6 +30,13 @@ MODE_ISOLATION = {
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT")
 #: The monitor's ladder on running training, soft to hard (docs/monitor.md).
 LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
+#: What ends a restraint that reached its step's ``max_s`` without a hot cause or without a
+#: live monitor (``monitor.ladder.on_bound``): give the job back as it was, or checkpoint and
+#: requeue it. Both are safe for the job; neither keeps it stopped.
+ON_BOUND = ("resume", "requeue")
+#: Each step's default bound (``max_s``): how long a rung may stand without a hot cause, and a
+#: restraint without a live monitor.
+DEFAULT_MAX_S = {"hold": 3600, "throttle": 3600, "suspend": 1800, "requeue": 3600}
 #: Signals the throttle may use: ignored by default by every process (a program that does not
 #: know them is not hurt) and not meaning checkpoint, preempt or job control.
 THROTTLE_SIGNALS = ("URG", "WINCH")
@@ -220,22 +227,28 @@ class LadderStep(Value):
     release_after_s: int = 300
     per_job: int = 0
     per_hour: int = 0
+    #: The longest the step may stand while its cause is not hot (unknown, between, calm),
+    #: and a restraint at it while no monitor is alive: then it ends (``Ladder.on_bound``).
+    max_s: int = 3600
 
 
 class Ladder(Value):
     """The ladder on running training where an inference job breaches its SLO."""
 
     steps: Tuple[LadderStep, ...] = (
-        LadderStep("hold", 0, 300),
-        LadderStep("throttle", 60, 300, 6, 120),
-        LadderStep("suspend", 180, 300, 3, 30),
-        LadderStep("requeue", 600, 300, 1, 10),
+        LadderStep("hold", 0, 300, max_s=DEFAULT_MAX_S["hold"]),
+        LadderStep("throttle", 60, 300, 6, 120, DEFAULT_MAX_S["throttle"]),
+        LadderStep("suspend", 180, 300, 3, 30, DEFAULT_MAX_S["suspend"]),
+        LadderStep("requeue", 600, 300, 1, 10, DEFAULT_MAX_S["requeue"]),
     )
     #: Calm = this many percent below the SLO (latency, error rate).
     hysteresis_pct: int = 10
     #: Sent to every process of the job (``SlurmCli.signal_job``): slow down / back to full speed.
     throttle_signal: str = "URG"
     unthrottle_signal: str = "WINCH"
+    #: How a restraint past its bound ends: ``resume`` (resumed, back to full speed) or
+    #: ``requeue`` (checkpoint and requeue).
+    on_bound: str = "resume"
 
 
 class Relayout(Value):

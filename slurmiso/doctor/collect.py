@@ -137,11 +137,20 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
     snap["gres_conf"] = {"path": gres_path, "text": _read_text(gres_path)}
     snap["hooks"] = _hooks(config)
     snap["gpu_node"] = _gpu_node(cfg, node_name(node))
+    snap["restraints"] = _restraints(cfg, node_name(node), cli) if snap["gpu_node"] else None
     snap["fence_kernel"] = _fence_kernel() if snap["gpu_node"] else None
     snap["cgroup_v2"] = (_cgroup_v2(cfg, node_name(node))
                          if snap["gpu_node"] and config.get("CgroupPlugin", "").lower()
                          == "cgroup/v2" else None)
     return snap
+
+
+def _restraints(cfg: Config, node: str, cli: SlurmCli) -> Dict[str, Any]:
+    """The ladder's restraints on this node and the monitor's heartbeat (doctor/restraints)."""
+    from slurmiso.monitor.restraints import node_view
+
+    return node_view(cfg.paths.state_dir_for(node), node, cfg.monitor.interval_s,
+                     time.time(), cli)
 
 
 def _fence_kernel() -> Dict[str, Any]:

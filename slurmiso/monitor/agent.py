@@ -249,6 +249,7 @@ def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
         from slurmiso.monitor.jobsignals import JobSignalsCollector
 
         registry.register(JobSignalsCollector(signals))
+    registry.register(RestraintCollector(cfg.paths.state_dir_for(node)))
     return registry
 
 
@@ -274,20 +275,148 @@ def render(registry: Any) -> str:
     return str(generate_latest(registry).decode("utf-8"))
 
 
+class _Heartbeat:
+    """Stamps the monitor's scrapes (the :data:`~slurmiso.monitor.restraints.HEARTBEAT_HEADER`
+    header) in the node's state dir, at most once every ``every_s`` seconds."""
+
+    def __init__(self, state_dir: str, every_s: float = 5.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state_dir = state_dir
+        self.every_s = every_s
+        self.clock = clock
+        self.last = 0.0
+
+    def seen(self) -> None:
+        from slurmiso.monitor.restraints import write_heartbeat
+
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        try:
+            write_heartbeat(self.state_dir, now)
+        except OSError as exc:
+            log.warning("agent: cannot stamp the monitor's heartbeat: %s", exc)
+
+
+def wsgi_app(registry: Any, heartbeat: Optional[_Heartbeat] = None) -> Callable[..., Any]:
+    """prometheus_client's WSGI app for ``registry``; a request carrying the monitor's header
+    stamps ``heartbeat`` first."""
+    from prometheus_client import make_wsgi_app
+
+    from slurmiso.monitor.restraints import HEARTBEAT_HEADER
+
+    app = make_wsgi_app(registry)
+    key = "HTTP_" + HEARTBEAT_HEADER.upper().replace("-", "_")
+
+    def handle(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if heartbeat is not None and environ.get(key):
+            heartbeat.seen()
+        return app(environ, start_response)
+    return handle
+
+
+class RestraintCollector:
+    """Each restraint the node last read from Slurm (root's record, :data:`~slurmiso.
+    monitor.restraints.BOOK_FILE`) as a series, and the monitor's heartbeat age."""
+
+    def __init__(self, state_dir: str, clock: Callable[[], float] = time.time) -> None:
+        self.state_dir = state_dir
+        self.clock = clock
+
+    def describe(self) -> List[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from slurmiso.monitor import restraints as r
+
+        now = self.clock()
+        age = r.heartbeat_age(self.state_dir, now)
+        beat = GaugeMetricFamily(r.M_HEARTBEAT, "Seconds since the monitor last scraped this "
+                                 "agent (+Inf: never)")
+        beat.add_metric([], float("inf") if age is None else age)
+        yield beat
+        labels = [sig.L_JOB, "step", "gpu", "cause", "on_bound"]
+        held = GaugeMetricFamily(r.M_RESTRAINT, "Seconds a training job has been restrained "
+                                 "by the ladder (from its AdminComment note)", labels=labels)
+        bound = GaugeMetricFamily(r.M_RESTRAINT_BOUND, "The bound of that restraint (max_s)",
+                                  labels=labels)
+        for x in r.load_book(self.state_dir)["restraints"]:
+            n = x.note
+            values = [x.job, n.step.value, f"{n.node}/{n.gpu}", n.cause, n.on_bound.value]
+            held.add_metric(values, n.age(now))
+            bound.add_metric(values, n.max_s)
+        yield held
+        yield bound
+
+
+def restraint_watch(cfg: Config, node: str, slurm: Any = None,
+                    clock: Callable[[], float] = time.time) -> List[str]:
+    """One round of the agent's restraint watch: read the node's restraints from Slurm
+    into root's record and end those past their bound while no monitor is alive."""
+    from slurmiso.monitor import restraints as r
+
+    if slurm is None:
+        from slurmiso.slurm.client import SlurmCli
+
+        slurm = SlurmCli()
+    state_dir = cfg.paths.state_dir_for(node)
+    now = clock()
+    from slurmiso.state import NodeState
+
+    if not NodeState(state_dir).jobs() and not r.load_book(state_dir)["restraints"]:
+        return []  # no job here and none restrained: nothing to ask slurmctld about
+    book = r.refresh(slurm, state_dir, node, now)
+    if "error" in book:
+        return []
+    from slurmiso.state import Journal
+
+    return r.end_over_bound(slurm, state_dir, book["restraints"], now,
+                            cfg.monitor.interval_s, cfg.monitor.ladder.unthrottle_signal,
+                            False, Journal(cfg.paths.journal_for(node)))
+
+
+def _watch_forever(cfg: Config, node: str, every_s: float) -> None:
+    while True:
+        try:
+            for line in restraint_watch(cfg, node):
+                log.warning("agent: %s", line)
+        except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
+            log.warning("agent: restraint watch failed: %s", exc)
+        time.sleep(every_s)
+
+
 def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
-    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice)."""
-    from prometheus_client import start_http_server
+    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice).
+    Beside it, the restraint watch (:func:`restraint_watch`, every ``max(30 s, interval)``)."""
+    import socketserver
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     from slurmiso.errors import UsageError
 
+    class _Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
     where = addr or cfg.monitor.telemetry.agent_addr
     refresher = signals_for(cfg, node).start()
+    registry = registry_for(cfg, node, refresher.state)
+    app = wsgi_app(registry, _Heartbeat(cfg.paths.state_dir_for(node)))
     try:
-        start_http_server(port, addr=where, registry=registry_for(cfg, node, refresher.state))
+        httpd = make_server(where, port, app, _Server, _Quiet)
     except OSError as exc:
         raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
                          hint="pick another --port or --addr, or stop what holds it") from None
+    threading.Thread(target=httpd.serve_forever, daemon=True, name="agent-http").start()
+    threading.Thread(target=_watch_forever, args=(cfg, node, max(30.0, cfg.monitor.interval_s)),
+                     daemon=True, name="restraint-watch").start()
     log.info("agent for node %s serving on %s:%d", node, where, port)
     while True:
         time.sleep(3600)

@@ -199,6 +199,27 @@ class Applier:
             return str(self.slurm.requeue_job(act.target, bool(d.get("suspended"))))
         return "done"  # ladder-end: a journal line only
 
+    def _note_restraint(self, act: Action) -> None:
+        """Write the restraint the job is left with (``details.left``, from
+        :func:`slurmiso.monitor.bound.annotate`) in its ``AdminComment``, where the node
+        reads it without the monitor (issue 33); a release removes it. The note only
+        explains and bounds: a refusal is logged and the action stands."""
+        if "left" not in act.details:
+            return
+        from slurmiso.monitor.restraints import Note, OnBound, RestraintStep, write_note
+
+        left = act.details["left"]
+        note = None if not left else Note(
+            RestraintStep(left["step"]), float(left["since"]), str(left["node"]),
+            int(left["gpu"]), str(left.get("cause") or ""), float(left["max_s"]),
+            OnBound(left["on_bound"]))
+        try:
+            write_note(self.slurm, act.target, note)
+        except SlurmisoError as exc:  # a job that ended may refuse it: nothing to explain
+            log.log(logging.INFO if act.kind == "ladder-end" else logging.WARNING,
+                    "monitor: job %s: the restraint note was not %s: %s", act.target,
+                    "written" if note else "removed", exc)
+
     def _one(self, act: Action) -> Outcome:
         try:
             if act.kind in LADDER_KINDS or (act.kind == "requeue" and
@@ -206,6 +227,8 @@ class Applier:
                 said = self._ladder(act)
                 note = {"already": "Slurm shows the job as asked already",
                         "gone": "the job had ended: nothing to do"}.get(said, "")
+                if said != "gone":
+                    self._note_restraint(act)
                 return Outcome(act, True, note=note)
             if act.kind == "partition-update":
                 self.slurm.set_partition_nodes(act.target, compress(act.details["nodes"]))

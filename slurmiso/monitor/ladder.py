@@ -36,6 +36,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.histogram import quantile
+from slurmiso.monitor.bound import annotate, end_unhot
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
@@ -257,6 +258,8 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
         else:
             v = Breach(CALM, why=f"no inference job left on {node_name} GPU {index}")
         verdicts[key] = (v, node_name, int(index))
+    # -- a rung whose cause has not been hot for its step's max_s ends (issue 33) ---------
+    bounded = end_unhot(mem, verdicts, policy, now, who.live)
     # -- training on each GPU and the restraints in force ----------------------------------
     victims: Dict[str, List[JobInfo]] = {}
     for key, (_, at, gpu) in verdicts.items():
@@ -274,7 +277,8 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
         _move(mem, key, v, node_steps(policy, nodes.get(at)), now, victims.get(key, []),
               at, gpu, (memory_last_ts, policy.max_data_age_s))
     # -- what each training job should be, and the actions that get it there ------------
-    actions = _restrain(snap, policy, mem, who, verdicts, victims, exempt)
+    actions = bounded + _restrain(snap, policy, mem, who, verdicts, victims, exempt)
+    annotate(actions, mem, policy)
     mem.ladder_exempt = sorted(exempt)
     _prune_events(mem, now)
     blocked: Dict[str, str] = {}

@@ -43,6 +43,9 @@ class Rung:
     #: The last cycle that judged this GPU calm: a calm dwell goes on across a gap (the
     #: monitor down, signals unknown) only where the agents' windows prove the gap calm.
     calm_seen: Optional[float] = None
+    #: Since when its cause has not been hot (unknown, between or calm): at the step's
+    #: ``max_s`` the rung ends (:mod:`slurmiso.monitor.bound`). None while hot.
+    not_hot_since: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The keys earlier versions wrote, and the newer ones only where they say

@@ -76,6 +76,8 @@ class StepPolicy:
     release_after_s: float = 300.0
     per_job: int = 0
     per_hour: int = 0
+    #: How long the step may stand without a hot cause (or, on the node, a live monitor).
+    max_s: float = 3600.0
 
 
 #: The ladder's defaults: the config's (``monitor.ladder`` left out), one definition.
@@ -88,18 +90,21 @@ class LadderPolicy:
 
     steps: Tuple[StepPolicy, ...] = tuple(
         StepPolicy(st.name, float(st.after_s), float(st.release_after_s), st.per_job,
-                   st.per_hour) for st in _LADDER.steps)
+                   st.per_hour, float(st.max_s)) for st in _LADDER.steps)
     hysteresis_pct: float = float(_LADDER.hysteresis_pct)
     throttle_signal: str = _LADDER.throttle_signal
     unthrottle_signal: str = _LADDER.unthrottle_signal
+    #: How a restraint past its step's ``max_s`` ends: "resume" or "requeue".
+    on_bound: str = _LADDER.on_bound
 
     @classmethod
     def of(cls, ladder: Ladder) -> LadderPolicy:
         """The policy a checked ``monitor.ladder`` states."""
         return cls(tuple(StepPolicy(st.name, float(st.after_s), float(st.release_after_s),
-                                    st.per_job, st.per_hour) for st in ladder.steps),
+                                    st.per_job, st.per_hour, float(st.max_s))
+                         for st in ladder.steps),
                    float(ladder.hysteresis_pct), ladder.throttle_signal,
-                   ladder.unthrottle_signal)
+                   ladder.unthrottle_signal, ladder.on_bound)
 
     def to_config(self) -> Dict[str, Any]:
         """This ladder as ``monitor.ladder``'s YAML mapping (what ``--set ladder.*`` edits
@@ -107,10 +112,12 @@ class LadderPolicy:
         out: Dict[str, Any] = {"steps": list(self.names()),
                                "hysteresis": _plain(self.hysteresis_pct),
                                "throttle_signal": self.throttle_signal,
-                               "unthrottle_signal": self.unthrottle_signal}
+                               "unthrottle_signal": self.unthrottle_signal,
+                               "on_bound": self.on_bound}
         for st in self.steps:
             out[st.name] = {"after": _plain(st.after_s),
-                            "release_after": _plain(st.release_after_s)}
+                            "release_after": _plain(st.release_after_s),
+                            "max": _plain(st.max_s)}
             if st.name != "hold":  # hold has no budget (it gates new training only)
                 out[st.name].update(per_job=st.per_job, per_hour=st.per_hour)
         return out
@@ -298,12 +305,15 @@ def override(policy: Policy, assignments: Sequence[str],
 
 LADDER_KNOBS = ("; ladder.steps=hold,throttle,... ladder.hysteresis_pct=N "
                 "ladder.throttle_signal=URG ladder.unthrottle_signal=WINCH "
-                "ladder.<step>.after_s|release_after_s|per_job|per_hour=N")
+                "ladder.on_bound=resume|requeue "
+                "ladder.<step>.after_s|release_after_s|max_s|per_job|per_hour=N")
 #: ``--set ladder.<step>.KNOB`` -> the step's key under ``monitor.ladder`` (both spellings).
 _STEP_KEYS = {"after_s": "after", "release_after_s": "release_after", "after": "after",
-              "release_after": "release_after", "per_job": "per_job", "per_hour": "per_hour"}
+              "release_after": "release_after", "per_job": "per_job", "per_hour": "per_hour",
+              "max_s": "max", "max": "max"}
 _TOP_KEYS = {"hysteresis_pct": "hysteresis", "hysteresis": "hysteresis",
-             "throttle_signal": "throttle_signal", "unthrottle_signal": "unthrottle_signal"}
+             "throttle_signal": "throttle_signal", "unthrottle_signal": "unthrottle_signal",
+              "on_bound": "on_bound"}
 
 
 def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]],

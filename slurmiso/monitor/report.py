@@ -124,7 +124,59 @@ def status(policy: Policy, memory: Memory, now: float) -> Dict[str, Any]:
         "dwell_s": policy.min_dwell_s,
         "now": now,
         "backlog_drain_s": policy.backlog_drain_s,
+        "ladder": ladder_status(policy, mem, now),
     }
+
+
+def ladder_status(policy: Policy, mem: Memory, now: float) -> Dict[str, Any]:
+    """The ladder's section: each GPU's rung (step, since, cause, how long its cause has not
+    been hot against the step's bound) and each training job it restrains, with its age."""
+    from slurmiso.monitor.bound import step_bound
+
+    def age(ts: Optional[float]) -> Optional[float]:
+        return None if ts is None else round(now - ts, 1)
+
+    gpus = [{"gpu": key, "step": r.step, "for_s": age(r.since), "cause": r.cause,
+             "why": r.why, "not_hot_s": age(r.not_hot_since),
+             "bound_s": step_bound(policy, r.step), "capped": r.capped}
+            for key, r in sorted(mem.ladder.items())]
+    jobs = []
+    for jid, rec in sorted(mem.restrained.items()):
+        step = "suspend" if rec.suspended_since is not None else "throttle"
+        jobs.append({"job": jid, "gpu": f"{rec.node}/{rec.gpu}", "step": step,
+                     "cause": rec.cause, "why": rec.why,
+                     "throttled_s": age(rec.throttled_since),
+                     "suspended_s": age(rec.suspended_since),
+                     "bound_s": step_bound(policy, step)})
+    return {"steps": list(policy.ladder.names()), "on_bound": policy.ladder.on_bound,
+            "gpus": gpus, "restrained": jobs, "exempt": list(mem.ladder_exempt),
+            "last_cycle_s": age(mem.last_ts) if mem.last_ts else None}
+
+
+def ladder_lines(st: Dict[str, Any]) -> List[str]:
+    """``monitor status``'s ladder section: always there, "nothing" when nothing stands."""
+    if not st["steps"]:
+        return ["ladder: off (no steps)"]
+    lines = [f"ladder: {len(st['gpus'])} GPU(s) at a step, {len(st['restrained'])} training "
+             f"job(s) restrained (bound ends them: {st['on_bound']})"]
+    last = st.get("last_cycle_s")
+    if st["restrained"] or st["gpus"]:
+        lines.append("  the monitor's last cycle: " + (
+            "never" if last is None else f"{last:.0f}s ago") + " (a monitor that is not "
+            "running releases nothing: each node ends a restraint at its bound)")
+    for g in st["gpus"][:20]:
+        cool = ("" if g["not_hot_s"] is None else
+                f"; cause not hot for {g['not_hot_s']:.0f}s of {g['bound_s']:.0f}s")
+        lines.append(f"  {g['gpu']}: {g['step'] or '(breach dwell)'} for {g['for_s']:.0f}s, "
+                     f"{g['why'] or 'cause ' + (g['cause'] or '?')}{cool}"
+                     + (f" ({g['capped']})" if g["capped"] else ""))
+    for j in st["restrained"][:50]:
+        held = j["suspended_s"] if j["step"] == "suspend" else j["throttled_s"]
+        over = "  -- PAST ITS BOUND" if held is not None and held >= j["bound_s"] else ""
+        done = "suspended" if j["step"] == "suspend" else "throttled"
+        lines.append(f"  job {j['job']} {done} on {j['gpu']} for {held:.0f}s (bound "
+                     f"{j['bound_s']:.0f}s), cause inference job {j['cause'] or '?'}{over}")
+    return lines
 
 
 def status_lines(st: Dict[str, Any]) -> List[str]:
@@ -147,6 +199,8 @@ def status_lines(st: Dict[str, Any]) -> List[str]:
         lines.append(f"gate {scope} opened {n} time(s) this hour (limit {limit})"
                      + ("  -- LIMIT REACHED" if n >= limit else ""))
     lines.append(f"minimum dwell: {st['dwell_s']:g}s")
+    if "ladder" in st:
+        lines += ladder_lines(st["ladder"])
     return lines
 
 

@@ -40,15 +40,18 @@ class _Conn:
     data: bytearray = field(default_factory=bytearray)
 
 
-def _target(url: str) -> Tuple[str, int, bytes]:
-    """(host, port, request bytes) of an http:// URL; ValueError otherwise."""
+def _target(url: str, headers: Mapping[str, str] = {}) -> Tuple[str, int, bytes]:
+    """(host, port, request bytes) of an http:// URL (``headers`` added: names and values
+    of printable ASCII, no CR/LF); ValueError otherwise."""
     u = urllib.parse.urlsplit(url)
     if u.scheme != "http" or not u.hostname:
         raise ValueError(f"only http:// URLs are supported, not {url!r}")
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     host = u.hostname if u.port is None else f"{u.hostname}:{u.port}"
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()
+                    if (k + v).isprintable() and (k + v).isascii() and ":" not in k)
     req = (f"GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain, application/json\r\n"
-           "Connection: close\r\n\r\n")
+           f"{extra}Connection: close\r\n\r\n")
     return u.hostname, u.port or 80, req.encode("ascii", "replace")
 
 
@@ -86,9 +89,10 @@ def parse_response(raw: bytes) -> Fetched:
 def fetch_all(
     urls: Mapping[str, str], deadline_s: float, max_open: int = 256,
     per_url_s: Optional[float] = None, max_bytes: int = MAX_BYTES,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = time.monotonic, headers: Mapping[str, str] = {},
 ) -> Dict[str, Fetched]:
-    """GET every URL (key -> URL) concurrently; returns within about ``deadline_s``."""
+    """GET every URL (key -> URL) concurrently, each with ``headers``; returns within about
+    ``deadline_s``."""
     start = clock()
     end = start + max(0.0, deadline_s)
     limit = per_url_s if per_url_s is not None else deadline_s
@@ -118,7 +122,7 @@ def fetch_all(
                 # deadline per URL; node addresses from Slurm are usually IPs already)
                 key, url = queue.pop()
                 try:
-                    host, port, req = _target(url)
+                    host, port, req = _target(url, headers)
                     if (host, port) not in addr_cache:
                         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
                         addr_cache[(host, port)] = (info[0], info[4])

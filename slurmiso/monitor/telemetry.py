@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 from slurmiso.monitor import scrape, signals
+from slurmiso.monitor.restraints import HEARTBEAT_HEADER
 from slurmiso.monitor.signals import JobSignals
 from slurmiso.monitor.snapshot import GpuSample
 
@@ -235,8 +236,10 @@ class AgentSource:
         # address, so guessing host:port would scrape one node's agent for all of them).
         wanted = [n for n in nodes if n in self.urls] if self.urls else list(nodes)
         urls = {n: self.url_for(n, nodes.get(n, "")) for n in wanted}
+        # the header is the monitor's heartbeat on each node (monitor/restraints.py)
         got = scrape.fetch_all(urls, self.deadline_s, max(1, self.workers),
-                               min(self.timeout, self.deadline_s))
+                               min(self.timeout, self.deadline_s),
+                               headers={HEARTBEAT_HEADER: "1"})
         for node in wanted:
             res = got[node]
             if res.body is None:

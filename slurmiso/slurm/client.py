@@ -360,6 +360,32 @@ class SlurmCli:
             self.resume_job(job_id)
         return self._job_op(["scontrol", "requeue", str(job_id)], ("Job is pending execution",))
 
+    #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
+    ADMIN_COMMENT_WIDTH = 1024
+
+    def admin_comment(self, job_id: str) -> Optional[str]:
+        """A job's ``AdminComment`` (only an admin sets it; None: Slurm no longer lists the
+        job). Read with ``squeue -O`` at a fixed width, the value last on its line."""
+        if not str(job_id).replace("_", "").isdigit():
+            raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
+        try:
+            out = self.run("squeue", ["-h", "-t", "all", "-j", str(job_id), "-O",
+                                      f"JobID:40,AdminComment:{self.ADMIN_COMMENT_WIDTH}"])
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
+        line = next((ln for ln in out.splitlines() if ln.strip()), None)
+        if line is None:
+            return None
+        parts = line.split(None, 1)
+        text = parts[1].strip() if len(parts) > 1 else ""
+        return "" if text in ("(null)", "N/A") else text
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """``scontrol update JobId=J AdminComment=...`` (an admin's right; "" clears it)."""
+        self.run("scontrol", ["update", f"JobId={job_id}", f"AdminComment={text}"])
+
     def set_qos_grp_tres(self, qos: str, tres: Dict[str, int]) -> None:
         """Set a QoS's ``GrpTRES`` for GRES counts: ``{"gpu": 4, "shard": -1}`` ->
         ``gres/gpu=4,gres/shard=-1`` (-1 lifts that limit)."""

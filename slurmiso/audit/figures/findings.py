@@ -9,7 +9,7 @@ adds doctor's checks and the node's leftovers (:mod:`slurmiso.audit.read.live`).
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.audit.figures.aggregate import Aggregator
 from slurmiso.audit.read.digest import JournalDigest
@@ -196,6 +196,7 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
     out.extend(_journal_findings(digest))
     out.extend(_monitor_requeue_findings(agg, digest))
     out.extend(_telemetry_findings(agg, digest))
+    out.extend(_ladder_findings(cfg, digest))
     return out
 
 
@@ -323,6 +324,44 @@ def _journal_findings(digest: JournalDigest) -> List[Finding]:
                         "GPUs", "ask the owners to release idle allocations",
                         list(digest.idle_jobs)))
     return out
+
+
+def _ladder_findings(cfg: Any, digest: JournalDigest) -> List[Finding]:
+    """A restraint the ladder put on running training with no release in the journals
+    (no unthrottle, resume, requeue or end line), with its job id (issue 33): a warning
+    once it has lasted its step's bound (``monitor.ladder.<step>.max``) by the last ladder
+    line, when the monitor or the node should have ended it; info while it may still be
+    in force for a reason."""
+    log = digest.ladder
+    if not log.open_since:
+        return []
+    bounds = {st.name: st.max_s for st in cfg.monitor.ladder.steps}
+    end = log.last_ts or 0.0
+    past: List[Tuple[str, str]] = []
+    within: List[Tuple[str, str]] = []
+    for job, (step, when) in sorted(log.open_since.items(), key=lambda kv: kv[1][1]):
+        lasted = max(0.0, end - when)
+        bound = bounds.get(step, min(bounds.values(), default=0))
+        (past if lasted >= bound else within).append(
+            (job, f"job {job} {_DONE.get(step, step)} since {_iso(when)} ({lasted:.0f}s by "
+                  f"the last ladder line; bound {bound:.0f}s)"))
+    fix = ("check each job (scontrol show job: JobState, AdminComment); 'slurmiso monitor "
+           "status' lists what the monitor holds, 'slurmiso status' on the node what is in "
+           "force, and 'slurmiso reconcile' there ends one past its bound when no monitor "
+           "is alive")
+    out = []
+    for severity, rows, what in (("warning", past, "past its bound"),
+                                 ("info", within, "within its bound")):
+        if rows:
+            text = "; ".join(t for _, t in rows[:5]) + ("; ..." if len(rows) > 5 else "")
+            out.append(make(severity, "ladder-unreleased",
+                            f"{len(rows)} training job(s) restrained by the ladder with no "
+                            f"release in the journals, {what}: {text}", fix,
+                            [j for j, _ in rows]))
+    return out
+
+
+_DONE = {"throttle": "throttled", "suspend": "suspended"}
 
 
 def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:

@@ -109,6 +109,11 @@ class LadderLog:
     #: jobs throttled / suspended in the window with no release read yet
     open_throttled: Set[str] = field(default_factory=set)
     open_suspended: Set[str] = field(default_factory=set)
+    #: job -> (its hardest open step, when it was taken) while unreleased: the finding's
+    #: job ids and ages (issue 33)
+    open_since: Dict[str, Tuple[str, float]] = field(default_factory=dict)
+    #: The latest time of a ladder line read (how long an open restraint lasted at least).
+    last_ts: Optional[float] = None
     #: job -> sorted Unix times the ladder requeued it (the sacct pass matches attempts)
     requeued_at: Dict[str, List[float]] = field(default_factory=dict)
 
@@ -126,6 +131,7 @@ class LadderLog:
             return
         step, job, node, cls, d = line
         self.lines += 1
+        self.last_ts = when if self.last_ts is None else max(self.last_ts, when)
         if d["dry_run"]:
             self.dry_run[step] += 1
             return
@@ -152,14 +158,20 @@ class LadderLog:
                 tally.after += after
         if step == "throttle":
             self.open_throttled.add(job)
+            self.open_since.setdefault(job, (step, when))
         elif step == "suspend":
             self.open_suspended.add(job)
+            self.open_since[job] = (step, when)
         elif step == "requeue":
             bisect.insort(self.requeued_at.setdefault(job, []), when)
         if step in ("unthrottle", "requeue", "ended"):
             self.open_throttled.discard(job)
         if step in ("resume", "requeue", "ended"):
             self.open_suspended.discard(job)
+        if job not in self.open_throttled and job not in self.open_suspended:
+            self.open_since.pop(job, None)
+        elif step == "resume" and job in self.open_since:  # still throttled
+            self.open_since[job] = ("throttle", self.open_since[job][1])
         throttled, suspended = d["throttled_s"], d["suspended_s"]
         if throttled is None and suspended is None:
             return

@@ -1,0 +1,371 @@
+"""A restraint as the node sees it, without the monitor's memory (issue 33).
+
+The monitor runs on the controller; a node shares nothing with it but Slurm. So each
+restraint the ladder puts on a running training job is written where only an admin writes
+and every node reads: the job's ``AdminComment`` (``scontrol update`` by root or SlurmUser;
+a job's user can read it, never set it). One token there, no spaces, beside whatever the
+site keeps in it::
+
+    slurmiso-restraint:step=suspend,since=1733460000,gpu=n3/0,cause=4711,max=1800,on=resume
+
+``step`` is the rung the job is at (``throttle`` or ``suspend``), ``since`` when it was
+taken (the monitor's clock), ``cause`` the inference job behind it, ``max`` the step's bound
+(``monitor.ladder.<step>.max``) and ``on`` how the bound ends it (``on_bound``).
+
+The monitor proves it is alive by scraping the node's agent with the
+:data:`HEARTBEAT_HEADER` header; the agent (root) stamps :data:`HEARTBEAT_FILE` in the node's
+state dir. A restraint whose age reaches its ``max`` while that stamp is older than the
+monitor's data age limit is ended on the node (``slurmiso reconcile``, the agent) in the
+direction ``on`` names, journaled as a ``ladder-end`` line with ``by: node``.
+
+Root's own record of what the node last read from Slurm is :data:`BOOK_FILE` in the state
+dir: ``slurmiso status`` and ``doctor`` show it even while slurmctld does not answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+#: The header the monitor sends when it scrapes an agent: the node's proof that it lives.
+HEARTBEAT_HEADER = "X-Slurmiso-Monitor"
+#: In the node's state dir: the last time the monitor scraped the agent (root writes it).
+HEARTBEAT_FILE = "monitor-heartbeat"
+#: In the node's state dir: the restraints the node last read from Slurm.
+BOOK_FILE = "restraints.json"
+PREFIX = "slurmiso-restraint:"
+#: The agent's series (slurmiso/monitor/agent.py).
+M_RESTRAINT = "slurmiso_job_restraint_seconds"
+M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
+M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
+#: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
+ADMIN_COMMENT_WIDTH = 1024  # SlurmCli.ADMIN_COMMENT_WIDTH
+
+
+class RestraintStep(str, enum.Enum):
+    """The rungs that restrain a running job (hold and requeue leave nothing on it)."""
+
+    THROTTLE = "throttle"
+    SUSPEND = "suspend"
+
+
+class OnBound(str, enum.Enum):
+    """How a restraint past its bound ends: given back, or checkpointed and requeued."""
+
+    RESUME = "resume"
+    REQUEUE = "requeue"
+
+
+_TOKEN = re.compile(
+    re.escape(PREFIX) + r"step=(?P<step>throttle|suspend),since=(?P<since>[0-9]{1,12}),"
+    r"gpu=(?P<node>[A-Za-z0-9._-]{1,64})/(?P<gpu>[0-9]{1,3}),cause=(?P<cause>[A-Za-z0-9_+]{0,24}),"
+    r"max=(?P<max>[0-9]{1,9}),on=(?P<on>resume|requeue)(?=\s|$)")
+_ANY_TOKEN = re.compile(re.escape(PREFIX) + r"\S*")
+
+
+@dataclass(frozen=True)
+class Note:
+    """The restraint as the monitor wrote it in the job's ``AdminComment``."""
+
+    step: RestraintStep
+    since: float
+    node: str
+    gpu: int
+    cause: str
+    max_s: float
+    on_bound: OnBound
+
+    def text(self) -> str:
+        return (f"{PREFIX}step={self.step.value},since={int(self.since)},"
+                f"gpu={self.node}/{self.gpu},cause={self.cause},max={int(self.max_s)},"
+                f"on={self.on_bound.value}")
+
+    @classmethod
+    def parse(cls, admin_comment: str) -> Optional[Note]:
+        """Our token in an ``AdminComment`` (the first whole one), else None."""
+        m = _TOKEN.search(admin_comment or "")
+        if m is None:
+            return None
+        return cls(RestraintStep(m["step"]), float(m["since"]), m["node"], int(m["gpu"]),
+                   m["cause"], float(m["max"]), OnBound(m["on"]))
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.since)
+
+    def over_bound(self, now: float) -> bool:
+        return self.age(now) >= self.max_s
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"step": self.step.value, "since": self.since, "node": self.node,
+                "gpu": self.gpu, "cause": self.cause, "max_s": self.max_s,
+                "on_bound": self.on_bound.value}
+
+
+def write_note(slurm: Any, job: str, note: Optional[Note]) -> None:
+    """Put ``note`` (None: remove ours) in ``job``'s ``AdminComment`` through ``slurm`` (a
+    :class:`~slurmiso.slurm.client.SlurmCli`), keeping the site's own text there; a
+    stand-in may take the note itself (``set_restraint_note``). A job Slurm no longer
+    lists is left alone."""
+    own = getattr(slurm, "set_restraint_note", None)
+    if own is not None:
+        own(job, note)
+        return
+    if not hasattr(slurm, "admin_comment"):
+        return  # a Slurm without AdminComment (a test's stand-in)
+    current = slurm.admin_comment(job)
+    if current is None:
+        return
+    text = with_note(current, note)
+    if text != current:
+        slurm.set_admin_comment(job, text)
+
+
+def with_note(admin_comment: str, note: Optional[Note]) -> str:
+    """``admin_comment`` with our token replaced by ``note`` (None: removed); the site's
+    own text is kept as it was."""
+    rest = " ".join(_ANY_TOKEN.sub(" ", admin_comment or "").split())
+    if note is None:
+        return rest
+    return f"{rest} {note.text()}".strip()
+
+
+# ------------------------------------------------------------------------ the heartbeat
+def heartbeat_path(state_dir: str) -> str:
+    return os.path.join(state_dir, HEARTBEAT_FILE)
+
+
+def write_heartbeat(state_dir: str, now: float) -> None:
+    """Stamp the monitor's scrape (the file's content, a Unix time; root's file)."""
+    from slurmiso.atomic import write_atomic
+
+    os.makedirs(state_dir, exist_ok=True)
+    write_atomic(heartbeat_path(state_dir), f"{now:.0f}\n")
+
+
+def heartbeat_age(state_dir: str, now: float) -> Optional[float]:
+    """Seconds since the monitor last scraped this node's agent; None: never, or unreadable
+    (so: not alive)."""
+    try:
+        with open(heartbeat_path(state_dir), encoding="ascii") as f:
+            stamp = float(f.read(32).strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return max(0.0, now - stamp)
+
+
+def alive_limit(interval_s: float) -> float:
+    """How old the heartbeat may be for the monitor to count as alive: its own data age
+    limit (``max(3 x interval, 60 s)``)."""
+    return max(3.0 * interval_s, 60.0)
+
+
+def monitor_alive(state_dir: str, interval_s: float, now: float) -> bool:
+    age = heartbeat_age(state_dir, now)
+    return age is not None and age <= alive_limit(interval_s)
+
+
+# ------------------------------------------------------------------- what Slurm shows now
+@dataclass(frozen=True)
+class NodeRestraint:
+    """One job on the node with a restraint note: its Slurm state and the note."""
+
+    job: str
+    state: str
+    note: Note
+
+    def to_dict(self, now: float) -> Dict[str, Any]:
+        return {"job": self.job, "state": self.state, "age_s": round(self.note.age(now), 1),
+                "over_bound": self.note.over_bound(now), **self.note.to_dict()}
+
+
+_JOB = re.compile(r"[0-9]{1,12}(_[0-9]{1,10})?(\+[0-9]{1,4})?")
+
+
+def parse_squeue(out: str) -> List[NodeRestraint]:
+    """``squeue -h -O JobID,State,AdminComment`` lines into restraints (lines without our
+    token, or whose id or state is not Slurm's, are not restraints)."""
+    found = []
+    for line in out.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) < 3 or not _JOB.fullmatch(parts[0]) or not parts[1].isalpha():
+            continue
+        note = Note.parse(parts[2])
+        if note is not None:
+            found.append(NodeRestraint(parts[0], parts[1].upper(), note))
+    return found
+
+
+def read_slurm(run: Callable[..., str], node: str) -> List[NodeRestraint]:
+    """The restraints Slurm shows on ``node`` now (``run``: :meth:`SlurmCli.run`)."""
+    out = run("squeue", ["-h", "-w", node, "-t", "RUNNING,SUSPENDED", "-O",
+                         f"JobID:40,State:24,AdminComment:{ADMIN_COMMENT_WIDTH}"])
+    return parse_squeue(out)
+
+
+# ----------------------------------------------------------------- root's record of them
+def save_book(state_dir: str, found: Sequence[NodeRestraint], now: float) -> None:
+    from slurmiso.atomic import write_atomic
+
+    os.makedirs(state_dir, exist_ok=True)
+    data = {"read_at": now, "restraints": [dict(r.note.to_dict(), job=r.job, state=r.state)
+                                           for r in found]}
+    write_atomic(os.path.join(state_dir, BOOK_FILE), json.dumps(data, sort_keys=True) + "\n")
+
+
+def load_book(state_dir: str) -> Dict[str, Any]:
+    """``{"read_at": ts | None, "restraints": [NodeRestraint]}`` (empty when never read)."""
+    try:
+        with open(os.path.join(state_dir, BOOK_FILE), encoding="utf-8") as f:
+            data = json.loads(f.read(1 << 20))
+        items = [NodeRestraint(str(d["job"]), str(d["state"]), Note(
+            RestraintStep(d["step"]), float(d["since"]), str(d["node"]), int(d["gpu"]),
+            str(d["cause"]), float(d["max_s"]), OnBound(d["on_bound"])))
+            for d in data["restraints"]]
+        return {"read_at": float(data["read_at"]), "restraints": items}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("restraints: %s unreadable: %s", BOOK_FILE, exc)
+        return {"read_at": None, "restraints": []}
+
+
+def refresh(slurm: Any, state_dir: str, node: str, now: float) -> Dict[str, Any]:
+    """Read Slurm and keep root's record; Slurm not answering: the record as it was, with
+    ``error`` saying why (its ``read_at`` says how old it is)."""
+    from slurmiso.errors import SlurmisoError
+
+    try:
+        found = read_slurm(slurm.run, node)
+    except SlurmisoError as exc:
+        book = load_book(state_dir)
+        book["error"] = str(exc)
+        return book
+    try:
+        save_book(state_dir, found, now)
+    except OSError as exc:  # not root: shown, not kept
+        log.info("restraints: cannot keep %s: %s", BOOK_FILE, exc)
+    return {"read_at": now, "restraints": found}
+
+
+# ------------------------------------------------------------------- the bound, on the node
+def end_over_bound(slurm: Any, state_dir: str, found: Sequence[NodeRestraint], now: float,
+                   interval_s: float, unthrottle_signal: str, dry_run: bool,
+                   journal: Any = None) -> List[str]:
+    """End each restraint past its bound while no monitor is alive, as its note says
+    (resume: ``scontrol resume`` / the unthrottle signal; requeue: resume first if
+    suspended, then ``scontrol requeue``), clear its note, journal it. One line per job.
+    With a live monitor nothing is done: the monitor owns its restraints."""
+    if monitor_alive(state_dir, interval_s, now):
+        return []
+    age = heartbeat_age(state_dir, now)
+    silent = "never" if age is None else f"{age:.0f}s ago"
+    lines = []
+    for r in found:
+        if not r.note.over_bound(now):
+            continue
+        how = _how(r)
+        line = (f"job {r.job}: {r.note.step.value} by the ladder for {r.note.age(now):.0f}s "
+                f"(bound {r.note.max_s:.0f}s, cause inference job {r.note.cause or '?'}), "
+                f"monitor last seen {silent}: {how}")
+        lines.append(line)
+        if dry_run:
+            continue
+        from slurmiso.errors import SlurmisoError
+
+        try:
+            said = _end(slurm, r, unthrottle_signal)
+        except SlurmisoError as exc:
+            lines[-1] += f" -- FAILED: {exc}"
+            _journal(journal, r, now, how, ok=False, error=str(exc))
+            continue
+        _clear_note(slurm, r.job)
+        _journal(journal, r, now, how, ok=True, note=said)
+    return lines
+
+
+def _how(r: NodeRestraint) -> str:
+    if r.note.on_bound is OnBound.REQUEUE:
+        return "requeued (checkpoint)"
+    return "resumed" if r.state == "SUSPENDED" else "back to full speed"
+
+
+def _end(slurm: Any, r: NodeRestraint, unthrottle_signal: str) -> str:
+    """Resume: a suspended job is resumed, and every job gets the unthrottle signal (a job
+    the ladder suspended was throttled first; the signal is idempotent and ignored by
+    default, so one that was not loses nothing). Requeue: as the ladder requeues."""
+    suspended = r.state == "SUSPENDED"
+    if r.note.on_bound is OnBound.REQUEUE:
+        return str(slurm.requeue_job(r.job, suspended))
+    said = str(slurm.resume_job(r.job)) if suspended else "done"
+    signalled = str(slurm.signal_job(r.job, unthrottle_signal))
+    return said if suspended else signalled
+
+
+def _clear_note(slurm: Any, job: str) -> None:
+    """Remove our token from the job's ``AdminComment``: the restraint is over."""
+    from slurmiso.errors import SlurmisoError
+
+    try:
+        write_note(slurm, job, None)
+    except SlurmisoError as exc:
+        log.warning("restraints: job %s: its AdminComment note was not removed: %s", job, exc)
+
+
+def _journal(journal: Any, r: NodeRestraint, now: float, how: str, ok: bool,
+             **extra: Any) -> None:
+    if journal is None:
+        return
+    from slurmiso.state.journal import MONITOR_SOURCE
+
+    step = r.note.step
+    details = {"by": "node", "node": r.note.node, "gpu": f"{r.note.node}/{r.note.gpu}",
+               "cause": r.note.cause, "bound": {"max_s": r.note.max_s,
+                                                "on_bound": r.note.on_bound.value},
+               "restraint": r.note.to_dict(), "ts": now,
+               "throttled_s": round(r.note.age(now), 1) if step is RestraintStep.THROTTLE
+               else None,
+               "suspended_s": round(r.note.age(now), 1) if step is RestraintStep.SUSPEND
+               else None}
+    fields = {"source": MONITOR_SOURCE, "action": "ladder-end", "target": r.job,
+              "reason": f"training restraint over: past its bound with no live monitor: {how}",
+              "dry_run": False, "details": details, "ok": ok}
+    fields.update({k: v for k, v in extra.items() if v})
+    try:
+        journal.append("monitor-action", **fields)
+    except OSError as exc:
+        log.warning("restraints: cannot write the journal: %s", exc)
+
+
+# --------------------------------------------------------- what status and doctor show
+def node_view(state_dir: str, node: str, interval_s: float, now: float,
+              slurm: Any = None) -> Dict[str, Any]:
+    """The node's restraints (from Slurm through root's record when ``slurm`` is given,
+    else the record as last read) with their age and bound, and the monitor's heartbeat:
+    plain data for ``slurmiso status`` and ``doctor``."""
+    book = refresh(slurm, state_dir, node, now) if slurm is not None else load_book(state_dir)
+    age = heartbeat_age(state_dir, now)
+    out: Dict[str, Any] = {
+        "read_at": book["read_at"],
+        "restraints": [r.to_dict(now) for r in book["restraints"]],
+        "heartbeat_age_s": None if age is None else round(age, 1),
+        "monitor_alive": age is not None and age <= alive_limit(interval_s),
+        "alive_limit_s": alive_limit(interval_s),
+    }
+    if "error" in book:
+        out["error"] = book["error"]
+    return out
+
+
+def describe(r: Dict[str, Any]) -> str:
+    """One restraint as an admin reads it: what, how long against its bound, and why."""
+    what = "suspended" if r["step"] == "suspend" else "throttled"
+    over = "  -- PAST ITS BOUND" if r["over_bound"] else ""
+    return (f"{what} by the ladder for {r['age_s']:.0f}s (bound {r['max_s']:.0f}s, then "
+            f"{r['on_bound']}): inference job {r['cause'] or '?'} on {r['node']} GPU "
+            f"{r['gpu']}{over}")
