@@ -35,8 +35,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.monitor.attribution import Attribution, gpu_key
-from slurmiso.monitor.histogram import quantile
 from slurmiso.monitor.bound import annotate, end_unhot
+from slurmiso.monitor.histogram import quantile
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
