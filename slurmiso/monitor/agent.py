@@ -275,18 +275,25 @@ def render(registry: Any) -> str:
 
 def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
-    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice)."""
-    from prometheus_client import start_http_server
+    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice), with
+    the agent's own server (:mod:`slurmiso.monitor.agent_http`: no user's connections can
+    keep a scrape out)."""
+    from prometheus_client import generate_latest
 
     from slurmiso.errors import UsageError
+    from slurmiso.monitor.agent_http import AgentServer, HttpStatsCollector
 
     where = addr or cfg.monitor.telemetry.agent_addr
     refresher = signals_for(cfg, node).start()
+    registry = registry_for(cfg, node, refresher.state)
     try:
-        start_http_server(port, addr=where, registry=registry_for(cfg, node, refresher.state))
+        server = AgentServer(lambda: bytes(generate_latest(registry)), where, port)
     except OSError as exc:
         raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
                          hint="pick another --port or --addr, or stop what holds it") from None
-    log.info("agent for node %s serving on %s:%d", node, where, port)
+    registry.register(HttpStatsCollector(server))
+    server.start()
+    log.info("agent for node %s serving on %s:%d (at most %d connections)", node, where, port,
+             server.cap)
     while True:
         time.sleep(3600)
