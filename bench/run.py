@@ -12,7 +12,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 BENCHES = ["bench_startup", "bench_sim_mig", "bench_hooks", "bench_audit", "bench_wrapper",
-           "bench_monitor",
+           "bench_monitor", "bench_agent",
            # root and cached Slurm roots only (each release skipped with its reason otherwise)
            "bench_sandbox_up",
            # root and a sandbox up only (skipped with its reason otherwise)

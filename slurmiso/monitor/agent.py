@@ -299,21 +299,12 @@ class _Heartbeat:
             log.warning("agent: cannot stamp the monitor's heartbeat: %s", exc)
 
 
-def wsgi_app(registry: Any, heartbeat: Optional[_Heartbeat] = None) -> Callable[..., Any]:
-    """prometheus_client's WSGI app for ``registry``; a request carrying the monitor's header
-    stamps ``heartbeat`` first."""
-    from prometheus_client import make_wsgi_app
-
+def _stamp(head: bytes, heartbeat: _Heartbeat) -> None:
+    """Stamp ``heartbeat`` when a scrape's request head carries the monitor's header."""
     from slurmiso.monitor.restraints import HEARTBEAT_HEADER
 
-    app = make_wsgi_app(registry)
-    key = "HTTP_" + HEARTBEAT_HEADER.upper().replace("-", "_")
-
-    def handle(environ: Dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        if heartbeat is not None and environ.get(key):
-            heartbeat.seen()
-        return app(environ, start_response)
-    return handle
+    if b"\n" + HEARTBEAT_HEADER.lower().encode() + b":" in head.lower():
+        heartbeat.seen()
 
 
 class RestraintCollector:
@@ -390,33 +381,32 @@ def _watch_forever(cfg: Config, node: str, every_s: float) -> None:
 
 def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
-    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice).
-    Beside it, the restraint watch (:func:`restraint_watch`, every ``max(30 s, interval)``)."""
-    import socketserver
+    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice), with
+    the agent's own server (:mod:`slurmiso.monitor.agent_http`: no user's connections can
+    keep a scrape out). Beside it, the restraint watch (:func:`restraint_watch`, every
+    ``max(30 s, interval)``)."""
     import threading
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import generate_latest
 
     from slurmiso.errors import UsageError
-
-    class _Server(socketserver.ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-
-    class _Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            return
+    from slurmiso.monitor.agent_http import AgentServer, HttpStatsCollector
 
     where = addr or cfg.monitor.telemetry.agent_addr
     refresher = signals_for(cfg, node).start()
     registry = registry_for(cfg, node, refresher.state)
-    app = wsgi_app(registry, _Heartbeat(cfg.paths.state_dir_for(node)))
+    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node))
     try:
-        httpd = make_server(where, port, app, _Server, _Quiet)
+        server = AgentServer(lambda: bytes(generate_latest(registry)), where, port,
+                             on_scrape=lambda head: _stamp(head, heartbeat))
     except OSError as exc:
         raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
                          hint="pick another --port or --addr, or stop what holds it") from None
-    threading.Thread(target=httpd.serve_forever, daemon=True, name="agent-http").start()
+    registry.register(HttpStatsCollector(server))
+    server.start()
     threading.Thread(target=_watch_forever, args=(cfg, node, max(30.0, cfg.monitor.interval_s)),
                      daemon=True, name="restraint-watch").start()
-    log.info("agent for node %s serving on %s:%d", node, where, port)
+    log.info("agent for node %s serving on %s:%d (at most %d connections)", node, where, port,
+             server.cap)
     while True:
         time.sleep(3600)

@@ -6,7 +6,9 @@ A scrape must stay fast whatever the jobs do, so nothing here runs in the scrape
 the non-blocking :mod:`slurmiso.monitor.scrape`, each limited to ``timeout`` and ``max_body``),
 and the collector only renders the last :class:`JobSignalsState` with ages as of the scrape.
 A refresher that fell behind (a step file on a hung NFS mount) shows as growing ages and
-``reason="stale"``, never as old figures passed off as fresh.
+``reason="stale"``, never as old figures passed off as fresh. The answers are parsed outside
+the lock a scrape needs, within a :class:`Budget` per job and per user, users taking turns;
+one user's endpoints share the fetch's slots fairly with every other user's.
 
 Trust: the agent connects to 127.0.0.1:PORT only, the port and path from the prolog's record
 (``--iso-metrics``), and only when the kernel says the listener there is the job's user
@@ -17,12 +19,13 @@ garbage are unknown with a reason.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from slurmiso.monitor import signals as sig
 from slurmiso.monitor.endpoint import E2E, Answer, BadAnswer, Profile, Profiles
@@ -61,6 +64,24 @@ class Latency:
         return out
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What reading one job's answer may cost the agent in a refresh, and one user's answers
+    together. Over it, that job's latency is unknown (``over-budget``), nobody else's, and it
+    is not fetched again for a backoff that doubles each time (at most ``max_backoff``
+    refreshes): a heavy answer costs one parse now and then, never one per refresh."""
+
+    job_lines: int = 50_000  # counted before parsing (cheap)
+    job_series: int = 2_000  # the window keeps every series of ~16 readings
+    job_cpu_s: float = 0.1  # a vLLM or Triton answer parses in a few milliseconds
+    user_cpu_s: float = 0.25  # all of one user's answers, per refresh
+    max_backoff: int = 16
+
+
+#: A parse's outcome: the answer, or (reason, detail) when there is none to use.
+Parsed = Union[Answer, Tuple[str, str]]
+
+
 @dataclass
 class _Job:
     window: Window
@@ -69,6 +90,8 @@ class _Job:
     latency: Optional[Latency] = None
     reason: str = ""  # why the last reading gave no figure
     said: str = ""  # the last reason logged
+    overs: int = 0  # over budget so many readings in a row
+    skip: int = 0  # refreshes left before it is fetched again
 
 
 @dataclass(frozen=True)
@@ -159,7 +182,8 @@ class JobSignalsState:
         training_classes: Tuple[str, ...] = (), fetch: Optional[Callable[..., Any]] = None,
         listeners: Optional[Callable[[], Optional[Mapping[int, Set[int]]]]] = None,
         steps: Optional[Callable[..., StepFigures]] = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, budget: Budget = Budget(),
+        cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         from slurmiso.monitor import ports, scrape, stepfile
 
@@ -171,6 +195,9 @@ class JobSignalsState:
         self.listeners = listeners or ports.loopback_listeners
         self.steps = steps or stepfile.figures
         self.clock = clock
+        self.budget = budget
+        self.cpu = cpu
+        self.turn = 0  # which user, and which of a user's jobs, is parsed first
         self.jobs: Dict[str, _Job] = {}
         self.step_figures: Dict[str, StepFigures] = {}
         self.records: Dict[str, Any] = {}
@@ -185,25 +212,29 @@ class JobSignalsState:
         live = {j: r for j, r in records.items() if getattr(r.status, "value", r.status)
                 == "ready"}
         urls, refused = self._urls(live)
+        uids = {job: live[job].uid for job in urls}
         got = self.fetch(urls, s.timeout_s + 0.5, 64, float(s.timeout_s),
-                         s.max_body_mb * 1024 * 1024) if urls else {}
+                         s.max_body_mb * 1024 * 1024, uids) if urls else {}
         now = self.clock()
         steps: Dict[str, StepFigures] = {}
         for job, rec in live.items():
             if rec.steps_file:
                 steps[job] = self.steps(rec.steps_file, job, rec.uid, now, s.step_window_s,
                                         s.baseline_steps)
+        parsed, heavy = self._parse_all(got, uids)
         with self.lock:
             for job in list(self.jobs):
                 if job not in live or not live[job].metrics:
                     del self.jobs[job]
             for job, why in refused.items():
                 self._failed(job, why)
-            for job, res in got.items():
-                if res.body is None:
-                    self._failed(job, res.reason, res.detail)
+            for job, res in parsed.items():
+                if isinstance(res, Answer):
+                    self._answered(job, res, now)
                 else:
-                    self._answered(job, res.body, now)
+                    self._failed(job, *res)
+            for job in heavy:
+                self._back_off(job)
             self.step_figures = steps
             self.records = dict(live)
             self.refreshed_at = now
@@ -224,7 +255,11 @@ class JobSignalsState:
                 refused[job] = sig.R_PARSE
                 continue
             uids = None if owners is None else owners.get(port, set())
-            if uids is not None and not uids:
+            held = self.jobs.get(job)
+            if held is not None and held.skip > 0:
+                held.skip -= 1  # (only this thread writes it)
+                refused[job] = sig.R_OVER_BUDGET
+            elif uids is not None and not uids:
                 refused[job] = "unreachable"  # nothing listens there: nothing to connect to
             elif uids is not None and rec.uid >= 0 and uids != {rec.uid}:
                 refused[job] = sig.R_PORT_NOT_OWNED
@@ -239,6 +274,66 @@ class JobSignalsState:
             j = self.jobs[job] = _Job(Window(self.settings.window_s, n))
         return j
 
+    def _parse_all(self, got: Mapping[str, Any], uids: Mapping[str, int]
+                   ) -> Tuple[Dict[str, Parsed], Set[str]]:
+        """Every answer parsed, outside the lock (a scrape never waits for a parse): one job
+        of each user in turn, the first user and job moving on each refresh, while the
+        user's CPU this refresh is under ``budget.user_cpu_s``. Also returns the jobs over
+        their own budget (a job left unread for its user's is not one)."""
+        out: Dict[str, Parsed] = {}
+        heavy: Set[str] = set()
+        by_user: Dict[int, List[str]] = {}
+        for job, res in got.items():
+            if res.body is None:
+                out[job] = (res.reason, res.detail)
+            else:
+                by_user.setdefault(uids.get(job, -1), []).append(job)
+        self.turn += 1
+        users = _rotated(sorted(by_user), self.turn)
+        queues = [_rotated(by_user[u], self.turn) for u in users]
+        spent = dict.fromkeys(users, 0.0)
+        for turn in itertools.zip_longest(*queues):
+            for user, job in zip(users, turn):
+                if job is None:
+                    continue
+                if spent[user] >= self.budget.user_cpu_s:
+                    out[job] = (sig.R_OVER_BUDGET, f"uid {user}'s answers took "
+                                f"{spent[user]:.2f}s CPU this refresh")
+                    continue
+                res, cost = self._parse(got[job].body)
+                out[job] = res
+                spent[user] += cost
+                if not isinstance(res, Answer) and res[0] == sig.R_OVER_BUDGET:
+                    heavy.add(job)
+        return out, heavy
+
+    def _parse(self, body: str) -> Tuple[Parsed, float]:
+        """One answer within the job's budget, and the CPU it cost."""
+        b = self.budget
+        lines = body.count("\n")
+        if lines > b.job_lines:
+            return (sig.R_OVER_BUDGET, f"{lines} lines"), 0.0
+        start = self.cpu()
+        res: Parsed
+        try:
+            res = self.profiles.read(body)
+        except BadAnswer as exc:
+            res = (exc.reason, str(exc))
+        except (ValueError, IndexError) as exc:
+            res = (sig.R_PARSE, str(exc))
+        cost = self.cpu() - start
+        if cost > b.job_cpu_s:
+            res = (sig.R_OVER_BUDGET, f"{cost:.2f}s CPU")
+        elif isinstance(res, Answer) and len(res.counters) > b.job_series:
+            res = (sig.R_OVER_BUDGET, f"{len(res.counters)} series")
+        return res, cost
+
+    def _back_off(self, job: str) -> None:
+        """Over its own budget: not fetched for 1, 2, 4... refreshes (at most max_backoff)."""
+        j = self._job(job)
+        j.overs += 1
+        j.skip = min(self.budget.max_backoff, 2 ** (j.overs - 1))
+
     def _failed(self, job: str, reason: str, detail: str = "") -> None:
         j = self._job(job)
         j.latency, j.reason = None, reason
@@ -247,16 +342,9 @@ class JobSignalsState:
                      f": {detail[:120]}" if detail else "")
             j.said = reason
 
-    def _answered(self, job: str, body: str, now: float) -> None:
-        try:
-            answer = self.profiles.read(body)
-        except BadAnswer as exc:
-            self._failed(job, exc.reason, str(exc))
-            return
-        except (ValueError, IndexError) as exc:
-            self._failed(job, sig.R_PARSE, str(exc))
-            return
+    def _answered(self, job: str, answer: Answer, now: float) -> None:
         j = self._job(job)
+        j.overs = 0
         if answer.profile != j.profile:
             j.window.readings.clear()  # another server now: its counters are not the old ones
             j.profile = answer.profile
@@ -314,6 +402,11 @@ class JobSignalsState:
         else:
             st = None
         return JobView(job, cls, lat, lat_age, lat_unknown, st, st_age, st_unknown)
+
+
+def _rotated(items: List[Any], turn: int) -> List[Any]:
+    k = turn % len(items) if items else 0
+    return items[k:] + items[:k]
 
 
 class JobSignalsCollector:

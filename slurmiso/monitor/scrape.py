@@ -3,7 +3,10 @@
 Per-socket timeouts do not bound a cycle: a server trickling one byte a second never times
 out a ``recv``. Here one ``selectors`` loop drives at most ``max_open`` non-blocking
 connections; each URL also has its own limit (``per_url_s``) so a hanging agent frees its slot
-early, and at the deadline everything still open is closed and reported. Nothing raises: every
+early, and at the deadline everything still open is closed and reported. URLs may come in
+``groups`` (the agent's: one per user): the next one started is always from the group with
+the fewest open, so one user's many hanging endpoints take their share of the slots and no
+other user's endpoint waits behind them for the deadline. Nothing raises: every
 URL gets a body or a short reason (``unreachable``, ``timeout``, ``deadline``, ``not-http``,
 ``http-status``, ``truncated``, ``too-large``), which the caller counts as stale data.
 Plain HTTP/1.0 (the agent and Prometheus speak it); responses must carry a 200 status, and
@@ -17,8 +20,9 @@ import selectors
 import socket
 import time
 import urllib.parse
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Deque, Dict, Hashable, List, Mapping, NamedTuple, Optional, Tuple
 
 MAX_BYTES = 16 * 1024 * 1024
 
@@ -35,6 +39,7 @@ class _Conn:
     sock: socket.socket
     request: bytes
     started: float
+    group: Hashable = None
     sent: int = 0
     connected: bool = False
     data: bytearray = field(default_factory=bytearray)
@@ -53,6 +58,36 @@ def _target(url: str, headers: Mapping[str, str] = {}) -> Tuple[str, int, bytes]
     req = (f"GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain, application/json\r\n"
            f"{extra}Connection: close\r\n\r\n")
     return u.hostname, u.port or 80, req.encode("ascii", "replace")
+
+
+class _Queue:
+    """The URLs not started yet, per group; :meth:`pop` takes the next from the group with
+    the fewest open (then the fewest started, then the first listed): max-min fair slots."""
+
+    def __init__(self, urls: Mapping[str, str], groups: Optional[Mapping[str, Hashable]]
+                 ) -> None:
+        self.waiting: Dict[Hashable, Deque[Tuple[str, str]]] = {}
+        for key, url in urls.items():
+            self.waiting.setdefault(groups.get(key) if groups else None, deque()).append(
+                (key, url))
+        self.order = {g: i for i, g in enumerate(self.waiting)}
+        self.open: Counter[Hashable] = Counter()
+        self.started: Counter[Hashable] = Counter()
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def pop(self) -> Tuple[str, str, Hashable]:
+        g = min(self.waiting, key=lambda g: (self.open[g], self.started[g], self.order[g]))
+        key, url = self.waiting[g].popleft()
+        if not self.waiting[g]:
+            del self.waiting[g]
+        self.open[g] += 1
+        self.started[g] += 1
+        return key, url, g
+
+    def rest(self) -> List[str]:
+        return [key for q in self.waiting.values() for key, _ in q]
 
 
 def parse_response(raw: bytes) -> Fetched:
@@ -89,16 +124,17 @@ def parse_response(raw: bytes) -> Fetched:
 def fetch_all(
     urls: Mapping[str, str], deadline_s: float, max_open: int = 256,
     per_url_s: Optional[float] = None, max_bytes: int = MAX_BYTES,
+    groups: Optional[Mapping[str, Hashable]] = None,
     clock: Callable[[], float] = time.monotonic, headers: Mapping[str, str] = {},
 ) -> Dict[str, Fetched]:
     """GET every URL (key -> URL) concurrently, each with ``headers``; returns within about
-    ``deadline_s``."""
+    ``deadline_s``. ``groups``: key -> group whose URLs share the slots fairly with the other
+    groups'."""
     start = clock()
     end = start + max(0.0, deadline_s)
     limit = per_url_s if per_url_s is not None else deadline_s
     out: Dict[str, Fetched] = {}
-    queue: List[Tuple[str, str]] = list(urls.items())
-    queue.reverse()  # pop() from the end keeps the caller's order
+    queue = _Queue(urls, groups)
     sel = selectors.DefaultSelector()
     conns: Dict[int, _Conn] = {}
     addr_cache: Dict[Tuple[str, int], Tuple[int, Tuple[object, ...]]] = {}
@@ -110,7 +146,8 @@ def fetch_all(
         except (KeyError, ValueError):
             pass
         c.sock.close()
-        conns.pop(id(c), None)
+        if conns.pop(id(c), None) is not None:
+            queue.open[c.group] -= 1
 
     try:
         while queue or conns:
@@ -120,7 +157,7 @@ def fetch_all(
             while queue and len(conns) < max_open and clock() < end:
                 # (name resolution blocks: a slow resolver costs this loop, so it checks the
                 # deadline per URL; node addresses from Slurm are usually IPs already)
-                key, url = queue.pop()
+                key, url, group = queue.pop()
                 try:
                     host, port, req = _target(url, headers)
                     if (host, port) not in addr_cache:
@@ -132,11 +169,13 @@ def fetch_all(
                     err = sock.connect_ex(addr)
                 except (OSError, ValueError, UnicodeError) as exc:
                     out[key] = Fetched(None, "unreachable", str(exc)[:120])
+                    queue.open[group] -= 1
                     continue
-                c = _Conn(key, sock, req, now)
+                c = _Conn(key, sock, req, now, group)
                 if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
                     sock.close()
                     out[key] = Fetched(None, "unreachable", f"connect: errno {err}")
+                    queue.open[group] -= 1
                     continue
                 conns[id(c)] = c
                 sel.register(sock, selectors.EVENT_WRITE, c)
@@ -172,7 +211,7 @@ def fetch_all(
         for c in list(conns.values()):
             finish(c, Fetched(None, "deadline",
                               f"cycle deadline {deadline_s:g}s passed mid-answer"))
-        for key, _ in queue:
+        for key in queue.rest():
             out[key] = Fetched(None, "deadline", f"cycle deadline {deadline_s:g}s passed")
         sel.close()
     return out

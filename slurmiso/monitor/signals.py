@@ -103,6 +103,9 @@ R_NO_RECENT = "no-recent-steps"  # steps reported, none within the step window
 R_REFUSED = "refused"  # step file not a regular file of the job's user (or a symlink)
 R_BAD_FILE = "bad-file"  # step file unreadable as the wrapper writes it
 R_NO_ERRORS = "no-error-series"  # latency known, failures not
+#: The answer cost the agent more than its budget (lines, series, CPU; the job's or its
+#: user's per refresh): unknown, and read again only after a backoff.
+R_OVER_BUDGET = "over-budget"
 
 
 #: One window histogram: (signal, model, ((edge in seconds, requests at or under it), ...)).

@@ -5,7 +5,6 @@ heartbeat is its scrape of the agent."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -65,21 +64,13 @@ def test_heartbeat_age_and_liveness(tmp_path: Any) -> None:
 
 
 def test_the_agent_stamps_the_heartbeat_only_for_the_monitors_header(tmp_path: Any) -> None:
-    from prometheus_client import CollectorRegistry
-
-    from slurmiso.monitor.agent import _Heartbeat, wsgi_app
+    """The agent's own server hands each scrape's request head to the stamp."""
+    from slurmiso.monitor.agent import _Heartbeat, _stamp
 
     beat = _Heartbeat(str(tmp_path), every_s=0.0, clock=lambda: NOW)
-    app = wsgi_app(CollectorRegistry(), beat)
-
-    def get(headers: Dict[str, str]) -> None:
-        env = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "",
-               "wsgi.input": io.BytesIO(), "SERVER_NAME": "x", "SERVER_PORT": "1",
-               "wsgi.url_scheme": "http", **headers}
-        b"".join(app(env, lambda *a: None))
-    get({})
+    _stamp(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", beat)
     assert r.heartbeat_age(str(tmp_path), NOW) is None, "a plain scrape is no heartbeat"
-    get({"HTTP_X_SLURMISO_MONITOR": "1"})
+    _stamp(b"GET /metrics HTTP/1.1\r\nX-Slurmiso-Monitor: 1\r\n\r\n", beat)
     assert r.heartbeat_age(str(tmp_path), NOW) == 0.0
 
 

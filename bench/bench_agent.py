@@ -1,0 +1,211 @@
+"""The agent's answer time under its users' attacks, as a ratio to the same agent idle.
+
+Issue 33 (item 8): one job could silence the agent (a thousand idle connections exhausted its
+descriptors) or starve it (heavy answers parsed under the lock a scrape needs, many hanging
+endpoints). Here a real ``slurmiso agent`` (simulated node, its own process, a service's
+default limit of 1024 descriptors) is scraped the way the monitor does (``scrape.get``), first
+idle (105 honest inference jobs), then with as many jobs under everything at once: 1,000 idle connections held
+on its port, 8 connections trickling a request a byte at a time, 4 jobs answering 12,000
+latency series each (under the 1 MiB size cap) and 100 jobs whose endpoints hang, with the
+refresh at 1 s. Reported: the median and 90th percentile answer times and their ratio to
+the idle agent's, and how many answers called the jobs' signals stale (the refresher fell
+behind). Targets: the median under attack within 3x idle's, no scrape unanswered, no stale.
+``SLURMISO_BENCH_SCRAPES`` (40) changes the scrapes per phase.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import List, Tuple
+
+from common import ROOT, python_env, report
+
+SCRAPES = int(os.environ.get("SLURMISO_BENCH_SCRAPES", "40"))
+HANG = 60.0  # seconds: only guards a hang
+HEAVY_JOBS, HEAVY_SERIES, HANGING_JOBS, IDLE_CONNS, TRICKLERS = 4, 12_000, 100, 1000, 8
+
+ENDPOINTS = r'''
+import http.server, sys, threading, time
+LE = ("0.1", "0.5", "1.0", "+Inf")
+def vllm(n):
+    return "".join(f'vllm:e2e_request_latency_seconds_bucket{{le="{le}",model_name="m"}} {n * (i + 1)}\n'
+                   for i, le in enumerate(LE)) + f'vllm:request_success_total{{finished_reason="stop",model_name="m"}} {4 * n}\n'
+HEAVY = "".join(f'vllm:e2e_request_latency_seconds_bucket{{le="{(i % 20 + 1) / 10:.1f}",model_name="m{i // 20}"}} {i}\n'
+                for i in range(int(sys.argv[1]))).encode()
+count = [0]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/hang":
+            time.sleep(3600)
+            return
+        count[0] += 1
+        body = HEAVY if self.path == "/heavy" else vllm(count[0]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer.request_queue_size = 1024
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+s.daemon_threads = True
+print(s.server_address[1], flush=True)
+s.serve_forever()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, cond: "object") -> None:
+    end = time.monotonic() + HANG
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > end:
+            raise SystemExit(f"bench_agent: never reached: {what}")
+        time.sleep(0.02)
+
+
+def _records(state_dir: str, port: int, attack: bool) -> None:
+    from slurmiso.state import NodeState
+    from slurmiso.state.record import JobRecord, RecordStatus
+
+    def rec(job: str, path: str) -> JobRecord:
+        return JobRecord(job, RecordStatus.READY, uid=os.getuid(), job_class="infer",
+                         metrics=f"{port}{path}")
+
+    st = NodeState(state_dir)  # as many jobs either way: the answers are the same size
+    st.write_job("41", rec("41", "/ok"))
+    for j in range(HEAVY_JOBS):
+        st.write_job(str(100 + j), rec(str(100 + j), "/heavy" if attack else "/ok"))
+    for j in range(HANGING_JOBS):
+        st.write_job(str(200 + j), rec(str(200 + j), "/hang" if attack else "/ok"))
+
+
+def _agent(cfg: str, port: int) -> "subprocess.Popen[bytes]":
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    p = subprocess.Popen([sys.executable, "-m", "slurmiso", "--config", cfg, "agent", "--node",
+                          "node1", "--port", str(port), "--addr", "127.0.0.1"],
+                         env=python_env(), preexec_fn=limit, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    from slurmiso.monitor import ports
+
+    _wait("the agent listens", lambda: p.poll() is not None or port in (
+        ports.loopback_listeners() or {}))
+    if p.poll() is not None:
+        raise SystemExit("bench_agent: the agent did not start")
+    return p
+
+
+def _attack(port: int, stop: threading.Event) -> List[socket.socket]:
+    """Idle connections held as an attacker holds them (each waits for its handshake), and
+    tricklers that send a byte of a request every 0.2 s, reconnecting when closed."""
+    held = []
+    for _ in range(IDLE_CONNS):
+        try:
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=2.0))
+        except OSError:
+            break
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2.0) as c:
+                    while not stop.wait(0.2):
+                        c.send(b"G")
+            except OSError:
+                continue
+
+    for _ in range(TRICKLERS):
+        threading.Thread(target=trickle, daemon=True).start()
+    return held
+
+
+def _scrapes(port: int) -> Tuple[List[float], int, int]:
+    """(answer times of the answered scrapes, unanswered, answers with stale signals)."""
+    from slurmiso.monitor import scrape
+
+    times: List[float] = []
+    missed = stale = 0
+    for _ in range(SCRAPES):
+        t0 = time.perf_counter()
+        try:
+            body = scrape.get(f"http://127.0.0.1:{port}/metrics", 10.0)
+        except OSError:
+            missed += 1
+            continue
+        times.append(time.perf_counter() - t0)
+        stale += 'reason="stale"' in body
+        time.sleep(0.25)  # the monitor scrapes now and then, not in a loop
+    return times, missed, stale
+
+
+def _phase(tmp: str, endpoints_port: int, attack: bool) -> Tuple[List[float], int, int]:
+    from tests.hookctx import write_config
+
+    cfg = write_config(tmp, "timeslice", monitor={"signals": {"refresh": "1s"}})
+    state_dir = os.path.join(tmp, "state", "node1")
+    _records(state_dir, endpoints_port, attack)
+    port = _free_port()
+    agent = _agent(cfg, port)
+    stop = threading.Event()
+    held: List[socket.socket] = []
+    try:
+        if attack:
+            held = _attack(port, stop)
+        time.sleep(3.0)  # three refreshes: the heavy answers parsed, backoffs begun
+        return _scrapes(port)
+    finally:
+        stop.set()
+        for s in held:
+            s.close()
+        agent.terminate()
+        agent.wait(timeout=HANG)
+
+
+def main() -> bool:
+    sys.path.insert(0, ROOT)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 4 * IDLE_CONNS:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4 * IDLE_CONNS, hard), hard))
+    endpoints = subprocess.Popen([sys.executable, "-c", ENDPOINTS, str(HEAVY_SERIES)],
+                                 stdout=subprocess.PIPE)
+    try:
+        assert endpoints.stdout is not None
+        eport = int(endpoints.stdout.readline())
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            idle, idle_missed, _ = _phase(a, eport, attack=False)
+            hit, missed, stale = _phase(b, eport, attack=True)
+    finally:
+        endpoints.kill()
+        endpoints.wait()
+    if not idle or not hit:
+        print(f"agent answered no scrape: idle {len(idle)}, attacked {len(hit)}")
+        return False
+    i50, h50 = statistics.median(idle), statistics.median(hit)
+    i90 = statistics.quantiles(idle, n=10)[-1] if len(idle) > 1 else idle[0]
+    h90 = statistics.quantiles(hit, n=10)[-1] if len(hit) > 1 else hit[0]
+    print(f"idle agent: median {1000 * i50:.1f} ms, p90 {1000 * i90:.1f} ms over {len(idle)}")
+    ok = report("agent answer under attack (median)", f"{1000 * h50:.1f} ms", h50 / i50,
+                "of the idle agent's", 3.0)
+    report("agent answer under attack (p90)", f"{1000 * h90:.1f} ms", h90 / i90,
+           "of the idle agent's")
+    print(f"unanswered scrapes: {missed + idle_missed} of {2 * SCRAPES}; answers with stale "
+          f"signals: {stale} of {len(hit)}")
+    return ok and missed == 0 and idle_missed == 0 and stale == 0
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
