@@ -169,10 +169,10 @@ def test_gather_no_longer_logs_every_cycle_at_info(caplog: pytest.LogCaptureFixt
     from slurmiso.monitor.gather import live_snapshot
 
     class Slurm:
-        def show_all(self, kind: str) -> Dict[str, Dict[str, str]]:
+        def show_all(self, kind: str, counts: Any = None) -> Dict[str, Dict[str, str]]:
             return {"n1": {"NodeAddr": "127.0.0.1", "State": "IDLE"}} if kind == "node" else {}
 
-        def queue(self, states: str) -> List[Dict[str, str]]:
+        def queue(self, states: str, counts: Any = None) -> List[Dict[str, str]]:
             return []
 
     class Broken:
