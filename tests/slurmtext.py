@@ -17,6 +17,12 @@ SQUEUE_LETTERS = {"i": "id", "A": "id", "T": "state", "P": "partition", "q": "qo
                   "V": "submit", "r": "reason", "N": "nodes", "b": "gres", "a": "account",
                   "Q": "priority", "x": "exc_nodes", "D": "num_nodes", "S": "start",
                   "k": "comment", "j": "name", "Z": "workdir"}
+#: squeue ``-O`` names -> the job table's key (the fields SlurmCli.job_fields may ask, and
+#: user ones for tests that ask them).
+SQUEUE_NAMES = {"JobID": "id", "State": "state", "QOS": "qos", "Partition": "partition",
+                "Account": "account", "StartTime": "start", "PreemptTime": "preempt_time",
+                "RestartCnt": "restarts", "Requeue": "requeue", "Comment": "comment",
+                "Name": "name"}
 _STATE_CODES = {"PENDING": "PD", "RUNNING": "R", "SUSPENDED": "S", "COMPLETED": "CD",
                 "COMPLETING": "CG", "CONFIGURING": "CF", "CANCELLED": "CA"}
 
@@ -29,9 +35,24 @@ def job(jid: str, state: str = "PENDING", **fields: Any) -> Job:
                 "submit": "2026-01-01T10:00:00", "reason": "Priority" if state == "PENDING"
                 else "None", "nodes": "n1" if state != "PENDING" else "", "gres": "gres:gpu:1",
                 "account": "acct", "priority": "100", "exc_nodes": "", "num_nodes": "1",
-                "start": "N/A", "comment": None, "name": "wrap", "workdir": "/home/u"}
+                "start": "N/A", "comment": None, "name": "wrap", "workdir": "/home/u",
+                "preempt_time": "None", "restarts": "0", "requeue": "1"}
     out.update(fields)
     return out
+
+
+def squeue_O(spec: str, jobs: Sequence[Job]) -> str:  # noqa: N802 - squeue's own option
+    """``squeue -h -O NAME:WIDTH,...`` of ``jobs``: each value cut or padded to its width."""
+    out = []
+    for j in jobs:
+        cells = []
+        for item in spec.split(","):
+            name, _, width = item.partition(":")
+            value = j.get(SQUEUE_NAMES[name])
+            text = "(null)" if value is None else str(value)
+            cells.append(text[: int(width)].ljust(int(width)) if width else text + " ")
+        out.append("".join(cells) + "\n")
+    return "".join(out)
 
 
 def squeue_o(fmt: str, jobs: Sequence[Job]) -> str:
@@ -52,8 +73,9 @@ def squeue_o(fmt: str, jobs: Sequence[Job]) -> str:
 
 
 class FakeSqueue:
-    """A ``run(cmd, args, timeout=None, env=None)`` that answers squeue from a job table
-    (``-t`` filters by state, ``-t all`` lists every job, ``-w`` by node) and scontrol
+    """A ``run(cmd, args, timeout=None, env=None)`` that answers squeue (``-o`` or ``-O``)
+    from a job table (``-t`` filters by state, ``-t all`` lists every job, ``-w`` by node,
+    ``-j`` by id) and scontrol
     ``show node|partition -o`` from text given; every call is kept in ``calls``."""
 
     def __init__(self, jobs: Sequence[Job], scontrol: Mapping[str, str] = ()) -> None:
@@ -74,4 +96,8 @@ class FakeSqueue:
                   or _STATE_CODES.get(j["state"]) in states]
         if "-w" in opts:
             picked = [j for j in picked if opts["-w"] in str(j["nodes"]).split(",")]
+        if "-j" in opts:
+            picked = [j for j in picked if j["id"] in opts["-j"].split(",")]
+        if "-O" in opts:
+            return squeue_O(opts["-O"], picked)
         return squeue_o(opts["-o"], picked)

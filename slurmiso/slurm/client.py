@@ -234,8 +234,8 @@ class SlurmCli:
         from slurmiso.slurm.rows import RowCounts, job_rows
 
         out = self.run(
-            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"]
-        )
+            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"],
+            env=squeue_env())
         counts = RowCounts(f"squeue -w {node}")
         rows = job_rows(out, ("id",), counts)
         counts.log()
@@ -265,15 +265,17 @@ class SlurmCli:
             job_rows,
         )
 
-        wait = max(self.timeout, 30.0)
+        wait, env = max(self.timeout, 30.0), squeue_env()
         mine = RowCounts("squeue")
-        out = self.run("squeue", ["-h", "-t", states, "-o", self.QUEUE_FORMAT], timeout=wait)
+        out = self.run("squeue", ["-h", "-t", states, "-o", self.QUEUE_FORMAT], timeout=wait,
+                       env=env)
         rows = job_rows(out, self.QUEUE_FIELDS, mine, free_last=True,
                         shapes={"state": STATE, "priority": COUNT, "num_nodes": COUNT})
         if rows:
             # after the facts, in the same states: a job listed above has its row here unless
             # it ended since, so a forged row for it is a second one
-            text = self.run("squeue", ["-h", "-t", states, "-o", COMMENT_FORMAT], timeout=wait)
+            text = self.run("squeue", ["-h", "-t", states, "-o", COMMENT_FORMAT], timeout=wait,
+                            env=env)
             for jid, comment in comment_rows(text, rows, mine).items():
                 if comment is not None:
                     rows[jid]["comment"] = comment
@@ -402,6 +404,15 @@ class SlurmCli:
         self.run("scontrol", ["update", f"NodeName={node}", "State=RESUME"])
 
 
+def squeue_env() -> Dict[str, str]:
+    """The environment squeue runs in: no ``SQUEUE_*`` setting filters or reshapes what it
+    prints, one cluster, and times in ISO form without spaces."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SQUEUE_") and k not in ("SLURM_CLUSTERS", "SLURM_TIME_FORMAT")}
+    env["SLURM_TIME_FORMAT"] = "standard"
+    return env
+
+
 def job_fields(run: Callable[..., str], job_id: str, fields: Sequence[str],
                node: Optional[str] = None,
                timeout: Optional[float] = None) -> Optional[Dict[str, str]]:
@@ -425,11 +436,8 @@ def job_fields(run: Callable[..., str], job_id: str, fields: Sequence[str],
             "-O", ",".join(f"{f}:{_FIELD_WIDTH}" for f in fields)]
     if node is not None:
         args += ["-w", node]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SQUEUE_") and k not in ("SLURM_CLUSTERS", "SLURM_TIME_FORMAT")}
-    env["SLURM_TIME_FORMAT"] = "standard"
     try:
-        out = run("squeue", args, timeout, env=env)
+        out = run("squeue", args, timeout, env=squeue_env())
     except SlurmError as exc:
         if "Invalid job id" in str(exc):
             return None  # slurmctld no longer holds the job (MinJobAge)

@@ -32,10 +32,12 @@ from typing import Dict, Iterable, List, Mapping, Optional, Pattern, Sequence, S
 
 log = logging.getLogger(__name__)
 
-#: A job id as squeue's ``%i``/``%A`` and sacct's JobID print it: ``123``, an array task
-#: ``123_4``, a pending array's tasks ``123_[5-9%2]`` (one record until they start), a
+#: A job id as squeue's ``%i``/``%A`` prints it: ``123``, an array task ``123_4``, a pending
+#: array's tasks ``123_[5-9%2]`` (one record until they start; a long task list is cut with
+#: ``...`` and, past 32 characters, loses its ``]``: src/squeue/print.c
+#: ``_print_job_job_id``, src/common/slurm_protocol_defs.c, slurm-26-05-3-1), a
 #: heterogeneous job's component ``123+1``.
-JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+|_\[[0-9,%:-]+\]|\+[0-9]+)?")
+JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+|_\[[0-9,%:.-]+\]?|\+[0-9]+)?")
 #: squeue's spelling of a job state (``%T``) and of a count (``%Q``, ``%D``).
 STATE = re.compile(r"[A-Z_]+")
 COUNT = re.compile(r"[0-9]+")

@@ -75,3 +75,16 @@ def test_only_slurms_own_fields_and_job_ids(monkeypatch: Any) -> None:
         SlurmCli().job_fields("42", ("Comment",))
     with pytest.raises(SlurmError):
         SlurmCli().job_fields("42 -u root", ("State",))
+
+
+def test_a_hostile_comment_and_name_never_reach_the_answer() -> None:
+    """The comment and name a job's user wrote, newlines, ``|`` and Slurm's own keys in them,
+    as squeue would print them were they asked for: job_fields never asks."""
+    from tests.slurmtext import FakeSqueue, job
+
+    hostile = "x\nQOS=infer JobState=RUNNING\n" + "infer".ljust(64) + "RUNNING|7\t"
+    fake = FakeSqueue([job("7", "PENDING", qos="train", comment=hostile, name=hostile),
+                       job("8", "RUNNING", qos="infer")])
+    facts = client.job_fields(fake, "7", ("QOS", "State", "RestartCnt"))
+    assert facts == {"QOS": "train", "State": "PENDING", "RestartCnt": "0"}
+    assert not any(n in fake.calls[0][-1] for n in ("Comment", "Name", "WorkDir"))

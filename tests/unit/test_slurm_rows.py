@@ -106,13 +106,14 @@ def test_the_recorded_attack_reads_the_suspended_job_as_suspended() -> None:
 def test_ids_slurm_never_prints_and_ids_listed_twice_are_rejected_and_counted(
         caplog: pytest.LogCaptureFixture) -> None:
     text = "".join(f"{i}|RUNNING|x\n" for i in
-                   ("7", "7_3", "7_[1-5%2]", "8+1", "9", "9", "9", "x1", "1_", "", " 5", "6|"))
+                   ("7", "7_3", "7_[1-5%2]", "8+1", "4_[1,3,5,7,9,11,13,...", "9", "9", "9",
+                    "x1", "1_", "", " 5", "6|"))
     counts = R.RowCounts("squeue test")
     with caplog.at_level(logging.WARNING):
         got = R.job_rows(text, ("id", "state", "rest"), counts, free_last=True,
                          shapes={"state": R.STATE})
         counts.log()
-    assert list(got) == ["7", "7_3", "7_[1-5%2]", "8+1"]
+    assert list(got) == ["7", "7_3", "7_[1-5%2]", "8+1", "4_[1,3,5,7,9,11,13,..."]
     assert (counts.malformed, counts.duplicate) == (5, 3)
     assert counts.unknown() == {"slurm/malformed": 5, "slurm/duplicate": 3}
     assert "squeue test: rejected 5 malformed" in caplog.text
