@@ -10,7 +10,8 @@ descriptor and no thread, and:
 
 - at most ``cap`` are open (:func:`connection_cap`: below the descriptor limit, with room
   for the refresher); a new one over the cap closes the *oldest* (one still sending its
-  request first), so a flood of idle sockets cannot keep a fresh scrape out;
+  request first, then one not taking its answer), so a flood of idle sockets cannot keep a
+  fresh scrape out;
 - a request must arrive whole within ``request_s`` and its answer leave within ``write_s``,
   in all, not per ``recv`` (a client trickling a byte a second is closed all the same);
 - one request per connection (``Connection: close``), at most :data:`MAX_REQUEST` bytes;
@@ -232,8 +233,9 @@ class AgentServer:
             self._read(c)  # a scraper's request is often there already: it leaves READING
 
     def _evict(self) -> bool:
-        """Close the oldest connection, one still sending its request first."""
-        for phase in Phase:
+        """Close the oldest connection: one still sending its request first, then one whose
+        answer is not taken yet; one waiting for a render (milliseconds) last."""
+        for phase in (Phase.READING, Phase.WRITING, Phase.WAITING):
             c = next(iter(self._conns[phase]), None)
             if c is not None:
                 self._close(c, CloseReason.EVICTED)

@@ -75,6 +75,7 @@ class Budget:
     job_series: int = 2_000  # the window keeps every series of ~16 readings
     job_cpu_s: float = 0.1  # a vLLM or Triton answer parses in a few milliseconds
     user_cpu_s: float = 0.25  # all of one user's answers, per refresh
+    user_bytes: int = 4 << 20  # all of one user's answers, held at once, per refresh
     max_backoff: int = 16
 
 
@@ -214,7 +215,8 @@ class JobSignalsState:
         urls, refused = self._urls(live)
         uids = {job: live[job].uid for job in urls}
         got = self.fetch(urls, s.timeout_s + 0.5, 64, float(s.timeout_s),
-                         s.max_body_mb * 1024 * 1024, uids) if urls else {}
+                         s.max_body_mb * 1024 * 1024, uids, self.budget.user_bytes
+                         ) if urls else {}
         now = self.clock()
         steps: Dict[str, StepFigures] = {}
         for job, rec in live.items():

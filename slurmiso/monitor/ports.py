@@ -16,7 +16,9 @@ IPv6-only and can never receive the agent's connection: another user's IPv6-only
 job's port spoils nothing. ``[::1]`` never receives an IPv4 connection.
 
 The kernel lists listening sockets first, so reading stops at the first socket in another
-state: a node with 100,000 connections costs no more than one with none.
+state: a node with 100,000 connections costs no more than one with none. Every listening
+socket is read, however many: a user who opens 70,000 of them must not push a job's
+listener out of the agent's view (the table holds at most 65,536 ports either way).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 from typing import Dict, Optional, Set
 
 _LISTEN = "0A"
-MAX_LISTENERS = 65536
 
 #: Where a listener is bound, as far as a connection to 127.0.0.1 is concerned, by the
 #: kernel's order of preference: (file, address as /proc/net writes it) -> rank.
@@ -48,9 +49,9 @@ def _read(proc: str) -> Optional[Dict[int, Dict[int, Set[int]]]]:
             with open(f"{proc}/net/{name}", encoding="ascii", errors="replace") as fh:
                 read_any = True
                 next(fh, None)  # header
-                for n, line in enumerate(fh):
+                for line in fh:
                     parts = line.split()
-                    if n >= MAX_LISTENERS or len(parts) < 8 or parts[3] != _LISTEN:
+                    if len(parts) < 8 or parts[3] != _LISTEN:
                         break
                     addr, _, port = parts[1].partition(":")
                     rank = _RANK.get((name, addr.upper()))

@@ -6,9 +6,11 @@ connections; each URL also has its own limit (``per_url_s``) so a hanging agent 
 early, and at the deadline everything still open is closed and reported. URLs may come in
 ``groups`` (the agent's: one per user): the next one started is always from the group with
 the fewest open, so one user's many hanging endpoints take their share of the slots and no
-other user's endpoint waits behind them for the deadline. Nothing raises: every
+other user's endpoint waits behind them for the deadline, and with ``group_bytes`` a group's
+answers together are cut at that many bytes (``over-budget``). Nothing raises: every
 URL gets a body or a short reason (``unreachable``, ``timeout``, ``deadline``, ``not-http``,
-``http-status``, ``truncated``, ``too-large``), which the caller counts as stale data.
+``http-status``, ``truncated``, ``too-large``, ``over-budget``), which the caller counts as
+stale data.
 Plain HTTP/1.0 (the agent and Prometheus speak it); responses must carry a 200 status, and
 a ``Content-Length``, when given, must match the body.
 """
@@ -73,6 +75,7 @@ class _Queue:
         self.order = {g: i for i, g in enumerate(self.waiting)}
         self.open: Counter[Hashable] = Counter()
         self.started: Counter[Hashable] = Counter()
+        self.received: Counter[Hashable] = Counter()  # bytes, per group
 
     def __bool__(self) -> bool:
         return bool(self.waiting)
@@ -124,12 +127,13 @@ def parse_response(raw: bytes) -> Fetched:
 def fetch_all(
     urls: Mapping[str, str], deadline_s: float, max_open: int = 256,
     per_url_s: Optional[float] = None, max_bytes: int = MAX_BYTES,
-    groups: Optional[Mapping[str, Hashable]] = None,
+    groups: Optional[Mapping[str, Hashable]] = None, group_bytes: Optional[int] = None,
     clock: Callable[[], float] = time.monotonic, headers: Mapping[str, str] = {},
 ) -> Dict[str, Fetched]:
     """GET every URL (key -> URL) concurrently, each with ``headers``; returns within about
     ``deadline_s``. ``groups``: key -> group whose URLs share the slots fairly with the other
-    groups'."""
+    groups'; ``group_bytes``: what one group's answers may hold in all (memory: each is kept
+    whole)."""
     start = clock()
     end = start + max(0.0, deadline_s)
     limit = per_url_s if per_url_s is not None else deadline_s
@@ -200,8 +204,13 @@ def fetch_all(
                             finish(c, parse_response(bytes(c.data)))
                         else:
                             c.data += chunk
+                            queue.received[c.group] += len(chunk)
                             if len(c.data) > max_bytes:
                                 finish(c, Fetched(None, "too-large", f"> {max_bytes} bytes"))
+                            elif group_bytes is not None and \
+                                    queue.received[c.group] > group_bytes:
+                                finish(c, Fetched(None, "over-budget", "its group's answers "
+                                                  f"passed {group_bytes} bytes"))
                 except OSError as exc:
                     finish(c, Fetched(None, "unreachable", str(exc)[:120]))
             now = clock()

@@ -245,3 +245,44 @@ def test_the_real_agent_answers_a_scrape_beside_more_idle_sockets_than_its_fd_li
         agent.wait(timeout=HANG_S)
         if agent.stderr:
             agent.stderr.close()
+
+
+def test_answers_never_taken_are_evicted_before_a_scrape_waiting_for_its_render() -> None:
+    """Over the cap, a client that asked and never reads its answer goes before a scrape
+    that waits for the render: the cap is filled with unread answers, then one scrape waits
+    (the render is held) while more connections arrive."""
+    big = b"# " + b"x" * (4 << 20) + b"\n"
+    armed, hold = threading.Event(), threading.Event()
+
+    def render() -> bytes:
+        if armed.is_set():  # the scraper's render: held until the test says
+            hold.wait(HANG_S)
+        return big
+
+    s = AgentServer(render, "127.0.0.1", 0, cap=16, request_s=60, write_s=60).start()
+    unread: List[socket.socket] = []
+    out: List[str] = []
+    try:
+        for _ in range(16):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=HANG_S)
+            c.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            unread.append(c)
+        wait_for("16 answers not taken", lambda: len(s._conns[Phase.WRITING]) == 16)
+        armed.set()
+        scraper = threading.Thread(target=lambda: out.append(
+            scrape.get(f"http://127.0.0.1:{s.port}/metrics", HANG_S)))
+        scraper.start()
+        wait_for("the scrape waits for its render", lambda: len(s._conns[Phase.WAITING]) == 1)
+        unread += idle_sockets(s.port, 4)
+        wait_for("the 4 new ones taken", lambda: s.stats.accepted == 21)
+        assert len(s._conns[Phase.WAITING]) == 1, "the scrape still waits"
+        hold.set()
+        scraper.join()
+        assert out == [big.decode()]
+        # the scraper's own connection made room too: 5 unread answers went, no scrape
+        assert s.stats.closed[CloseReason.EVICTED] == 5
+    finally:
+        hold.set()
+        for c in unread:
+            c.close()
+        s.stop()

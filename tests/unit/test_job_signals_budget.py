@@ -149,3 +149,21 @@ def test_one_users_hanging_endpoints_do_not_make_another_user_miss_the_deadline(
     assert server.hanging > 0, "premise: A's endpoints still hang"
     assert {got[str(j)].unknown[0] for j in range(1, 131)} <= {
         "latency:timeout", "latency:deadline"}
+
+
+def test_one_users_answers_together_are_cut_at_their_memory_budget(server: Server) -> None:
+    """Each answer 700 KB (under the 1 MiB cap), a user's answers 1 MiB together: one of
+    user A's three is read at most, user B's is read all the same."""
+    pad = "".join(f"# padding line {i:07d} " + "x" * 60 + "\n" for i in range(9000))
+    body = pad + vllm(cum(1, 2, 3, 4), stop=4)
+    assert 600_000 < len(body) < 1 << 20, "premise: each answer is under the size cap"
+    server.text("/big", lambda: body)
+    st = state(Clock(), budget=Budget(user_bytes=1 << 20))
+    st.listeners = lambda: None
+    recs = {str(j): record(str(j), f"{server.port}/big", uid=A) for j in (1, 2, 3)}
+    recs["9"] = record("9", f"{server.port}/big", uid=B)
+    st.refresh(recs)
+    got = read(st)
+    over = [j for j in "123" if got[j].unknown == (f"latency:{sig.R_OVER_BUDGET}",)]
+    assert len(over) >= 2
+    assert got["9"].unknown == ("latency:first-sample",), "B's answer is read"

@@ -67,6 +67,16 @@ def test_reading_stops_at_the_first_socket_not_listening(tmp_path: os.PathLike[s
     assert ports.loopback_listeners(proc) == {8000: {1000}}
 
 
+def test_a_flood_of_another_users_listeners_does_not_hide_a_jobs(
+        tmp_path: os.PathLike[str]) -> None:
+    """70,000 listening sockets of uid 2000 listed before the job's (the kernel lists them by
+    hash bucket, not by port): the job's listener is still found, its owner still the job."""
+    flood = tuple((LOOP6, 10_000 + i % 50_000, 2000) for i in range(70_000))
+    proc = _proc(str(tmp_path), ((LOOP4, 8000, 1000),), flood + ((ANY6, 9000, 1000),))
+    got = ports.loopback_listeners(proc)
+    assert got is not None and got.get(9000) == {1000}
+
+
 @contextmanager
 def _child_listener(host: str, port: int, v6only: bool) -> Iterator[int]:
     """A listener of uid ``nobody`` (a forked child that drops root) on [host]:port; yields
