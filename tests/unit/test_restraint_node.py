@@ -104,6 +104,8 @@ class FakeSlurm:
 
     def run(self, cmd: str, args: List[str], timeout: Optional[float] = None,
             env: Any = None) -> str:
+        # squeue's -O name (22.05.8 refuses AdminComment: "Invalid job format specification")
+        assert cmd == "squeue" and args[-1].endswith(f",admin_comment:{r.ADMIN_COMMENT_WIDTH}")
         return "".join(f"{j:<40}{s:<24}{c}\n" for j, s, c in self.rows)
 
     def resume_job(self, job: str) -> str:
@@ -195,6 +197,8 @@ def test_slurm_cli_note_keeps_the_site_text(monkeypatch: Any) -> None:
 
     def run(self: Any, cmd: str, args: List[str], *a: Any, **k: Any) -> str:
         calls.append([cmd, *args])
+        if cmd == "squeue":
+            assert "JobID:40,admin_comment:1024" in args, args
         return f"{'41':<40}site text\n" if cmd == "squeue" else ""
     monkeypatch.setattr(SlurmCli, "run", run)
     r.write_note(SlurmCli(), "41", NOTE)
