@@ -389,3 +389,18 @@ def test_the_real_agent_stamps_the_monitors_scrape(tmp_path: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_nodes_end_line_is_a_good_ladder_line_for_the_audit(tmp_path: Any) -> None:
+    """The line the node writes must count as the restraint's end, never as a bad line."""
+    from slurmiso.audit.read.ladder import LadderLog
+
+    slurm = FakeSlurm([("41", "SUSPENDED", NOTE.text())])
+    _, recs = _bound(tmp_path, slurm)
+    log = LadderLog()
+    log.open_suspended.add("41")
+    log.open_since["41"] = ("suspend", NOW - 2000)
+    log.add(recs[0], NOW, None, {"41": "train"}, {})
+    assert log.bad == 0, log.bad_samples
+    assert log.taken[("ended", "train", "n3")] == 1
+    assert not log.open_suspended and not log.open_since
