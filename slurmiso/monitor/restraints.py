@@ -189,7 +189,7 @@ _JOB = re.compile(r"[0-9]{1,12}(_[0-9]{1,10})?(\+[0-9]{1,4})?")
 
 
 def parse_squeue(out: str) -> List[NodeRestraint]:
-    """``squeue -h -O JobID,State,AdminComment`` lines into restraints (lines without our
+    """``squeue -h -O JobID,State,admin_comment`` lines into restraints (lines without our
     token, or whose id or state is not Slurm's, are not restraints)."""
     found = []
     for line in out.splitlines():
@@ -203,9 +203,11 @@ def parse_squeue(out: str) -> List[NodeRestraint]:
 
 
 def read_slurm(run: Callable[..., str], node: str) -> List[NodeRestraint]:
-    """The restraints Slurm shows on ``node`` now (``run``: :meth:`SlurmCli.run`)."""
+    """The restraints Slurm shows on ``node`` now (``run``: :meth:`SlurmCli.run`).
+    ``admin_comment`` is squeue's ``-O`` name for it (22.05.8 refuses ``AdminComment``);
+    an empty one prints ``(null)``."""
     out = run("squeue", ["-h", "-w", node, "-t", "RUNNING,SUSPENDED", "-O",
-                         f"JobID:40,State:24,AdminComment:{ADMIN_COMMENT_WIDTH}"])
+                         f"JobID:40,State:24,admin_comment:{ADMIN_COMMENT_WIDTH}"])
     return parse_squeue(out)
 
 

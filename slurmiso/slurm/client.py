@@ -372,7 +372,7 @@ class SlurmCli:
             raise SlurmError(f"not a job id: {str(job_id)[:40]!r}")
         try:
             out = self.run("squeue", ["-h", "-t", "all", "-j", str(job_id), "-O",
-                                      f"JobID:40,AdminComment:{self.ADMIN_COMMENT_WIDTH}"])
+                                      f"JobID:40,admin_comment:{self.ADMIN_COMMENT_WIDTH}"])
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None

@@ -76,9 +76,12 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         lad.set_latency(HOT_MS)
         lad.wait_kinds(lad.train, ["throttle", "suspend"], HANG)
         _poll(lambda: sandbox.job_state(lad.train) == "SUSPENDED", "Slurm to show SUSPENDED")
-        # the note the node reads: in the job's AdminComment, admin-written
-        admin = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "AdminComment:400").strip()
-        assert "slurmiso-restraint:step=suspend," in admin, admin
+        # the note the node reads: in the job's AdminComment, admin-written (just after the
+        # suspend, in the same cycle)
+        def note() -> str:
+            text = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "admin_comment:400")
+            return text.strip() if "slurmiso-restraint:step=suspend," in text else ""
+        admin = _poll(note, "the monitor's note in the job's AdminComment")
         assert f"cause={lad.infer}," in admin and f"max={BOUND_S}," in admin, admin
         assert lad.monitor is not None
         os.killpg(lad.monitor.pid, signal.SIGKILL)
@@ -144,7 +147,7 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         line = _poll(lambda: _node_ends(lad, lad.train), "the node's ladder-end line")[0]
         assert line["ok"] is True and line["details"]["bound"]["max_s"] == BOUND_S
         assert line["details"]["suspended_s"] >= BOUND_S
-        admin = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "AdminComment:400").strip()
+        admin = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "admin_comment:400").strip()
         assert "slurmiso-restraint:" not in admin, admin
         cp = _run(lad, "status", "--node", "n2", "--no-gpus", "--json")
         job = next(j for j in json.loads(cp.stdout)["jobs"] if j["job"] == lad.train)

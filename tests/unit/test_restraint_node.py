@@ -95,6 +95,8 @@ class FakeSlurm:
 
     def run(self, cmd: str, args: List[str], timeout: Optional[float] = None,
             env: Any = None) -> str:
+        # squeue's -O name (22.05.8 refuses AdminComment: "Invalid job format specification")
+        assert cmd == "squeue" and args[-1].endswith(f",admin_comment:{r.ADMIN_COMMENT_WIDTH}")
         return "".join(f"{j:<40}{s:<24}{c}\n" for j, s, c in self.rows)
 
     def resume_job(self, job: str) -> str:
@@ -186,6 +188,8 @@ def test_slurm_cli_note_keeps_the_site_text(monkeypatch: Any) -> None:
 
     def run(self: Any, cmd: str, args: List[str], *a: Any, **k: Any) -> str:
         calls.append([cmd, *args])
+        if cmd == "squeue":
+            assert "JobID:40,admin_comment:1024" in args, args
         return f"{'41':<40}site text\n" if cmd == "squeue" else ""
     monkeypatch.setattr(SlurmCli, "run", run)
     r.write_note(SlurmCli(), "41", NOTE)
@@ -376,3 +380,18 @@ def test_the_real_agent_stamps_the_monitors_scrape(tmp_path: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_nodes_end_line_is_a_good_ladder_line_for_the_audit(tmp_path: Any) -> None:
+    """The line the node writes must count as the restraint's end, never as a bad line."""
+    from slurmiso.audit.read.ladder import LadderLog
+
+    slurm = FakeSlurm([("41", "SUSPENDED", NOTE.text())])
+    _, recs = _bound(tmp_path, slurm)
+    log = LadderLog()
+    log.open_suspended.add("41")
+    log.open_since["41"] = ("suspend", NOW - 2000)
+    log.add(recs[0], NOW, None, {"41": "train"}, {})
+    assert log.bad == 0, log.bad_samples
+    assert log.taken[("ended", "train", "n3")] == 1
+    assert not log.open_suspended and not log.open_since
