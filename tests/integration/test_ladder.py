@@ -53,7 +53,8 @@ def _empty_queue() -> Iterator[None]:
     yield
 
 
-def _poll(cond: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
+def poll(cond: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
+    """``cond()`` once it is true; fails after ``timeout`` naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -87,7 +88,7 @@ class Scene:
             new = [k for k in self.kinds(self.train)[before:] if k != "ladder-end"]
             return new if new[:len(want)] == want else None
 
-        return list(_poll(got, f"{want} on training job {self.train} "
+        return list(poll(got, f"{want} on training job {self.train} "
                                f"(so far {self.kinds(self.train)[before:]}; monitor log "
                                f"{self.lad.work})"))
 
@@ -112,7 +113,7 @@ class Scene:
 
     def progressed(self, log: str, n: int) -> None:
         base = len(self.lad.steps(log))
-        _poll(lambda: len(self.lad.steps(log)) >= base + n, f"{n} more steps in {log}")
+        poll(lambda: len(self.lad.steps(log)) >= base + n, f"{n} more steps in {log}")
 
     def probe(self, pool: str) -> Dict[str, str]:
         f = self.sbx.job_fields(self.probes[pool])
@@ -128,9 +129,9 @@ class Scene:
     def settle(self) -> None:
         """Wait for the scene as every test starts it: no rung on the shared GPU, training
         running unthrottled, the arriving mps job no longer kept off n2."""
-        _poll(lambda: not self.rung() and not self.restraint(), "the ladder to step down")
-        _poll(lambda: self.sbx.job_state(self.train) == "RUNNING", "training to run")
-        _poll(lambda: not self.kept_off_n2(), "the hold on n2 to end")
+        poll(lambda: not self.rung() and not self.restraint(), "the ladder to step down")
+        poll(lambda: self.sbx.job_state(self.train) == "RUNNING", "training to run")
+        poll(lambda: not self.kept_off_n2(), "the hold on n2 to end")
         assert not self.throttle_file()
 
     def untouched(self) -> None:
@@ -143,7 +144,7 @@ class Scene:
         assert f.get("SuspendTime", "None") in ("None", "", "(null)"), f
         assert self.lad.infer_signals() == [], "the inference job was signalled"
         served = self.lad.served()
-        _poll(lambda: self.lad.served() > served, "the inference job to serve on")
+        poll(lambda: self.lad.served() > served, "the inference job to serve on")
         job = self.far
         assert self.entries(job) == [], f"the monitor acted on bystander {job}"
         g = sbx.job_fields(job)
@@ -226,9 +227,9 @@ def test_throttle_then_unthrottle(scene: Scene) -> None:
                                                                "URG")
     assert d["figure"] > SLO_MS and d["limit"] == SLO_MS
     assert re.fullmatch(r"throttle \d+/120 this hour", d["budget"]), d["budget"]
-    _poll(scene.throttle_file, "the wrapper to create the throttle file")
-    _poll(lambda: "throttled=1" in scene.last_step_line(), "a throttled step")
-    _poll(scene.kept_off_n2, "new training to be kept off n2")
+    poll(scene.throttle_file, "the wrapper to create the throttle file")
+    poll(lambda: "throttled=1" in scene.last_step_line(), "a throttled step")
+    poll(scene.kept_off_n2, "new training to be kept off n2")
     held = scene.entries(scene.probes["mps"], ("hold", "exclude"))
     assert held and f"inference job {infer} on n2 GPU {gpu}: time to first token" in held[-1][
         "reason"], held
@@ -240,8 +241,8 @@ def test_throttle_then_unthrottle(scene: Scene) -> None:
     assert e["ok"] is True and e["reason"].startswith("training back to full speed after ")
     assert f"inference on n2 GPU {gpu} within its SLO" in e["reason"], e["reason"]
     assert e["details"]["throttled_s"] > 0 and e["details"]["sends"] == "WINCH"
-    _poll(lambda: not scene.throttle_file(), "the throttle file to go")
-    _poll(lambda: scene.last_step_line() and "throttled=1" not in scene.last_step_line(),
+    poll(lambda: not scene.throttle_file(), "the throttle file to go")
+    poll(lambda: scene.last_step_line() and "throttled=1" not in scene.last_step_line(),
           "a step at full speed")
     scene.settle()
     events = _wrapper_events(scene)
@@ -258,7 +259,7 @@ def test_unknown_signals_take_no_step_and_release_nothing(scene: Scene) -> None:
     scene.settle()
     before = len(scene.kinds(scene.train))
     lad.set_garbage(HOT_MS)
-    _poll(lambda: re.search(r'^slurmiso_job_signal_unknown\{[^}]*job="' + scene.infer
+    poll(lambda: re.search(r'^slurmiso_job_signal_unknown\{[^}]*job="' + scene.infer
                             + r'"[^}]*reason="no-known-series"', lad.scrape(), re.M),
           "the agent to call the garbage unknown")
     lad.wait_cycles(3 * DWELL + 4)  # longer than hold and throttle would take
@@ -267,10 +268,10 @@ def test_unknown_signals_take_no_step_and_release_nothing(scene: Scene) -> None:
 
     lad.set_latency(HOT_MS)  # readable again, and over the SLO
     scene.wait_new(before, ["throttle"])
-    _poll(scene.throttle_file, "the throttle file")
+    poll(scene.throttle_file, "the throttle file")
     lad.stop_agent()
     lad.set_latency(CALM_MS)
-    _poll(lambda: re.search(r'^slurmiso_monitor_unknown_signals\{[^}]*source="agents"',
+    poll(lambda: re.search(r'^slurmiso_monitor_unknown_signals\{[^}]*source="agents"',
                             http_get(lad.metrics_port, "/metrics"), re.M),
           "the monitor to count n2's agent unknown")  # n5's answers: n2's is the one missing
     lad.wait_cycles(3 * DWELL + 4)  # longer than the release would take
@@ -280,7 +281,7 @@ def test_unknown_signals_take_no_step_and_release_nothing(scene: Scene) -> None:
 
     lad.start_agent()
     assert scene.wait_new(before, ["throttle", "unthrottle"]) == ["throttle", "unthrottle"]
-    _poll(lambda: not scene.throttle_file(), "the throttle file to go")
+    poll(lambda: not scene.throttle_file(), "the throttle file to go")
     scene.settle()
     scene.untouched()
 
@@ -295,7 +296,7 @@ def test_suspend_then_resume(scene: Scene) -> None:
     before = len(scene.kinds(scene.train))
     lad.set_latency(HOT_MS)
     scene.wait_new(before, ["throttle", "suspend"])
-    _poll(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
+    poll(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
     e = scene.entry("suspend")
     assert e["ok"] is True and e["reason"].startswith(
         f"training suspended: inference job {infer} on n2 GPU {gpu}: ") and BREACH.search(
@@ -315,7 +316,7 @@ def test_suspend_then_resume(scene: Scene) -> None:
     assert e["ok"] is True and e["reason"].startswith("training resumed after "), e["reason"]
     assert f"inference on n2 GPU {gpu} within its SLO" in e["reason"]
     assert e["details"]["suspended_s"] > 0
-    _poll(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
+    poll(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
     scene.progressed(lad.train_log, 10)
     scene.settle()
     scene.untouched()
@@ -336,19 +337,19 @@ def test_requeue_checkpoints_and_resumes(scene: Scene) -> None:
         "training requeued: checkpoints, then starts again off this node: inference job "
         f"{infer} on n2 GPU {gpu}: ") and BREACH.search(e["reason"]), e["reason"]
     assert e["details"]["budget"] == "requeue 1/10 this hour"
-    ckpt = _poll(lambda: re.search(r"^# checkpoint step=(\d+)$", read_text(lad.train_log), re.M),
+    ckpt = poll(lambda: re.search(r"^# checkpoint step=(\d+)$", read_text(lad.train_log), re.M),
                  "the training program's checkpoint")
-    _poll(lambda: sbx.job_state(scene.train) == "PENDING", "the training job to leave n2")
+    poll(lambda: sbx.job_state(scene.train) == "PENDING", "the training job to leave n2")
 
     def kept_off() -> bool:
         f = sbx.job_fields(scene.train)
         return f.get("Reason") in HELD or "n2" in f.get("ExcNodeList", "")
 
-    _poll(kept_off, "the requeued job to be kept off n2 while the breach lasts")
+    poll(kept_off, "the requeued job to be kept off n2 while the breach lasts")
     lad.set_latency(CALM_MS)
-    _poll(lambda: sbx.job_fields(scene.train).get("Restarts") == "1"
+    poll(lambda: sbx.job_fields(scene.train).get("Restarts") == "1"
           and sbx.job_state(scene.train) == "RUNNING", "the requeued job to run again", 180)
-    _poll(lambda: re.search(rf"^# start at={ckpt.group(1)} restart=1 ", read_text(lad.train_log),
+    poll(lambda: re.search(rf"^# start at={ckpt.group(1)} restart=1 ", read_text(lad.train_log),
                             re.M), f"the program to resume from step {ckpt.group(1)}")
     scene.progressed(lad.train_log, 10)
     assert contiguous(lad.steps()), "a step lost or counted twice across the requeue"
@@ -373,9 +374,9 @@ def test_forged_latency_costs_only_its_own_gpu_within_budgets(scene: Scene) -> N
                         budgets={"throttle": f"per_job: {spent}, per_hour: 120"})
     before = len(scene.kinds(scene.train))
     lad.set_latency(HOT_MS)
-    _poll(lambda: f"throttle budget of job {scene.train} spent" in scene.rung().get("capped", ""),
+    poll(lambda: f"throttle budget of job {scene.train} spent" in scene.rung().get("capped", ""),
           "the rung to say the budget is spent")
-    _poll(scene.kept_off_n2, "new training to be kept off n2 (hold is not budgeted)")
+    poll(scene.kept_off_n2, "new training to be kept off n2 (hold is not budgeted)")
     lad.wait_cycles(3 * 2 * DWELL + 4)  # past suspend's and requeue's dwells
     assert scene.kinds(scene.train)[before:] == [], "a step beyond the budget"
     assert sbx.job_state(scene.train) == "RUNNING" and not scene.throttle_file()

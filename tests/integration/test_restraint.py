@@ -24,23 +24,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 from slurmiso_sandbox.client import REPO
 from slurmiso_sandbox.protect import HOT_MS, Ladder
+from tests.integration.test_ladder import poll
 
 HANG = 180  # seconds: only says "this hangs" (the heartbeat's limit alone is 60 s)
 BOUND_S = 12  # each step's max: well past the dwells (2 s), far below the hang
 
-
-def _poll(cond: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.5)
 
 
 def _bounded(path: str) -> None:
@@ -75,13 +67,13 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         lad.start_daemons()
         lad.set_latency(HOT_MS)
         lad.wait_kinds(lad.train, ["throttle", "suspend"], HANG)
-        _poll(lambda: sandbox.job_state(lad.train) == "SUSPENDED", "Slurm to show SUSPENDED")
+        poll(lambda: sandbox.job_state(lad.train) == "SUSPENDED", "Slurm to show SUSPENDED")
         # the note the node reads: in the job's AdminComment, admin-written (just after the
         # suspend, in the same cycle)
         def note() -> str:
             text = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "admin_comment:400")
             return text.strip() if "slurmiso-restraint:step=suspend," in text else ""
-        admin = _poll(note, "the monitor's note in the job's AdminComment")
+        admin = poll(note, "the monitor's note in the job's AdminComment")
         assert f"cause={lad.infer}," in admin and f"max={BOUND_S}," in admin, admin
         assert lad.monitor is not None
         os.killpg(lad.monitor.pid, signal.SIGKILL)
@@ -133,7 +125,7 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
             codes = {f["code"]: f for f in json.loads(cp.stdout)}
             return codes if {"ladder-restraint-over-bound", "ladder-monitor-silent"} <= \
                 set(codes) else None
-        codes = _poll(doctor, "doctor to warn of the restraint and the silent monitor")
+        codes = poll(doctor, "doctor to warn of the restraint and the silent monitor")
         for code in ("ladder-restraint-over-bound", "ladder-monitor-silent"):
             assert codes[code]["severity"] == "warning"
             assert lad.train in codes[code]["subjects"], codes[code]
@@ -143,8 +135,8 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         def ended() -> bool:
             _run(lad, "reconcile", "--node", "n2")
             return sandbox.job_state(lad.train) == "RUNNING"
-        _poll(ended, "the node to resume the training past its bound")
-        line = _poll(lambda: _node_ends(lad, lad.train), "the node's ladder-end line")[0]
+        poll(ended, "the node to resume the training past its bound")
+        line = poll(lambda: _node_ends(lad, lad.train), "the node's ladder-end line")[0]
         assert line["ok"] is True and line["details"]["bound"]["max_s"] == BOUND_S
         assert line["details"]["suspended_s"] >= BOUND_S
         admin = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "admin_comment:400").strip()
