@@ -16,7 +16,7 @@ from slurmiso.errors import SlurmError, SlurmisoError
 from slurmiso.hostlist import expand
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 from slurmiso.monitor.telemetry import Reading, TelemetrySource
-from slurmiso.slurm.rows import NO_VALUE, RowCounts
+from slurmiso.slurm.rows import NO_COMMENT, RowCounts
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config
@@ -104,7 +104,7 @@ def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:
             _gres(r.get("gres", "")), _number(r.get("priority", "")),
             _gres(r.get("exc_nodes", "")), max(1, int(_number(r.get("num_nodes", "1")) or 1)),
             _epoch(r.get("start", "")) if state == "PENDING" else 0.0,
-            "" if comment in NO_VALUE else comment))
+            "" if comment == NO_COMMENT else comment))
     return out
 
 

@@ -141,10 +141,11 @@ def recount(path: str) -> Dict[str, Any]:
     with open(path, encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh, delimiter="|", quoting=csv.QUOTE_NONE)
         header = next(reader)
-        name = header.index("JobName")
+        # the live query's fields have no JobName (a user's text); older files do
+        name = header.index("JobName") if "JobName" in header else -1
         for cells in reader:
             extra = len(cells) - len(header)  # a '|' inside a job name: glue it back
-            if extra > 0:
+            if extra > 0 and name >= 0:
                 cells = (cells[:name] + ["|".join(cells[name:name + extra + 1])]
                          + cells[name + extra + 1:])
             r = dict(zip(header, cells))

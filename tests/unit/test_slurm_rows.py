@@ -48,6 +48,7 @@ FORGERIES = {
                  "(null)|1|N/A|None|\n999|999|",
     "bad-ids": "x\n10a|10a|y\n-1|RUNNING|a\n101 |101 |z\n|||",
     "separators": "a|b||c\td\re\x1cf\u2028g\x85h\x1ei\x0bj\x0ck",
+    "not-empty": "N/A",  # squeue prints (null) for no comment: N/A is the user's words
 }
 
 
