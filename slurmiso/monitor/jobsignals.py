@@ -224,6 +224,10 @@ class JobSignalsState:
                 steps[job] = self.steps(rec.steps_file, job, rec.uid, now, s.step_window_s,
                                         s.baseline_steps)
         parsed, heavy = self._parse_all(got, uids)
+        # the windows are this thread's alone (a scrape reads only the figures): updated
+        # before the lock too, so it is held for assignments only
+        figured = {job: self._figures(job, res, now) for job, res in parsed.items()
+                   if isinstance(res, Answer)}
         with self.lock:
             for job in list(self.jobs):
                 if job not in live or not live[job].metrics:
@@ -232,7 +236,7 @@ class JobSignalsState:
                 self._failed(job, why)
             for job, res in parsed.items():
                 if isinstance(res, Answer):
-                    self._answered(job, res, now)
+                    self._answered(job, figured[job], now)
                 else:
                     self._failed(job, *res)
             for job in heavy:
@@ -344,14 +348,17 @@ class JobSignalsState:
                      f": {detail[:120]}" if detail else "")
             j.said = reason
 
-    def _answered(self, job: str, answer: Answer, now: float) -> None:
+    def _figures(self, job: str, answer: Answer, now: float) -> Latency:
         j = self._job(job)
-        j.overs = 0
         if answer.profile != j.profile:
             j.window.readings.clear()  # another server now: its counters are not the old ones
             j.profile = answer.profile
         j.window.add(now, answer.counters)
-        lat = figures(answer, j.window)
+        return figures(answer, j.window)
+
+    def _answered(self, job: str, lat: Latency, now: float) -> None:
+        j = self._job(job)
+        j.overs = 0
         j.latency, j.reason = lat, ""
         if lat.quantiles or (lat.requests == 0 and not lat.unknown):
             j.last_ok = now  # a latency figure, or an idle window: fresh; anything else is not

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import http.server
 import threading
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
 from slurmiso.monitor import signals as sig
-from slurmiso.monitor.endpoint import Answer
 from slurmiso.monitor.jobsignals import Budget
 from tests.unit.test_endpoint_profiles import cum, vllm
 from tests.unit.test_job_signals import (
@@ -45,32 +44,44 @@ def heavy(series: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_a_scrape_never_waits_for_a_parse(server: Server) -> None:
-    """The parse runs outside the lock a scrape needs: a scrape during a parse that has not
-    ended (it ends only when the test says so) is answered with the last figures."""
+@pytest.mark.parametrize("stage", ["parse", "window"])
+def test_a_scrape_never_waits_for_a_parse(server: Server, monkeypatch: Any, stage: str
+                                          ) -> None:
+    """The parse and the window's update run outside the lock a scrape needs: a scrape during
+    either, which ends only when the test says so, is answered with the last figures."""
+    from slurmiso.monitor import jobsignals
+
     server.text("/metrics", lambda: vllm(cum(1, 2, 3, 4), stop=4))
     st = state(Clock())
     recs = {"41": record("41", f"{server.port}/metrics")}
     st.refresh(recs)
-    parsing, release = threading.Event(), threading.Event()
-    real = st.profiles
+    busy, release = threading.Event(), threading.Event()
 
-    class Slow:
-        def read(self, text: str) -> Answer:
-            parsing.set()
+    def held(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any) -> Any:
+            busy.set()
             release.wait(HANG_CAP_S)
-            return real.read(text)
+            return fn(*a)
+        return run
 
-    st.profiles = Slow()  # type: ignore[assignment]
+    if stage == "parse":
+        real = st.profiles
+
+        class Slow:
+            read = staticmethod(held(real.read))
+
+        st.profiles = Slow()  # type: ignore[assignment]
+    else:
+        monkeypatch.setattr(jobsignals, "figures", held(jobsignals.figures))
     refresh = threading.Thread(target=st.refresh, args=(recs,), daemon=True)
     refresh.start()
     try:
-        assert parsing.wait(HANG_CAP_S)
+        assert busy.wait(HANG_CAP_S)
         got: List[str] = []
         scrape = threading.Thread(target=lambda: got.append(scrape_text(st)), daemon=True)
         scrape.start()
         scrape.join(HANG_CAP_S)  # a hang guard: it takes milliseconds
-        assert got and not release.is_set(), "the scrape waited for the parse"
+        assert got and not release.is_set(), f"the scrape waited for the {stage}"
         assert 'reason="first-sample"' in got[0]
     finally:
         release.set()
