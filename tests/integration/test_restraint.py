@@ -130,7 +130,7 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         # -- doctor on the node: past its bound, and no live monitor -----------------------
         def doctor() -> Any:
             cp = _run(lad, "doctor", "--node", "n2", "--json")
-            codes = {f["code"]: f for f in json.loads(cp.stdout)}
+            codes = {f["code"]: f for f in json.loads(cp.stdout)["findings"]}
             return codes if {"ladder-restraint-over-bound", "ladder-monitor-silent"} <= \
                 set(codes) else None
         codes = _poll(doctor, "doctor to warn of the restraint and the silent monitor")
