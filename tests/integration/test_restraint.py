@@ -128,12 +128,21 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         assert found, cp.stdout[-3000:]
 
         # -- doctor on the node: past its bound, and no live monitor -----------------------
+        snap = os.path.join(lad.work, "doctor-snapshot.json")
+        last: List[Any] = []
+
         def doctor() -> Any:
-            cp = _run(lad, "doctor", "--node", "n2", "--json")
+            cp = _run(lad, "doctor", "--node", "n2", "--json", "--save-snapshot", snap)
             codes = {f["code"]: f for f in json.loads(cp.stdout)["findings"]}
+            with open(snap) as fh:
+                last[:] = [sorted(codes), json.load(fh).get("restraints"), cp.stderr[-500:]]
             return codes if {"ladder-restraint-over-bound", "ladder-monitor-silent"} <= \
                 set(codes) else None
-        codes = _poll(doctor, "doctor to warn of the restraint and the silent monitor")
+        deadline = time.monotonic() + HANG
+        while not doctor():
+            assert time.monotonic() < deadline, f"doctor never warned; last: {last}"
+            time.sleep(2)
+        codes = doctor()
         for code in ("ladder-restraint-over-bound", "ladder-monitor-silent"):
             assert codes[code]["severity"] == "warning"
             assert lad.train in codes[code]["subjects"], codes[code]
