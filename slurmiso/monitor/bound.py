@@ -74,7 +74,7 @@ def _end_gpu(mem: Memory, key: str, rung: Rung, kind: str, lasted: float, bound:
     (its ``ladder-end`` line)."""
     out: List[Action] = []
     facts = {"max_s": bound, "not_hot_s": round(lasted, 1), "verdict": kind or "unknown",
-             "on_bound": policy.ladder.on_bound, "step": rung.step}
+             "on_bound": policy.ladder.on_bound.value, "step": rung.step}
     why = (f"its cause ({rung.cause and 'inference job ' + rung.cause or 'unknown'}) has "
            f"not been hot for {lasted:.0f}s, the {rung.step or 'ladder'} step's bound "
            f"({bound:.0f}s)")
@@ -91,7 +91,7 @@ def _end_gpu(mem: Memory, key: str, rung: Rung, kind: str, lasted: float, bound:
         base = {"gpu": key, "node": rec.node, "cause": rec.cause, "signal": rec.signal,
                 "figure_before": rec.figure, "restraint": rec.to_dict(), "ts": now,
                 "bound": facts}
-        if policy.ladder.on_bound == OnBound.REQUEUE.value:
+        if policy.ladder.on_bound is OnBound.REQUEUE:
             out.append(Action("requeue", jid, f"training requeued (checkpoint): {why}"[:300],
                               dict(base, step="requeue", suspended=suspended,
                                    throttled_s=_since(rec.throttled_since, now),
@@ -135,4 +135,4 @@ def _left(rec: Optional[Restraint], policy: Policy) -> Optional[Dict[str, Any]]:
         return None
     return {"step": step, "since": since, "node": rec.node, "gpu": rec.gpu,
             "cause": rec.cause, "max_s": step_bound(policy, step),
-            "on_bound": policy.ladder.on_bound}
+            "on_bound": policy.ladder.on_bound.value}

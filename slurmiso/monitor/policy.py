@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
+from slurmiso.monitor.restraints import OnBound
 
 #: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
 ADMISSIONS = ("nodes", "hold", "qos-limit")
@@ -94,8 +95,8 @@ class LadderPolicy:
     hysteresis_pct: float = float(_LADDER.hysteresis_pct)
     throttle_signal: str = _LADDER.throttle_signal
     unthrottle_signal: str = _LADDER.unthrottle_signal
-    #: How a restraint past its step's ``max_s`` ends: "resume" or "requeue".
-    on_bound: str = _LADDER.on_bound
+    #: How a restraint past its step's ``max_s`` ends.
+    on_bound: OnBound = OnBound(_LADDER.on_bound)
 
     @classmethod
     def of(cls, ladder: Ladder) -> LadderPolicy:
@@ -104,7 +105,7 @@ class LadderPolicy:
                                     st.per_job, st.per_hour, float(st.max_s))
                          for st in ladder.steps),
                    float(ladder.hysteresis_pct), ladder.throttle_signal,
-                   ladder.unthrottle_signal, ladder.on_bound)
+                   ladder.unthrottle_signal, OnBound(ladder.on_bound))
 
     def to_config(self) -> Dict[str, Any]:
         """This ladder as ``monitor.ladder``'s YAML mapping (what ``--set ladder.*`` edits
@@ -113,7 +114,7 @@ class LadderPolicy:
                                "hysteresis": _plain(self.hysteresis_pct),
                                "throttle_signal": self.throttle_signal,
                                "unthrottle_signal": self.unthrottle_signal,
-                               "on_bound": self.on_bound}
+                               "on_bound": self.on_bound.value}
         for st in self.steps:
             out[st.name] = {"after": _plain(st.after_s),
                             "release_after": _plain(st.release_after_s),
@@ -313,7 +314,7 @@ _STEP_KEYS = {"after_s": "after", "release_after_s": "release_after", "after": "
               "max_s": "max", "max": "max"}
 _TOP_KEYS = {"hysteresis_pct": "hysteresis", "hysteresis": "hysteresis",
              "throttle_signal": "throttle_signal", "unthrottle_signal": "unthrottle_signal",
-              "on_bound": "on_bound"}
+             "on_bound": "on_bound"}
 
 
 def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]],

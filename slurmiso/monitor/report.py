@@ -148,7 +148,7 @@ def ladder_status(policy: Policy, mem: Memory, now: float) -> Dict[str, Any]:
                      "throttled_s": age(rec.throttled_since),
                      "suspended_s": age(rec.suspended_since),
                      "bound_s": step_bound(policy, step)})
-    return {"steps": list(policy.ladder.names()), "on_bound": policy.ladder.on_bound,
+    return {"steps": list(policy.ladder.names()), "on_bound": policy.ladder.on_bound.value,
             "gpus": gpus, "restrained": jobs, "exempt": list(mem.ladder_exempt),
             "last_cycle_s": age(mem.last_ts) if mem.last_ts else None}
 

@@ -31,7 +31,7 @@ BOUND_S = 300.0
 def bounded(on_bound: str = "resume", bound: float = BOUND_S) -> Policy:
     steps = tuple(dataclasses.replace(st, max_s=bound) for st in POL.ladder.steps)
     return dataclasses.replace(POL, ladder=dataclasses.replace(POL.ladder, steps=steps,
-                                                               on_bound=on_bound))
+                                                               on_bound=OnBound(on_bound)))
 
 
 def forge_then(c: Cluster, how: str, from_cycle: int = 5):
@@ -169,7 +169,7 @@ def test_a_dry_run_writes_no_note() -> None:
 def test_set_reaches_the_bound(knob: str, value: str) -> None:
     pol = override(POL, [f"{knob}={value}"])
     if knob == "ladder.on_bound":
-        assert pol.ladder.on_bound == "requeue"
+        assert pol.ladder.on_bound is OnBound.REQUEUE
     else:
         st = pol.ladder.step("suspend")
         assert st is not None and st.max_s == 600.0
@@ -184,7 +184,7 @@ def test_set_refuses_a_bound_below_release_after() -> None:
 
 def test_default_policy_bounds_every_step() -> None:
     pol = LadderPolicy()
-    assert all(st.max_s > 0 for st in pol.steps) and pol.on_bound == "resume"
+    assert all(st.max_s > 0 for st in pol.steps) and pol.on_bound is OnBound.RESUME
     assert StepPolicy("x").max_s > 0
 
 
@@ -218,4 +218,4 @@ def test_bounds_reach_the_policy_and_the_shipped_config_sets_them() -> None:
     pol = policy_from_config(_with({"ladder": {"on_bound": "requeue",
                                                "suspend": {"max_s": 900}}}))
     st = pol.ladder.step("suspend")
-    assert st is not None and st.max_s == 900.0 and pol.ladder.on_bound == "requeue"
+    assert st is not None and st.max_s == 900.0 and pol.ladder.on_bound is OnBound.REQUEUE

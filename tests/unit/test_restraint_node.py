@@ -313,6 +313,14 @@ def test_the_audit_names_an_unreleased_restraint_by_job_id(tmp_path, utc, capsys
     assert [(f["severity"], f["subjects"]) for f in found] == [("warning", ["13"])]
     assert "job 13 throttled since" in found[0]["message"]
     ended = act("ladder-end", "13", "04:30:00", node="gpu017", by="node", throttled_s=5400.0)
+    assert "at least 75600s by 2024-05-02T00:00:00Z; bound 3600s" in found[0]["message"], \
+        "aged by the window's end: a dead monitor writes no later line"
+    (tmp_path / "early").mkdir()
+    rep = ladder(tmp_path / "early", capsys, monkeypatch, SCENARIO, extra=[
+        "--since", "2024-05-01T00:00:00Z", "--until", "2024-05-01T03:30:00Z"])
+    found = [f for f in rep["findings"] if f["code"] == "ladder-unreleased"]
+    assert [(f["severity"], f["subjects"]) for f in found] == [("info", ["13"])], \
+        "30 min into a 1 h bound: still named, not yet a warning"
     (tmp_path / "2").mkdir()
     rep = ladder(tmp_path / "2", capsys, monkeypatch, SCENARIO + [ended])
     assert not [f for f in rep["findings"] if f["code"] == "ladder-unreleased"]

@@ -196,7 +196,7 @@ def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Findi
     out.extend(_journal_findings(digest))
     out.extend(_monitor_requeue_findings(agg, digest))
     out.extend(_telemetry_findings(agg, digest))
-    out.extend(_ladder_findings(cfg, digest))
+    out.extend(_ladder_findings(cfg, digest, agg.until))
     return out
 
 
@@ -326,25 +326,27 @@ def _journal_findings(digest: JournalDigest) -> List[Finding]:
     return out
 
 
-def _ladder_findings(cfg: Any, digest: JournalDigest) -> List[Finding]:
+def _ladder_findings(cfg: Any, digest: JournalDigest,
+                     until: Optional[float]) -> List[Finding]:
     """A restraint the ladder put on running training with no release in the journals
     (no unthrottle, resume, requeue or end line), with its job id (issue 33): a warning
-    once it has lasted its step's bound (``monitor.ladder.<step>.max``) by the last ladder
-    line, when the monitor or the node should have ended it; info while it may still be
-    in force for a reason."""
+    once it has lasted its step's bound (``monitor.ladder.<step>.max``) by the window's end
+    (``until``; for a saved file without one, the last ladder line), when the monitor or the
+    node should have ended it; info while it may still be in force for a reason. A monitor
+    that died writes no more lines: the window's end, not its last line, ages it."""
     log = digest.ladder
     if not log.open_since:
         return []
     bounds = {st.name: st.max_s for st in cfg.monitor.ladder.steps}
-    end = log.last_ts or 0.0
+    end = until if until is not None else (log.last_ts or 0.0)
     past: List[Tuple[str, str]] = []
     within: List[Tuple[str, str]] = []
     for job, (step, when) in sorted(log.open_since.items(), key=lambda kv: kv[1][1]):
         lasted = max(0.0, end - when)
         bound = bounds.get(step, min(bounds.values(), default=0))
         (past if lasted >= bound else within).append(
-            (job, f"job {job} {_DONE.get(step, step)} since {_iso(when)} ({lasted:.0f}s by "
-                  f"the last ladder line; bound {bound:.0f}s)"))
+            (job, f"job {job} {_DONE.get(step, step)} since {_iso(when)} (at least "
+                  f"{lasted:.0f}s by {_iso(end)}; bound {bound:.0f}s)"))
     fix = ("check each job (scontrol show job: JobState, AdminComment); 'slurmiso monitor "
            "status' lists what the monitor holds, 'slurmiso status' on the node what is in "
            "force, and 'slurmiso reconcile' there ends one past its bound when no monitor "
