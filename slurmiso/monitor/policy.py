@@ -150,10 +150,10 @@ class Policy:
     stagger_interval_s: float = 60
     #: Telemetry older than this is stale: no admission change rests on it.
     max_data_age_s: float = 90
-    #: The agents' latency window (``monitor.signals.window_s``): a calm figure proves calm
-    #: over the window before it, which lets the ladder's calm dwell go on across a gap in
-    #: what the monitor saw (0: nothing proven beyond the figure's own age).
-    signal_window_s: float = 0.0
+    #: The agents' latency window (``monitor.signals.window_s``, default 60): a calm figure
+    #: proves calm over the window before it, which lets the ladder's calm dwell go on
+    #: across a gap in what the monitor saw (0: nothing proven beyond the figure's own age).
+    signal_window_s: float = 60.0
     train_classes: Tuple[str, ...] = ("train",)
     slo: Tuple[SloLimit, ...] = ()
     #: (inference partition, training partition) pairs whose idle nodes may be lent.

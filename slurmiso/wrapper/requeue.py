@@ -109,6 +109,13 @@ def decide(
                 f"Slurm shows the job {slurm_state}: someone requeued it already (the "
                 "monitor's ladder or re-layout, an admin); it starts again from its checkpoint",
             )
+        if slurm_state == "COMPLETING":  # measured: the ladder's requeue reads so too
+            return Decision(
+                False,
+                "Slurm shows the job COMPLETING: someone ended it (cancelled it, or "
+                "requeued it: the monitor's ladder or re-layout, an admin), not a preemption "
+                "(a preempted job stays RUNNING until its grace ends)",
+            )
         if slurm_state and slurm_state not in ("RUNNING", "SIGNALING"):
             return Decision(
                 False,

@@ -19,7 +19,9 @@ def declined(job: str, hms: str, reason: str, folded: str = "") -> Dict[str, Any
             "job": job, "reason": reason, "source": "job"}
 
 
-CANCELLED = ("Slurm shows the job REQUEUED: it was cancelled, not preempted (a preempted "
+#: What the wrapper wrote after the ladder's requeue on the 22.05 sandbox (before it learnt
+#: to say "cancelled it, or requeued it"): journals of that time are read the same way.
+CANCELLED = ("Slurm shows the job COMPLETING: it was cancelled, not preempted (a preempted "
              "job stays RUNNING until its grace ends)")
 LIMIT = ("restart count 5 has reached the class's max_requeues (5); raise "
          "checkpoint.max_requeues or resubmit by hand")

@@ -223,7 +223,8 @@ def test_unknown_cycles_beyond_the_window_restart_the_calm_dwell() -> None:
     """The same with no window to prove the gap: calm counts again from cycle 6."""
     c = shared_pair()
     pattern = [BREACH_MS] * 3 + [CALM_MS, None, None, CALM_MS, CALM_MS, CALM_MS, CALM_MS]
-    steps, mem = drive(c, 10, POL, each=_world(c, pattern))
+    pol = dataclasses.replace(POL, signal_window_s=0.0)
+    steps, mem = drive(c, 10, pol, each=_world(c, pattern))
     assert [(i, k) for i, k, _ in _releases(steps)][0] == (8, "unthrottle")
 
 
@@ -284,3 +285,15 @@ def test_snapshot_without_slurm_changes_nothing_here() -> None:
     _end(c, "i1", "ended")
     actions, mem2 = decide(Snapshot(T0 + 4 * DT, slurm_ok=False), POL, mem)
     assert not actions and mem2.ladder == mem.ladder
+
+
+def test_the_window_comes_from_the_agents_settings() -> None:
+    import os
+
+    from slurmiso.config import load_config
+    from slurmiso.monitor.policy import policy_from_config
+
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "..", "etc",
+                                   "slurmiso.yaml"))
+    assert policy_from_config(cfg).signal_window_s == float(cfg.monitor.signals.window_s)
+    assert Policy().signal_window_s == 60.0, "the agents' default window"

@@ -133,6 +133,15 @@ def test_a_job_requeued_by_someone_else_is_not_called_cancelled(state: str) -> N
     assert f"Slurm shows the job {state}: someone requeued it already" in d.reason
 
 
+def test_completing_is_not_called_a_cancellation() -> None:
+    """Measured on the 22.05 sandbox: right after the monitor's scontrol requeue the wrapper
+    reads COMPLETING, as it would after a scancel: the reason names both, never just one."""
+    d = requeue.decide(PREEMPTED, job_id="9", restart_count=0, max_requeues=20,
+                       checkpoint_ok=True, slurm_state="COMPLETING")
+    assert not d.requeue and "cancelled, not preempted" not in d.reason
+    assert "cancelled it, or requeued it" in d.reason
+
+
 def test_slurm_job_state_reads_squeue_fields_and_tolerates_failure() -> None:
     class Show(FakeSlurm):
         def run(self, cmd: str, args: Sequence[str], timeout: Optional[float] = None,
