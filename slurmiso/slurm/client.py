@@ -200,8 +200,12 @@ class SlurmCli:
         )
 
     def jobs_on_node(self, node: str) -> List[str]:
+        """The jobs whose records must stay on ``node``: running, starting, ending, and
+        suspended (a suspended job keeps its GPUs and its isolation: the ladder or an admin
+        resumes it)."""
         out = self.run(
-            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"]
+            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
+                       "-o", "%A"]
         )
         return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
