@@ -277,7 +277,9 @@ def _reconcile(
                 < policy.reconcile_every_s:
             continue
         mem.reconciled[node] = snap.ts
-        live = sorted(j.id for j in running.get(node, []))
+        # a suspended job still holds its GPUs and its isolation: it is live, never "ended"
+        live = sorted({j.id for j in running.get(node, [])} |
+                      {j.id for j in snap.jobs if j.state == "SUSPENDED" and node in j.nodes})
         actions.append(Action("reconcile", node, "periodic clean-up of what ended jobs left",
                               {"live_jobs": live}))
     return actions

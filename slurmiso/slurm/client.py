@@ -229,13 +229,15 @@ class SlurmCli:
         )
 
     def jobs_on_node(self, node: str) -> List[str]:
-        """Ids of the jobs running, starting or ending on ``node`` (``squeue %A``: the id
-        alone, no field a user writes); odd or repeated ids are rejected and logged."""
+        """The jobs whose records must stay on ``node``: running, starting, ending, and
+        suspended (a suspended job keeps its GPUs and its isolation: the ladder or an admin
+        resumes it). ``squeue %A``: the id alone, no field a user writes; odd or repeated ids
+        are rejected and logged."""
         from slurmiso.slurm.rows import RowCounts, job_rows
 
         out = self.run(
-            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING", "-o", "%A"],
-            env=squeue_env())
+            "squeue", ["-h", "-w", node, "-t", "RUNNING,CONFIGURING,COMPLETING,SUSPENDED",
+                       "-o", "%A"], env=squeue_env())
         counts = RowCounts(f"squeue -w {node}")
         rows = job_rows(out, ("id",), counts)
         counts.log()

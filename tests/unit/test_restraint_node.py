@@ -403,3 +403,32 @@ def test_the_nodes_end_line_is_a_good_ladder_line_for_the_audit(tmp_path: Any) -
     assert log.bad == 0, log.bad_samples
     assert log.taken[("ended", "train", "n3")] == 1
     assert not log.open_suspended and not log.open_since
+
+
+# ------------------------------------------- reconcile never takes a suspended job for ended
+def test_the_monitors_reconcile_counts_a_suspended_job_as_live() -> None:
+    """Found by the sandbox test: a suspended job was missing from ``live_jobs``, so the
+    periodic reconcile undid its isolation record (its status then showed nothing)."""
+    from slurmiso.monitor.decide import decide
+    from slurmiso.monitor.policy import Memory, Policy
+    from tests.unit.test_monitor_decide import POLICY, job, node, snap
+
+    pol = Policy(**{**POLICY.__dict__, "reconcile_nodes": ("n1",), "reconcile_every_s": 600})
+    jobs = [job("5", state="RUNNING", nodes=["n1"]), job("6", state="SUSPENDED", nodes=["n1"])]
+    acts, _ = decide(snap([node("n1")], jobs), pol, Memory())
+    rec = next(a for a in acts if a.kind == "reconcile")
+    assert rec.details["live_jobs"] == ["5", "6"]
+
+
+def test_slurmiso_reconcile_asks_slurm_for_suspended_jobs_too(monkeypatch: Any) -> None:
+    from slurmiso.slurm.client import SlurmCli
+
+    asked: List[List[str]] = []
+
+    def run(self: Any, cmd: str, args: List[str], *a: Any, **k: Any) -> str:
+        asked.append(args)
+        return "41\n"
+    monkeypatch.setattr(SlurmCli, "run", run)
+    assert SlurmCli().jobs_on_node("n3") == ["41"]
+    states = asked[0][asked[0].index("-t") + 1].split(",")
+    assert "SUSPENDED" in states and "RUNNING" in states
