@@ -299,8 +299,8 @@ class _Acc:
             if len(self.windows) >= MAX_WINDOWS:
                 return
             hist = self.windows[key] = {}
-        if len(hist) < MAX_EDGES or edge in hist:
-            hist[edge] = count
+        if len(hist) < MAX_EDGES or edge in hist or edge == math.inf:
+            hist[edge] = count  # (+Inf always: without it no share can be read)
 
     def signals(self, job: str, node: str) -> JobSignals:
         windows = tuple((sg, model, tuple(sorted(h.items())))

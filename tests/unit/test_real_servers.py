@@ -237,3 +237,16 @@ def test_openmetrics_answers_read_alike(name: str) -> None:
     assert ours == theirs
     classic = PROFILES.read(server.text())
     assert PROFILES.read(text).counters == classic.counters
+
+
+def test_a_window_past_the_edge_cap_keeps_its_inf_bucket() -> None:
+    """The monitor keeps at most MAX_EDGES edges of one window histogram, but always +Inf:
+    without it the share cannot be read and the verdict would be unknown for the wrong
+    reason."""
+    lines = [f'{sig.M_WINDOW_BUCKET}{{job="7",class="infer",signal="e2e",model="",'
+             f'le="{0.001 * (i + 1)!r}"}} {i}' for i in range(sig.MAX_EDGES + 20)]
+    lines.append(f'{sig.M_WINDOW_BUCKET}{{job="7",class="infer",signal="e2e",model="",'
+                 f'le="+Inf"}} 200')
+    js = sig.from_samples(parse_prometheus_text("\n".join(lines) + "\n"), "n1")["7"]
+    hist = js.window("e2e")[""]
+    assert len(hist) == sig.MAX_EDGES + 1 and hist[-1] == (float("inf"), 200.0)
