@@ -44,10 +44,10 @@ Check = Callable[[Snapshot, Config], List[Finding]]
 
 def all_checks() -> List[Check]:
     """Every check, in report order (cluster settings, QoS, then partitions, GRES, node)."""
-    from slurmiso.doctor import cluster, fences, gpus, nodes, restraints
+    from slurmiso.doctor import cluster, fences, gpus, nodes, restraints, telemetry
 
     return (list(cluster.CHECKS) + list(fences.CHECKS) + list(nodes.CHECKS)
-            + list(gpus.CHECKS) + list(restraints.CHECKS))
+            + list(gpus.CHECKS) + list(restraints.CHECKS) + list(telemetry.CHECKS))
 
 
 def run_checks(snap: Snapshot, cfg: Config, ignore: Sequence[str] = ()) -> List[Finding]:

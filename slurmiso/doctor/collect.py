@@ -138,6 +138,7 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
     snap["hooks"] = _hooks(config)
     snap["gpu_node"] = _gpu_node(cfg, node_name(node))
     snap["restraints"] = _restraints(cfg, node_name(node), cli) if snap["gpu_node"] else None
+    snap["monitor"] = monitor_view(cfg, node_name(node))
     snap["fence_kernel"] = _fence_kernel() if snap["gpu_node"] else None
     snap["cgroup_v2"] = (_cgroup_v2(cfg, node_name(node))
                          if snap["gpu_node"] and config.get("CgroupPlugin", "").lower()
@@ -151,6 +152,24 @@ def _restraints(cfg: Config, node: str, cli: SlurmCli) -> Dict[str, Any]:
 
     return node_view(cfg.paths.state_dir_for(node), node, cfg.monitor.interval_s,
                      time.time(), cli)
+
+
+def monitor_view(cfg: Config, host: str) -> Optional[Dict[str, Any]]:
+    """What the monitor of this host could not read last cycle, from its state file
+    (doctor/telemetry.py); None where no monitor runs here."""
+    path = os.path.join(cfg.paths.state_dir_for(host), "monitor", "state.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return {"path": path, "error": str(exc)[:200]}
+    memory = data.get("memory") if isinstance(data, dict) else None
+    raw = memory.get("unknown_signals") if isinstance(memory, dict) else None
+    signals = {str(k)[:80]: int(v) for k, v in (raw or {}).items()
+               if isinstance(v, int) and not isinstance(v, bool)} if isinstance(raw, dict) else {}
+    return {"path": path, "unknown_signals": signals}
 
 
 def _fence_kernel() -> Dict[str, Any]:

@@ -267,12 +267,17 @@ class Monitor:
                 f"{k} x{memory.unknown_signals[k]}" for k in new_kinds[:20]),
                 f" ({snap.errors[0]})" if snap.errors else "")
         journal = getattr(self.applier, "journal", None)
-        if journal is None or not found:
+        kinds_changed = set(memory.unknown_signals) != set(self.memory.unknown_signals)
+        if journal is None or not (found or kinds_changed):
             return
         try:
             for c in found:
                 journal.append(unknown.EVENT, source=MONITOR_SOURCE, dry_run=self.dry_run,
                                **c.journal_fields())
+            if kinds_changed:  # e.g. DCGM series that map to no node (issue 32)
+                journal.append(unknown.SIGNALS_EVENT, source=MONITOR_SOURCE,
+                               dry_run=self.dry_run, unknown=dict(memory.unknown_signals),
+                               new=new_kinds, detail=list(snap.errors[:3]))
         except OSError as exc:
             log.warning("monitor: cannot write the journal: %s", exc)
 

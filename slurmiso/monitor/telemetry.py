@@ -465,11 +465,13 @@ def dcgm_gpus(
             if not node or "gpu" not in s.labels:
                 unmapped += 1
                 if unmapped == 1:
-                    log.warning(
-                        "monitor: DCGM series %s maps to no node of the cluster by its "
-                        "Hostname, hostname or instance labels (%s): counted as "
-                        "prometheus/unmapped; run DCGM exporter without --no-hostname, or "
-                        "relabel instance to the node's name", name, _label_words(s.labels))
+                    line = (f"DCGM series {name} maps to no node of the cluster by its "
+                            f"Hostname, hostname or instance labels "
+                            f"({_label_words(s.labels)}): counted as prometheus/unmapped; "
+                            f"run DCGM exporter without --no-hostname, or relabel instance "
+                            f"to the node's name")
+                    log.warning("monitor: %s", line)
+                    reading.errors.append(line)  # the journal's and doctor's words
                 continue
             try:
                 index = int(s.labels["gpu"])

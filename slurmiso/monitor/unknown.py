@@ -22,6 +22,9 @@ from slurmiso.monitor.snapshot import Snapshot
 
 #: The journal event of a node's telemetry turning unknown, and coming back.
 EVENT = "monitor-telemetry"
+#: Journaled when the kinds of unknown signals change (a Prometheus series mapping to no
+#: node, a profile with no error counter): which kinds, how many, the first lines why.
+SIGNALS_EVENT = "monitor-signals"
 UNKNOWN, KNOWN = "unknown", "known"
 #: A node with no age and no reason from the source (no answer at all), one too old.
 NO_DATA, STALE = "telemetry/no-data", "telemetry/stale"

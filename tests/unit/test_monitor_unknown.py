@@ -6,6 +6,7 @@ exported metrics count it from the same memory, and each change is journaled
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -238,3 +239,56 @@ def test_no_telemetry_line_is_none_not_zero(tmp_path, utc, capsys, monkeypatch):
                extra=WINDOW)
     assert r["telemetry_unknown"] == {"status": "none", "nodes": {}, "bad_lines": 0}
     assert "telemetry-unknown" not in codes(r)
+
+
+def _unmapped_from(c: FakeCluster, start: int, stop: int) -> Callable[[int], Snapshot]:
+    """Cycle i's snapshot: Prometheus holds DCGM series naming no node in [start, stop)."""
+    line = ("DCGM series DCGM_FI_DEV_FB_USED maps to no node of the cluster by its Hostname, "
+            "hostname or instance labels (gpu='0'): counted as prometheus/unmapped")
+
+    def snap(i: int) -> Snapshot:
+        s = c.snapshot(T0 + 30 * i)
+        if not start <= i < stop:
+            return s
+        return dataclasses.replace(s, unknown={"prometheus/unmapped": 4}, errors=(line,))
+    return snap
+
+
+def test_unmapped_dcgm_series_are_journaled_once_and_shown_by_doctor(tmp_path: Any) -> None:
+    """Issue 32 item 5: a series that maps to no node is counted, journaled (one
+    ``monitor-signals`` line when it appears, one when it goes) and shown by doctor."""
+    from slurmiso.doctor import telemetry as doctor_telemetry
+
+    c = FakeCluster(["n1", "n2"], {"shared": ["n1", "n2"]})
+    mon = _monitor(str(tmp_path), BASE, _unmapped_from(c, 1, 4), c)
+    list(mon.run(cycles=3))
+    state = json.loads((tmp_path / "s.json").read_text())
+    view = {"path": "s.json", "unknown_signals": state["memory"]["unknown_signals"]}
+    found = doctor_telemetry.check_unknown_signals({"monitor": view}, None)  # type: ignore
+    assert [(f.severity, f.code, f.count) for f in found] == [
+        ("warning", "telemetry-unmapped", 4)]
+    list(mon.run(cycles=3))
+    mon.close()
+    lines = [r for r in Journal(os.path.join(str(tmp_path), "j.jsonl")).read()
+             if r["event"] == "monitor-signals"]
+    assert [(r["unknown"], r["new"]) for r in lines] == [
+        ({"prometheus/unmapped": 4}, ["prometheus/unmapped"]), ({}, [])]
+    assert "maps to no node" in lines[0]["detail"][0] and lines[0]["source"] == "monitor"
+    assert doctor_telemetry.check_unknown_signals({"monitor": {"unknown_signals": {}}},
+                                                  None) == []  # type: ignore
+
+
+def test_doctor_reads_the_monitor_state_of_its_host(tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from slurmiso.config.model import Paths
+    from slurmiso.doctor.collect import monitor_view
+
+    cfg: Any = SimpleNamespace(paths=Paths(state_dir=str(tmp_path)))
+    assert monitor_view(cfg, "ctl") is None  # no monitor runs here
+    os.makedirs(tmp_path / "monitor")
+    (tmp_path / "monitor" / "state.json").write_text(json.dumps({"version": 1, "memory": {
+        "unknown_signals": {"prometheus/unmapped": 3, "x": "bad", "y": True}}}))
+    assert monitor_view(cfg, "ctl")["unknown_signals"] == {"prometheus/unmapped": 3}
+    (tmp_path / "monitor" / "state.json").write_text("{")
+    assert "error" in monitor_view(cfg, "ctl")
