@@ -476,6 +476,7 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
         if jid in exempt:
             continue
         suspended_now = job.state == "SUSPENDED"
+        resumed_now = False  # a step Slurm resumes still refuses signals for a moment
         if rec is not None and rec.suspended_since is not None and not suspended_now:
             del mem.restrained[jid]  # someone resumed it: theirs from now on
             exempt.add(jid)
@@ -487,6 +488,11 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
         node_name, _, index = key.rpartition("/")
         steps = {st.name: st for st in node_steps(policy, nodes.get(node_name))}
         v = verdicts.get(key, (Breach(UNKNOWN), node_name, 0))[0]
+        if rec is not None and rec.gone:  # the release it began goes on, unless hot again
+            if v.kind == HOT:
+                rec = dataclasses.replace(rec, gone="")
+            else:
+                v = Breach(GONE, rec.cause, why=rec.gone)
         rung = mem.ladder.get(key)
         hot = v.kind == HOT
         wanted = {n for n in ("throttle", "suspend", "requeue")
@@ -520,8 +526,9 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
         elif "suspend" not in wanted and rec.suspended_since is not None:
             actions.append(_release("resume-job", jid, rec, v, now, "suspended_s",
                                     rec.suspended_since))
-            rec = dataclasses.replace(rec, suspended_since=None)
-            suspended_now = False
+            rec = dataclasses.replace(rec, suspended_since=None,
+                                      gone=v.why if v.kind == GONE else "")
+            resumed_now = True
         if "throttle" in wanted and rec.throttled_since is None and hot and not suspended_now:
             ok, note, keys = _spend(mem, steps["throttle"], jid, v, now)
             if ok:
@@ -530,7 +537,9 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
                 rec = dataclasses.replace(rec, throttled_since=now)
             else:
                 _cap(mem, key, note)
-        elif "throttle" not in wanted and rec.throttled_since is not None:
+        elif "throttle" not in wanted and rec.throttled_since is not None and not resumed_now:
+            # the cycle after a resume: slurmstepd drops a signal sent while its step is
+            # still suspended (the resume reaches slurmd after scontrol returns)
             actions.append(_release("unthrottle", jid, rec, v, now, "throttled_s",
                                     rec.throttled_since, policy.ladder.unthrottle_signal))
             rec = dataclasses.replace(rec, throttled_since=None)

@@ -79,9 +79,15 @@ class Restraint:
     figure: Optional[float] = None
     throttled_since: Optional[float] = None
     suspended_since: Optional[float] = None
+    #: Why its cause is gone, while a release it began (resume) ends a cycle later
+    #: (unthrottle): the words of that later line.
+    gone: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.gone:
+            del out["gone"]  # the journal's and the state file's words as they were
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Restraint:

@@ -390,6 +390,42 @@ def test_forged_latency_costs_only_its_own_gpu_within_budgets(scene: Scene) -> N
     scene.untouched()
 
 
+def test_inference_gone_under_a_rung_releases_within_one_cycle(scene: Scene) -> None:
+    """Issue 33: training suspended and throttled for an inference job, then that job is
+    cancelled. The cause is gone, not calm: the monitor resumes and unthrottles the training
+    in the first cycles that see Slurm no longer run it (no release dwell per rung), and its
+    journal says the inference job ended, never "within its SLO". Runs last: it ends the
+    scene's inference job."""
+    lad, sbx = scene.lad, scene.sbx
+    scene.settle()
+    lad.restart_monitor(("hold", "throttle", "suspend"))
+    before = len(scene.kinds(scene.train))
+    lad.set_latency(HOT_MS)
+    scene.wait_new(before, ["throttle", "suspend"])
+    poll(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
+    sbx.cmd("scancel", scene.infer)
+    poll(lambda: sbx.job_state(scene.infer) != "RUNNING", "the inference job to end")
+    gone_at = lad.cycles()  # the cycle now running may still have read it running
+    new = scene.wait_new(before, ["throttle", "suspend", "resume-job", "unthrottle"])
+    assert new == ["throttle", "suspend", "resume-job", "unthrottle"]
+    released = [scene.entry("resume-job"), scene.entry("unthrottle")]
+    # the cycle running when Slurm changed, the one that resumed, the one that unthrottled
+    # (a signal to a step still being resumed is dropped), one the poll may lag by; a
+    # release dwell per rung would have taken 2 x DWELL s of calm per rung
+    assert lad.cycles() - gone_at <= 4, "released later than the cycles after Slurm showed it"
+    apart = released[1]["details"]["ts"] - released[0]["details"]["ts"]
+    assert 0 < apart <= 2.5 * lad.interval_s, f"unthrottled {apart:.1f}s after the resume"
+    for e in released:
+        assert e["ok"] is True and e["details"].get("cause_gone") is True, e
+        assert f"inference job {scene.infer} " in e["reason"], e["reason"]
+        assert "within its SLO" not in e["reason"], e["reason"]
+    poll(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
+    poll(lambda: not scene.rung() and not scene.restraint(), "the ladder to let go")
+    poll(lambda: not scene.throttle_file(), "the throttle file to go")
+    scene.progressed(lad.train_log, 5)
+    assert contiguous(lad.steps()), "a step lost or counted twice across the suspension"
+
+
 def _wrapper_events(scene: Scene) -> List[str]:
     """The training job's own events: those the epilogs folded into the node journals, then
     those of the running attempt, still in its events file."""

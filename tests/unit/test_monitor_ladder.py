@@ -562,8 +562,10 @@ def test_a_job_that_ends_while_throttled_is_journaled_with_its_duration() -> Non
 def test_ladder_off_releases_what_it_holds() -> None:
     c = shared_pair()
     _, mem = drive(c, 5)
-    steps, mem = drive(c, 1, override(POL, ["ladder.steps="]), mem=mem, start=T0 + 5 * DT)
-    assert [k[1] for k in ladder_kinds(steps)] == ["resume-job", "unthrottle"]
+    steps, mem = drive(c, 2, override(POL, ["ladder.steps="]), mem=mem, start=T0 + 5 * DT)
+    # the unthrottle waits a cycle: a signal to a step Slurm is still resuming is dropped
+    assert [k[:2] for k in ladder_kinds(steps)] == [(0, "resume-job"), (1, "unthrottle")]
+    assert not mem.restrained
 
 
 # ------------------------------------------------------------------ snapshot and --set

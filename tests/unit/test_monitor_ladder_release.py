@@ -56,19 +56,21 @@ def _releases(steps: List[List[Action]]) -> List[Tuple[int, str, str]]:
 def test_a_gone_cause_releases_every_rung_in_one_cycle(how: str, words: str,
                                                        mode: str) -> None:
     """Suspended (or, on MIG, throttled) while i1 breached; i1 leaves: within the next cycle
-    t1 is resumed, then unthrottled, the pending job is admitted on n1 again, and each
-    line says the cause is gone, never that inference is 'within its SLO'."""
+    t1 is resumed (and unthrottled in the cycle after: slurmstepd drops a signal sent while
+    its step is still suspended), the pending job is admitted on n1 again, and each line
+    says the cause is gone, never that inference is 'within its SLO'."""
     c = shared_pair(mode)
     n = 5 if mode == "mps" else 3
     steps, mem = drive(c, n)
     assert mem.ladder["n1/0"].step == ("suspend" if mode == "mps" else "throttle")
     _end(c, "i1", how)
-    steps, mem = drive(c, 1, mem=mem, start=T0 + n * DT)
-    kinds = [k[1] for k in ladder_kinds(steps)]
-    assert kinds == (["resume-job", "unthrottle"] if mode == "mps" else ["unthrottle"])
+    steps, mem = drive(c, 2, mem=mem, start=T0 + n * DT)
+    kinds = [k[:2] for k in ladder_kinds(steps)]
+    assert kinds == ([(0, "resume-job"), (1, "unthrottle")] if mode == "mps"
+                     else [(0, "unthrottle")])
     assert c.jobs["t1"].state == "RUNNING" and not mem.restrained and not mem.ladder
     assert c.jobs["p1"].exc_nodes == "", "the hold goes in the same cycle"
-    for a in steps[0]:
+    for a in steps[0] + steps[1]:
         if a.kind in ("resume-job", "unthrottle"):
             assert words in a.reason and "within its SLO" not in a.reason, a.reason
             assert a.details["cause"] == "i1" and a.details["cause_gone"] is True
