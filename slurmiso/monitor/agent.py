@@ -276,21 +276,36 @@ def render(registry: Any) -> str:
 
 
 class _Heartbeat:
-    """Stamps the monitor's scrapes (the :data:`~slurmiso.monitor.restraints.HEARTBEAT_HEADER`
-    header) in the node's state dir, at most once every ``every_s`` seconds."""
+    """Stamps the monitor's scrapes (a :data:`~slurmiso.monitor.restraints.HEARTBEAT_HEADER`
+    credential munged vouches for) in the node's state dir, checking one at most every
+    ``every_s`` seconds (a decode is a round trip to munged); a header that is not the
+    monitor's is a warning, once a minute at most."""
 
-    def __init__(self, state_dir: str, every_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, state_dir: str, node: str, every_s: float = 5.0,
+                 clock: Callable[[], float] = time.time,
+                 vouch: Optional[Callable[[str, str], Optional[str]]] = None) -> None:
+        from slurmiso.monitor.restraints import heartbeat_vouched
+
         self.state_dir = state_dir
+        self.node = node
         self.every_s = every_s
         self.clock = clock
+        self.vouch = vouch or heartbeat_vouched
         self.last = 0.0
+        self.warned = 0.0
 
-    def seen(self) -> None:
+    def seen(self, value: str) -> None:
         from slurmiso.monitor.restraints import write_heartbeat
 
         now = self.clock()
         if now - self.last < self.every_s:
+            return
+        why = self.vouch(value, self.node)
+        if why is not None:
+            if now - self.warned >= 60:
+                self.warned = now
+                log.warning("agent: a scrape's monitor heartbeat is not the monitor's (%s): "
+                            "not stamped", why)
             return
         self.last = now
         try:
@@ -300,11 +315,14 @@ class _Heartbeat:
 
 
 def _stamp(head: bytes, heartbeat: _Heartbeat) -> None:
-    """Stamp ``heartbeat`` when a scrape's request head carries the monitor's header."""
+    """Hand the monitor's header of a scrape's request head, if any, to ``heartbeat``."""
     from slurmiso.monitor.restraints import HEARTBEAT_HEADER
 
-    if b"\n" + HEARTBEAT_HEADER.lower().encode() + b":" in head.lower():
-        heartbeat.seen()
+    name = HEARTBEAT_HEADER.lower().encode() + b":"
+    for line in head.split(b"\n")[1:]:
+        if line.lower().startswith(name):
+            heartbeat.seen(line[len(name):].strip().decode("ascii", "replace"))
+            return
 
 
 class RestraintCollector:
@@ -395,7 +413,7 @@ def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     where = addr or cfg.monitor.telemetry.agent_addr
     refresher = signals_for(cfg, node).start()
     registry = registry_for(cfg, node, refresher.state)
-    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node))
+    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node), node)
     try:
         server = AgentServer(lambda: bytes(generate_latest(registry)), where, port,
                              on_scrape=lambda head: _stamp(head, heartbeat))

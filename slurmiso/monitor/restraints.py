@@ -13,8 +13,11 @@ taken (the monitor's clock), ``cause`` the inference job behind it, ``max`` the 
 (``monitor.ladder.<step>.max``) and ``on`` how the bound ends it (``on_bound``).
 
 The monitor proves it is alive by scraping the node's agent with the
-:data:`HEARTBEAT_HEADER` header; the agent (root) stamps :data:`HEARTBEAT_FILE` in the node's
-state dir. A restraint whose age reaches its ``max`` while that stamp is older than the
+:data:`HEARTBEAT_HEADER` header holding a MUNGE credential root made for that node
+(:func:`heartbeat_credential`); the agent (root) stamps :data:`HEARTBEAT_FILE` in the node's
+state dir only for a credential munged vouches for (:func:`heartbeat_vouched`): any local
+user can send a header, none can make root's credential, and munged decodes each one once.
+A restraint whose age reaches its ``max`` while that stamp is older than the
 monitor's data age limit is ended on the node (``slurmiso reconcile``, the agent) in the
 direction ``on`` names, journaled as a ``ladder-end`` line with ``by: node``.
 
@@ -137,6 +140,42 @@ def with_note(admin_comment: str, note: Optional[Note]) -> str:
 
 
 # ------------------------------------------------------------------------ the heartbeat
+def _heartbeat_payload(node: str) -> bytes:
+    return f"slurmiso-heartbeat v1 node={node}".encode()
+
+
+def heartbeat_credential(node: str) -> Optional[str]:
+    """The header value that proves this monitor (root) scraped ``node``; None where MUNGE
+    cannot make one (then the agent stamps nothing: the node sees the monitor silent)."""
+    from slurmiso.munge_token import MungeUnavailable, encode
+
+    try:
+        return encode(_heartbeat_payload(node), ttl_s=120)
+    except MungeUnavailable as exc:
+        log.warning("monitor: no heartbeat credential for %s: %s", node, exc)
+        return None
+
+
+def heartbeat_vouched(value: str, node: str, uid: Optional[int] = None) -> Optional[str]:
+    """None when ``value`` is a credential ``uid`` made for ``node`` that munged decodes
+    now (fresh, never decoded here before); else why not. ``uid`` defaults to this
+    process's: the monitor and the agent run as the same user (root in the shipped units)."""
+    from slurmiso.munge_token import MungeUnavailable, decode
+
+    uid = os.geteuid() if uid is None else uid
+    try:
+        got = decode(value.strip())
+    except MungeUnavailable as exc:
+        return str(exc)
+    if not got.ok:
+        return got.why()
+    if got.uid != uid:
+        return f"made by uid {got.uid}, not {uid}"
+    if got.payload != _heartbeat_payload(node):
+        return "made for another node"
+    return None
+
+
 def heartbeat_path(state_dir: str) -> str:
     return os.path.join(state_dir, HEARTBEAT_FILE)
 

@@ -129,8 +129,10 @@ def fetch_all(
     per_url_s: Optional[float] = None, max_bytes: int = MAX_BYTES,
     groups: Optional[Mapping[str, Hashable]] = None, group_bytes: Optional[int] = None,
     clock: Callable[[], float] = time.monotonic, headers: Mapping[str, str] = {},
+    key_headers: Mapping[str, Mapping[str, str]] = {},
 ) -> Dict[str, Fetched]:
-    """GET every URL (key -> URL) concurrently, each with ``headers``; returns within about
+    """GET every URL (key -> URL) concurrently, each with ``headers`` and its key's
+    ``key_headers``; returns within about
     ``deadline_s``. ``groups``: key -> group whose URLs share the slots fairly with the other
     groups'; ``group_bytes``: what one group's answers may hold in all (memory: each is kept
     whole)."""
@@ -163,7 +165,7 @@ def fetch_all(
                 # deadline per URL; node addresses from Slurm are usually IPs already)
                 key, url, group = queue.pop()
                 try:
-                    host, port, req = _target(url, headers)
+                    host, port, req = _target(url, {**headers, **key_headers.get(key, {})})
                     if (host, port) not in addr_cache:
                         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
                         addr_cache[(host, port)] = (info[0], info[4])

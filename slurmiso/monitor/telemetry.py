@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
 
 from slurmiso.monitor import scrape, signals
-from slurmiso.monitor.restraints import HEARTBEAT_HEADER
+from slurmiso.monitor.restraints import HEARTBEAT_HEADER, heartbeat_credential
 from slurmiso.monitor.signals import JobSignals
 from slurmiso.monitor.snapshot import GpuSample
 
@@ -237,9 +237,10 @@ class AgentSource:
         wanted = [n for n in nodes if n in self.urls] if self.urls else list(nodes)
         urls = {n: self.url_for(n, nodes.get(n, "")) for n in wanted}
         # the header is the monitor's heartbeat on each node (monitor/restraints.py)
+        beats = {n: {HEARTBEAT_HEADER: c} for n in wanted
+                 if (c := heartbeat_credential(n)) is not None}
         got = scrape.fetch_all(urls, self.deadline_s, max(1, self.workers),
-                               min(self.timeout, self.deadline_s),
-                               headers={HEARTBEAT_HEADER: "1"})
+                               min(self.timeout, self.deadline_s), key_headers=beats)
         for node in wanted:
             res = got[node]
             if res.body is None:

@@ -63,15 +63,56 @@ def test_heartbeat_age_and_liveness(tmp_path: Any) -> None:
     assert r.heartbeat_age(d, NOW) is None
 
 
-def test_the_agent_stamps_the_heartbeat_only_for_the_monitors_header(tmp_path: Any) -> None:
-    """The agent's own server hands each scrape's request head to the stamp."""
+def test_the_agent_stamps_the_heartbeat_only_for_a_vouched_header(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent's own server hands each scrape's request head to the stamp; only a value
+    munged vouches for stamps (any local user can send the header)."""
     from slurmiso.monitor.agent import _Heartbeat, _stamp
 
-    beat = _Heartbeat(str(tmp_path), every_s=0.0, clock=lambda: NOW)
+    seen: List[Tuple[str, str]] = []
+
+    def vouch(value: str, node: str) -> Optional[str]:
+        seen.append((value, node))
+        return None if value == "root's" else "bad-cred"
+
+    beat = _Heartbeat(str(tmp_path), "n3", every_s=0.0, clock=lambda: NOW, vouch=vouch)
     _stamp(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", beat)
-    assert r.heartbeat_age(str(tmp_path), NOW) is None, "a plain scrape is no heartbeat"
-    _stamp(b"GET /metrics HTTP/1.1\r\nX-Slurmiso-Monitor: 1\r\n\r\n", beat)
+    assert r.heartbeat_age(str(tmp_path), NOW) is None and seen == [], "a plain scrape"
+    with caplog.at_level("WARNING"):
+        _stamp(b"GET /metrics HTTP/1.1\r\nX-Slurmiso-Monitor: 1\r\n\r\n", beat)
+    assert r.heartbeat_age(str(tmp_path), NOW) is None, "a forged header stamped"
+    assert "not the monitor's (bad-cred)" in caplog.text
+    _stamp(b"GET /metrics HTTP/1.1\r\nx-slurmiso-monitor:  root's\r\n\r\n", beat)
     assert r.heartbeat_age(str(tmp_path), NOW) == 0.0
+    assert seen == [("1", "n3"), ("root's", "n3")]
+
+
+def _munged() -> str:
+    from slurmiso.munge_token import MungeUnavailable, available, encode
+
+    try:
+        return available() or (encode(b"probe", 10) and "")
+    except MungeUnavailable as exc:
+        return str(exc)
+
+
+NO_MUNGED = _munged()
+needs_munged = pytest.mark.skipif(bool(NO_MUNGED), reason=f"no munged here ({NO_MUNGED}); "
+                                  "make test starts the sandbox's")
+
+
+@needs_munged
+def test_only_the_monitors_own_credential_for_this_node_is_vouched_once() -> None:
+    cred = r.heartbeat_credential("n3")
+    assert cred is not None
+    assert r.heartbeat_vouched(cred, "n4") == "made for another node"
+    fresh = r.heartbeat_credential("n3")
+    assert fresh is not None and r.heartbeat_vouched(fresh, "n3") is None
+    assert r.heartbeat_vouched(fresh, "n3") == "cred-replayed"
+    other = r.heartbeat_credential("n3")
+    assert other is not None
+    assert r.heartbeat_vouched(other, "n3", uid=os.geteuid() + 1).startswith("made by uid")
+    assert r.heartbeat_vouched("1", "n3") == "bad-cred"
 
 
 def test_the_monitor_sends_its_header_to_agents_only() -> None:
@@ -355,6 +396,7 @@ def test_the_agents_watch_ends_a_restraint_past_its_bound_with_no_monitor(tmp_pa
         assert any('"by":"node"' in line for line in f)
 
 
+@needs_munged
 def test_the_real_agent_stamps_the_monitors_scrape(tmp_path: Any) -> None:
     """``slurmiso agent`` as a process: a plain scrape stamps nothing, the monitor's (its
     header) stamps the heartbeat in the node's state dir; its answer has the series."""
@@ -383,6 +425,9 @@ def test_the_real_agent_stamps_the_monitors_scrape(tmp_path: Any) -> None:
         assert r.heartbeat_age(state_dir, time.time()) is None, "a plain scrape is no heartbeat"
         body = scrape.fetch_all(url, 5, headers={r.HEARTBEAT_HEADER: "1"})["a"].body
         assert body is not None and f"{r.M_HEARTBEAT} " in body
+        assert r.heartbeat_age(state_dir, time.time()) is None, "a forged header stamped"
+        beat = {"a": {r.HEARTBEAT_HEADER: r.heartbeat_credential("node1") or ""}}
+        assert scrape.fetch_all(url, 5, key_headers=beat)["a"].body is not None
         age = r.heartbeat_age(state_dir, time.time())
         assert age is not None and age < 60
     finally:
