@@ -2,7 +2,7 @@
 #   make test    install, bring up the local Slurm sandbox, run unit + integration tests
 #   make demo    install, bring up the sandbox, run a short mixed inference/training scenario
 #   make bench   benchmarks; each prints its figure and a ratio to a baseline run beside it
-#   make unit    fast unit tests only (no Slurm, no root)
+#   make unit    fast unit tests only (no Slurm, no root, no browser)
 #   make lint    ruff + mypy
 #   make deb     Debian packages into dist/deb (packaging/deb/build.sh)
 #   make rpm     EL9 RPMs into dist/rpm (packaging/rpm/build.sh; built here, not EL9-tested)
@@ -53,15 +53,15 @@ sandbox-down:
 	$(PYTHON) -m slurmiso sandbox down
 
 unit: install
-	sh tests/tools/install-chromium.sh
 	sh tests/tools/install-promtool.sh
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: sandbox
 	$(PYTHON) -m pytest $(INTEGRATION) $(PYTEST_ARGS)
 
-# One pytest run over everything, so CI's closing line counts all tests. The nvml tests skip
-# (with their reason) where no NVIDIA driver is present.
+# One pytest run over everything, so CI's closing line counts all tests: unit, integration and
+# the report in a real browser (tests/browser, Chromium). The nvml tests skip (with their
+# reason) where no NVIDIA driver is present.
 test: sandbox
 	sh tests/tools/install-chromium.sh
 	sh tests/tools/install-promtool.sh

@@ -137,19 +137,19 @@ def _recording(keys: Dict[str, Dict[str, Any]]) -> Iterator[None]:
     """While active, every key the loader reads is noted with its default and limits."""
     from slurmiso.config import loader
 
-    section = loader._Section
+    section = loader.Section
     saved = {n: getattr(section, n) for n in ("raw", "text", "integer")}
 
     def norm(path: str) -> str:
         path = re.sub(r"\[\d+\]", "[]", path)
         return re.sub(r"(mig-configs)\.[^.\[]+", r"\1.NAME", path)
 
-    def raw(self: Any, name: str, default: Any = loader._MISSING) -> Any:
+    def raw(self: Any, name: str, default: Any = loader.MISSING) -> Any:
         keys.setdefault(norm(self.key(name)), {}).setdefault(
-            "default", None if default is loader._MISSING else default)
+            "default", None if default is loader.MISSING else default)
         return saved["raw"](self, name, default)
 
-    def text(self: Any, name: str, default: Any = loader._MISSING, allowed: Any = ()) -> Any:
+    def text(self: Any, name: str, default: Any = loader.MISSING, allowed: Any = ()) -> Any:
         if allowed:
             keys.setdefault(norm(self.key(name)), {})["allowed"] = ", ".join(allowed)
         return saved["text"](self, name, default, allowed)

@@ -49,7 +49,7 @@ from slurmiso.gpu import BACKEND_KINDS
 
 DEFAULT_PATH = "/etc/slurmiso/slurmiso.yaml"
 T = TypeVar("T")
-_MISSING = object()
+MISSING = object()
 
 
 def config_path(explicit: Optional[str] = None) -> str:
@@ -71,7 +71,7 @@ class _Problems:
         self.warnings.append(f"{path}: {msg}" if path else msg)
 
 
-class _Section:
+class Section:
     """A mapping being read: typed getters that record problems and track unknown keys."""
 
     def __init__(self, data: Any, path: str, problems: _Problems) -> None:
@@ -88,22 +88,22 @@ class _Section:
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
 
-    def raw(self, name: str, default: Any = _MISSING) -> Any:
+    def raw(self, name: str, default: Any = MISSING) -> Any:
         self.seen.add(name)
         if name not in self.data:
-            if default is _MISSING:
+            if default is MISSING:
                 self.p.add(self.key(name), "required key is missing")
                 return None
             return default
         return self.data[name]
 
-    def text(self, name: str, default: Any = _MISSING, allowed: Sequence[str] = ()) -> str:
+    def text(self, name: str, default: Any = MISSING, allowed: Sequence[str] = ()) -> str:
         v = self.raw(name, default)
         if v is None:
-            return "" if default is _MISSING else default
+            return "" if default is MISSING else default
         if not isinstance(v, str):
             self.p.add(self.key(name), f"expected a string, got {_show(v)}")
-            return "" if default is _MISSING or default is None else default
+            return "" if default is MISSING or default is None else default
         if allowed and v not in allowed:
             self.p.add(self.key(name), f"{v!r} is not allowed (allowed: {', '.join(allowed)})")
         return v
@@ -145,8 +145,8 @@ class _Section:
             return ()
         return tuple(v)
 
-    def section(self, name: str) -> _Section:
-        return _Section(self.raw(name, {}), self.key(name), self.p)
+    def section(self, name: str) -> Section:
+        return Section(self.raw(name, {}), self.key(name), self.p)
 
     def seq(self, name: str) -> List[Any]:
         v = self.raw(name, [])
@@ -183,7 +183,7 @@ def _size(text: str) -> int:
 # sections
 
 
-def _read_class(s: _Section) -> JobClass:
+def _read_class(s: Section) -> JobClass:
     name = s.text("name")
     m = s.section("match")
     match = Match(
@@ -252,7 +252,7 @@ def _read_class(s: _Section) -> JobClass:
 MIG_MODES = ("mig-static", "mig-dynamic")
 
 
-def _read_pool(s: _Section) -> Pool:
+def _read_pool(s: Section) -> Pool:
     from slurmiso.gpu.profiles import lookup_model
     from slurmiso.hostlist import HostlistError, expand
 
@@ -288,7 +288,7 @@ def _read_pool(s: _Section) -> Pool:
     return pool
 
 
-def _check_mig_model(s: _Section, pool: Pool, model: Any) -> None:
+def _check_mig_model(s: Section, pool: Pool, model: Any) -> None:
     """A MIG pool's model must be one whose MIG table slurmiso has; say what to do if not."""
     from slurmiso.gpu.profiles import mig_models
 
@@ -309,7 +309,7 @@ def _check_mig_model(s: _Section, pool: Pool, model: Any) -> None:
             f"MIG (MIG models: {known}); use mode exclusive, mps or timeslice"))
 
 
-def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
+def _read_layouts(s: Section) -> Tuple[MigLayout, ...]:
     s.text("version", "v1", ("v1",))
     configs = s.section("mig-configs")
     layouts = []
@@ -321,7 +321,7 @@ def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
             continue
         out = []
         for i, g in enumerate(groups):
-            gs = _Section(g, f"{path}[{i}]", s.p)
+            gs = Section(g, f"{path}[{i}]", s.p)
             dev = gs.raw("devices", "all")
             devices: Optional[Tuple[int, ...]] = None
             if dev != "all":
@@ -352,7 +352,7 @@ def _read_layouts(s: _Section) -> Tuple[MigLayout, ...]:
     return tuple(layouts)
 
 
-def _read_monitor(s: _Section) -> MonitorSettings:
+def _read_monitor(s: Section) -> MonitorSettings:
     t = s.section("thresholds")
     thresholds = Thresholds(
         memory_used_pct=t.integer("memory_used", 75, 1, 100),
@@ -389,7 +389,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
         s.p.add(te.key("prometheus_url"), "required when source is prometheus")
     slos = []
     for i, item in enumerate(s.seq("slo")):
-        ss = _Section(item, f"{s.key('slo')}[{i}]", s.p)
+        ss = Section(item, f"{s.key('slo')}[{i}]", s.p)
         p99 = ss.raw("p99_latency_ms", None)
         if "p99_ms" in ss.data:  # the short name; one of the two
             if p99 is not None:
@@ -431,7 +431,7 @@ def _read_monitor(s: _Section) -> MonitorSettings:
     return mon
 
 
-def _fraction(s: _Section, name: str) -> Optional[float]:
+def _fraction(s: Section, name: str) -> Optional[float]:
     v = s.raw(name, None)
     if v is None:
         return None
@@ -442,7 +442,7 @@ def _fraction(s: _Section, name: str) -> Optional[float]:
     return float(v)
 
 
-def _dwell(s: _Section, name: str, default: int) -> int:
+def _dwell(s: Section, name: str, default: int) -> int:
     v = s.raw(name, default)
     if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
         s.p.add(s.key(name), f"{v} is negative (a dwell is a duration >= 0, e.g. 90s, 5m)")
@@ -455,7 +455,7 @@ def _dwell(s: _Section, name: str, default: int) -> int:
 MAX_BOUND_S = 7 * 86400
 
 
-def _bound(s: _Section, default: int, release_after: int) -> int:
+def _bound(s: Section, default: int, release_after: int) -> int:
     """A step's ``max`` (or ``max_s``): how long it may stand without a hot cause or a live
     monitor. A duration > 0, at most a week, and not shorter than the step's own
     ``release_after`` (a bound below it would end a restraint before calm could)."""
@@ -494,7 +494,7 @@ def read_ladder(data: Any, path: str = LADDER_PATH) -> Ladder:
     so the monitor's ``--set ladder.*`` gets exactly the errors the file would (ConfigError,
     one ``key.path: what is wrong (allowed: ...)`` line per problem)."""
     p = _Problems()
-    ladder = _read_ladder(_Section(data, path, p))
+    ladder = _read_ladder(Section(data, path, p))
     if p.errors:
         n = len(p.errors)
         raise ConfigError(f"{n} problem{'s' if n > 1 else ''} in {path}", problems=p.errors)
@@ -517,7 +517,7 @@ def throttle_signal_problems(classes: Sequence[JobClass],
     return out
 
 
-def _read_ladder(s: _Section) -> Ladder:
+def _read_ladder(s: Section) -> Ladder:
     """``monitor.ladder``: which steps, in order, and each one's dwell and budget."""
     base = {st.name: st for st in Ladder.steps}
     raw = s.raw("steps", list(LADDER_STEPS))
@@ -578,7 +578,7 @@ def _read_ladder(s: _Section) -> Ladder:
     s.done()
     return ladder
 
-def _read_signals(s: _Section) -> SignalSettings:
+def _read_signals(s: Section) -> SignalSettings:
     base = SignalSettings()
 
     def given(name: str, what: str, default: str) -> bool:
@@ -628,12 +628,12 @@ def _read_signals(s: _Section) -> SignalSettings:
     return out
 
 
-def _read_servers(s: _Section) -> Tuple[ServerProfile, ...]:
+def _read_servers(s: Section) -> Tuple[ServerProfile, ...]:
     from slurmiso.config.selector import BadSelector, parse_selector
 
     out = []
     for i, item in enumerate(s.seq("servers")):
-        ss = _Section(item, f"{s.key('servers')}[{i}]", s.p)
+        ss = Section(item, f"{s.key('servers')}[{i}]", s.p)
         prof = ServerProfile(
             name=ss.text("name"),
             latency=ss.strlist("latency"),
@@ -844,7 +844,7 @@ def _pools_for(cfg: Config, c: JobClass) -> List[Pool]:
 def parse_config(data: Any, source: str = "<string>") -> Config:
     """Validate already-parsed YAML ``data``; raise ConfigError listing every problem."""
     p = _Problems()
-    top = _Section(data, "", p)
+    top = Section(data, "", p)
     version = top.raw("version", None)
     if version is None:
         p.add("version", "required key is missing (write `version: 1` at the top)")
@@ -874,11 +874,11 @@ def parse_config(data: Any, source: str = "<string>") -> Config:
     gs.done()
     classes = []
     for i, item in enumerate(top.seq("classes")):
-        classes.append(_read_class(_Section(item, f"classes[{i}]", p)))
+        classes.append(_read_class(Section(item, f"classes[{i}]", p)))
     if not classes and "classes" in top.data:
         p.add("classes", "at least one job class is required")
     pools = [
-        _read_pool(_Section(item, f"pools[{i}]", p)) for i, item in enumerate(top.seq("pools"))
+        _read_pool(Section(item, f"pools[{i}]", p)) for i, item in enumerate(top.seq("pools"))
     ]
     layouts = _read_layouts(top.section("mig_layouts")) if "mig_layouts" in top.data else ()
     if "mig_layouts" not in top.data:

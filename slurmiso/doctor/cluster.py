@@ -24,7 +24,7 @@ def conf(snap: Snapshot, key: str) -> str:
     return "" if value.lower() in UNSET else value
 
 
-def _items(value: str) -> List[str]:
+def conf_items(value: str) -> List[str]:
     return [v.strip().lower() for v in value.split(",") if v.strip()]
 
 
@@ -40,7 +40,7 @@ def check_preempt_type(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 def check_preempt_mode(snap: Snapshot, cfg: Config) -> List[Finding]:
     out: List[Finding] = []
-    modes = _items(conf(snap, "PreemptMode"))
+    modes = conf_items(conf(snap, "PreemptMode"))
     if "requeue" not in modes:
         why = ("CANCEL silently voids --requeue: preempted training is killed, not requeued"
                if "cancel" in modes else "preempted training is not requeued")
@@ -49,7 +49,7 @@ def check_preempt_mode(snap: Snapshot, cfg: Config) -> List[Finding]:
                            "set PreemptMode=REQUEUE in slurm.conf"))
     pools = {p.partition for p in cfg.pools}
     for name, part in sorted(snap.get("partitions", {}).items()):
-        pmode = _items(str(part.get("PreemptMode", "")))
+        pmode = conf_items(str(part.get("PreemptMode", "")))
         if name in pools and pmode and "requeue" not in pmode and "off" not in pmode:
             out.append(Finding("error", "preempt-mode",
                                f"partition {name} has PreemptMode={part.get('PreemptMode')}: "
@@ -74,7 +74,7 @@ _ENFORCE_IMPLIES = {"all": ("associations", "limits", "qos", "safe", "wckeys"),
 
 
 def check_accounting_enforce(snap: Snapshot, cfg: Config) -> List[Finding]:
-    have = _items(conf(snap, "AccountingStorageEnforce"))
+    have = conf_items(conf(snap, "AccountingStorageEnforce"))
     have += [x for word in have for x in _ENFORCE_IMPLIES.get(word, ())]
     missing = [x for x in ("associations", "limits", "qos") if x not in have]
     if not missing:
@@ -102,7 +102,7 @@ def check_accounting_storage(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_accounting_tres(snap: Snapshot, cfg: Config) -> List[Finding]:
-    have = _items(conf(snap, "AccountingStorageTRES"))
+    have = conf_items(conf(snap, "AccountingStorageTRES"))
     want = [f"gres/{t}" for t in slurmconf.gres_types(cfg.pools)]
     missing = [t for t in want if t not in have]
     if not missing:
@@ -115,7 +115,7 @@ def check_accounting_tres(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_gres_types(snap: Snapshot, cfg: Config) -> List[Finding]:
-    have = _items(conf(snap, "GresTypes"))
+    have = conf_items(conf(snap, "GresTypes"))
     want = slurmconf.gres_types(cfg.pools)
     missing = [t for t in want if t not in have]
     if not missing:
@@ -126,7 +126,7 @@ def check_gres_types(snap: Snapshot, cfg: Config) -> List[Finding]:
 
 
 def check_prolog_flags(snap: Snapshot, cfg: Config) -> List[Finding]:
-    flags = _items(conf(snap, "PrologFlags"))
+    flags = conf_items(conf(snap, "PrologFlags"))
     if "runinjob" in flags:  # 24.05+: implies Alloc and Contain
         mps = [p.name for p in cfg.pools if p.mode == "mps"]
         return [Finding("error", "prolog-run-in-job",
@@ -151,7 +151,7 @@ def check_prep_plugins(snap: Snapshot, cfg: Config) -> List[Finding]:
     without it runs neither, so no job is ever isolated (and none is refused)."""
     if "PrEpPlugins" not in snap.get("config", {}) or not cfg.pools:
         return []  # a Slurm before PrEp plugins (or a snapshot without the key)
-    if "prep/script" in _items(conf(snap, "PrEpPlugins")):
+    if "prep/script" in conf_items(conf(snap, "PrEpPlugins")):
         return []
     return [Finding("error", "prep-plugins",
                     f"PrEpPlugins={conf(snap, 'PrEpPlugins') or '(none)'} lacks prep/script: "
@@ -233,7 +233,7 @@ def check_gpu_acct(snap: Snapshot, cfg: Config) -> List[Finding]:
                            "hold NVML open while pools reconfigure MIG",
                            "if 'slurmiso mig apply' fails with IN_USE, stop slurmd on that "
                            "node while it runs"))
-    elif "disablegpuacct" not in _items(conf(snap, "JobAcctGatherParams")):
+    elif "disablegpuacct" not in conf_items(conf(snap, "JobAcctGatherParams")):
         out.append(Finding("error", "gpu-acct",
                            "JobAcctGatherParams lacks DisableGPUAcct while pools reconfigure "
                            "MIG: slurmd holds NVML open and MIG changes fail (IN_USE)",
@@ -366,7 +366,7 @@ def check_qos(snap: Snapshot, cfg: Config) -> List[Finding]:
 def check_submit_plugins(snap: Snapshot, cfg: Config) -> List[Finding]:
     """Submit-time checks are optional layers: info only, never a failing exit."""
     out: List[Finding] = []
-    if "lua" not in _items(conf(snap, "JobSubmitPlugins")):
+    if "lua" not in conf_items(conf(snap, "JobSubmitPlugins")):
         out.append(Finding("info", "job-submit",
                            "JobSubmitPlugins has no lua: class rules are not checked at submit",
                            "slurmiso gen job-submit; set JobSubmitPlugins=lua"))

@@ -14,7 +14,7 @@ from typing import List
 
 from slurmiso.config.model import Config
 from slurmiso.doctor import Check, Finding, Snapshot
-from slurmiso.doctor.cluster import _items, conf
+from slurmiso.doctor.cluster import conf, conf_items
 from slurmiso.isolation.bpf_probe import FENCE_PROG_NAME, SLURM_PROG_NAME
 
 FENCE_PLUGIN = "slurmiso_fence.so"
@@ -31,7 +31,7 @@ def check_device_constraint(snap: Snapshot, cfg: Config) -> List[Finding]:
                            "processes are not tracked by cgroup, so none can be fenced",
                            "set ProctrackType=proctrack/cgroup in slurm.conf "
                            "('slurmiso gen slurm-conf')"))
-    if "task/cgroup" not in _items(conf(snap, "TaskPlugin")):
+    if "task/cgroup" not in conf_items(conf(snap, "TaskPlugin")):
         out.append(Finding("error", "task-cgroup",
                            f"TaskPlugin={conf(snap, 'TaskPlugin') or '(unset)'} lacks task/cgroup:"
                            " jobs can open every GPU of their node whatever CUDA_VISIBLE_DEVICES "

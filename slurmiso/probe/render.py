@@ -12,7 +12,7 @@ import math
 from html import escape
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from slurmiso.audit.render.html import _CSS, PALETTE, _nice_max, _table
+from slurmiso.audit.render.html import PAGE_CSS, PALETTE, html_table, nice_max
 from slurmiso.audit.render.text import table
 
 _W, _H, _PAD_L, _PAD_B, _PAD_T, _PAD_R = 720, 300, 56, 40, 14, 16
@@ -117,7 +117,7 @@ def cdf_chart(series: Sequence[Tuple[str, str, List[List[float]], bool]],
             return _PAD_L + (math.log10(max(v, lo / 1.2)) - x0) / (x1 - x0) * pw
         ticks = _log_ticks(lo / 1.2, hi * 1.2)
     else:
-        top = _nice_max(hi)
+        top = nice_max(hi)
 
         def xv(v: float) -> float:
             return _PAD_L + v / top * pw
@@ -187,12 +187,12 @@ def render_html(report: Dict[str, Any]) -> str:
     body = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         "<title>slurmiso probe</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{PAGE_CSS}</style></head><body>",
         f"<h1>slurmiso probe: {verdict}</h1>",
         "<div class=muted>" + "<br>".join(escape(x) for x in _heading(report)) + "</div>",
         "<h2>Recommendation</h2>",
         f"<div class=f><b>{escape(rec['mode'])}</b>: {escape(rec['why'])}</div>",
-        "<h2>Per mode</h2>", _table(HEADER, mode_rows(report)),
+        "<h2>Per mode</h2>", html_table(HEADER, mode_rows(report)),
         "<h2>Inference latency CDF per mode</h2>",
         "<p class=muted>solid: beside training on one GPU (exclusive: on its own GPU next to "
         "training's); dashed: alone with the same share. The red line is the class's P99 "
@@ -209,7 +209,7 @@ def render_html(report: Dict[str, Any]) -> str:
         body.append(cdf_chart([s for s in series if not s[3]], target))
     runs = [[r["run"], r["where"], str(r.get("node") or "-"), f"{r['seconds']:.1f}s",
              r["output"]] for r in report.get("runs", [])]
-    body += ["<h2>Runs</h2>", _table(["RUN", "WHERE", "NODE", "TOOK", "OUTPUT"], runs)]
+    body += ["<h2>Runs</h2>", html_table(["RUN", "WHERE", "NODE", "TOOK", "OUTPUT"], runs)]
     body += ["<h2>Notes</h2><ul>"] + [f"<li>{escape(n)}</li>" for n in report.get("notes", [])]
     body += ["</ul></body></html>"]
     return "\n".join(body) + "\n"

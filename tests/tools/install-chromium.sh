@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install Debian's headless-capable Chromium for the audit report's screenshot test
-# (tests/unit/test_audit_html_browser.py). Idempotent: does nothing when it is already there.
-# Called by 'make unit' / 'make test'; needs root (apt-get) the first time.
+# (tests/browser/test_audit_html_browser.py). Idempotent: does nothing when it is already there.
+# Called by 'make test'; needs root (apt-get) the first time.
 set -eu
 if command -v chromium >/dev/null 2>&1; then
     exit 0

@@ -28,7 +28,7 @@ from slurmiso.audit.render.text import (
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"]
 _W, _H, _PAD_L, _PAD_B, _PAD_T = 720, 230, 56, 36, 14
 
-_CSS = """
+PAGE_CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:6px 0} td,th{padding:3px 10px;border-bottom:1px solid #eee;
@@ -41,7 +41,7 @@ text-align:right} td:first-child,th:first-child{text-align:left} th{background:#
 """
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     if not rows:
         return "<p class=muted>none</p>"
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
@@ -50,7 +50,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _nice_max(v: float) -> float:
+def nice_max(v: float) -> float:
     if v <= 0:
         return 1.0
     mag: float = 10 ** math.floor(math.log10(v))  # an int where v >= 1, as before
@@ -115,7 +115,7 @@ def time_chart(title: str, series: Dict[str, List[Tuple[float, Optional[float]]]
             return _PAD_T + ph - (e - lo_e) / (hi_e - lo_e) * ph
         grid = [(yv(v), v) for v in _LOG_TICKS if 10 ** lo_e <= v <= 10 ** hi_e]
     else:
-        ymax = top if top is not None else _nice_max(max(values))
+        ymax = top if top is not None else nice_max(max(values))
 
         def yv(v: float) -> float:
             return _PAD_T + ph - (v / ymax) * ph
@@ -206,7 +206,7 @@ def render_html(report: Dict[str, Any]) -> str:
     body = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         "<title>slurmiso audit</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{PAGE_CSS}</style></head><body>",
         f"<h1>slurmiso audit: {verdict}</h1>",
         f"<div class=muted>generated {escape(str(report['generated']))}; "
         f"{escape(span_line(report))}; "
@@ -216,7 +216,7 @@ def render_html(report: Dict[str, Any]) -> str:
         f"<h2>Findings ({len(report['findings'])} in all, {n_over} at or above "
         f"{escape(report['severity_threshold'])})</h2>",
         "".join(findings) or "<p class=ok>none</p>",
-        "<h2>By class</h2>", _table(CLASS_COLUMNS, class_rows(report)),
+        "<h2>By class</h2>", html_table(CLASS_COLUMNS, class_rows(report)),
         "<h2>Over time</h2>",
         time_chart(f"GPU-hours by class (per {bucket}, times UTC)", _points(report, "gpu_hours"),
                    colours, bucket_s, lambda v: f"{v:,.0f}" if v >= 10 else f"{v:.1f}"),
@@ -228,12 +228,12 @@ def render_html(report: Dict[str, Any]) -> str:
                    lambda v: _TICK_LABEL.get(v) or duration(v), log=True),
     ]
     for title, header, rows in extra_tables(report):
-        body += [f"<h2>{escape(title)}</h2>", _table(header, rows)]
+        body += [f"<h2>{escape(title)}</h2>", html_table(header, rows)]
     if report.get("ladder"):
         body += [f"<h2>{escape(LADDER_TITLE)}</h2>"]
         body += [f"<p class=muted>{escape(x)}</p>" for x in ladder_lines(report)]
         for title, header, rows in ladder_tables(report):
-            body += [f"<h3>{escape(title)}</h3>", _table(header, rows)]
+            body += [f"<h3>{escape(title)}</h3>", html_table(header, rows)]
     body += ["<h2>Notes</h2><ul>"] + [f"<li>{escape(n)}</li>" for n in report["notes"]]
     body += ["</ul></body></html>"]
     return "\n".join(body) + "\n"

@@ -7,8 +7,9 @@ traffic (update checks) is told apart from the report's. Console messages come f
 ``--enable-logging=stderr`` (``CONSOLE`` lines). The test is shown to catch both by a page that
 does each (:func:`test_the_checks_catch_a_page_that_phones_home`).
 
-Chromium comes from ``tests/tools/install-chromium.sh`` (``make unit``/``make test`` run it).
-Without it these tests fail, by design: a screenshot test that skips proves nothing.
+Chromium comes from ``tests/tools/install-chromium.sh``, which ``make test`` (and so CI) runs;
+these tests live apart from ``tests/unit`` so ``make unit`` needs no browser. Without Chromium
+they fail, by design: a screenshot test that skips proves nothing.
 ``UPDATE_GOLDEN=1`` also copies the screenshot to docs/audit-report.png for the README.
 """
 
