@@ -379,7 +379,11 @@ class Supervisor:
         if self.designated:
             return self._take_report(watcher, requested=True)
         report = watcher.poll()  # other ranks only wait for the designated rank's report
-        return None if report is None else (True, report, 0, "")
+        if report is None:
+            return None
+        log.info("rank %s: rank %s reported its checkpoint (%s)", self.job.procid,
+                 self.settings.rank, report.path)
+        return True, report, 0, ""
 
     # -- stop ---------------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ exceeds the dwell it would have taken, never over a time.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import time
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -32,8 +32,11 @@ from slurmiso_sandbox.protect import (
     http_get,
     read_text,
 )
+from tests import waiting
 
 HANG = 120  # seconds: a deadline that only says "this hangs"
+#: Sandbox reads are Slurm commands: poll them gently; only a hang times out.
+until = functools.partial(waiting.wait_for, every=0.3, timeout=HANG)
 DWELL = 2  # the scene's dwell: throttle after 2 s, suspend/requeue 4 s after it
 #: Budgets per job and hour: the forged-latency test spends the throttle budget.
 BUDGETS = {"throttle": "per_job: 8, per_hour: 120", "suspend": "per_job: 3, per_hour: 30",
@@ -51,17 +54,6 @@ def _empty_queue() -> Iterator[None]:
     """The scene spans the module: the conftest's per-test queue clearing would end it (the
     scene's own teardown empties the queue)."""
     yield
-
-
-def poll(cond: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
-    """``cond()`` once it is true; fails after ``timeout`` naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.3)
 
 
 class Scene:
@@ -88,7 +80,7 @@ class Scene:
             new = [k for k in self.kinds(self.train)[before:] if k != "ladder-end"]
             return new if new[:len(want)] == want else None
 
-        return list(poll(got, f"{want} on training job {self.train} "
+        return list(until(got, f"{want} on training job {self.train} "
                                f"(so far {self.kinds(self.train)[before:]}; monitor log "
                                f"{self.lad.work})"))
 
@@ -113,7 +105,7 @@ class Scene:
 
     def progressed(self, log: str, n: int) -> None:
         base = len(self.lad.steps(log))
-        poll(lambda: len(self.lad.steps(log)) >= base + n, f"{n} more steps in {log}")
+        until(lambda: len(self.lad.steps(log)) >= base + n, f"{n} more steps in {log}")
 
     def probe(self, pool: str) -> Dict[str, str]:
         f = self.sbx.job_fields(self.probes[pool])
@@ -129,9 +121,9 @@ class Scene:
     def settle(self) -> None:
         """Wait for the scene as every test starts it: no rung on the shared GPU, training
         running unthrottled, the arriving mps job no longer kept off n2."""
-        poll(lambda: not self.rung() and not self.restraint(), "the ladder to step down")
-        poll(lambda: self.sbx.job_state(self.train) == "RUNNING", "training to run")
-        poll(lambda: not self.kept_off_n2(), "the hold on n2 to end")
+        until(lambda: not self.rung() and not self.restraint(), "the ladder to step down")
+        until(lambda: self.sbx.job_state(self.train) == "RUNNING", "training to run")
+        until(lambda: not self.kept_off_n2(), "the hold on n2 to end")
         assert not self.throttle_file()
 
     def untouched(self) -> None:
@@ -144,7 +136,7 @@ class Scene:
         assert f.get("SuspendTime", "None") in ("None", "", "(null)"), f
         assert self.lad.infer_signals() == [], "the inference job was signalled"
         served = self.lad.served()
-        poll(lambda: self.lad.served() > served, "the inference job to serve on")
+        until(lambda: self.lad.served() > served, "the inference job to serve on")
         job = self.far
         assert self.entries(job) == [], f"the monitor acted on bystander {job}"
         g = sbx.job_fields(job)
@@ -227,9 +219,9 @@ def test_throttle_then_unthrottle(scene: Scene) -> None:
                                                                "URG")
     assert d["figure"] > SLO_MS and d["limit"] == SLO_MS
     assert re.fullmatch(r"throttle \d+/120 this hour", d["budget"]), d["budget"]
-    poll(scene.throttle_file, "the wrapper to create the throttle file")
-    poll(lambda: "throttled=1" in scene.last_step_line(), "a throttled step")
-    poll(scene.kept_off_n2, "new training to be kept off n2")
+    until(scene.throttle_file, "the wrapper to create the throttle file")
+    until(lambda: "throttled=1" in scene.last_step_line(), "a throttled step")
+    until(scene.kept_off_n2, "new training to be kept off n2")
     held = scene.entries(scene.probes["mps"], ("hold", "exclude"))
     assert held and f"inference job {infer} on n2 GPU {gpu}: time to first token" in held[-1][
         "reason"], held
@@ -241,9 +233,8 @@ def test_throttle_then_unthrottle(scene: Scene) -> None:
     assert e["ok"] is True and e["reason"].startswith("training back to full speed after ")
     assert f"inference on n2 GPU {gpu} within its SLO" in e["reason"], e["reason"]
     assert e["details"]["throttled_s"] > 0 and e["details"]["sends"] == "WINCH"
-    poll(lambda: not scene.throttle_file(), "the throttle file to go")
-    poll(lambda: scene.last_step_line() and "throttled=1" not in scene.last_step_line(),
-          "a step at full speed")
+    until(lambda: not scene.throttle_file(), "the throttle file to go")
+    until(lambda: scene.last_step_line() and "throttled=1" not in scene.last_step_line(), "a step at full speed")
     scene.settle()
     events = _wrapper_events(scene)
     assert events.count("throttle") >= 1 and events.count("unthrottle") >= 1, events
@@ -259,21 +250,19 @@ def test_unknown_signals_take_no_step_and_release_nothing(scene: Scene) -> None:
     scene.settle()
     before = len(scene.kinds(scene.train))
     lad.set_garbage(HOT_MS)
-    poll(lambda: re.search(r'^slurmiso_job_signal_unknown\{[^}]*job="' + scene.infer
-                            + r'"[^}]*reason="no-known-series"', lad.scrape(), re.M),
-          "the agent to call the garbage unknown")
+    until(lambda: re.search(r'^slurmiso_job_signal_unknown\{[^}]*job="' + scene.infer
+                            + r'"[^}]*reason="no-known-series"', lad.scrape(), re.M), "the agent to call the garbage unknown")
     lad.wait_cycles(3 * DWELL + 4)  # longer than hold and throttle would take
     assert scene.kinds(scene.train)[before:] == [], "a step on unknown signals"
     assert not scene.rung() and not scene.throttle_file()
 
     lad.set_latency(HOT_MS)  # readable again, and over the SLO
     scene.wait_new(before, ["throttle"])
-    poll(scene.throttle_file, "the throttle file")
+    until(scene.throttle_file, "the throttle file")
     lad.stop_agent()
     lad.set_latency(CALM_MS)
-    poll(lambda: re.search(r'^slurmiso_monitor_unknown_signals\{[^}]*source="agents"',
-                            http_get(lad.metrics_port, "/metrics"), re.M),
-          "the monitor to count n2's agent unknown")  # n5's answers: n2's is the one missing
+    until(lambda: re.search(r'^slurmiso_monitor_unknown_signals\{[^}]*source="agents"',
+                            http_get(lad.metrics_port, "/metrics"), re.M), "the monitor to count n2's agent unknown")  # n5's answers: n2's is the one missing
     lad.wait_cycles(3 * DWELL + 4)  # longer than the release would take
     assert scene.kinds(scene.train)[before:] == ["throttle"], "released on unknown signals"
     assert scene.rung().get("step") == "throttle" and scene.throttle_file()
@@ -281,7 +270,7 @@ def test_unknown_signals_take_no_step_and_release_nothing(scene: Scene) -> None:
 
     lad.start_agent()
     assert scene.wait_new(before, ["throttle", "unthrottle"]) == ["throttle", "unthrottle"]
-    poll(lambda: not scene.throttle_file(), "the throttle file to go")
+    until(lambda: not scene.throttle_file(), "the throttle file to go")
     scene.settle()
     scene.untouched()
 
@@ -296,7 +285,7 @@ def test_suspend_then_resume(scene: Scene) -> None:
     before = len(scene.kinds(scene.train))
     lad.set_latency(HOT_MS)
     scene.wait_new(before, ["throttle", "suspend"])
-    poll(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
+    until(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
     e = scene.entry("suspend")
     assert e["ok"] is True and e["reason"].startswith(
         f"training suspended: inference job {infer} on n2 GPU {gpu}: ") and BREACH.search(
@@ -316,7 +305,7 @@ def test_suspend_then_resume(scene: Scene) -> None:
     assert e["ok"] is True and e["reason"].startswith("training resumed after "), e["reason"]
     assert f"inference on n2 GPU {gpu} within its SLO" in e["reason"]
     assert e["details"]["suspended_s"] > 0
-    poll(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
+    until(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
     scene.progressed(lad.train_log, 10)
     scene.settle()
     scene.untouched()
@@ -337,19 +326,18 @@ def test_requeue_checkpoints_and_resumes(scene: Scene) -> None:
         "training requeued: checkpoints, then starts again off this node: inference job "
         f"{infer} on n2 GPU {gpu}: ") and BREACH.search(e["reason"]), e["reason"]
     assert e["details"]["budget"] == "requeue 1/10 this hour"
-    ckpt = poll(lambda: re.search(r"^# checkpoint step=(\d+)$", read_text(lad.train_log), re.M),
-                 "the training program's checkpoint")
-    poll(lambda: sbx.job_state(scene.train) == "PENDING", "the training job to leave n2")
+    ckpt = until(lambda: re.search(r"^# checkpoint step=(\d+)$", read_text(lad.train_log), re.M), "the training program's checkpoint")
+    until(lambda: sbx.job_state(scene.train) == "PENDING", "the training job to leave n2")
 
     def kept_off() -> bool:
         f = sbx.job_fields(scene.train)
         return f.get("Reason") in HELD or "n2" in f.get("ExcNodeList", "")
 
-    poll(kept_off, "the requeued job to be kept off n2 while the breach lasts")
+    until(kept_off, "the requeued job to be kept off n2 while the breach lasts")
     lad.set_latency(CALM_MS)
-    poll(lambda: sbx.job_fields(scene.train).get("Restarts") == "1"
-          and sbx.job_state(scene.train) == "RUNNING", "the requeued job to run again", 180)
-    poll(lambda: re.search(rf"^# start at={ckpt.group(1)} restart=1 ", read_text(lad.train_log),
+    until(lambda: sbx.job_fields(scene.train).get("Restarts") == "1"
+          and sbx.job_state(scene.train) == "RUNNING", "the requeued job to run again", timeout=180)
+    until(lambda: re.search(rf"^# start at={ckpt.group(1)} restart=1 ", read_text(lad.train_log),
                             re.M), f"the program to resume from step {ckpt.group(1)}")
     scene.progressed(lad.train_log, 10)
     assert contiguous(lad.steps()), "a step lost or counted twice across the requeue"
@@ -374,9 +362,8 @@ def test_forged_latency_costs_only_its_own_gpu_within_budgets(scene: Scene) -> N
                         budgets={"throttle": f"per_job: {spent}, per_hour: 120"})
     before = len(scene.kinds(scene.train))
     lad.set_latency(HOT_MS)
-    poll(lambda: f"throttle budget of job {scene.train} spent" in scene.rung().get("capped", ""),
-          "the rung to say the budget is spent")
-    poll(scene.kept_off_n2, "new training to be kept off n2 (hold is not budgeted)")
+    until(lambda: f"throttle budget of job {scene.train} spent" in scene.rung().get("capped", ""), "the rung to say the budget is spent")
+    until(scene.kept_off_n2, "new training to be kept off n2 (hold is not budgeted)")
     lad.wait_cycles(3 * 2 * DWELL + 4)  # past suspend's and requeue's dwells
     assert scene.kinds(scene.train)[before:] == [], "a step beyond the budget"
     assert sbx.job_state(scene.train) == "RUNNING" and not scene.throttle_file()
@@ -402,9 +389,9 @@ def test_inference_gone_under_a_rung_releases_within_one_cycle(scene: Scene) -> 
     before = len(scene.kinds(scene.train))
     lad.set_latency(HOT_MS)
     scene.wait_new(before, ["throttle", "suspend"])
-    poll(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
+    until(lambda: sbx.job_state(scene.train) == "SUSPENDED", "Slurm to show SUSPENDED")
     sbx.cmd("scancel", scene.infer)
-    poll(lambda: sbx.job_state(scene.infer) != "RUNNING", "the inference job to end")
+    until(lambda: sbx.job_state(scene.infer) != "RUNNING", "the inference job to end")
     gone_at = lad.cycles()  # the cycle now running may still have read it running
     new = scene.wait_new(before, ["throttle", "suspend", "resume-job", "unthrottle"])
     assert new == ["throttle", "suspend", "resume-job", "unthrottle"]
@@ -419,9 +406,9 @@ def test_inference_gone_under_a_rung_releases_within_one_cycle(scene: Scene) -> 
         assert e["ok"] is True and e["details"].get("cause_gone") is True, e
         assert f"inference job {scene.infer} " in e["reason"], e["reason"]
         assert "within its SLO" not in e["reason"], e["reason"]
-    poll(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
-    poll(lambda: not scene.rung() and not scene.restraint(), "the ladder to let go")
-    poll(lambda: not scene.throttle_file(), "the throttle file to go")
+    until(lambda: sbx.job_state(scene.train) == "RUNNING", "Slurm to show RUNNING")
+    until(lambda: not scene.rung() and not scene.restraint(), "the ladder to let go")
+    until(lambda: not scene.throttle_file(), "the throttle file to go")
     scene.progressed(lad.train_log, 5)
     assert contiguous(lad.steps()), "a step lost or counted twice across the suspension"
 

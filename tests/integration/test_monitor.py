@@ -8,16 +8,20 @@ its decisions; whatever the test changes in the sandbox is restored in ``finally
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import sys
-import time
 from typing import Any, Callable, List
 
 import pytest
 
 from slurmiso.hostlist import expand
+from tests import waiting
+
+#: Sandbox reads are Slurm commands: poll them gently.
+until = functools.partial(waiting.wait_for, every=0.3)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXTRA_LAYOUT = """    sandbox-all-3g:
@@ -52,13 +56,6 @@ def _nodes(sandbox: Any, partition: str) -> List[str]:
     return expand(value.group(1)) if value and value.group(1) != "(null)" else []
 
 
-def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
 def test_load_holds_training_and_calm_releases_it(sandbox: Any, tmp_path: Any) -> None:
     from slurmiso_sandbox.demo import monitor_hold_scenario
 
@@ -87,7 +84,7 @@ def test_idle_node_lent_and_reclaimed(sandbox: Any, submit: Any, wait_for: Any,
         assert "did partition-update tslice: lend idle n2 of mps to tslice" in out, out
         assert sorted(_nodes(sandbox, "tslice")) == sorted(original + ["n2"])
         infer = submit("#!/bin/bash\nsleep 20\n", "-p", "mps", "--qos=infer", "--gres=mps:50")
-        _wait(lambda: sandbox.job_state(infer) in ("RUNNING", "PENDING"), 20, "infer job")
+        until(lambda: sandbox.job_state(infer) in ("RUNNING", "PENDING"), "infer job", timeout=20)
         out = monitor("--lend", "mps:tslice")
         assert "did partition-update tslice: reclaim n2 for mps" in out, out
         assert _nodes(sandbox, "tslice") == original
@@ -118,7 +115,7 @@ def test_mig_relayout_drains_applies_resumes_and_new_gres_schedule(
         assert "no action" in monitor(), "jobs still run: wait for them"
         for job in running:
             wait_for(job, timeout=40)  # they finish: nothing was killed
-        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        until(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), "n3 empty", timeout=30)
         out = monitor("--after-relayout", sync)
         assert "did mig-apply n3: drained and empty: lay out MIG sandbox-all-3g" in out, out
         shown = json.loads(sandbox.slurmiso("--config", cfg, "mig", "show", "--node", "n3",
@@ -134,12 +131,12 @@ def test_mig_relayout_drains_applies_resumes_and_new_gres_schedule(
             wait_for(job, {"RUNNING"}, timeout=40)
         cvd = set()
         for job in waiting + more:
-            _wait(lambda j=job: "CVD=MIG-" in sandbox.job_output(j), 20, f"job {job} output")
+            until(lambda j=job: "CVD=MIG-" in sandbox.job_output(j), f"job {job} output", timeout=20)
             cvd.add(re.search(r"CVD=(\S+)", sandbox.job_output(job)).group(1))  # type: ignore
         assert cvd == {i["uuid"] for i in shown["instances"]}
     finally:
         sandbox.cmd("scancel", "-p", "mig", check=False)
-        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        until(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), "n3 empty", timeout=30)
         for args in [("mig", "apply", "--node", "n3"), ("sandbox", "sync-gres")]:
             cp = sandbox.slurmiso(*args)  # the sandbox's own layout, and Slurm told
             assert cp.returncode == 0, cp.stdout + cp.stderr
@@ -182,7 +179,7 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
                       f"{sim} --gpu 0 --sm 0\n{sim} --gpu 1 --sm 0\n",
                       "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", "n2")
         wait_for(load, {"RUNNING"}, timeout=40)
-        _wait(lambda: "loaded" in sandbox.job_output(load), 30, "the load to start")
+        until(lambda: "loaded" in sandbox.job_output(load), "the load to start", timeout=30)
         beside = submit(f"#!/bin/bash\nwhile [ ! -e {flag} ]; do sleep 0.3; done\n",
                         "-p", "mps", "--qos=train", "--gres=mps:50", "-w", "n2")
         wait_for(beside, {"RUNNING"}, timeout=40)
@@ -193,8 +190,7 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
         out = run_monitor(sandbox, cfg, str(tmp_path))
         assert "did qos-limit train: training capped at what it uses: n2 GPU" in out, out
         assert "gres/mps=50" in grp_tres().split(","), grp_tres()
-        _wait(lambda: sandbox.job_fields(later).get("Reason") == "QOSGrpGRES", 60,
-              "the eligible training job to wait on the cap")
+        until(lambda: sandbox.job_fields(later).get("Reason") == "QOSGrpGRES", "the eligible training job to wait on the cap", timeout=60)
         assert sandbox.job_fields(later).get("JobState") == "PENDING"
         open(flag, "w").close()
         wait_for(load, timeout=40)
@@ -249,11 +245,11 @@ def test_mig_relayout_preempts_training_never_inference(
         assert f"requeue {infer}" not in out and "1 other job(s) are waited for" in out
         assert sandbox.job_state(infer) == "RUNNING"
         for job in train:
-            _wait(lambda j=job: sandbox.job_state(j) == "PENDING", 40, f"job {job} requeued")
+            until(lambda j=job: sandbox.job_state(j) == "PENDING", f"job {job} requeued", timeout=40)
             assert int(sandbox.job_fields(job).get("Restarts", "0")) == 1
         wait_for(infer, timeout=40)
         assert sandbox.job_state(infer) == "COMPLETED"  # waited for, never killed
-        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        until(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), "n3 empty", timeout=30)
         out = cycle("--after-relayout", f"{sys.executable} -m slurmiso sandbox sync-gres")
         assert "did mig-apply n3" in out, out
         assert "did resume n3" in cycle()
@@ -262,7 +258,7 @@ def test_mig_relayout_preempts_training_never_inference(
             assert sandbox.job_state(job) == "COMPLETED"
     finally:
         sandbox.cmd("scancel", "-p", "mig", check=False)
-        _wait(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), 30, "n3 empty")
+        until(lambda: not sandbox.cmd("squeue", "-h", "-w", "n3").strip(), "n3 empty", timeout=30)
         for args in [("mig", "apply", "--node", "n3"), ("sandbox", "sync-gres")]:
             cp = sandbox.slurmiso(*args)
             assert cp.returncode == 0, cp.stdout + cp.stderr

@@ -10,8 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from typing import Any, Callable, Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -25,18 +24,12 @@ from slurmiso.monitor.agent_http import (
 )
 from slurmiso.monitor.telemetry import parse_prometheus_text
 from tests.hookctx import write_config
+from tests.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: A bound on a wait guards a hang only: two orders of magnitude above the expected time.
 HANG_S = 60.0
 IDLE = 1000
-
-
-def wait_for(what: str, cond: Callable[[], bool]) -> None:
-    end = time.monotonic() + HANG_S
-    while not cond():
-        assert time.monotonic() < end, f"never reached: {what}"
-        time.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)
@@ -76,8 +69,7 @@ def idle_sockets(port: int, n: int) -> List[socket.socket]:
 def test_a_thousand_idle_connections_do_not_keep_a_scrape_out(server: AgentServer) -> None:
     idle = idle_sockets(server.port, IDLE)
     try:
-        wait_for("the server took every idle connection",
-                 lambda: server.stats.accepted >= IDLE)
+        wait_for(lambda: server.stats.accepted >= IDLE, "the server took every idle connection")
         assert server.stats.open <= server.cap
         body = scrape.get(f"http://127.0.0.1:{server.port}/metrics", 10.0)
         assert body == "slurmiso_agent_up 1\n"
@@ -106,8 +98,8 @@ def test_a_request_trickled_a_byte_at_a_time_is_closed_at_its_deadline(
     t = threading.Thread(target=trickle, daemon=True)
     t.start()
     try:
-        wait_for("the trickler closed", lambda: server.stats.closed[
-            CloseReason.REQUEST_TIMEOUT] == 1)
+        wait_for(lambda: server.stats.closed[
+            CloseReason.REQUEST_TIMEOUT] == 1, "the trickler closed")
         assert t.is_alive() or sent, "premise: it was still sending"
         assert scrape.get(f"http://127.0.0.1:{server.port}/", 10.0) == "slurmiso_agent_up 1\n"
     finally:
@@ -123,8 +115,7 @@ def test_an_answer_never_read_is_closed_at_its_write_deadline() -> None:
     c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     try:
         c.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        wait_for("the unread answer closed",
-                 lambda: s.stats.closed[CloseReason.WRITE_TIMEOUT] == 1)
+        wait_for(lambda: s.stats.closed[CloseReason.WRITE_TIMEOUT] == 1, "the unread answer closed")
         assert s.stats.answered == 0
     finally:
         c.close()
@@ -149,13 +140,13 @@ def test_concurrent_scrapes_share_one_render_at_a_time() -> None:
         first = threading.Thread(target=lambda: out.append(
             scrape.get(f"http://127.0.0.1:{s.port}/metrics", HANG_S)))
         first.start()
-        wait_for("the first render runs", lambda: n[0] == 1)
+        wait_for(lambda: n[0] == 1, "the first render runs")
         rest = [threading.Thread(target=lambda: out.append(
             scrape.get(f"http://127.0.0.1:{s.port}/metrics", HANG_S))) for _ in range(20)]
         for t in rest:
             t.start()
         # (the first one too: it waits in the render)
-        wait_for("21 scrapes wait", lambda: len(s._conns[Phase.WAITING]) == 21)
+        wait_for(lambda: len(s._conns[Phase.WAITING]) == 21, "21 scrapes wait")
         release.set()
         for t in [first, *rest]:
             t.join()
@@ -226,8 +217,8 @@ def test_the_real_agent_answers_a_scrape_beside_more_idle_sockets_than_its_fd_li
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     idle: List[socket.socket] = []
     try:
-        wait_for("the agent listens", lambda: agent.poll() is None and port in (
-            ports.loopback_listeners() or {}) or agent.poll() is not None)
+        wait_for(lambda: agent.poll() is None and port in (
+            ports.loopback_listeners() or {}) or agent.poll() is not None, "the agent listens")
         assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
         idle = held_sockets(port, 1500)
         body = scrape.get(f"http://127.0.0.1:{port}/metrics", 20.0)
@@ -267,14 +258,14 @@ def test_answers_never_taken_are_evicted_before_a_scrape_waiting_for_its_render(
             c = socket.create_connection(("127.0.0.1", s.port), timeout=HANG_S)
             c.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
             unread.append(c)
-        wait_for("16 answers not taken", lambda: len(s._conns[Phase.WRITING]) == 16)
+        wait_for(lambda: len(s._conns[Phase.WRITING]) == 16, "16 answers not taken")
         armed.set()
         scraper = threading.Thread(target=lambda: out.append(
             scrape.get(f"http://127.0.0.1:{s.port}/metrics", HANG_S)))
         scraper.start()
-        wait_for("the scrape waits for its render", lambda: len(s._conns[Phase.WAITING]) == 1)
+        wait_for(lambda: len(s._conns[Phase.WAITING]) == 1, "the scrape waits for its render")
         unread += idle_sockets(s.port, 4)
-        wait_for("the 4 new ones taken", lambda: s.stats.accepted == 21)
+        wait_for(lambda: s.stats.accepted == 21, "the 4 new ones taken")
         assert len(s._conns[Phase.WAITING]) == 1, "the scrape still waits"
         hold.set()
         scraper.join()

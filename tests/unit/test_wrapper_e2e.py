@@ -21,6 +21,7 @@ import pytest
 
 from slurmiso.wrapper.checkpoint_protocol import write_marker
 from tests.localsim import LocalSlurm, Trigger
+from tests.waiting import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOAD = os.path.join(ROOT, "slurmiso_sandbox", "train_counter.py")
@@ -166,14 +167,6 @@ def test_scancel_checkpoints_but_is_not_requeued(tmp_path) -> None:
     assert not os.path.exists(job.sim.requests)
 
 
-def _wait_for(what: str, ready: Any, timeout: float = 30.0) -> None:
-    """Poll until ``ready()``: a readiness marker, not a sleep sized for some machine."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g}s"
-        time.sleep(0.02)
-
-
 def _has_event(path: str, event: str) -> bool:
     try:
         text = Path(path).read_text()
@@ -187,11 +180,11 @@ def test_double_signal_is_one_checkpoint(tmp_path) -> None:
     env = job.sim.env_for(0)
     proc = subprocess.Popen(job.argv, env=env, cwd=job.dir)
     try:
-        _wait_for("steps", lambda: len(job.steps()) >= 5)
+        wait_for(lambda: len(job.steps()) >= 5, "steps")
         proc.send_signal(signal.SIGTERM)
         # the second signals come while that checkpoint runs: once the wrapper has begun it
         # (not after a fixed 0.1 s, which on a busy machine could be before it had)
-        _wait_for("checkpoint-start", lambda: _has_event(job.events, "checkpoint-start"))
+        wait_for(lambda: _has_event(job.events, "checkpoint-start"), "checkpoint-start")
         proc.send_signal(signal.SIGTERM)
         proc.send_signal(signal.SIGUSR1)  # and the time-limit warning on top
         assert proc.wait(10) == 143
@@ -246,20 +239,24 @@ def test_other_ranks_wait_for_the_designated_ranks_report(tmp_path) -> None:
             "import time; open('ready', 'w').close(); time.sleep(600)"]
     env = dict(ENV, SLURM_JOB_ID="5", SLURM_PROCID="1",
                SLURMISO_CONFIG=str(tmp_path / "none.yaml"))
-    proc = subprocess.Popen(argv, env=env, cwd=str(tmp_path))
+    log = tmp_path / "wrapper.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=str(tmp_path), stderr=err)
     # the program runs, so the wrapper's handlers are up (not a 1 s sleep: a slow start on a
     # busy machine got SIGTERM before them, and died of it)
-    _wait_for("program", lambda: (tmp_path / "ready").exists())
+    wait_for(lambda: (tmp_path / "ready").exists(), "program")
     proc.send_signal(signal.SIGTERM)
-    _wait_for("preempt-signal", lambda: _has_event(events, "preempt-signal"))
-    time.sleep(0.5)  # a wrapper that would not wait has had time to end
+    wait_for(lambda: _has_event(events, "preempt-signal"), "preempt-signal")
     assert proc.poll() is None  # still waiting: rank 1 does not checkpoint itself
-    (tmp_path / "c.pt").write_text("x")
-    write_marker(os.path.join(ckpt, ".slurmiso", "marker.json"), str(tmp_path / "c.pt"))
+    report = tmp_path / "c.pt"  # a path the wrapper can only learn from the marker
+    report.write_text("x")
+    write_marker(os.path.join(ckpt, ".slurmiso", "marker.json"), str(report))
     # the wrapper's own deadline is 590 s away (grace 600 less a 10 s margin): ending before
     # it shows the marker ended the wait. 60 s is a hang guard, not a speed test: from the
     # marker to the exit takes milliseconds
     assert proc.wait(60) == 143
+    # what ended the wait, counted rather than timed: rank 1 read rank 0's report
+    assert f"rank 1: rank 0 reported its checkpoint ({report})" in log.read_text()
     kinds = [json.loads(x)["event"] for x in Path(events).read_text().splitlines()]
     assert kinds == ["preempt-signal"]  # no checkpoint or requeue records from rank 1
 

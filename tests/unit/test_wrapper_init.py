@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Iterator, List
 
 import pytest
 
 from slurmiso.pids import pid_alive
 from slurmiso.wrapper import procctl
 from slurmiso.wrapper.signals import FORWARDED, JOB_CONTROL, NOT_FORWARDED, forwardable
+from tests.waiting import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMISO_"))}
@@ -60,20 +61,11 @@ def _wrapper(tmp: Path, *cmd: str, grace: float = 3.0) -> subprocess.Popen[bytes
     return subprocess.Popen(argv, env=ENV, cwd=str(tmp))
 
 
-def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
-
 def _pid(path: Path) -> int:
     def written() -> bool:
         return path.exists() and path.read_text().strip().isdigit()
 
-    assert _wait_for(written), f"{path} never got a pid"
+    wait_for(written, f"a pid in {path}")
     return int(path.read_text())
 
 
@@ -126,8 +118,9 @@ def test_a_signal_to_the_wrapper_reaches_the_program_and_does_not_kill_the_wrapp
     out = tmp_path / "got"
     proc = _wrapper(tmp_path, sys.executable, "-c", RECORDER, str(out), str(int(sig)))
     cleanup.append(proc.pid)
+    # the program runs, so the wrapper's handlers are up: it installs them before it starts
+    # the program (a signal before its loop stays pending and is passed on from there)
     cleanup.append(_pid(tmp_path / "got.pid"))
-    time.sleep(0.2)  # the wrapper is in its loop, as for most of a job
     os.kill(proc.pid, sig)
     assert proc.wait(10) == 0  # the program's own status: it got the signal and finished
     assert str(int(sig)) in out.read_text().split()
@@ -143,18 +136,18 @@ def test_job_control_stops_and_continues_program_and_wrapper(
     proc = _wrapper(tmp_path, sys.executable, "-c", code)
     cleanup.append(proc.pid)
     prog = _pid(pidfile)
-    cleanup.append(prog)
-    time.sleep(0.2)
+    cleanup.append(prog)  # it runs: the wrapper's handlers are up (installed before it)
 
     def state(pid: int) -> str:
         st = procctl.read_stat(pid)
         return st[0] if st else "gone"
 
     os.kill(proc.pid, signal.SIGTSTP)  # Ctrl-Z: the program stops, and so does the wrapper
-    assert _wait_for(lambda: state(prog) == "T" and state(proc.pid) == "T", 5.0), (
-        state(prog), state(proc.pid))
+    wait_for(lambda: state(prog) == "T" and state(proc.pid) == "T",
+             "the program and the wrapper stopped")
     os.kill(proc.pid, signal.SIGCONT)  # fg: both run again
-    assert _wait_for(lambda: state(prog) != "T" and state(proc.pid) != "T", 5.0)
+    wait_for(lambda: state(prog) != "T" and state(proc.pid) != "T",
+             "the program and the wrapper running again")
     os.kill(proc.pid, signal.SIGINT)  # Ctrl-C, passed on: the program dies of it
     assert proc.wait(10) == 128 + int(signal.SIGINT)
 
@@ -174,7 +167,7 @@ def test_a_sigkilled_wrapper_takes_its_program_with_it(tmp_path: Path, cleanup: 
     assert pid_alive(prog)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    assert _wait_for(lambda: not pid_alive(prog), 5.0), "the program outlived its wrapper"
+    wait_for(lambda: not pid_alive(prog), "the program to end with its wrapper")
 
 
 # -- what the program leaves behind --------------------------------------------------------
@@ -196,7 +189,8 @@ def test_orphans_are_adopted_by_the_wrapper_and_ended_with_it(
     cleanup.append(orphan)
     # its parent (the inner sh) has exited: the guardian, a subreaper, is its parent now
     (guardian,) = procctl.children(proc.pid)
-    assert _wait_for(lambda: (procctl.read_stat(orphan) or ("", 0, 0))[1] == guardian, 5.0)
+    wait_for(lambda: (procctl.read_stat(orphan) or ("", 0, 0))[1] == guardian,
+             "the orphan adopted by the guardian")
     assert Path(f"/proc/{guardian}/comm").read_text().strip() == "slurmiso-guard"
     st = procctl.read_stat(orphan)
     assert st is not None and st[2] != proc.pid  # and it left the program's group

@@ -24,12 +24,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Iterator, List
 
 import pytest
 
 from slurmiso.pids import pid_alive
 from slurmiso.wrapper import procctl
+from tests.waiting import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMISO_"))}
@@ -163,11 +164,16 @@ def tree_processes(token: str) -> List[int]:
     return found
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = GONE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+def signals_taken(pid: int) -> bool:
+    """Whether ``pid`` has no signal pending that it does not block (or is gone): from that
+    moment every signal sent to it has been acted on (handled, ignored, or fatal)."""
+    try:
+        fields = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    except OSError:
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return pending & ~int(fields["SigBlk"], 16) == 0
 
 
 def assert_all_gone(run: Run, context: str) -> None:
@@ -389,7 +395,10 @@ def test_signals_slurm_sends_every_process_do_not_end_the_run(
     for sig in (signal.SIGUSR1, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
         for pid in helpers:
             os.kill(pid, sig)
-    time.sleep(0.2)  # nothing to wait for: checking that nothing happened
+    # Not a sleep: wait until each helper has taken its signals (none left pending and
+    # unblocked), so a helper those signals kill has died by the time of the check.
+    wait_for(lambda: all(signals_taken(pid) for pid in helpers), "the helpers to take Slurm's signals")
+    assert all(pid_alive(pid) for pid in helpers), [_describe(p) for p in helpers]
     assert pid_alive(program) and run.proc.poll() is None
     for pid in everyone:
         os.kill(pid, signal.SIGTERM)  # the preemption itself, to every process

@@ -26,7 +26,8 @@ from slurmiso.hooks.events import parse_line
 from slurmiso.wrapper import throttle as thr
 from slurmiso.wrapper.signals import JobEnvironment, SignalHandler
 from slurmiso.wrapper.supervisor import Settings, Supervisor
-from tests.unit.test_wrapper_init import ENV, ROOT, _wait_for, cleanup, linux_only
+from tests.unit.test_wrapper_init import ENV, ROOT, cleanup, linux_only
+from tests.waiting import wait_for
 
 __all__ = ["cleanup"]  # the fixture, used by name
 
@@ -80,8 +81,8 @@ class Run:
             self.proc = subprocess.Popen(argv, env=ENV, cwd=str(tmp), stderr=err)
         pids.append(self.proc.pid)
         # the program runs, so the wrapper's handlers are in place (installed before it starts)
-        assert _wait_for(lambda: (self.out / "ready").exists() or self.proc.poll() is not None,
-                         DEADLINE_S), "the program never started"
+        wait_for(lambda: (self.out / "ready").exists() or self.proc.poll() is not None,
+                 "the program to start", timeout=DEADLINE_S)
         assert self.proc.poll() is None, _read(self.log)
         path, at_start = (self.out / "ready").read_text().split("\n")
         assert path == str(self.file)
@@ -97,7 +98,7 @@ class Run:
                       f"{text!r} not {times} times in the wrapper's output")
 
     def wait_for(self, cond: Callable[[], bool], what: str) -> None:
-        assert _wait_for(cond, DEADLINE_S), what
+        wait_for(cond, what, timeout=DEADLINE_S)
         assert self.proc.poll() is None, "the wrapper ended"
 
     def program_sees(self, state: bool) -> None:
