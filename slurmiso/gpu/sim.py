@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.errors import (
@@ -55,6 +55,9 @@ from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 from slurmiso.pids import pid_alive, start_ticks
+
+if TYPE_CHECKING:
+    from slurmiso.gpu.cuda_checkpoint import Action, CudaState
 from slurmiso.state.lock import FileLock, LockTimeout
 
 log = logging.getLogger(__name__)
@@ -524,7 +527,7 @@ class SimBackend:
         wanted = {g["index"] for g in _selected(state, index)}
         return [
             GpuProcess(p["pid"], p["gpu_index"], p["used_memory_mb"], p["mig_uuid"], p["name"])
-            for p in _live_processes(state)
+            for p in _on_gpu(state)
             if p["gpu_index"] in wanted
         ]
 
@@ -703,6 +706,38 @@ class SimBackend:
                 if value is not None:
                     load[key] = value
 
+    # ------------------------------------------------------- cuda-checkpoint, simulated
+    def cuda_state(self, pid: int) -> CudaState:
+        """The CUDA state of a registered process (as ``cuda-checkpoint --get-state``)."""
+        from slurmiso.gpu.cuda_checkpoint import CudaState
+
+        return CudaState(_cuda_entries(self._store.snapshot(), pid)[0].get("cuda", "running"))
+
+    def cuda_act(self, pid: int, action: Action) -> None:
+        """One cuda-checkpoint action, with the driver's state machine and refusals."""
+        from slurmiso.gpu.cuda_checkpoint import TRANSITIONS, CheckpointRefused, CudaState
+
+        with self._store.transaction("cuda_act") as state:
+            entries = _cuda_entries(state, pid)
+            now = CudaState(entries[0].get("cuda", "running"))
+            needs, leaves = TRANSITIONS[action]
+            if now is not needs:
+                raise CheckpointRefused(
+                    f"pid {pid} is {now.value}: {action.value} needs {needs.value}")
+            refusal = entries[0].get("refuses", "") if action.value == "checkpoint" else ""
+            if refusal:  # the README: the driver does not try to keep the process usable
+                leaves = CudaState.FAILED
+            for e in entries:
+                e["cuda"] = leaves.value
+        if refusal:  # after the transaction: the failed state is written, as the driver's is
+            raise CheckpointRefused(f"pid {pid}: checkpoint failed: {refusal}")
+
+    def refuse_checkpoint(self, pid: int, reason: str) -> None:
+        """Make a registered process refuse ``checkpoint`` (e.g. it holds UVM memory)."""
+        with self._store.transaction("refuse_checkpoint") as state:
+            for e in _cuda_entries(state, pid):
+                e["refuses"] = reason
+
     def clear_load(self, index: Optional[int] = None) -> None:
         """Reset injected activity and forget registered processes, of one GPU or all."""
         with self._store.transaction("clear_load") as state:
@@ -714,6 +749,16 @@ class SimBackend:
 
 
 # ------------------------------------------------------------------ pure state helpers
+def _cuda_entries(state: State, pid: int) -> List[Dict[str, Any]]:
+    """The live process entries of ``pid`` (one per GPU it uses); refused if it has none."""
+    from slurmiso.gpu.cuda_checkpoint import CheckpointRefused
+
+    found = [p for p in _live_processes(state) if p["pid"] == int(pid)]
+    if not found:
+        raise CheckpointRefused(f"pid {pid} is not a CUDA process on this node")
+    return found
+
+
 def state_model(state: State) -> Optional[GpuModel]:
     """The simulated GPUs' model: a catalogue entry, or the ``custom_model`` the state names."""
     model = profiles.lookup_model(str(state.get("model", "")))
@@ -793,8 +838,14 @@ def _same_process(p: Dict[str, Any]) -> bool:
     return isinstance(start, int) and start_ticks(pid) == start
 
 
+def _on_gpu(state: State) -> List[Dict[str, Any]]:
+    """The live processes that hold the GPU: a checkpointed one (cuda-checkpoint) has released
+    every GPU resource and is gone from NVML's process list until it is restored."""
+    return [p for p in _live_processes(state) if p.get("cuda", "running") != "checkpointed"]
+
+
 def _memory_used(state: State, gpu: Dict[str, Any], mig_uuid: Optional[str] = None) -> int:
-    procs = [p for p in _live_processes(state) if p["gpu_index"] == gpu["index"]]
+    procs = [p for p in _on_gpu(state) if p["gpu_index"] == gpu["index"]]
     if mig_uuid is not None:
         return sum(int(p["used_memory_mb"]) for p in procs if p["mig_uuid"] == mig_uuid)
     return int(gpu["load"]["memory_mb"]) + sum(int(p["used_memory_mb"]) for p in procs)
