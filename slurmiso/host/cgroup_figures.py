@@ -2,7 +2,7 @@
 
     >>> figs = read_v2("tests/fixtures/host/v2/job_4242")
     >>> figs.cpu.usage_usec, figs.io.wbytes, figs.pressure.cpu.some.avg10
-    (8420000123, 1073741824, 23.51)
+    (8420000123, 1073857024, 23.51)
 
 The directory comes from the caller, who found it through Slurm (the job's step cgroup),
 never from anything the job's user wrote. The files are treated as hostile: a missing,
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -28,6 +29,9 @@ from slurmiso.host.kernel_text import (
     parse_uint,
     read_text,
 )
+
+_BLKIO_OPS = ("Read", "Write", "Sync", "Async", "Discard", "Total")
+_DEVICE_RE = re.compile(r"^[0-9]{1,10}:[0-9]{1,10}$")
 
 
 class CgroupVersion(enum.Enum):
@@ -112,9 +116,10 @@ def _read(directory: Optional[str], name: str) -> Optional[str]:
 
 def _sum_io_stat(text: Optional[str]) -> IoFigures:
     """Sum io.stat over devices; a device line lacking a key makes that sum unknown."""
-    if text is None:
+    parsed = parse_nested_keyed(text)
+    if parsed is None:
         return IoFigures(None, None, None, None)
-    devices = parse_nested_keyed(text).values()
+    devices = parsed.values()
     sums: Dict[str, Optional[int]] = {}
     for key in ("rbytes", "wbytes", "rios", "wios"):
         values = [d.get(key) for d in devices]
@@ -166,7 +171,11 @@ def _sum_blkio(text: Optional[str]) -> tuple[Optional[int], Optional[int]]:
     per_device: Dict[str, Dict[str, Optional[int]]] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 3 and ":" in parts[0] and parts[1] in ("Read", "Write"):
+        if not parts or (len(parts) == 2 and parts[0] == "Total"):
+            continue
+        if len(parts) != 3 or parts[1] not in _BLKIO_OPS or not _DEVICE_RE.match(parts[0]):
+            return None, None  # not the kernel's file: a sum without this line would under-read
+        if parts[1] in ("Read", "Write"):
             per_device.setdefault(parts[0], {})[parts[1]] = parse_uint(parts[2])
     sums: list[Optional[int]] = []
     for op in ("Read", "Write"):

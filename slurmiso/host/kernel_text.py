@@ -38,12 +38,20 @@ def read_text(path: str) -> Optional[str]:
         fd = os.open(path, os.O_RDONLY | _CLOEXEC | _NOFOLLOW)
     except OSError:
         return None
+    chunks: list[bytes] = []
+    size = 0
     try:
-        data = os.read(fd, MAX_READ_BYTES + 1)
+        while size <= MAX_READ_BYTES:  # seq_file reads may come back short: read to EOF
+            chunk = os.read(fd, MAX_READ_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     except OSError:
         return None
     finally:
         os.close(fd)
+    data = b"".join(chunks)
     if len(data) > MAX_READ_BYTES:
         log.warning("host figures: %s is over %d bytes; ignored", path, MAX_READ_BYTES)
         return None
@@ -96,13 +104,19 @@ def parse_flat_keyed(text: Optional[str]) -> Dict[str, int]:
     return out
 
 
-def parse_nested_keyed(text: Optional[str]) -> Dict[str, Dict[str, int]]:
-    """``MAJ:MIN key=value ...`` lines (io.stat); a line with a bad device is dropped whole."""
+def parse_nested_keyed(text: Optional[str]) -> Optional[Dict[str, Dict[str, int]]]:
+    """``MAJ:MIN key=value ...`` lines (io.stat) by device; a value that is not a u64 leaves
+    its key out. None for the whole file when a line has no valid device or repeats one:
+    the file is not the kernel's, and a sum without that line would under-read."""
+    if text is None:
+        return None
     out: Dict[str, Dict[str, int]] = {}
-    for line in (text or "").splitlines():
+    for line in text.splitlines():
         parts = line.split()
-        if not parts or not _DEVICE_RE.match(parts[0]) or parts[0] in out:
+        if not parts:
             continue
+        if not _DEVICE_RE.match(parts[0]) or parts[0] in out:
+            return None
         fields: Dict[str, int] = {}
         for item in parts[1:]:
             key, sep, raw = item.partition("=")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from slurmiso.errors import SlurmisoError
 from slurmiso.host.cgroup_figures import CgroupVersion, V1Dirs
@@ -113,7 +113,7 @@ class Plan:
     skipped: Tuple[str, ...] = ()
 
 
-def _dirs_for(version: CgroupVersion, target: object) -> Dict[str, str]:
+def _dirs_for(version: CgroupVersion, target: Union[str, V1Dirs]) -> Dict[str, str]:
     if version is CgroupVersion.V2 and isinstance(target, str):
         return {name: target for name in ("cpu.max", "cpu.weight", "io.weight", "io.max",
                                            "memory.high")}
@@ -129,7 +129,7 @@ def _dirs_for(version: CgroupVersion, target: object) -> Dict[str, str]:
     raise TypeError(f"cgroup {version.value} wants {wanted}, got {type(target).__name__}")
 
 
-def read_settings(version: CgroupVersion, target: object) -> Settings:
+def read_settings(version: CgroupVersion, target: Union[str, V1Dirs]) -> Settings:
     """Read what the plan needs: a v2 job directory (str) or the v1 :class:`V1Dirs`."""
     dirs = _dirs_for(version, target)
     raw = {name: read_text(os.path.join(d, name)) for name, d in dirs.items()}

@@ -15,7 +15,10 @@ import pytest
 from slurmiso.host import kernel_text
 from slurmiso.host.cgroup_figures import (
     CgroupVersion,
+    IoFigures,
     V1Dirs,
+    _sum_blkio,
+    _sum_io_stat,
     detect_version,
     read_v1,
     read_v2,
@@ -57,9 +60,8 @@ def test_v2_hostile_files_read_as_unknown_never_zero() -> None:
     assert figs.memory.current_bytes is None  # "1.5e9"
     assert figs.memory.peak_bytes is None  # file missing
     assert figs.memory.oom is None and figs.memory.oom_kill == 2
-    # 8:16 lacks rbytes: the read sum is unknown, not the 10 bytes of 8:0
-    assert figs.io.rbytes is None
-    assert figs.io.wbytes == 27
+    # a line with no valid device: the file is not the kernel's, every sum is unknown
+    assert figs.io.rbytes is None and figs.io.wbytes is None and figs.io.wios is None
     assert figs.pressure.cpu is None  # avg10 over 100 %
     assert figs.pressure.memory is None  # full line without a some line
     assert figs.pressure.io is None  # empty file
@@ -99,11 +101,22 @@ def test_v1_unset_controller_is_unknown() -> None:
     assert figs.memory.current_bytes == 155578368
 
 
+def test_io_stat_device_missing_a_key_makes_that_sum_unknown() -> None:
+    io = _sum_io_stat("8:0 rbytes=10 wbytes=20 rios=1 wios=2\n8:16 wbytes=7 rios=1 wios=x\n")
+    assert io.rbytes is None  # not the 10 bytes of 8:0 alone
+    assert (io.wbytes, io.rios, io.wios) == (27, 2, None)
+    assert _sum_io_stat("") == IoFigures(0, 0, 0, 0)  # no IO yet: measured zero
+    assert _sum_io_stat("8:0 rbytes=1\n8:0 rbytes=2\n").rbytes is None  # device repeated
+
+
+def test_blkio_malformed_line_is_unknown() -> None:
+    assert _sum_blkio("8:0 Read 5\n8:0 Write 6\nbogus 1 2\nTotal 11\n") == (None, None)
+    assert _sum_blkio("8:0 Read 5\n8:0 Total 5\nTotal 5\n") == (5, None)  # no Write line
+
+
 def test_blkio_with_only_total_line_is_zero_io() -> None:
     """A v1 cgroup that did no IO prints ``Total 0``: that is a measured zero."""
     assert kernel_text.parse_uint("0") == 0
-    from slurmiso.host.cgroup_figures import _sum_blkio
-
     assert _sum_blkio("Total 0\n") == (0, 0)
     assert _sum_blkio(None) == (None, None)
 
@@ -183,3 +196,26 @@ def test_real_node_pressure_parses() -> None:
     psi = read_node_pressure("/proc")
     assert psi.cpu is not None and 0.0 <= psi.cpu.some.avg10 <= 100.0
     assert "lo" in read_net_dev("/proc")
+
+
+def _own_v1_memory_dir() -> str:
+    """This process's v1 memory cgroup directory, or "" where there is none."""
+    mount = "/sys/fs/cgroup/memory"
+    if _fs_type(mount) != "cgroupfs":  # stat -f names v1 "cgroupfs", v2 "cgroup2fs"
+        return ""
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return os.path.join(mount, path.lstrip("/"))
+    return ""
+
+
+@pytest.mark.skipif(not _own_v1_memory_dir(),
+                    reason="this machine mounts no cgroup v1 memory controller")
+def test_real_v1_memory_cgroup_parses() -> None:
+    figs = read_v1(V1Dirs(memory=_own_v1_memory_dir(), cpuacct="/sys/fs/cgroup/cpuacct"))
+    assert figs.memory.current_bytes is not None and figs.memory.current_bytes > 0
+    assert figs.pressure.cpu is None  # v1: no pressure, whatever the kernel
+    if os.path.exists("/sys/fs/cgroup/cpuacct/cpuacct.usage"):
+        assert figs.cpu.usage_usec is not None
