@@ -220,25 +220,34 @@ def _pressure(inputs: DiagnosisInputs, resource: str) -> Tuple[Optional[Psi], st
     return getattr(inputs.node_pressure, resource), "node"
 
 
-def _host_rule(resource: str, label: str, line: str, threshold: Callable[[Thresholds], float],
-               measure: Callable[[Neighbour], Optional[float]],
-               says: Callable[[Optional[float], DiagnosisInputs], str], cause: Cause) -> _Check:
-    """Build the check for one PSI resource: pressure over threshold names the heaviest job."""
-    def check(inputs: DiagnosisInputs, th: Thresholds, unknown: List[str]) -> Optional[_Finding]:
-        psi, whose = _pressure(inputs, resource)
-        psi_line = None if psi is None else (psi.some if line == "some" else psi.full)
+@dataclass(frozen=True)
+class _HostRule:
+    """One PSI resource's rule: pressure over threshold names the heaviest neighbour."""
+
+    cause: Cause
+    resource: str  # the PressureFigures field: cpu, memory or io
+    label: str
+    line: str  # the PSI line that decides: some or full
+    threshold: Callable[[Thresholds], float]
+    measure: Callable[[Neighbour], Optional[float]]
+    says: Callable[[Optional[float], DiagnosisInputs], str]
+
+    def __call__(self, inputs: DiagnosisInputs, th: Thresholds,
+                 unknown: List[str]) -> Optional[_Finding]:
+        psi, whose = _pressure(inputs, self.resource)
+        psi_line = None if psi is None else (psi.some if self.line == "some" else psi.full)
         if psi_line is None:
-            unknown.append(f"{label} pressure ({line})")
+            unknown.append(f"{self.label} pressure ({self.line})")
             return None
-        if psi_line.avg10 < threshold(th):
+        if psi_line.avg10 < self.threshold(th):
             return None
-        suspects = _ranked(inputs.neighbours, measure, inputs.job_id)
-        head = f"host {label} pressure"
-        text = (f"{head}: {suspects[0].job.label()} {says(suspects[0].contribution, inputs)}"
+        suspects = _ranked(inputs.neighbours, self.measure, inputs.job_id)
+        head = f"host {self.label} pressure"
+        text = (f"{head}: {suspects[0].job.label()} {self.says(suspects[0].contribution, inputs)}"
                 if suspects else f"{head}: no co-located job found")
-        return _Finding(cause, ((f"{whose} {resource} PSI {line} avg10 %", psi_line.avg10),
-                                ("threshold %", threshold(th))), suspects, text)
-    return check
+        figures = ((f"{whose} {self.resource} PSI {self.line} avg10 %", psi_line.avg10),
+                   ("threshold %", self.threshold(th)))
+        return _Finding(self.cause, figures, suspects, text)
 
 
 def _cores(value: Optional[float], inputs: DiagnosisInputs) -> str:
@@ -277,16 +286,17 @@ def _network(inputs: DiagnosisInputs, th: Thresholds, unknown: List[str]) -> Opt
 RULES: Tuple[Tuple[Cause, _Check], ...] = (
     (Cause.GPU_MEMORY_FULL, _gpu_memory),
     (Cause.SM_SATURATED_BY_NEIGHBOUR, _sm_neighbour),
-    (Cause.HOST_CPU_PRESSURE, _host_rule(
-        "cpu", "CPU", "some", lambda t: t.cpu_psi_some_avg10, lambda n: n.cpu_cores, _cores,
-        Cause.HOST_CPU_PRESSURE)),
-    (Cause.HOST_MEMORY_PRESSURE, _host_rule(
-        "memory", "memory", "some", lambda t: t.memory_psi_some_avg10,
-        lambda n: None if n.memory_bytes is None else float(n.memory_bytes), _gib,
-        Cause.HOST_MEMORY_PRESSURE)),
-    (Cause.HOST_IO_PRESSURE, _host_rule(
-        "io", "IO", "full", lambda t: t.io_psi_full_avg10, lambda n: n.io_bytes_per_s, _mib_s,
-        Cause.HOST_IO_PRESSURE)),
+    (Cause.HOST_CPU_PRESSURE, _HostRule(
+        Cause.HOST_CPU_PRESSURE, resource="cpu", label="CPU", line="some",
+        threshold=lambda t: t.cpu_psi_some_avg10, measure=lambda n: n.cpu_cores, says=_cores)),
+    (Cause.HOST_MEMORY_PRESSURE, _HostRule(
+        Cause.HOST_MEMORY_PRESSURE, resource="memory", label="memory", line="some",
+        threshold=lambda t: t.memory_psi_some_avg10,
+        measure=lambda n: None if n.memory_bytes is None else float(n.memory_bytes), says=_gib)),
+    (Cause.HOST_IO_PRESSURE, _HostRule(
+        Cause.HOST_IO_PRESSURE, resource="io", label="IO", line="full",
+        threshold=lambda t: t.io_psi_full_avg10, measure=lambda n: n.io_bytes_per_s,
+        says=_mib_s)),
     (Cause.NETWORK, _network),
 )
 
