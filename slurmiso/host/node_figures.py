@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional
 
 from slurmiso.host.cgroup_figures import PressureFigures
-from slurmiso.host.kernel_text import Psi, parse_psi, parse_uint, read_text
+from slurmiso.host.kernel_text import Psi, parse_psi, parse_single, parse_uint, read_text
 
 
 def read_node_pressure(proc_root: str = "/proc") -> PressureFigures:
@@ -56,3 +56,19 @@ def read_net_dev(proc_root: str = "/proc") -> Dict[str, NicCounters]:
     """The node's NIC counters; empty when /proc/net/dev cannot be read."""
     text = read_text(os.path.join(proc_root, "net", "dev"))
     return {} if text is None else parse_net_dev(text)
+
+
+def read_link_speeds(sys_root: str = "/sys",
+                     names: Iterable[str] = ()) -> Dict[str, Optional[float]]:
+    """Link speed in bytes/s per interface from ``class/net/<name>/speed`` (Mbit/s).
+
+    None where the kernel does not know it: the file is absent, unreadable (EINVAL while the
+    link is down) or reads -1, as virtual interfaces do.
+    """
+    out: Dict[str, Optional[float]] = {}
+    for name in names:
+        if "/" in name or name in (".", ".."):
+            continue
+        mbits = parse_single(read_text(os.path.join(sys_root, "class", "net", name, "speed")))
+        out[name] = None if not mbits else mbits * 1_000_000 / 8
+    return out

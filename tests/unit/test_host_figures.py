@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import subprocess
 
 import pytest
@@ -23,7 +24,12 @@ from slurmiso.host.cgroup_figures import (
     read_v1,
     read_v2,
 )
-from slurmiso.host.node_figures import parse_net_dev, read_net_dev, read_node_pressure
+from slurmiso.host.node_figures import (
+    parse_net_dev,
+    read_link_speeds,
+    read_net_dev,
+    read_node_pressure,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(os.path.dirname(HERE), "fixtures", "host")
@@ -219,3 +225,25 @@ def test_real_v1_memory_cgroup_parses() -> None:
     assert figs.pressure.cpu is None  # v1: no pressure, whatever the kernel
     if os.path.exists("/sys/fs/cgroup/cpuacct/cpuacct.usage"):
         assert figs.cpu.usage_usec is not None
+
+
+def test_link_speeds_unknown_for_virtual_and_missing() -> None:
+    speeds = read_link_speeds(os.path.join(FIX, "sys"), ["eth0", "veth1", "gone0", "../x"])
+    assert speeds == {"eth0": 25000 * 1_000_000 / 8, "veth1": None, "gone0": None}
+
+
+def test_parsers_never_raise_on_random_bytes() -> None:
+    """Hostile files: whatever the bytes, each reader returns a value or None."""
+    rng = random.Random(36)
+    alphabet = "0123456789 :=.-\nsomefullavg10total8:0RdWrTx\x00é"
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+        kernel_text.parse_flat_keyed(text)
+        kernel_text.parse_nested_keyed(text)
+        kernel_text.parse_psi(text)
+        kernel_text.parse_single(text)
+        _sum_io_stat(text)
+        _sum_blkio(text)
+        parse_net_dev(text)
+        for value in kernel_text.parse_flat_keyed(text).values():
+            assert 0 <= value <= kernel_text.U64_MAX
