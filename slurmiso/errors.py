@@ -17,12 +17,15 @@ tree to exit codes in one table (:data:`EXIT_CODES`), and the hooks map it to Sl
     |   +-- GpuInUse                instance busy, mode change refused (NVML_ERROR_IN_USE)
     |   +-- GpuNotSupported         operation unsupported on this GPU (NVML_ERROR_NOT_SUPPORTED)
     |   +-- GpuLost                 GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)
+    |   +-- CheckpointRefused       cuda-checkpoint refused or failed an action on a process
     +-- SlurmError                  Slurm command failed or returned unexpected output (exit 5)
     |   +-- SlurmUnavailable        slurmctld/slurmdbd not reachable
     +-- SandboxError                the local test cluster could not be set up (exit 6)
     +-- ProbeError                  a probe workload failed, hung or printed nothing usable
     +-- JobProblem                  hooks: this job cannot get its GPU share; refuse the job
     +-- NodeFault                   hooks: the node's GPUs are not trustworthy; drain the node
+    +-- HostLimitError              a host rate-limit write to a job's cgroup failed
+        +-- HostLimitRefused        refused before writing: outside the job's cgroup, a symlink
 """
 
 from __future__ import annotations
@@ -101,6 +104,12 @@ class GpuLost(GpuError):
     kind = "gpu-lost"
 
 
+class CheckpointRefused(GpuError):
+    """cuda-checkpoint refused or failed an action on one process; the message says why."""
+
+    kind = "checkpoint-refused"
+
+
 class SlurmError(SlurmisoError):
     kind = "slurm"
 
@@ -130,6 +139,19 @@ class NodeFault(SlurmisoError):
     """The node's GPUs are not in a state slurmiso can vouch for; drain the node."""
 
     kind = "node-fault"
+
+
+class HostLimitError(SlurmisoError):
+    """A host rate-limit write failed; the message names the file and the cause."""
+
+    kind = "host-limit"
+
+
+class HostLimitRefused(HostLimitError):
+    """A write was refused before touching anything: outside the roots, a symlink, a file
+    the rung must not write."""
+
+    kind = "host-limit-refused"
 
 
 #: CLI exit code per error class; the most specific class in the MRO wins.

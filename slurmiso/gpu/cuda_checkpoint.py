@@ -25,7 +25,7 @@ import shutil
 import subprocess
 from typing import Optional, Protocol, Sequence
 
-from slurmiso.errors import GpuError
+from slurmiso.errors import CheckpointRefused
 
 #: The driver branch whose tool has ``--action lock --timeout`` (README, "570 Features").
 MIN_VERSION = (570, 0)
@@ -59,10 +59,6 @@ TRANSITIONS = {
     Action.RESTORE: (CudaState.CHECKPOINTED, CudaState.LOCKED),
     Action.UNLOCK: (CudaState.LOCKED, CudaState.RUNNING),
 }
-
-
-class CheckpointRefused(GpuError):
-    """The tool refused or failed an action on one process; the message says why."""
 
 
 class CheckpointTool(Protocol):

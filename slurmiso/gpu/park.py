@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
-from slurmiso.gpu.cuda_checkpoint import Action, CheckpointRefused, CheckpointTool, CudaState
+from slurmiso.errors import CheckpointRefused
+from slurmiso.gpu.cuda_checkpoint import Action, CheckpointTool, CudaState
 
 log = logging.getLogger(__name__)
 

@@ -715,7 +715,8 @@ class SimBackend:
 
     def cuda_act(self, pid: int, action: Action) -> None:
         """One cuda-checkpoint action, with the driver's state machine and refusals."""
-        from slurmiso.gpu.cuda_checkpoint import TRANSITIONS, CheckpointRefused, CudaState
+        from slurmiso.errors import CheckpointRefused
+        from slurmiso.gpu.cuda_checkpoint import TRANSITIONS, CudaState
 
         with self._store.transaction("cuda_act") as state:
             entries = _cuda_entries(state, pid)
@@ -751,7 +752,7 @@ class SimBackend:
 # ------------------------------------------------------------------ pure state helpers
 def _cuda_entries(state: State, pid: int) -> List[Dict[str, Any]]:
     """The live process entries of ``pid`` (one per GPU it uses); refused if it has none."""
-    from slurmiso.gpu.cuda_checkpoint import CheckpointRefused
+    from slurmiso.errors import CheckpointRefused
 
     found = [p for p in _live_processes(state) if p["pid"] == int(pid)]
     if not found:

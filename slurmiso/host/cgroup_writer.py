@@ -16,11 +16,10 @@ import logging
 import os
 from typing import Dict, Iterable, List, Protocol, Tuple
 
+from slurmiso.errors import HostLimitError, HostLimitRefused
 from slurmiso.host.rate_limit import (
     WRITABLE,
     CgroupWrite,
-    HostLimitError,
-    HostLimitRefused,
     Plan,
     Step,
 )

@@ -28,7 +28,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from slurmiso.errors import SlurmisoError
 from slurmiso.host.cgroup_figures import CgroupVersion, V1Dirs
 from slurmiso.host.kernel_text import parse_uint, read_text
 
@@ -40,19 +39,6 @@ WRITABLE = frozenset({
 #: The kernel refuses a CFS quota under 1 ms.
 MIN_QUOTA_USEC = 1000
 _DEVICE_RE = re.compile(r"^[0-9]{1,10}:[0-9]{1,10}$")
-
-
-class HostLimitError(SlurmisoError):
-    """A host rate-limit write failed; the message names the file and the cause."""
-
-    kind = "host-limit"
-
-
-class HostLimitRefused(HostLimitError):
-    """A write was refused before touching anything: outside the roots, a symlink, a file
-    the rung must not write."""
-
-    kind = "host-limit-refused"
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
+from slurmiso.errors import CheckpointRefused
 from slurmiso.gpu.cuda_checkpoint import (
     Action,
-    CheckpointRefused,
     CliTool,
     CudaState,
     SimTool,

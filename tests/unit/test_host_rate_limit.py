@@ -9,6 +9,7 @@ from typing import Dict
 
 import pytest
 
+from slurmiso.errors import HostLimitError, HostLimitRefused
 from slurmiso.host.cgroup_figures import CgroupVersion, V1Dirs
 from slurmiso.host.cgroup_writer import (
     FakeCgroupWriter,
@@ -18,8 +19,6 @@ from slurmiso.host.cgroup_writer import (
 )
 from slurmiso.host.rate_limit import (
     CgroupWrite,
-    HostLimitError,
-    HostLimitRefused,
     LimitRequest,
     plan_limit,
     read_settings,
