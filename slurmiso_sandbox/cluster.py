@@ -39,6 +39,7 @@ from slurmiso_sandbox.procs import file_lock, process_matches, read_pid, termina
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class Step:
     name: str
@@ -88,7 +89,7 @@ def up(root: Optional[str] = None, slurm: Optional[str] = None,
     """Bring the sandbox up from whatever state it is in (one ``up``/``down`` at a time).
 
     ``from_packages``: Slurm runs the installed packages' hooks and plugins, not the checkout's.
-    ``plain``: the GPU the exclusive, mps and timeslice nodes play (:func:`plain_gpu`).
+    ``plain``: the GPU the exclusive, mps and timeslice nodes play (:func:`.sites.plain_gpu`).
     Before anything is touched, a host with a Slurm or munge setup the sandbox did not create
     is refused (:mod:`.guard`); ``force`` runs anyway and records it as the sandbox's.
     """

@@ -42,6 +42,7 @@ UNSHARE = "/usr/bin/unshare"
 NSENTER = "/usr/bin/nsenter"
 BASH = "/bin/bash"
 ENV = "/usr/bin/env"
+
 NODES_TIMEOUT = 60.0
 #: Node states that count as "up" for a warm cluster that may be running jobs.
 USABLE_STATES = {"idle", "mixed", "allocated", "completing"}
