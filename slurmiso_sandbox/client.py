@@ -105,7 +105,7 @@ class SandboxClient:
         namespace where there is one, in the Slurm root with the root's Python on the copy
         ``up`` made, and with the hybrid-host shim the slurmds have (hybrid_shim.c), so
         /sys/fs/cgroup and /proc/self/cgroup read as on a pure cgroup v2 node."""
-        from slurmiso_sandbox.cluster import make_site
+        from slurmiso_sandbox.sites import make_site
 
         site = make_site(self.root)
         env = [f"SLURM_CONF={self.slurm_conf}", f"SLURMISO_CONFIG={self.slurmiso_config}",

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from slurmiso.errors import SandboxError
 from slurmiso_sandbox.client import SandboxClient, session_lock
+from slurmiso_sandbox.scenes import monitor_config, record_gpu
 
 ENV_LINES = "env | grep -E '^(CUDA_|SLURMISO_CLASS|SLURMISO_REFUSED)' | sort\n"
 
@@ -261,22 +262,6 @@ def step_preemption(sbx: SandboxClient) -> str:
             f"{max(r['infer_waits_s'])} s")
 
 
-def monitor_config(sbx: SandboxClient, folder: str, extra_layouts: str = "") -> str:
-    """A copy of the sandbox config whose monitor acts at once (no dwell, not dry-run)."""
-    import re
-
-    with open(sbx.slurmiso_config) as fh:
-        text = fh.read()
-    text = re.sub(r"min_dwell: \S+", "min_dwell: 0s", text)
-    text = re.sub(r"dry_run: true", "dry_run: false", text)
-    if extra_layouts:
-        text = text.replace("  mig-configs:\n", "  mig-configs:\n" + extra_layouts, 1)
-    path = os.path.join(folder, "slurmiso-monitor.yaml")
-    with open(path, "w") as fh:
-        fh.write(text)
-    return path
-
-
 def run_monitor(sbx: SandboxClient, config: str, folder: str, *args: str) -> str:
     """One applied ``slurmiso monitor --once`` cycle (in-process GPU reads: one host)."""
     cp = sbx.slurmiso("--config", config, "monitor", "--once", "--telemetry", "local",
@@ -399,7 +384,7 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
         infer = sbx.submit("#!/bin/bash\nsleep 600\n", "-p", "migd", "--qos=infer",
                            "--gres=shard:3", "-w", "n4", "-J", "infer-hot")
         sbx.wait_for(infer, {"RUNNING"}, timeout=60)
-        gpu = _record_gpu(sbx, "n4", infer)
+        gpu = record_gpu(sbx, "n4", infer)
         out["infer_job"], out["hot_gpu"] = infer, gpu
         hot.set_load(gpu, util=95, sm_active=95, memory_used_mb=72 * 1024)  # of 80 GB
         script = f"#!/bin/bash\necho ran on $SLURMD_NODENAME\nsleep {hold_s}\n"
@@ -448,25 +433,6 @@ def pernode_admission_scenario(sbx: SandboxClient, folder: str, hold_s: int = 25
             time.sleep(0.5)
         sbx.cmd("scontrol", "delete", f"PartitionName={PERNODE_PART}", check=False)
     return out
-
-
-def _record_gpu(sbx: SandboxClient, node: str, job: str, timeout: float = 30) -> int:
-    """The GPU the prolog gave ``job`` on ``node``, from its record (what the agent reads)."""
-    import json
-
-    path = sbx.path("state", node, "jobs", f"{job}.json")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(path) as fh:
-                rec = json.load(fh)
-            gpus = [r["gpu"] for r in rec.get("resources", []) if r.get("gpu") is not None]
-            if rec.get("status") == "ready" and gpus:
-                return int(gpus[0])
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise SandboxError(f"job {job} has no ready record with a GPU on {node}")
 
 
 def step_pernode(sbx: SandboxClient) -> str:

@@ -2,7 +2,8 @@
 
 Everything here is pure (no I/O), so the generated ``slurm.conf``, ``gres.conf``,
 ``slurmdbd.conf``, hook wrappers and the sandbox's own ``slurmiso.yaml`` are checked against
-golden files without Slurm. :mod:`slurmiso_sandbox.cluster` writes them and runs the daemons.
+golden files without Slurm. :mod:`slurmiso_sandbox.files` writes them; :mod:`.services` runs
+the daemons.
 
 Five nodes share this host: each is its own ``slurmd -N nX`` on 127.0.0.1 with its own port and
 its own character-device stand-ins (slurmd rejects regular files as GRES ``File=``), and each
@@ -178,7 +179,7 @@ class Site:
     cgroup: str = "v1"  # cgroup.conf's CgroupPlugin: v1 on a hybrid host, v2 on pure unified
     #: cgroup v2 on a host whose /sys/fs/cgroup is not the unified hierarchy (a hybrid host):
     #: the Slurm daemons run in a mount namespace of their own with cgroup2 there
-    #: (cluster.py, the "cgroup-ns" service).
+    #: (cgroups.py; the "cgroup-ns" service in services.py).
     cgroup_ns: bool = False
     #: The controllers the cgroup2 root offers (cgroup.controllers): ConstrainCores needs
     #: cpuset, ConstrainRAMSpace memory; a hybrid host keeps them bound to v1.

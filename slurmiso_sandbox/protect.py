@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SandboxError
 from slurmiso_sandbox.client import REPO, SandboxClient
+from slurmiso_sandbox.scenes import monitor_config, record_gpu
 
 SLO_MS = 250
 CALM_MS, HOT_MS = 40, 400
@@ -58,8 +59,6 @@ def ladder_config(sbx: SandboxClient, folder: str, steps: Sequence[str], dwell_s
     ``window_s`` window, and the monitor applying (not dry-run). ``budgets`` replaces a step's
     ``per_job``/``per_hour`` text; ``name`` writes ``slurmiso-<name>.yaml`` beside the others
     (a monitor restarted with other steps keeps the agents' config)."""
-    from slurmiso_sandbox.demo import monitor_config
-
     config = monitor_config(sbx, folder)
     with open(config) as fh:
         text = fh.read()
@@ -166,9 +165,7 @@ class Ladder:
         _wait(lambda: len(self.steps()) >= 20, 120, "the training job to make progress")
 
     def gpus(self, node: str = "n2") -> Dict[str, int]:
-        from slurmiso_sandbox.demo import _record_gpu
-
-        return {job: _record_gpu(self.sbx, node, job) for job in (self.infer, self.train)}
+        return {job: record_gpu(self.sbx, node, job) for job in (self.infer, self.train)}
 
     def add_training(self, name: str, *sbatch_args: str) -> str:
         """Another training job (the stand-in program under ``slurmiso run``, its log

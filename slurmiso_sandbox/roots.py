@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.errors import SandboxError
+from slurmiso_sandbox import packages
 from slurmiso_sandbox.procs import environ_with, run
 
 log = logging.getLogger(__name__)
@@ -152,10 +153,8 @@ def ensure_debootstrap(logfile: str) -> None:
     included) has none, and ``make test SLURM=26.05`` must bring everything it needs."""
     if os.path.exists(DEBOOTSTRAP):
         return
-    from slurmiso_sandbox.cluster import install_named
-
     log.info("installing debootstrap (needed to build a Slurm root)")
-    install_named(["debootstrap"])
+    packages.install_named(["debootstrap"])
     if not os.path.exists(DEBOOTSTRAP):
         raise SandboxError(f"apt-get installed debootstrap, but {DEBOOTSTRAP} is missing; "
                            f"see {logfile}", hint="apt-get install debootstrap")

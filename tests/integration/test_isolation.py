@@ -120,7 +120,7 @@ MIXED_LAYOUT = """    sandbox-mixed:
 def n3_mixed(sandbox: Any, tmp_path: Any) -> Iterator[None]:
     """n3 re-laid for one test as 3g.40gb x2 | 4g.40gb + 3g.40gb (``mig apply`` with a config
     copy that has that layout, then ``sandbox sync-gres``); its own layout again after."""
-    from slurmiso_sandbox.demo import monitor_config
+    from slurmiso_sandbox.scenes import monitor_config
 
     cfg = monitor_config(sandbox, str(tmp_path), MIXED_LAYOUT)
     steps = [("--config", cfg, "mig", "apply", "--layout", "sandbox-mixed", "--node", "n3"),

@@ -147,7 +147,7 @@ class Scene:
 @pytest.fixture(scope="module")
 def scene(sandbox: Any) -> Iterator[Scene]:
     from slurmiso.gpu.sim import SimBackend
-    from slurmiso_sandbox.demo import _record_gpu
+    from slurmiso_sandbox.scenes import record_gpu
 
     lad = Ladder(sandbox, ("hold", "throttle"), dwell_s=DWELL, window_s=4, budgets=BUDGETS)
     sims = {n: SimBackend(sandbox.path("sim", f"{n}.json")) for n in ("n2", "n5")}
@@ -161,7 +161,7 @@ def scene(sandbox: Any) -> Iterator[Scene]:
         assert len(set(gpus.values())) == 1, f"the two jobs do not share one GPU: {gpus}"
         gpu = gpus[lad.infer]
         far = lad.add_training("train-far", "-p", "tslice", "--gres=shard:4", "-w", "n5")
-        far_gpu = _record_gpu(sandbox, "n5", far)
+        far_gpu = record_gpu(sandbox, "n5", far)
         # a training-only GPU runs hot: training's own load is training's business
         sims["n5"].set_load(far_gpu, util=95, sm_active=95, memory_used_mb=72 * 1024)
         loaded.append(("n5", far_gpu))

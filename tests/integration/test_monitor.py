@@ -35,7 +35,8 @@ EXTRA_LAYOUT = """    sandbox-all-3g:
 @pytest.fixture
 def monitor(sandbox: Any, tmp_path: Any) -> Callable[..., str]:
     """Run one applied monitor cycle; returns its stdout (fails on a non-zero exit)."""
-    from slurmiso_sandbox.demo import monitor_config, run_monitor
+    from slurmiso_sandbox.demo import run_monitor
+    from slurmiso_sandbox.scenes import monitor_config
 
     cfg = monitor_config(sandbox, str(tmp_path), EXTRA_LAYOUT)
 
@@ -151,7 +152,8 @@ def test_qos_limit_admission_caps_training_and_lifts_the_cap_when_calm(
     that becomes eligible then waits with reason QOSGrpGRES under the cap the monitor set
     (nothing is held); calm: the cap is raised by that job's shards and it runs; nothing waits:
     the cap is removed."""
-    from slurmiso_sandbox.demo import monitor_config, run_monitor
+    from slurmiso_sandbox.demo import run_monitor
+    from slurmiso_sandbox.scenes import monitor_config
 
     cfg = monitor_config(sandbox, str(tmp_path))
     with open(cfg) as fh:
@@ -215,7 +217,8 @@ def test_mig_relayout_preempts_training_never_inference(
     """relayout.drain: preempt-training. n3 runs two training jobs and one inference job;
     the drained node's training is requeued at once (preempt_after 0s, Restarts=1, back to
     PENDING), the inference job is waited for; then the node is laid out and resumed."""
-    from slurmiso_sandbox.demo import monitor_config, run_monitor
+    from slurmiso_sandbox.demo import run_monitor
+    from slurmiso_sandbox.scenes import monitor_config
 
     cfg = monitor_config(sandbox, str(tmp_path), EXTRA_LAYOUT)
     with open(cfg) as fh:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from slurmiso_sandbox import cluster
+from slurmiso_sandbox import services
 
 
 class Flicker:
@@ -20,9 +20,9 @@ class Flicker:
 
 def test_an_empty_pid_file_for_an_instant_is_not_a_dead_daemon() -> None:
     svc: Any = Flicker(gaps=1)
-    assert cluster.alive(svc)() is True
+    assert services.alive(svc)() is True
 
 
 def test_a_pid_file_that_stays_empty_is_a_dead_daemon() -> None:
     svc: Any = Flicker(gaps=10)
-    assert cluster.alive(svc)() is False
+    assert services.alive(svc)() is False

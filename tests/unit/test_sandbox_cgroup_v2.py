@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from slurmiso.errors import SandboxError
-from slurmiso_sandbox import cluster as C
+from slurmiso_sandbox import cgroups, services
 from slurmiso_sandbox import layout as L
 
 ROOT = "/var/lib/slurmiso-sbx-26.05-v2"
@@ -40,23 +40,23 @@ def test_v1_is_as_before():
 
 
 def test_daemons_enter_the_namespace_and_slurmd_gets_the_shim():
-    svcs = {s.name: s for s in C.services(V2)}
+    svcs = {s.name: s for s in services.daemons(V2)}
     assert list(svcs)[0] == "cgroup-ns" and not svcs["cgroup-ns"].ns
-    assert svcs["cgroup-ns"].argv[:4] == (C.UNSHARE, "--mount", "--propagation", "slave")
+    assert svcs["cgroup-ns"].argv[:4] == (services.UNSHARE, "--mount", "--propagation", "slave")
     assert not svcs["mariadb"].ns
     for name in ("slurmdbd", "slurmctld", "slurmd-n1", "slurmd-n5"):
         assert svcs[name].ns, name
-    assert svcs["slurmd-n1"].argv[:4] == ("/usr/sbin/chroot", "/roots/sid", C.ENV,
+    assert svcs["slurmd-n1"].argv[:4] == ("/usr/sbin/chroot", "/roots/sid", services.ENV,
                                           f"LD_PRELOAD={V2.hybrid_shim}")
-    assert C.ENV not in svcs["slurmctld"].argv  # only slurmd (and its slurmstepds) read it
-    assert "cgroup-ns" not in {s.name for s in C.services(replace(V2, cgroup_ns=False))}
+    assert services.ENV not in svcs["slurmctld"].argv  # only slurmd (and its slurmstepds) read it
+    assert "cgroup-ns" not in {s.name for s in services.daemons(replace(V2, cgroup_ns=False))}
 
 
 def test_ns_argv_needs_the_holder(tmp_path):
     site = replace(V2, root=str(tmp_path))
     with pytest.raises(SandboxError, match="namespace holder is not running"):
-        C.ns_argv(site, "true")
-    assert C.ns_argv(replace(site, cgroup_ns=False), "true") == ["true"]
+        services.ns_argv(site, "true")
+    assert services.ns_argv(replace(site, cgroup_ns=False), "true") == ["true"]
 
 
 def _dir(tmp_path, **state):
@@ -69,32 +69,32 @@ def _dir(tmp_path, **state):
 
 def test_choose_cgroup(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURMISO_SANDBOX_CGROUP", raising=False)
-    monkeypatch.setattr(C, "host_cgroup", lambda: "v1")
+    monkeypatch.setattr(cgroups, "host_cgroup", lambda: "v1")
     root = _dir(tmp_path, cgroup="v2")
-    assert C.choose_cgroup(root, None) == "v2"  # recorded
-    assert C.choose_cgroup(root, "2") == "v2"
+    assert cgroups.choose_cgroup(root, None) == "v2"  # recorded
+    assert cgroups.choose_cgroup(root, "2") == "v2"
     with pytest.raises(SandboxError, match="holds a cgroup v2 sandbox"):
-        C.choose_cgroup(root, "v1")
+        cgroups.choose_cgroup(root, "v1")
     with pytest.raises(SandboxError, match="unknown cgroup version"):
-        C.choose_cgroup(root, "v3")
+        cgroups.choose_cgroup(root, "v3")
     monkeypatch.setenv("SLURMISO_SANDBOX_CGROUP", "v2")
-    assert C.choose_cgroup(str(tmp_path / "new"), None) == "v2"
-    monkeypatch.setattr(C, "host_cgroup", lambda: "v2")
+    assert cgroups.choose_cgroup(str(tmp_path / "new"), None) == "v2"
+    monkeypatch.setattr(cgroups, "host_cgroup", lambda: "v2")
     with pytest.raises(SandboxError, match="no cgroup v1 devices controller"):
-        C.choose_cgroup(str(tmp_path / "new"), "v1")
+        cgroups.choose_cgroup(str(tmp_path / "new"), "v1")
 
 
 def test_proc_cgroup_is_hybrid(tmp_path):
     f = tmp_path / "cgroup"
     f.write_text("9:name=systemd:/\n0::/\n")
-    assert C.proc_cgroup_is_hybrid(str(f))
+    assert cgroups.proc_cgroup_is_hybrid(str(f))
     f.write_text("0::/init.scope\n")
-    assert not C.proc_cgroup_is_hybrid(str(f))
+    assert not cgroups.proc_cgroup_is_hybrid(str(f))
 
 
 def test_fstype_takes_the_last_mount_at_a_path(tmp_path):
     info = tmp_path / "mountinfo"
     info.write_text("30 1 0:26 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n"
                     "90 30 0:30 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
-    assert C._fstype("/sys/fs/cgroup", str(info)) == "cgroup2"
-    assert C._fstype("/nope", str(info)) == ""
+    assert cgroups.fstype("/sys/fs/cgroup", str(info)) == "cgroup2"
+    assert cgroups.fstype("/nope", str(info)) == ""

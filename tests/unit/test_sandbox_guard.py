@@ -167,14 +167,14 @@ def test_force_adopts_a_daemon_until_it_restarts(tmp_path):
 
 
 def test_up_refuses_before_taking_the_lock_or_running_a_step(tmp_path, monkeypatch):
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import cluster, roots
 
     fake = tmp_path / "host"
     write(fake, KEY)
     root = tmp_path / "sbx"
     monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
     monkeypatch.setattr(cluster, "_up", lambda *a: pytest.fail("a step ran"))
-    monkeypatch.setattr(cluster.R, "slurm_version", lambda root: "22.05.8")
+    monkeypatch.setattr(roots, "slurm_version", lambda root: "22.05.8")
     with pytest.raises(SandboxError, match="munge.key"):
         cluster.up(str(root), host=G.Host(str(fake), lambda: []))
     assert not os.path.exists(f"{root}.lock") and not root.exists()

@@ -374,12 +374,12 @@ def test_packaged_hooks_run_the_installed_executables_without_pythonpath():
 
 def test_from_packages_names_what_is_not_installed(tmp_path, monkeypatch):
     from slurmiso.errors import SandboxError
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import sites
 
-    monkeypatch.setattr(cluster, "PACKAGED_BIN", str(tmp_path))
-    monkeypatch.setattr(cluster, "PACKAGED_SPANK", str(tmp_path / "slurmiso.so"))
+    monkeypatch.setattr(sites, "PACKAGED_BIN", str(tmp_path))
+    monkeypatch.setattr(sites, "PACKAGED_SPANK", str(tmp_path / "slurmiso.so"))
     with pytest.raises(SandboxError, match="slurmiso-prolog") as err:
-        cluster.packaged_site(HOOKED)
+        sites.packaged_site(HOOKED)
     assert "make deb" in err.value.hint
 
 
@@ -436,17 +436,17 @@ def test_sim_nodes_play_the_plain_gpu(tmp_path, monkeypatch):
     """init_sim makes the plain nodes' simulated GPUs of the chosen model (an idle one is
     re-made when the model changes) and keeps the MIG nodes' H100s and layout."""
     from slurmiso.gpu.sim import SimBackend
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import files, sites, state
 
     site = replace(SITE, root=str(tmp_path), nodes=L.with_plain_gpu(L.NODES, "RTX-A5000:24G"))
-    cluster.init_sim(site)
+    files.init_sim(site)
     devs = {n.name: SimBackend(L.sim_path(site, n)).device(0) for n in site.nodes}
     assert (devs["n2"].name, devs["n2"].memory_total_mb) == ("NVIDIA RTX-A5000", 24576)
     assert devs["n3"].model == "H100-80GB" and devs["n3"].mig_enabled
     site = replace(site, nodes=L.with_plain_gpu(L.NODES, "L40S"))
-    cluster.init_sim(site)
+    files.init_sim(site)
     assert SimBackend(L.sim_path(site, site.nodes[0])).device(0).model == "L40S"
-    assert cluster._plain_spec(site) == "L40S"
+    assert state.plain_spec(site) == "L40S"
     monkeypatch.setenv("SLURMISO_SANDBOX_PLAIN_GPU", "L4")
-    assert cluster.plain_gpu(str(tmp_path)) == "L4"
-    assert cluster.plain_gpu(str(tmp_path), "T4") == "T4"
+    assert sites.plain_gpu(str(tmp_path)) == "L4"
+    assert sites.plain_gpu(str(tmp_path), "T4") == "T4"

@@ -122,30 +122,30 @@ def test_moved_port_base_moves_every_port() -> None:
 
 
 def test_port_base_from_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import sites
 
     monkeypatch.setenv("SLURMISO_SANDBOX_PORT_BASE", "17800")
-    assert cluster.port_base() == 17800
+    assert sites.port_base() == 17800
     for bad in ("80", "x", "70000"):
         monkeypatch.setenv("SLURMISO_SANDBOX_PORT_BASE", bad)
         with pytest.raises(SandboxError):
-            cluster.port_base()
+            sites.port_base()
     monkeypatch.delenv("SLURMISO_SANDBOX_PORT_BASE")
-    assert cluster.port_base() == L.PORT_BASE
-    assert cluster.port_base(18800) == 18800
+    assert sites.port_base() == L.PORT_BASE
+    assert sites.port_base(18800) == 18800
 
 
 def test_a_dir_made_for_one_release_is_not_reused_for_another(tmp_path: Path) -> None:
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import sites
 
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "slurm.conf").write_text("ClusterName=slurmiso-sbx\n")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "sandbox.json").write_text(json.dumps({"slurm": "24.11"}))
-    assert cluster.choose_release(str(tmp_path), None) == "24.11"  # recorded
-    assert cluster.choose_release(str(tmp_path), "24.11.5") == "24.11"
+    assert sites.choose_release(str(tmp_path), None) == "24.11"  # recorded
+    assert sites.choose_release(str(tmp_path), "24.11.5") == "24.11"
     with pytest.raises(SandboxError) as err:
-        cluster.choose_release(str(tmp_path), "26.05")
+        sites.choose_release(str(tmp_path), "26.05")
     assert "--purge" in (err.value.hint or "")
     assert os.path.exists(tmp_path / "etc" / "slurm.conf")
 
@@ -174,7 +174,7 @@ def test_stale_root_with_mounts_under_it_is_never_removed(tmp_path: Path,
 
 def test_a_missing_debootstrap_is_installed_first(tmp_path: Any, monkeypatch: Any) -> None:
     """A fresh machine has no debootstrap: building a root installs it (CI's 26.05 run)."""
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import packages
 
     tool = tmp_path / "debootstrap"
     monkeypatch.setattr(R, "DEBOOTSTRAP", str(tool))
@@ -185,7 +185,7 @@ def test_a_missing_debootstrap_is_installed_first(tmp_path: Any, monkeypatch: An
         tool.write_text("#!/bin/sh\n")
         return "installed"
 
-    monkeypatch.setattr(cluster, "install_named", install)
+    monkeypatch.setattr(packages, "install_named", install)
     R.ensure_debootstrap(str(tmp_path / "log"))
     assert asked == [["debootstrap"]]
     R.ensure_debootstrap(str(tmp_path / "log"))  # present now: nothing asked again
@@ -194,9 +194,9 @@ def test_a_missing_debootstrap_is_installed_first(tmp_path: Any, monkeypatch: An
 
 def test_debootstrap_still_missing_after_install_is_one_clear_error(tmp_path: Any,
                                                                     monkeypatch: Any) -> None:
-    from slurmiso_sandbox import cluster
+    from slurmiso_sandbox import packages
 
     monkeypatch.setattr(R, "DEBOOTSTRAP", str(tmp_path / "none"))
-    monkeypatch.setattr(cluster, "install_named", lambda names: "installed")
+    monkeypatch.setattr(packages, "install_named", lambda names: "installed")
     with pytest.raises(SandboxError, match="debootstrap"):
         R.ensure_debootstrap(str(tmp_path / "log"))
