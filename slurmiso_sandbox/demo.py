@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from slurmiso.errors import SandboxError
 from slurmiso_sandbox.client import SandboxClient, session_lock
+from slurmiso_sandbox.procs import wait_until
 from slurmiso_sandbox.scenes import monitor_config, record_gpu
 
 ENV_LINES = "env | grep -E '^(CUDA_|SLURMISO_CLASS|SLURMISO_REFUSED)' | sort\n"
@@ -51,11 +52,9 @@ def _gpu_state(sbx: SandboxClient, node: str) -> Any:
 
 def _wait_released(sbx: SandboxClient, node: str, jobs: List[str], timeout: float = 30) -> None:
     """The job is COMPLETED before its epilog ends; wait until its record is gone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(os.path.exists(sbx.path("state", node, "jobs", f"{j}.json")) for j in jobs):
-            return
-        time.sleep(0.2)
+    wait_until(f"the epilog to release {', '.join(jobs)} on {node}", lambda: not any(
+        os.path.exists(sbx.path("state", node, "jobs", f"{j}.json")) for j in jobs),
+        timeout=timeout)
 
 
 def step_qos(sbx: SandboxClient) -> str:
@@ -140,15 +139,6 @@ def step_refusal(sbx: SandboxClient) -> str:
     return "a debug job on the unfenced pool was refused (GPUs hidden); node n5 stayed up"
 
 
-def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise SandboxError(f"timed out waiting for {what}")
-
-
 def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float = 0.05,
                         preemptions: int = 3) -> Dict[str, Any]:
     """A ``train`` job counting steps under ``srun slurmiso run`` on both GPUs of n1, preempted
@@ -195,14 +185,14 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float =
         def progressed(base: int = base) -> bool:
             return len(logged()) >= base + 20
 
-        _wait(progressed, 150, f"training run {n + 1} to progress")
+        wait_until(f"training run {n + 1} to progress", progressed, timeout=150)
         t0 = time.monotonic()
         infer = sbx.submit("sleep 1\n", "--qos=infer", "-p", "gpu", "--gres=gpu:1", "-J", "infer")
 
         def started(infer: str = infer) -> bool:
             return sbx.job_state(infer) in ("RUNNING", "COMPLETED")
 
-        _wait(started, 60, f"inference job {infer} to start")
+        wait_until(f"inference job {infer} to start", started, timeout=60)
         waits.append(round(time.monotonic() - t0, 2))
         sbx.wait_for(infer, timeout=60)
 
@@ -214,7 +204,7 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float =
                                    f"preemption {n + 1}: give it more steps")
             return False
 
-        _wait(requeued, 120, f"requeue {n + 1} of the training job")
+        wait_until(f"requeue {n + 1} of the training job", requeued, timeout=120)
     final = final_states(sbx)
     state = sbx.wait_for(job, final, timeout=steps * step_time + 150)
     with open(log) as fh:
@@ -297,7 +287,7 @@ def monitor_hold_scenario(sbx: SandboxClient, folder: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {"load_job": load}
     try:
         sbx.wait_for(load, {"RUNNING"}, timeout=40)
-        _wait(lambda: "loaded" in sbx.job_output(load), 30, "the load to start")
+        wait_until("the load to start", lambda: "loaded" in sbx.job_output(load), timeout=30)
         pending = sbx.submit("#!/bin/bash\nsleep 1\n", "-p", "mps", "--qos=train",
                              "--gres=mps:50", "--begin=now+600")
         out["pending_job"] = pending

@@ -14,11 +14,25 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from slurmiso.errors import SandboxError
 
 log = logging.getLogger(__name__)
+
+
+T = TypeVar("T")
 
 
 def tail(path: str | Path, lines: int = 15) -> str:
@@ -126,14 +140,16 @@ def has_env(pid: int, key: str, value: str) -> bool:
 
 
 def wait_until(
-    what: str, ok: Callable[[], bool], *, timeout: float, logfile: str | Path | None = None,
+    what: str, ok: Callable[[], T], *, timeout: float, logfile: str | Path | None = None,
     interval: float = 0.2, alive: Optional[Callable[[], bool]] = None,
-) -> None:
-    """Poll ``ok`` until it holds; fail early when ``alive`` says the daemon died."""
+) -> T:
+    """The sandbox's one poll: ``ok()``'s first truthy value; fail early when ``alive`` says
+    the daemon died, and after ``timeout`` (a hang guard) naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
-        if ok():
-            return
+        got = ok()
+        if got:
+            return got
         if alive is not None and not alive():
             raise SandboxError(with_tail(f"{what}: the daemon exited", logfile))
         if time.monotonic() > deadline:

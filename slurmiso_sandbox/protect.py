@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SandboxError
 from slurmiso_sandbox.client import REPO, SandboxClient
+from slurmiso_sandbox.procs import wait_until
 from slurmiso_sandbox.scenes import monitor_config, record_gpu
 
 SLO_MS = 250
@@ -39,16 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait(cond: Any, timeout: float, what: str, every: float = 0.3) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every)
-    raise SandboxError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def ladder_config(sbx: SandboxClient, folder: str, steps: Sequence[str], dwell_s: int = 2,
@@ -152,7 +143,8 @@ class Ladder:
             "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", node, "-J", "infer-standin",
             f"--iso-metrics={self.port}")
         sbx.wait_for(self.infer, {"RUNNING"}, timeout=60)
-        _wait(lambda: "# listening" in read_text(self.infer_log), 30, "the stand-in to listen")
+        wait_until("the stand-in to listen",
+                   lambda: "# listening" in read_text(self.infer_log), timeout=30)
         self.train = sbx.submit(
             "#!/bin/bash\n"
             f"export PYTHONPATH={path}\n"
@@ -162,7 +154,8 @@ class Ladder:
             "-p", "mps", "--qos=train", "--gres=mps:50", "-w", node, "--requeue",
             "--open-mode=append", "-J", "train-beside")
         sbx.wait_for(self.train, {"RUNNING"}, timeout=60)
-        _wait(lambda: len(self.steps()) >= 20, 120, "the training job to make progress")
+        wait_until("the training job to make progress",
+                   lambda: len(self.steps()) >= 20, timeout=120)
 
     def gpus(self, node: str = "n2") -> Dict[str, int]:
         return {job: record_gpu(self.sbx, node, job) for job in (self.infer, self.train)}
@@ -184,7 +177,8 @@ class Ladder:
             "--qos=train", "-J", name, *sbatch_args)
         self.others[job] = log
         sbx.wait_for(job, {"RUNNING"}, timeout=60)
-        _wait(lambda: len(steps_in(log)) >= 5, 120, f"training job {job} to make progress")
+        wait_until(f"training job {job} to make progress",
+                   lambda: len(steps_in(log)) >= 5, timeout=120)
         return job
 
     def steps(self, log: str = "") -> List[int]:
@@ -216,11 +210,13 @@ class Ladder:
             port = free_port()
             self.agents[other] = (self._daemon(f"agent-{other}", "agent", "--node", other,
                                                "--port", str(port)), port)
-        _wait(lambda: self.job_p99() is not None, 60,
-              f"the agent to read job {self.infer}'s latency")
+        wait_until(f"the agent to read job {self.infer}'s latency",
+                   lambda: self.job_p99() is not None, timeout=60)
         for other, (_, port) in self.agents.items():
-            _wait(lambda port=port: http_get(port, "/metrics").startswith("#"), 60,
-                  f"the agent of {other} to answer")
+            def answers(port: int = port) -> bool:
+                return http_get(port, "/metrics").startswith("#")
+
+            wait_until(f"the agent of {other} to answer", answers, timeout=60)
         self._start_monitor()
 
     def _start_monitor(self) -> None:
@@ -234,7 +230,7 @@ class Ladder:
             args += ["--agent-url", url]
         name = "monitor" if not self.restarts else f"monitor-{self.restarts}"
         self.monitor = self._daemon(name, *args, config=self.monitor_config)
-        _wait(lambda: self.cycles() >= 1, 60, "the monitor's first cycle")
+        wait_until("the monitor's first cycle", lambda: self.cycles() >= 1, timeout=60)
 
     def restart_monitor(self, steps: Sequence[str], budgets: Optional[Dict[str, str]] = None,
                         dwell_s: Optional[int] = None) -> None:
@@ -278,8 +274,8 @@ class Ladder:
     def wait_cycles(self, n: int, timeout: float = 120) -> int:
         """Wait until the monitor has run ``n`` more cycles; returns its count then."""
         base = self.cycles()
-        return int(_wait(lambda: self.cycles() >= base + n and self.cycles(), timeout,
-                         f"{n} monitor cycles"))
+        return int(wait_until(f"{n} monitor cycles",
+                              lambda: self.cycles() >= base + n and self.cycles(), timeout=timeout))
 
     def memory(self) -> Dict[str, Any]:
         """The monitor's memory as its state file holds it (rewritten every cycle)."""
@@ -317,12 +313,13 @@ class Ladder:
                 if e.get("target") == job and e.get("action") in LADDER_KINDS and e.get("ok")]
 
     def wait_kinds(self, job: str, kinds: Sequence[str], timeout: float) -> List[str]:
-        def got() -> Optional[List[str]]:
+        def got() -> List[str]:
             seen = self.ladder_kinds(job)
-            return seen if all(k in seen for k in kinds) else None
+            return seen if all(k in seen for k in kinds) else []
 
         try:
-            return list(_wait(got, timeout, f"the monitor to {', '.join(kinds)} job {job}"))
+            return list(wait_until(f"the monitor to {', '.join(kinds)} job {job}", got,
+                                   timeout=timeout))
         except SandboxError as exc:
             raise SandboxError(f"{exc}; its actions so far: {self.ladder_kinds(job)}; "
                                f"monitor log: {_tail(os.path.join(self.work, 'monitor.log'))}"
@@ -456,13 +453,13 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
                                   "comment": sbx.cmd("squeue", "-h", "-j", probe, "-o", "%k",
                                                      check=False).strip()}
         if top == "suspend":
-            _wait(lambda: sbx.job_state(lad.train) == "SUSPENDED", 30, "the suspend")
+            wait_until("the suspend", lambda: sbx.job_state(lad.train) == "SUSPENDED", timeout=30)
             before = len(lad.steps())
             time.sleep(3.0)  # a stopped program counts no step, however long it is stopped
             out["steps_while_suspended"] = len(lad.steps()) - before
         elif top == "requeue":
-            _wait(lambda: "# checkpoint" in read_text(lad.train_log), 90,
-                  "the requeued training job's checkpoint")
+            wait_until("the requeued training job's checkpoint",
+                       lambda: "# checkpoint" in read_text(lad.train_log), timeout=90)
             out["state_after_requeue"] = sbx.job_state(lad.train)
         out["infer_state_while_hot"] = sbx.job_state(lad.infer)
         lad.set_latency(CALM_MS)
@@ -470,10 +467,10 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
                 "throttle": ["unthrottle"]}[top]
         if back:
             lad.wait_kinds(lad.train, back, timeout=90)
-        _wait(lambda: sbx.job_state(lad.train) == "RUNNING", 180,
-              "the training job to run again")
+        wait_until("the training job to run again",
+                   lambda: sbx.job_state(lad.train) == "RUNNING", timeout=180)
         base = len(lad.steps())
-        _wait(lambda: len(lad.steps()) >= base + 20, 120, "training to progress again")
+        wait_until("training to progress again", lambda: len(lad.steps()) >= base + 20, timeout=120)
         out["restarts"] = sbx.job_fields(lad.train).get("Restarts", "0")
         out["daemons_after_calm"] = lad.alive()
         out["served_during"] = lad.served() - served_before
@@ -481,8 +478,9 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
         out["infer_suspend_time"] = sbx.job_fields(lad.infer).get("SuspendTime", "")
         open(lad.stop_file, "w").close()
         out["train_state"] = sbx.wait_for(lad.train, ("COMPLETED",), timeout=120)
-        _wait(lambda: sbx.job_fields(probe).get("Reason", "") not in (
-            "JobHeldAdmin", "JobHeldUser"), 60, f"the monitor to release job {probe}")
+        wait_until(f"the monitor to release job {probe}",
+                   lambda: sbx.job_fields(probe).get("Reason", "") not in (
+                       "JobHeldAdmin", "JobHeldUser"), timeout=60)
         # (n2's MPS shares are all taken while both jobs run: it starts once training ends)
         sbx.cmd("scontrol", "update", f"JobId={probe}", "StartTime=now", check=False)
         out["probe_state"] = sbx.wait_for(probe, ("COMPLETED", "FAILED", "CANCELLED"),
