@@ -22,9 +22,9 @@ from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence,
 
 from slurmiso.config.model import ServerProfile
 from slurmiso.config.selector import Selector, parse_selector
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.histogram import Counters
-from slurmiso.monitor.telemetry import Sample, parse_prometheus_text
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.histogram import Counters
+from slurmiso.exposition.text import Sample, parse_prometheus_text
 
 MAX_LINES = 200_000
 MAX_SERIES = 20_000

@@ -1,7 +1,7 @@
 """The per-job signals contract: what ``slurmiso agent`` exports about each job, and the
 monitor's reader of it (:func:`from_samples`).
 
-The agent (:mod:`slurmiso.monitor.jobsignals`) writes these series; the monitor's SLO ladder
+The agent (:mod:`slurmiso.agent.job_signals`) writes these series; the monitor's SLO ladder
 reads them back through :func:`from_samples` into one :class:`JobSignals` per job. Both sides
 use the names below and nothing else, so a rename is one edit here.
 
@@ -89,7 +89,7 @@ CLASS_FOREIGN = "foreign"
 CLASS_UNRECORDED = "unrecorded"
 
 #: Why a signal is unknown (the ``reason`` label). Transport reasons are the scraper's
-#: (:mod:`slurmiso.monitor.scrape`): unreachable, timeout, deadline, not-http, http-status,
+#: (:mod:`slurmiso.exposition.scrape`): unreachable, timeout, deadline, not-http, http-status,
 #: truncated, too-large.
 R_NO_ENDPOINT = "no-endpoint"  # an SLO class's job that declared no --iso-metrics
 R_PORT_NOT_OWNED = "port-not-owned"  # the port's listener is not the job's user

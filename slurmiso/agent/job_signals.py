@@ -3,7 +3,7 @@ times from each job's step file, read in the background and exported on every sc
 
 A scrape must stay fast whatever the jobs do, so nothing here runs in the scrape: a
 :class:`Refresher` thread reads every ``monitor.signals.refresh`` (all endpoints at once through
-the non-blocking :mod:`slurmiso.monitor.scrape`, each limited to ``timeout`` and ``max_body``),
+the non-blocking :mod:`slurmiso.exposition.scrape`, each limited to ``timeout`` and ``max_body``),
 and the collector only renders the last :class:`JobSignalsState` with ages as of the scrape.
 A refresher that fell behind (a step file on a hung NFS mount) shows as growing ages and
 ``reason="stale"``, never as old figures passed off as fresh. The answers are parsed outside
@@ -12,7 +12,7 @@ one user's endpoints share the fetch's slots fairly with every other user's.
 
 Trust: the agent connects to 127.0.0.1:PORT only, the port and path from the prolog's record
 (``--iso-metrics``), and only when the kernel says the listener there is the job's user
-(:mod:`slurmiso.monitor.ports`); an answer only ever fills its own job's series, so a job can
+(:mod:`slurmiso.agent.port_owners`); an answer only ever fills its own job's series, so a job can
 lie about itself and nothing else. Redirects, non-200 answers, bodies over the limit and
 garbage are unknown with a reason.
 """
@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.endpoint import E2E, Answer, BadAnswer, Profile, Profiles
-from slurmiso.monitor.histogram import Window, quantile
-from slurmiso.monitor.stepfile import StepFigures
+from slurmiso.agent.endpoint import E2E, Answer, BadAnswer, Profile, Profiles
+from slurmiso.agent.stepfile import StepFigures
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.histogram import Window, quantile
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +186,15 @@ class JobSignalsState:
         clock: Callable[[], float] = time.time, budget: Budget = Budget(),
         cpu: Callable[[], float] = time.thread_time,
     ) -> None:
-        from slurmiso.monitor import ports, scrape, stepfile
+        from slurmiso.agent import port_owners, stepfile
+        from slurmiso.exposition import scrape
 
         self.settings = settings
         self.profiles = Profiles([Profile.from_config(p) for p in settings.servers])
         self.slo_classes = set(slo_classes)
         self.training_classes = set(training_classes)
         self.fetch = fetch or scrape.fetch_all
-        self.listeners = listeners or ports.loopback_listeners
+        self.listeners = listeners or port_owners.loopback_listeners
         self.steps = steps or stepfile.figures
         self.clock = clock
         self.budget = budget
