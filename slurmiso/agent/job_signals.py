@@ -457,33 +457,8 @@ class JobSignalsCollector:
         window = _WindowFamily()
         for v in self.state.view():
             who = [v.job, v.job_class]
-            if v.latency_age is not None:
-                fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_LATENCY], v.latency_age)
-            for reason in v.latency_unknown:
-                fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_LATENCY, reason], 1.0)
-            if v.latency is not None:
-                for (signal, model), qs in sorted(v.latency.quantiles.items()):
-                    for q, value in sorted(qs.items()):
-                        fam[sig.M_LATENCY].add_metric(
-                            [*who, signal, model, sig.PERCENTILE[q]], value)
-                for (signal, model), hist in sorted(v.latency.windows.items()):
-                    window.add(who, signal, model, hist)
-                if v.latency.requests is not None:
-                    fam[sig.M_REQUESTS].add_metric(who, v.latency.requests)
-                if v.latency.error_ratio is not None:
-                    fam[sig.M_ERROR_RATIO].add_metric(who, v.latency.error_ratio)
-            if v.steps_age is not None:
-                fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_STEPS], v.steps_age)
-            for reason in v.steps_unknown:
-                fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_STEPS, reason], 1.0)
-            st = v.steps
-            if st is not None and not st.reason:
-                if st.steps_total is not None:
-                    fam[sig.M_STEPS_TOTAL].add_metric(who, st.steps_total)
-                if st.step_s is not None:
-                    fam[sig.M_STEP_SECONDS].add_metric(who, st.step_s)
-                if st.throughput_vs_solo is not None:
-                    fam[sig.M_THROUGHPUT_VS_SOLO].add_metric(who, st.throughput_vs_solo)
+            _add_latency(fam, window, who, v)
+            _add_steps(fam, who, v)
         yield from fam.values()
         yield window.family
 
@@ -515,6 +490,43 @@ class _WindowFamily:
 def _edge_label(edge: float) -> str:
     """An ``le`` as Prometheus writes it (``+Inf``, ``0.25``)."""
     return "+Inf" if edge == math.inf else repr(float(edge))
+
+
+def _add_latency(fam: Dict[str, Any], window: _WindowFamily, who: List[str], v: JobView
+                 ) -> None:
+    """One job's latency signal: its age, why it is unknown, its figures."""
+    if v.latency_age is not None:
+        fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_LATENCY], v.latency_age)
+    for reason in v.latency_unknown:
+        fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_LATENCY, reason], 1.0)
+    if v.latency is None:
+        return
+    for (signal, model), qs in sorted(v.latency.quantiles.items()):
+        for q, value in sorted(qs.items()):
+            fam[sig.M_LATENCY].add_metric([*who, signal, model, sig.PERCENTILE[q]], value)
+    for (signal, model), hist in sorted(v.latency.windows.items()):
+        window.add(who, signal, model, hist)
+    if v.latency.requests is not None:
+        fam[sig.M_REQUESTS].add_metric(who, v.latency.requests)
+    if v.latency.error_ratio is not None:
+        fam[sig.M_ERROR_RATIO].add_metric(who, v.latency.error_ratio)
+
+
+def _add_steps(fam: Dict[str, Any], who: List[str], v: JobView) -> None:
+    """One job's steps signal: its age, why it is unknown, its figures."""
+    if v.steps_age is not None:
+        fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_STEPS], v.steps_age)
+    for reason in v.steps_unknown:
+        fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_STEPS, reason], 1.0)
+    st = v.steps
+    if st is None or st.reason:
+        return
+    if st.steps_total is not None:
+        fam[sig.M_STEPS_TOTAL].add_metric(who, st.steps_total)
+    if st.step_s is not None:
+        fam[sig.M_STEP_SECONDS].add_metric(who, st.step_s)
+    if st.throughput_vs_solo is not None:
+        fam[sig.M_THROUGHPUT_VS_SOLO].add_metric(who, st.throughput_vs_solo)
 
 
 class Refresher:
