@@ -112,3 +112,27 @@ def test_sim_reports_sm_by_gpm_dcgm_or_not_at_all(tmp_path: os.PathLike[str]) ->
     assert sm and all(s.labels["gpu"] != "1" for s in sm), "no SM series for GPU 1"
     view, _ = t.agent_view(text, 1.0)
     assert view[1].sm_active_pct is None and view[1].gr_active_pct == 50.0
+
+
+def test_the_local_source_folds_the_agents_rows_it_is_handed(tmp_path: os.PathLike[str]
+                                                             ) -> None:
+    """``--telemetry local``: the CLI hands the monitor the agent's reader (the monitor never
+    imports the agent); MIG instances fold into their GPU, as the agent's series do."""
+    backend = _node(str(tmp_path))
+    inst = backend.instances(0)[0]
+    records = {"41": JobRecord.from_dict({"class": "infer", "resources": [
+        {"kind": "mig-static", "gpu": 0, "gi": inst.gi_id, "uuid": inst.uuid}]})}
+
+    class Cfg:
+        def pool_for_node(self, node: str) -> object:
+            return node if node == "n3" else None
+
+    def read(cfg: object, node: str) -> object:
+        return gather_node(None, node, backend=backend, records=records, clock=lambda: 123.0)
+
+    reading = t.BackendSource(Cfg(), read).read({"n3": "", "elsewhere": ""}, 130.0)
+    assert set(reading.gpus) == {"n3"} and reading.ages == {"n3": 7.0}
+    gpu0, gpu1 = reading.gpus["n3"]
+    assert gpu0.jobs == ("41",) and gpu0.classes == ("infer",)
+    assert gpu0.mig_profiles == ("3g.40gb",) and gpu0.memory_used_mb == 10_000
+    assert gpu1.sm_active_pct == 90.0 and gpu1.processes == 1 and gpu1.jobs == ()
