@@ -103,7 +103,7 @@ def _agent(cfg: str, port: int) -> subprocess.Popen[bytes]:
                           "node1", "--port", str(port), "--addr", "127.0.0.1"],
                          env=python_env(), preexec_fn=limit, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
-    from slurmiso.monitor import ports
+    from slurmiso.agent import port_owners as ports
 
     _wait("the agent listens", lambda: p.poll() is not None or port in (
         ports.loopback_listeners() or {}))
@@ -140,7 +140,7 @@ def _attack(port: int, stop: threading.Event) -> List[socket.socket]:
 
 def _scrapes(port: int) -> Tuple[List[float], int, int]:
     """(answer times of the answered scrapes, unanswered, answers with stale signals)."""
-    from slurmiso.monitor import scrape
+    from slurmiso.exposition import scrape
 
     times: List[float] = []
     missed = stale = 0

@@ -10,7 +10,7 @@ the job id back, so a SLUID path is matched against the SLUID Slurm gave the hoo
 
 Which job a process's cgroup (``/proc/PID/cgroup``) puts it in is read here too, once, for the
 epilog's process checks (isolation/processes.py) and the monitor's GPU owners
-(monitor/gpu_owners.py): ``job_<id>`` under cgroup v1 (``slurm_<node>/uid_<u>/job_<id>``) and
+(agent/gpu_owners.py): ``job_<id>`` under cgroup v1 (``slurm_<node>/uid_<u>/job_<id>``) and
 v2 up to 25.11, the SLUID on 26.05's v2. Stdlib only, nothing else of slurmiso: the hooks
 import it on every job.
 """

@@ -33,9 +33,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slurmiso.agent import serve as agent
     from slurmiso.config import load_config
     from slurmiso.hostlist import node_name
-    from slurmiso.monitor import agent
 
     cfg = load_config(args.config)
     node = node_name(args.node)

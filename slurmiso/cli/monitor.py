@@ -123,7 +123,9 @@ def _source(args: argparse.Namespace, cfg: Any) -> Any:
         return t.PrometheusSource(cfg.monitor.telemetry.prometheus_url, queries,
                                   timeout=min(5.0, deadline), deadline_s=deadline)
     if kind == "local":
-        return t.BackendSource(cfg)
+        from slurmiso.agent.gpus import gather_node
+
+        return t.BackendSource(cfg, gather_node)
     if kind == "files":
         if not args.telemetry_dir:
             raise UsageError("--telemetry files needs --telemetry-dir DIR")

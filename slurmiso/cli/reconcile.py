@@ -66,7 +66,7 @@ def _restraints(cfg: Any, node: str, dry_run: bool) -> List[str]:
     (its heartbeat, stamped by the agent, is old): ended, journaled (issue 33)."""
     import time
 
-    from slurmiso.monitor import restraints as r
+    from slurmiso import restraints as r
     from slurmiso.slurm.client import SlurmCli
     from slurmiso.state import Journal
 

@@ -86,9 +86,9 @@ def _fetch(url: str, timeout: float, limit: int) -> str:
 def check(cfg: Any, url: str, server: str, job_class: str, window_s: float,
           fetch: Any = None, sleep: Any = time.sleep) -> Dict[str, Any]:
     """The report: the profile matched, the window's figures, and each class's verdict."""
-    from slurmiso.monitor.endpoint import BadAnswer, Profile, Profiles
-    from slurmiso.monitor.histogram import Window
-    from slurmiso.monitor.jobsignals import figures
+    from slurmiso.agent.endpoint import BadAnswer, Profile, Profiles
+    from slurmiso.agent.job_signals import figures
+    from slurmiso.exposition.histogram import Window
 
     fetch = fetch or _fetch
     profiles = [p for p in cfg.monitor.signals.servers if not server or p.name == server]
@@ -116,9 +116,9 @@ def check(cfg: Any, url: str, server: str, job_class: str, window_s: float,
 
 
 def _report(cfg: Any, url: str, profile: str, lat: Any, job_class: str) -> Dict[str, Any]:
+    from slurmiso.exposition.job_series import JobSignals
     from slurmiso.monitor import ladder
     from slurmiso.monitor.policy import Policy, SloLimit
-    from slurmiso.monitor.signals import JobSignals
     from slurmiso.monitor.slo_share import resolvable, share_over
 
     windows = tuple((sg, model, hist) for (sg, model), hist in sorted(lat.windows.items()))

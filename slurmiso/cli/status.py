@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows, ["JOB", "CLASS", "STATUS", "GPUS", "SHARE"]) if rows else "no jobs")
     for j in data["jobs"]:
         if j["restraint"] is not None:
-            from slurmiso.monitor.restraints import describe
+            from slurmiso.restraints import describe
 
             print(f"  job {j['job']}: {describe(j['restraint'])}")
         if j["reason"]:
@@ -112,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ladder(cfg: Any, node: str, no_slurm: bool) -> Dict[str, Any]:
-    """The ladder's restraints here and the monitor's heartbeat (monitor/restraints.py)."""
+    """The ladder's restraints here and the monitor's heartbeat (slurmiso/restraints.py)."""
     import time
 
-    from slurmiso.monitor.restraints import node_view
+    from slurmiso.restraints import node_view
 
     slurm = None
     if not no_slurm:
@@ -127,7 +127,7 @@ def _ladder(cfg: Any, node: str, no_slurm: bool) -> Dict[str, Any]:
 
 
 def _ladder_lines(view: Dict[str, Any], shown: Any) -> None:
-    from slurmiso.monitor.restraints import describe
+    from slurmiso.restraints import describe
 
     for r in view["restraints"]:
         if r["job"] not in shown:  # a restrained job without a record here

@@ -261,7 +261,7 @@ class Relayout(Value):
 
 class ServerProfile(Value):
     """Which series of an inference server's ``/metrics`` are its latency, requests and
-    failures (``monitor.signals.servers``; selectors as slurmiso.monitor.endpoint reads
+    failures (``monitor.signals.servers``; selectors as slurmiso.agent.endpoint reads
     them). ``latency``: alternatives, the first family present wins; ``requests`` and
     ``errors``: summed."""
 

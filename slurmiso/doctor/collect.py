@@ -148,7 +148,7 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
 
 def _restraints(cfg: Config, node: str, cli: SlurmCli) -> Dict[str, Any]:
     """The ladder's restraints on this node and the monitor's heartbeat (doctor/restraints)."""
-    from slurmiso.monitor.restraints import node_view
+    from slurmiso.restraints import node_view
 
     return node_view(cfg.paths.state_dir_for(node), node, cfg.monitor.interval_s,
                      time.time(), cli)

@@ -1,7 +1,7 @@
 """The ladder's restraints on this node (issue 33): each one is visible with its age and
 cause, and one that outlived its bound or its monitor is a warning.
 
-``snap["restraints"]`` is :func:`slurmiso.monitor.restraints.node_view` of the inspected
+``snap["restraints"]`` is :func:`slurmiso.restraints.node_view` of the inspected
 node: the restraints the monitor noted in its jobs' ``AdminComment`` (through root's record
 on the node) and the age of the monitor's heartbeat (its last scrape of the agent).
 """
@@ -19,7 +19,7 @@ def _subjects(items: List[Dict[str, Any]]) -> tuple:
 
 
 def check_restraints(snap: Snapshot, cfg: Config) -> List[Finding]:
-    from slurmiso.monitor.restraints import describe
+    from slurmiso.restraints import describe
 
     view = snap.get("restraints")
     if not view:

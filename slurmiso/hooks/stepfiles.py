@@ -2,7 +2,7 @@
 (slurmiso/jobfiles.py names it), removed by the epilog.
 
 Like the events file it lives in the job's working directory and is written by the job's
-wrapper as the job's user; the agent reads it as hostile input (monitor/stepfile.py). The
+wrapper as the job's user; the agent reads it as hostile input (agent/stepfile.py). The
 epilog removes it and the program's report beside it, only when each is a regular file of
 the job's uid (never through a symlink): a user cannot make root delete anything else.
 Stdlib only: the hooks import it on every job.

@@ -206,7 +206,7 @@ class Applier:
         explains and bounds: a refusal is logged and the action stands."""
         if "left" not in act.details:
             return
-        from slurmiso.monitor.restraints import Note, OnBound, RestraintStep, write_note
+        from slurmiso.restraints import Note, OnBound, RestraintStep, write_note
 
         left = act.details["left"]
         note = None if not left else Note(

@@ -9,7 +9,7 @@ training job it restrains there is given back in the direction ``monitor.ladder.
 names: ``resume`` (``resume-job``, ``unthrottle``) or ``requeue`` (checkpoint and requeue,
 a suspended job resumed first). Each is an ordinary ladder action, journaled with ``bound``.
 
-The node applies the same bound when no monitor is alive (:mod:`slurmiso.monitor.restraints`):
+The node applies the same bound when no monitor is alive (:mod:`slurmiso.restraints`):
 so each ladder action carries the bound its restraint has (``bound``), and the applier
 writes it in the job's ``AdminComment`` where the node reads it.
 
@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from slurmiso.monitor.attribution import gpu_key
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import Action, Memory, Policy
-from slurmiso.monitor.restraints import OnBound
 from slurmiso.monitor.snapshot import JobInfo
+from slurmiso.restraints import OnBound
 
 #: The verdict kind that keeps a rung's bound from running (the ladder's ``HOT``).
 _HOT = "hot"

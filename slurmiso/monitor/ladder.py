@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
+from slurmiso.exposition.histogram import quantile
+from slurmiso.exposition.job_series import JobSignals, unknown_fields
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate, end_unhot
-from slurmiso.monitor.histogram import quantile
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
@@ -46,7 +47,6 @@ from slurmiso.monitor.policy import (
     SloLimit,
     StepPolicy,
 )
-from slurmiso.monitor.signals import JobSignals, unknown_fields
 from slurmiso.monitor.slo_share import Verdict, judge
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
-from slurmiso.monitor.restraints import OnBound
+from slurmiso.restraints import OnBound
 
 #: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
 ADMISSIONS = ("nodes", "hold", "qos-limit")

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmiso.monitor.signals import JobSignals
+from slurmiso.exposition.job_series import JobSignals
 
 SNAPSHOT_VERSION = 2
 #: Versions that still load: 1 had no per-job signals (read as none reported).

@@ -9,7 +9,7 @@
 A source never raises for missing or malformed data: what it could not get is an error line
 in the :class:`Reading`, a counted reason (``unknown``) and a node without an age, which the
 policy treats as unknown. An agent that says ``slurmiso_agent_up 0``, or answers without GPU
-series, is unknown too, never calm. HTTP goes through :mod:`slurmiso.monitor.scrape`: one
+series, is unknown too, never calm. HTTP goes through :mod:`slurmiso.exposition.scrape`: one
 deadline for every source of a cycle, a bounded number of connections open at once.
 """
 
@@ -21,38 +21,44 @@ import os
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+)
 
-from slurmiso.monitor import scrape, signals
-from slurmiso.monitor.restraints import HEARTBEAT_HEADER, heartbeat_credential
-from slurmiso.monitor.signals import JobSignals
+from slurmiso.exposition import job_series, scrape
+from slurmiso.exposition.gpu_series import (
+    DCGM_FREE,
+    DCGM_GR,
+    DCGM_SM,
+    DCGM_USED,
+    DCGM_UTIL,
+    M_COLLECTED,
+    M_GR,
+    M_MEM_TOTAL,
+    M_MEM_USED,
+    M_PROCS,
+    M_SM,
+    M_UP,
+    MIB,
+)
+from slurmiso.exposition.job_series import JobSignals
+from slurmiso.exposition.text import BadData, Sample, parse_prometheus_text
 from slurmiso.monitor.snapshot import GpuSample
+from slurmiso.restraints import HEARTBEAT_HEADER, heartbeat_credential
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config
 
 log = logging.getLogger(__name__)
-
-# Series the agent exports (slurmiso.monitor.agent) and this module reads back.
-M_MEM_USED = "slurmiso_gpu_memory_used_bytes"
-M_MEM_TOTAL = "slurmiso_gpu_memory_total_bytes"
-M_SM = "slurmiso_gpu_sm_active_ratio"
-M_GR = "slurmiso_gpu_gr_engine_active_ratio"
-M_PROCS = "slurmiso_gpu_processes"
-M_COLLECTED = "slurmiso_agent_collected_timestamp_seconds"
-M_UP = "slurmiso_agent_up"
-DCGM_USED, DCGM_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
-DCGM_SM, DCGM_GR = "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-#: Graphics-engine busy time in percent (not SM activity; not reported on MIG).
-DCGM_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-MIB = 1024 * 1024
-
-
-class Sample(NamedTuple):
-    name: str
-    labels: Dict[str, str]
-    value: float
-    ts: Optional[float] = None
 
 
 @dataclass
@@ -82,66 +88,9 @@ class Reading:
             self.errors.append(line)
 
 
-class BadData(ValueError):
-    """An answer that parses but cannot be trusted (a non-integer ``gpu`` label)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-
-
 class TelemetrySource(Protocol):
     def read(self, nodes: Mapping[str, str], now: float) -> Reading:
         """Telemetry of ``nodes`` (name -> address) as of ``now`` (Unix seconds)."""
-
-
-# ------------------------------------------------------------------------ text format
-def parse_prometheus_text(text: str, strict: bool = False) -> List[Sample]:
-    """Prometheus text exposition format (0.0.4) into samples. Bad lines are skipped, or,
-    with ``strict``, raise :class:`BadData` (a cut-off answer must not read as a short one)."""
-    out: List[Sample] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            out.append(_parse_line(line))
-        except (ValueError, IndexError):
-            if strict:
-                raise BadData("parse", f"unparsable line {line[:80]!r}") from None
-            log.debug("skipping unparsable metrics line %r", line[:120])
-    return out
-
-
-def _parse_line(line: str) -> Sample:
-    labels: Dict[str, str] = {}
-    brace = line.find("{")
-    space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        name = line[:brace]
-        i = brace + 1
-        while line[i] != "}":
-            eq = line.index("=", i)
-            key = line[i:eq].strip().lstrip(",").strip()
-            i = eq + 2  # past ="
-            buf = []
-            while line[i] != '"':
-                if line[i] == "\\":
-                    i += 1
-                    buf.append({"n": "\n", "\\": "\\", '"': '"'}.get(line[i], line[i]))
-                else:
-                    buf.append(line[i])
-                i += 1
-            labels[key] = "".join(buf)
-            i += 1
-            while line[i] in ", ":
-                i += 1
-        rest = line[i + 1:].split()
-    else:
-        name, *rest = line.split()
-    value = float(rest[0])
-    ts = float(rest[1]) / 1000.0 if len(rest) > 1 else None
-    return Sample(name, labels, value, ts)
 
 
 def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]:
@@ -153,7 +102,7 @@ def agent_gpus(samples: List[Sample]) -> Tuple[List[GpuSample], Optional[float]]
             collected = s.value
             continue
         if "gpu" not in s.labels or s.name.startswith(("DCGM_", "slurmiso_job_")):
-            continue  # (the per-job series are read by monitor/signals.py)
+            continue  # (the per-job series are read by exposition/job_series.py)
         try:
             index = int(s.labels["gpu"])
         except ValueError:
@@ -197,7 +146,7 @@ def agent_view(text: str, now: float) -> Tuple[List[GpuSample], Optional[float]]
 def agent_reading(text: str, now: float) -> Tuple[List[GpuSample], Optional[float],
                                                    List[Sample]]:
     """:func:`agent_view` plus the parsed samples, so the per-job signals in the same answer
-    (:mod:`slurmiso.monitor.signals`) are read without parsing it twice."""
+    (:mod:`slurmiso.exposition.job_series`) are read without parsing it twice."""
     samples = parse_prometheus_text(text, strict=True)
     if any(s.name == M_UP and s.value < 1 for s in samples):
         raise BadData("agent-down", "the agent could not read its GPUs (slurmiso_agent_up 0)")
@@ -236,7 +185,7 @@ class AgentSource:
         # address, so guessing host:port would scrape one node's agent for all of them).
         wanted = [n for n in nodes if n in self.urls] if self.urls else list(nodes)
         urls = {n: self.url_for(n, nodes.get(n, "")) for n in wanted}
-        # the header is the monitor's heartbeat on each node (monitor/restraints.py)
+        # the header is the monitor's heartbeat on each node (slurmiso/restraints.py)
         beats = {n: {HEARTBEAT_HEADER: c} for n in wanted
                  if (c := heartbeat_credential(n)) is not None}
         got = scrape.fetch_all(urls, self.deadline_s, max(1, self.workers),
@@ -256,7 +205,7 @@ class AgentSource:
             # keeps one node's: the first its agents answered for. A reply whose per-job
             # series do not parse is this node's unknown data, never the whole cycle's.
             try:
-                jobs = signals.from_samples(samples, node)
+                jobs = job_series.from_samples(samples, node)
             except (ValueError, KeyError, TypeError) as exc:
                 reading.miss("agents", "bad-job-series", f"agent {urls[node]}: {exc}", node)
                 continue
@@ -296,27 +245,84 @@ class FileSource:
         return reading
 
 
+class AgentRow(Protocol):
+    """One whole GPU (``gi`` "") or MIG instance as the node agent reads it in-process
+    (``slurmiso.agent.gpus.DeviceRow``): what :class:`BackendSource` folds into samples."""
+
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def gi(self) -> str: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def memory_used_mb(self) -> int: ...
+    @property
+    def memory_total_mb(self) -> int: ...
+    @property
+    def sm_active(self) -> Optional[float]: ...
+    @property
+    def gr_active(self) -> Optional[float]: ...
+    @property
+    def processes(self) -> int: ...
+    @property
+    def jobs(self) -> Tuple[str, ...]: ...
+    @property
+    def classes(self) -> Tuple[str, ...]: ...
+
+
+class AgentReport(Protocol):
+    """One node read in-process (``slurmiso.agent.gpus.NodeReport``)."""
+
+    @property
+    def collected(self) -> float: ...
+    @property
+    def rows(self) -> Sequence[AgentRow]: ...
+
+
+def report_samples(report: AgentReport) -> List[GpuSample]:
+    """The monitor's view of an in-process read: one sample per GPU, MIG instances folded
+    in."""
+    out = []
+    for r in report.rows:
+        if r.gi:
+            continue
+        insts = [i for i in report.rows if i.gi and i.gpu == r.gpu]
+        jobs = set(r.jobs).union(*(i.jobs for i in insts))
+        classes = set(r.classes).union(*(i.classes for i in insts))
+        out.append(GpuSample(
+            r.gpu, r.memory_used_mb, r.memory_total_mb,
+            None if r.sm_active is None else 100.0 * r.sm_active,
+            None if r.gr_active is None else 100.0 * r.gr_active,
+            r.processes, tuple(sorted(jobs)), tuple(sorted(classes)),
+            tuple(sorted(i.profile for i in insts))))
+    return out
+
+
 class BackendSource:
     """Read each node's GPU backend in-process: for one host serving several simulated nodes
-    (the sandbox), or a monitor running on the GPU node itself."""
+    (the sandbox), or a monitor running on the GPU node itself. ``read_node`` is the node
+    agent's reader (``slurmiso.agent.gpus.gather_node``), handed in by the CLI so the
+    monitor never imports the agent; it raises :class:`SlurmisoError` when the GPUs cannot
+    be read."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, read_node: Callable[[Config, str], AgentReport]) -> None:
         self.cfg = cfg
+        self.read_node = read_node
 
     def read(self, nodes: Mapping[str, str], now: float) -> Reading:
         from slurmiso.errors import SlurmisoError
-        from slurmiso.monitor.agent import gather_node
 
         reading = Reading()
         for node in nodes:
             if self.cfg.pool_for_node(node) is None:
                 continue
             try:
-                report = gather_node(self.cfg, node)
+                report = self.read_node(self.cfg, node)
             except SlurmisoError as exc:
                 reading.miss("local", "gpu-error", f"{node}: {exc}", node)
                 continue
-            reading.gpus[node] = report.samples()
+            reading.gpus[node] = report_samples(report)
             reading.ages[node] = max(0.0, now - report.collected)
         return reading
 

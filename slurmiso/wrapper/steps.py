@@ -4,7 +4,7 @@
                                                   rewritten at most once a second)
     wrapper (StepFolder.tick, from its loop)   -> SLURMISO_STEPS_FILE, the file the prolog
                                                   named (job's working dir); one small JSON
-    agent (monitor/stepfile.py, as root)       -> slurmiso_job_step_seconds and friends
+    agent (agent/stepfile.py, as root)       -> slurmiso_job_step_seconds and friends
 
 The program only keeps totals (steps, timed steps, seconds, samples, its first step times),
 so reporting costs it a few additions and one small file write a second. The wrapper turns
@@ -12,7 +12,7 @@ successive totals into intervals (steps and seconds between two folds) and keeps
 ones; the agent takes the mean step time of the last ``monitor.signals.step_window`` and the
 median of the first ``baseline_steps`` as the solo baseline. Both files are the job's own
 data, written as the job's user on its filesystem: the agent reads the step file as hostile
-input (monitor/stepfile.py), and this module never raises into the wrapper.
+input (agent/stepfile.py), and this module never raises into the wrapper.
 
 Stdlib only; the wrapper imports it only when the prolog named a step file.
 """

@@ -14,15 +14,16 @@ from typing import Any, Iterator, List
 
 import pytest
 
-from slurmiso.monitor import ports, scrape
-from slurmiso.monitor.agent_http import (
+from slurmiso.agent import port_owners as ports
+from slurmiso.agent.http_server import (
     M_HTTP_CLOSED,
     AgentServer,
     CloseReason,
     Phase,
     connection_cap,
 )
-from slurmiso.monitor.telemetry import parse_prometheus_text
+from slurmiso.exposition import scrape
+from slurmiso.exposition.text import parse_prometheus_text
 from tests.hookctx import write_config
 from tests.waiting import wait_for
 

@@ -80,7 +80,7 @@ def test_the_shipped_agent_unit_stays_read_only() -> None:
 def test_the_agent_unit_gives_room_for_its_connection_cap() -> None:
     """A thousand idle sockets must not exhaust the agent's descriptors: its limit is set,
     and the server's cap (derived from it) leaves the refresher its own reserve."""
-    from slurmiso.monitor.agent_http import RESERVED_FDS, connection_cap
+    from slurmiso.agent.http_server import RESERVED_FDS, connection_cap
 
     with open(UNIT, encoding="utf-8") as fh:
         settings = service_settings(fh.read())

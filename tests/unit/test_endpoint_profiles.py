@@ -8,12 +8,12 @@ from typing import Dict, Optional
 
 import pytest
 
+from slurmiso.agent.endpoint import BadAnswer, Profile, Profiles
+from slurmiso.agent.job_signals import figures
 from slurmiso.config.model import DEFAULT_SERVERS, ServerProfile
 from slurmiso.config.selector import BadSelector, parse_selector
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.endpoint import BadAnswer, Profile, Profiles
-from slurmiso.monitor.histogram import Window
-from slurmiso.monitor.jobsignals import figures
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.histogram import Window
 
 PROFILES = Profiles([Profile.from_config(p) for p in DEFAULT_SERVERS])
 LE = ("0.1", "0.5", "1.0", "+Inf")
@@ -199,7 +199,7 @@ def test_hostile_values_are_no_values() -> None:
 
 
 def test_too_many_lines_or_series_is_refused_not_parsed() -> None:
-    from slurmiso.monitor import endpoint
+    from slurmiso.agent import endpoint
 
     many = "".join(f'vllm:request_success_total{{finished_reason="x{i}"}} 1\n'
                    for i in range(endpoint.MAX_SERIES + 1))

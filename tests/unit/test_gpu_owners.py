@@ -11,11 +11,11 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from slurmiso.agent.gpus import NodeCollector, gather_node
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.text import parse_prometheus_text
 from slurmiso.gpu.backend import create_mig_device
 from slurmiso.gpu.sim import SimBackend, init_state
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.agent import NodeCollector, gather_node
-from slurmiso.monitor.telemetry import parse_prometheus_text
 from slurmiso.sluid import job_of_cgroup
 from slurmiso.state.record import JobRecord
 from tests.unit.test_job_signals import signals_of
@@ -116,7 +116,7 @@ def test_mig_instances_per_instance_foreign_unrecorded_and_mps(
 def test_a_process_in_a_jobs_cgroup_of_another_uid_is_foreign(tmp_path: Any) -> None:
     from types import SimpleNamespace
 
-    from slurmiso.monitor.gpu_owners import rows
+    from slurmiso.agent.gpu_owners import rows
 
     rec = JobRecord.from_dict({"class": "infer", "uid": 1000, "resources": []})
     procs = [SimpleNamespace(pid=5, gpu_index=2, mig_uuid="")]

@@ -1,8 +1,8 @@
 """etc/grafana/slurmiso.json names only metrics that exist, and shows each live figure beside
 its probe baseline.
 
-KNOWN: the agent's GPU series (slurmiso/monitor/telemetry.py), its per-job series (the
-contract the agent writes and the monitor reads, slurmiso/monitor/signals.py: the agent's own
+KNOWN: the agent's GPU series (slurmiso/exposition/gpu_series.py), its per-job series (the
+contract the agent writes and the monitor reads, slurmiso/exposition/job_series.py: the agent's own
 tests check it writes them) and the probe's textfile series (slurmiso.probe.store).
 """
 
@@ -13,8 +13,8 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Set
 
-from slurmiso.monitor import signals
-from slurmiso.monitor import telemetry as t
+from slurmiso.exposition import gpu_series as t
+from slurmiso.exposition import job_series as signals
 from slurmiso.probe.store import metric_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from slurmiso.monitor.histogram import Window, increase, quantile
+from slurmiso.exposition.histogram import Window, increase, quantile
 
 INF = math.inf
 #: 100 observations: 10 up to 0.1 s, 40 more up to 0.5 s, 40 more up to 1 s, 10 above 1 s.

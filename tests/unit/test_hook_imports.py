@@ -52,6 +52,9 @@ NOT_ON_PATH = (
     "slurmiso.slurm.client",
     "slurmiso.audit",
     "slurmiso.monitor",
+    "slurmiso.agent",
+    "slurmiso.exposition",
+    "slurmiso.restraints",
 )
 
 root_only = pytest.mark.needs_root(

@@ -123,7 +123,7 @@ def test_the_first_job_component_counts_for_the_epilog_and_the_monitor(
         tmp_path, cgroup: str, job: Optional[str]) -> None:
     """One parser (slurmiso/sluid.py) answers both: the epilog's process checks and the
     monitor's GPU owners (where a record's SLUID maps back to its job id)."""
-    from slurmiso.monitor.gpu_owners import rows
+    from slurmiso.agent.gpu_owners import rows
 
     proc = fake_proc(tmp_path, {10: {"cgroup": cgroup}})
     assert P.job_of_pid(10, proc) == job

@@ -13,11 +13,12 @@ from typing import Any, Callable, Dict, Iterator, List
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from slurmiso.agent import port_owners as ports
+from slurmiso.agent.job_signals import JobSignalsCollector, JobSignalsState
 from slurmiso.config.model import SignalSettings
-from slurmiso.monitor import ports, scrape
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.jobsignals import JobSignalsCollector, JobSignalsState
-from slurmiso.monitor.telemetry import BadData, parse_prometheus_text
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition import scrape
+from slurmiso.exposition.text import BadData, parse_prometheus_text
 from slurmiso.state.record import JobRecord, RecordStatus
 from tests.unit.test_endpoint_profiles import cum, vllm
 
@@ -395,7 +396,7 @@ def test_one_parse_of_a_full_node_is_cheap() -> None:
 def test_the_monitor_reads_each_jobs_signals_from_the_agents_answer(monkeypatch: Any) -> None:
     """The agent's per-job series reach the snapshot the ladder decides on (telemetry's
     AgentSource), parsed once with the GPU series."""
-    import slurmiso.monitor.scrape as scrape
+    import slurmiso.exposition.scrape as scrape
     from slurmiso.monitor.telemetry import AgentSource
 
     body = (
@@ -424,7 +425,7 @@ def test_one_agents_bad_job_series_is_that_nodes_unknown_not_the_cycles(
         monkeypatch: Any) -> None:
     """A gpu label that passes isdigit() but not int() ("²") in one agent's per-job series
     made the whole gather fail: every node unknown. Now only that node is."""
-    import slurmiso.monitor.scrape as scrape
+    import slurmiso.exposition.scrape as scrape
     from slurmiso.monitor.telemetry import AgentSource
 
     good = ("slurmiso_agent_up 1\n"

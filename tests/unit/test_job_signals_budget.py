@@ -10,8 +10,8 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.jobsignals import Budget
+from slurmiso.agent.job_signals import Budget
+from slurmiso.exposition import job_series as sig
 from tests.unit.test_endpoint_profiles import cum, vllm
 from tests.unit.test_job_signals import (
     HANG_CAP_S,
@@ -49,7 +49,7 @@ def test_a_scrape_never_waits_for_a_parse(server: Server, monkeypatch: Any, stag
                                           ) -> None:
     """The parse and the window's update run outside the lock a scrape needs: a scrape during
     either, which ends only when the test says so, is answered with the last figures."""
-    from slurmiso.monitor import jobsignals
+    from slurmiso.agent import job_signals
 
     server.text("/metrics", lambda: vllm(cum(1, 2, 3, 4), stop=4))
     st = state(Clock())
@@ -72,7 +72,7 @@ def test_a_scrape_never_waits_for_a_parse(server: Server, monkeypatch: Any, stag
 
         st.profiles = Slow()  # type: ignore[assignment]
     else:
-        monkeypatch.setattr(jobsignals, "figures", held(jobsignals.figures))
+        monkeypatch.setattr(job_signals, "figures", held(job_signals.figures))
     refresh = threading.Thread(target=st.refresh, args=(recs,), daemon=True)
     refresh.start()
     try:

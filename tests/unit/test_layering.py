@@ -4,7 +4,9 @@ Every module of ``slurmiso`` is parsed with :mod:`ast` (so imports inside functi
 ``TYPE_CHECKING`` count: a lazy import is still a dependency). Units are the subpackages
 (``config``, ``isolation``, ...) and the top-level modules (``errors``, ``units``, ...).
 Two rules: no cycle among units, and nothing outside ``slurmiso/cli`` imports the CLI (the
-CLI is the thinnest layer; ``slurmiso/__main__.py`` is its entry point).
+CLI is the thinnest layer; ``slurmiso/__main__.py`` is its entry point). Inside each subpackage,
+no cycle among its modules either, but for the few lazy ones listed with their reason; the node
+agent and the monitor meet only in leaves (``exposition``, ``restraints``).
 """
 
 from __future__ import annotations
@@ -199,3 +201,120 @@ def test_the_wrapper_meets_the_hooks_only_through_the_contract_module() -> None:
     bad = [f"{where}: {src} imports {dst}" for src, dst, where in all_edges()
            if unit_of(src) == "wrapper" and unit_of(dst) == "hooks"]
     assert bad == []
+
+
+#: Units both the agent and the monitor read.
+SHARED_LEAVES = ("exposition", "restraints")
+
+
+def test_the_agent_and_the_monitor_meet_only_in_leaves() -> None:
+    """The node agent (``slurmiso/agent``) and the controller (``slurmiso/monitor``) never
+    import each other (the CLI hands the monitor the agent's reader for ``--telemetry
+    local``); what both read is in leaves that import neither (issue 34)."""
+    sides = {"agent", "monitor"}
+    bad = [f"{where}: {src} imports {dst}" for src, dst, where in all_edges()
+           if {unit_of(src), unit_of(dst)} == sides]
+    bad += [f"{where}: {src} imports {dst}" for src, dst, where in all_edges()
+            if unit_of(src) in SHARED_LEAVES and unit_of(dst) in sides]
+    assert bad == []
+
+
+
+def eager_imports_in(source: str, package: str) -> List[Tuple[str, int]]:
+    """The ``slurmiso`` modules ``source`` imports when it is imported: at module level,
+    neither inside a function nor under ``if TYPE_CHECKING:``."""
+    stmts: List[ast.stmt] = []
+    todo = list(ast.parse(source).body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            stmts.append(node)
+        elif isinstance(node, ast.Try):
+            todo.extend(node.body + node.orelse + node.finalbody)
+            todo.extend(stmt for handler in node.handlers for stmt in handler.body)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            todo.extend(node.body + node.orelse)
+    eager = {n.lineno for n in stmts}
+    return [(t, line) for t, line in imports_in(source, package) if line in eager]
+
+
+def module_graph(eager_only: bool = False) -> Dict[str, Set[str]]:
+    """Module -> the tree's modules it imports (not its own ancestors, which Python imports
+    first anyway)."""
+    modules = {module_name(p) for p in ROOT.rglob("*.py")}
+    graph: Dict[str, Set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        src = module_name(path)
+        if eager_only:
+            package = src if path.name == "__init__.py" else src.rsplit(".", 1)[0]
+            found = eager_imports_in(path.read_text(), package)
+        else:
+            found = imports_of(path)
+        graph[src] = {t for t, _ in found
+                      if t in modules and t != src and not src.startswith(t + ".")}
+    return graph
+
+
+def package_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Cycles among the modules of each subpackage of ``slurmiso`` (nested ones included),
+    each reported once."""
+    packages = sorted(module_name(p) for p in ROOT.rglob("__init__.py")
+                      if p.parent != ROOT)
+    found: List[List[str]] = []
+    for pkg in packages:
+        inside = {m: {t for t in ts if t.startswith(pkg + ".")}
+                  for m, ts in graph.items() if m.startswith(pkg + ".")}
+        found += [c for c in cycles(inside) if c not in found]
+    return found
+
+
+#: Module cycles inside a subpackage that are allowed, each closed only by a lazy or
+#: type-only import (checked below), with why it is there.
+LAZY_CYCLES: Dict[Tuple[str, ...], str] = {
+    ("slurmiso.audit.figures.aggregate", "slurmiso.audit.figures.kernel"):
+        "the kernel names the Aggregator it feeds in annotations only (TYPE_CHECKING)",
+    ("slurmiso.gpu.backend", "slurmiso.gpu.protocols"):
+        "backend re-exports the protocols on first use, so the hooks never import typing's "
+        "Protocol machinery at start-up",
+    ("slurmiso.gpu.catalogue", "slurmiso.gpu.profiles"):
+        "profiles loads the model tables of the catalogue on first use, off the hooks' "
+        "start-up path",
+}
+
+
+def test_no_module_cycles_inside_a_subpackage() -> None:
+    found = package_cycles(module_graph())
+    unlisted = [c for c in found if tuple(c) not in LAZY_CYCLES]
+    assert unlisted == [], f"module cycles inside a subpackage: {unlisted}"
+    stale = [c for c in LAZY_CYCLES if list(c) not in found]
+    assert stale == [], f"listed in LAZY_CYCLES but gone (remove them): {stale}"
+
+
+def test_the_allowed_cycles_are_lazy() -> None:
+    """Counting only the imports that run at import time, no subpackage has a cycle: each
+    listed one is closed by a lazy or type-only import."""
+    assert package_cycles(module_graph(eager_only=True)) == []
+
+
+def test_eager_imports_leave_out_functions_and_type_checking() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from slurmiso.errors import SlurmisoError\n"
+        "if TYPE_CHECKING:\n"
+        "    from slurmiso.slurm.jobenv import JobEnv\n"
+        "try:\n"
+        "    import slurmiso.units\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "def f():\n"
+        "    from slurmiso.audit import live\n"
+    )
+    assert {t for t, _ in eager_imports_in(source, "slurmiso.monitor")} == {
+        "slurmiso.errors", "slurmiso.errors.SlurmisoError", "slurmiso.units"}
+
+
+def test_the_module_cycle_finder_sees_a_cycle_inside_a_subpackage() -> None:
+    graph = {"slurmiso.monitor.a": {"slurmiso.monitor.b"},
+             "slurmiso.monitor.b": {"slurmiso.monitor.a", "slurmiso.errors"},
+             "slurmiso.errors": {"slurmiso.monitor.a"}}
+    assert package_cycles(graph) == [["slurmiso.monitor.a", "slurmiso.monitor.b"]]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import pytest
 from test_monitor_scenarios import BASE, T0, FakeCluster, gpu, run
 
+from slurmiso.exposition import gpu_series as gs
 from slurmiso.monitor import telemetry as t
 from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.apply import Applier
@@ -26,10 +27,10 @@ from slurmiso.monitor.policy import Memory, SloLimit
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot, dumps
 
 NOW = 1796287000.0
-GOOD = (f"{t.M_UP}{{node=\"n1\"}} 1\n{t.M_COLLECTED}{{node=\"n1\"}} {NOW - 2}\n"
-        f"{t.M_MEM_USED}{{node=\"n1\",gpu=\"0\",gi=\"\"}} {10 * t.MIB}\n"
-        f"{t.M_MEM_TOTAL}{{node=\"n1\",gpu=\"0\",gi=\"\"}} {80_000 * t.MIB}\n"
-        f"{t.M_SM}{{node=\"n1\",gpu=\"0\",gi=\"\"}} 0.1\n")
+GOOD = (f"{gs.M_UP}{{node=\"n1\"}} 1\n{gs.M_COLLECTED}{{node=\"n1\"}} {NOW - 2}\n"
+        f"{gs.M_MEM_USED}{{node=\"n1\",gpu=\"0\",gi=\"\"}} {10 * gs.MIB}\n"
+        f"{gs.M_MEM_TOTAL}{{node=\"n1\",gpu=\"0\",gi=\"\"}} {80_000 * gs.MIB}\n"
+        f"{gs.M_SM}{{node=\"n1\",gpu=\"0\",gi=\"\"}} 0.1\n")
 
 
 def http(body: str, length: Optional[int] = None) -> bytes:
@@ -132,8 +133,8 @@ def serve() -> Iterator[Callable[[Callable[[socket.socket], None]], RawServer]]:
 # --- 1. an agent that cannot read its GPUs is unknown, not calm -------------------------
 # --- 4. a non-HTTP line, a cut body, a non-integer gpu label: counted stale, no exception
 BAD_AGENTS = [
-    ("agent up 0, no GPU series", send(http(f"{t.M_UP}{{node=\"n1\"}} 0\n")), "agent-down"),
-    ("answers without GPU series", send(http(f"{t.M_UP}{{node=\"n1\"}} 1\n")), "no-gpus"),
+    ("agent up 0, no GPU series", send(http(f"{gs.M_UP}{{node=\"n1\"}} 0\n")), "agent-down"),
+    ("answers without GPU series", send(http(f"{gs.M_UP}{{node=\"n1\"}} 1\n")), "no-gpus"),
     ("non-HTTP line", send(b"SSH-2.0-OpenSSH_9.2\r\n"), "not-http"),
     ("truncated body", send(http(GOOD, length=len(GOOD) + 50)), "truncated"),
     ("cut mid-line, no length", send(http(GOOD)[:-12].replace(b"Content-Length", b"X-L")),

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
+from slurmiso.exposition.job_series import JobSignals
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide, failed, reconcile_intent
 from slurmiso.monitor.ladder_state import Restraint
@@ -22,7 +23,6 @@ from slurmiso.monitor.policy import (
     StepPolicy,
     override,
 )
-from slurmiso.monitor.signals import JobSignals
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot, dumps, loads
 
 T0 = 2_000_000.0

@@ -12,6 +12,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 
+from slurmiso.exposition import gpu_series as gs
+from slurmiso.exposition.text import parse_prometheus_text
 from slurmiso.monitor import telemetry as t
 
 FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "monitor")
@@ -34,16 +36,16 @@ PARSE = [
 
 @pytest.mark.parametrize("line,expected", PARSE)
 def test_parse_line(line: str, expected: Tuple[str, Dict[str, str], float, float]) -> None:
-    assert tuple(t.parse_prometheus_text(line)[0]) == expected
+    assert tuple(parse_prometheus_text(line)[0]) == expected
 
 
 def test_parse_skips_comments_and_garbage() -> None:
     text = "# HELP x y\n# TYPE x gauge\nx 1\nnot a metric line {\n\nm{a=\"1\"} nan-ish\ny 2\n"
-    assert [s.name for s in t.parse_prometheus_text(text)] == ["x", "y"]
+    assert [s.name for s in parse_prometheus_text(text)] == ["x", "y"]
 
 
 def test_recorded_agent_output() -> None:
-    gpus, collected = t.agent_gpus(t.parse_prometheus_text(fixture("agent-n3.prom")))
+    gpus, collected = t.agent_gpus(parse_prometheus_text(fixture("agent-n3.prom")))
     assert collected and collected > 1.7e9
     assert [g.index for g in gpus] == [0, 1]
     assert gpus[0].memory_used_mb == 61440 and gpus[0].memory_total_mb == 81559
@@ -86,11 +88,11 @@ def test_agent_without_a_timestamp_has_no_age() -> None:
 
 
 def test_dcgm_folding() -> None:
-    series = {t.DCGM_USED: t.parse_query_result(_json("dcgm-fb-used.json")),
-              t.DCGM_FREE: t.parse_query_result(_json("dcgm-fb-free.json")),
-              t.DCGM_SM: t.parse_query_result(_json("dcgm-sm-active.json")),
-              t.DCGM_GR: t.parse_query_result(_json("dcgm-gr-active.json")),
-              f"timestamp({t.DCGM_USED})": t.parse_query_result(_json("dcgm-timestamp.json"))}
+    series = {gs.DCGM_USED: t.parse_query_result(_json("dcgm-fb-used.json")),
+              gs.DCGM_FREE: t.parse_query_result(_json("dcgm-fb-free.json")),
+              gs.DCGM_SM: t.parse_query_result(_json("dcgm-sm-active.json")),
+              gs.DCGM_GR: t.parse_query_result(_json("dcgm-gr-active.json")),
+              f"timestamp({gs.DCGM_USED})": t.parse_query_result(_json("dcgm-timestamp.json"))}
     r = t.Reading()
     t.dcgm_gpus(series, {"gpu017": "10.0.0.17", "gpu018": ""}, NOW, r)
     g17 = r.gpus["gpu017"][0]
@@ -118,12 +120,12 @@ def _json(name: str) -> object:
 # ----------------------------------------------------------------------- loopback HTTP
 ROUTES = {
     "/metrics": ("text/plain", "agent-n3.prom"),
-    t.DCGM_USED: ("application/json", "dcgm-fb-used.json"),
-    t.DCGM_FREE: ("application/json", "dcgm-fb-free.json"),
-    t.DCGM_SM: ("application/json", "dcgm-sm-active.json"),
-    t.DCGM_GR: ("application/json", "dcgm-gr-active.json"),
-    f"timestamp({t.DCGM_USED})": ("application/json", "dcgm-timestamp.json"),
-    t.DCGM_UTIL: ("application/json", "dcgm-gpu-util.json"),
+    gs.DCGM_USED: ("application/json", "dcgm-fb-used.json"),
+    gs.DCGM_FREE: ("application/json", "dcgm-fb-free.json"),
+    gs.DCGM_SM: ("application/json", "dcgm-sm-active.json"),
+    gs.DCGM_GR: ("application/json", "dcgm-gr-active.json"),
+    f"timestamp({gs.DCGM_USED})": ("application/json", "dcgm-timestamp.json"),
+    gs.DCGM_UTIL: ("application/json", "dcgm-gpu-util.json"),
     "p99_infer": ("application/json", "latency-infer.json"),
     "timestamp(p99_infer)": ("application/json", "latency-infer-timestamp.json"),
 }
@@ -205,18 +207,18 @@ def _relabel(doc: Dict[str, Any], drop: str, add: Optional[str], value: Any = No
 ])
 def test_dcgm_node_from_hostname_or_instance(label: str, value: Any) -> None:
     series = {n: t.parse_query_result(_relabel(_json(f), "Hostname", label, value))
-              for n, f in ((t.DCGM_USED, "dcgm-fb-used.json"), (t.DCGM_FREE, "dcgm-fb-free.json"),
-                           (f"timestamp({t.DCGM_USED})", "dcgm-timestamp.json"))}
+              for n, f in ((gs.DCGM_USED, "dcgm-fb-used.json"), (gs.DCGM_FREE, "dcgm-fb-free.json"),
+                           (f"timestamp({gs.DCGM_USED})", "dcgm-timestamp.json"))}
     r = t.Reading()
     t.dcgm_gpus(series, {"gpu017": "10.0.0.17", "gpu018": ""}, NOW, r)
     assert sorted(r.gpus) == ["gpu017", "gpu018"] and "prometheus/unmapped" not in r.unknown
 
 
 def test_dcgm_series_of_no_node_are_counted_not_dropped(caplog: Any) -> None:
-    series = {t.DCGM_USED: t.parse_query_result(_relabel(_json("dcgm-fb-used.json"),
+    series = {gs.DCGM_USED: t.parse_query_result(_relabel(_json("dcgm-fb-used.json"),
                                                          "Hostname", None))}
     r = t.Reading()
     with caplog.at_level("WARNING"):
         t.dcgm_gpus(series, {"gpu017": "10.0.0.17", "gpu018": ""}, NOW, r)
-    assert r.gpus == {} and r.unknown["prometheus/unmapped"] == len(series[t.DCGM_USED])
+    assert r.gpus == {} and r.unknown["prometheus/unmapped"] == len(series[gs.DCGM_USED])
     assert "--no-hostname" in caplog.text

@@ -11,7 +11,7 @@ from typing import Iterator, Tuple
 
 import pytest
 
-from slurmiso.monitor import ports
+from slurmiso.agent import port_owners as ports
 
 NOBODY = 65534
 HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from slurmiso.monitor.agent import NodeCollector, gather_node
+from slurmiso.agent.gpus import NodeCollector, gather_node
 from slurmiso.monitor.loop import MonitorCollector, Stats
 from slurmiso.probe import store
 from slurmiso.state.record import JobRecord
@@ -56,8 +56,8 @@ def test_agent_exposition_is_clean(tmp_path: Any) -> None:
 
 def test_agent_job_signals_are_clean() -> None:
     """Per-job latency with its percentiles, the window histograms, ages, unknowns."""
+    from slurmiso.agent.job_signals import JobSignalsCollector, JobSignalsState
     from slurmiso.config.model import SignalSettings
-    from slurmiso.monitor.jobsignals import JobSignalsCollector, JobSignalsState
     from slurmiso.state.record import RecordStatus
 
     server = fx.Vllm("B")

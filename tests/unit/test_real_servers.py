@@ -13,13 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurmiso.agent.endpoint import Profile, Profiles
+from slurmiso.agent.job_signals import JobSignalsCollector, JobSignalsState
 from slurmiso.config.model import DEFAULT_SERVERS, SignalSettings
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.text import parse_prometheus_text
 from slurmiso.monitor import ladder
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.endpoint import Profile, Profiles
-from slurmiso.monitor.jobsignals import JobSignalsCollector, JobSignalsState
 from slurmiso.monitor.policy import Policy, SloLimit
-from slurmiso.monitor.telemetry import parse_prometheus_text
 from slurmiso.state.record import JobRecord, RecordStatus
 from tests.fixtures import servers as fx
 

@@ -13,7 +13,7 @@ import pytest
 
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.policy import LadderPolicy, Policy, StepPolicy, override
-from slurmiso.monitor.restraints import Note, OnBound, RestraintStep
+from slurmiso.restraints import Note, OnBound, RestraintStep
 from tests.unit.test_monitor_ladder import (
     BREACH_MS,
     DT,

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from slurmiso.monitor import restraints as r
-from slurmiso.monitor.restraints import Note, OnBound, RestraintStep
+from slurmiso import restraints as r
+from slurmiso.restraints import Note, OnBound, RestraintStep
 from slurmiso.state import Journal
 from tests.audit_helpers import utc  # noqa: F401
 
@@ -67,7 +67,7 @@ def test_the_agent_stamps_the_heartbeat_only_for_a_vouched_header(
         tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """The agent's own server hands each scrape's request head to the stamp; only a value
     munged vouches for stamps (any local user can send the header)."""
-    from slurmiso.monitor.agent import _Heartbeat, _stamp
+    from slurmiso.agent.serve import _Heartbeat, _stamp
 
     seen: List[Tuple[str, str]] = []
 
@@ -116,7 +116,7 @@ def test_only_the_monitors_own_credential_for_this_node_is_vouched_once() -> Non
 
 
 def test_the_monitor_sends_its_header_to_agents_only() -> None:
-    from slurmiso.monitor import scrape
+    from slurmiso.exposition import scrape
 
     _, _, req = scrape._target("http://n3:9400/metrics", {r.HEARTBEAT_HEADER: "1"})
     assert b"\r\nX-Slurmiso-Monitor: 1\r\n" in req
@@ -271,7 +271,7 @@ def test_doctor_names_a_young_restraint_under_a_live_monitor_as_info(tmp_path: A
 def test_the_agent_exports_each_restraint_and_the_heartbeat_age(tmp_path: Any) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from slurmiso.monitor.agent import RestraintCollector
+    from slurmiso.agent.restraint_watch import RestraintCollector
 
     _view(tmp_path, alive=True)
     reg = CollectorRegistry()
@@ -370,8 +370,8 @@ def test_the_audit_names_an_unreleased_restraint_by_job_id(tmp_path, utc, capsys
 def test_the_agents_watch_ends_a_restraint_past_its_bound_with_no_monitor(tmp_path: Any) -> None:
     import time
 
+    from slurmiso.agent.restraint_watch import restraint_watch
     from slurmiso.config import load_config
-    from slurmiso.monitor.agent import restraint_watch
     from slurmiso.state import NodeState
     from slurmiso.state.record import JobRecord, RecordStatus
     from tests.hookctx import write_config
@@ -405,7 +405,7 @@ def test_the_real_agent_stamps_the_monitors_scrape(tmp_path: Any) -> None:
     import time
 
     from slurmiso.config import load_config
-    from slurmiso.monitor import scrape
+    from slurmiso.exposition import scrape
     from tests.hookctx import write_config
 
     path = write_config(str(tmp_path), "mps")

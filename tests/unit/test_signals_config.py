@@ -14,6 +14,7 @@ import yaml
 from slurmiso.config import parse_config
 from slurmiso.config.model import DEFAULT_SERVERS
 from slurmiso.errors import ConfigError
+from slurmiso.exposition.text import parse_prometheus_text
 from slurmiso.hooks.runner import run_hook
 from slurmiso.monitor import telemetry as t
 from tests.hookctx import Drains, job_env, state, write_config
@@ -126,9 +127,9 @@ def test_the_prolog_records_the_endpoint_normalized(tmp_path: Any) -> None:
 def test_a_scrape_stays_fast_while_an_endpoint_hangs(tmp_path: Any) -> None:
     """The background reader waits on the hanging endpoint; every scrape meanwhile renders
     at once (the last reading, ages as of the scrape)."""
+    from slurmiso.agent.job_signals import JobSignalsCollector, JobSignalsState, Refresher
+    from slurmiso.agent.serve import render
     from slurmiso.config.model import SignalSettings
-    from slurmiso.monitor.agent import render
-    from slurmiso.monitor.jobsignals import JobSignalsCollector, JobSignalsState, Refresher
     from tests.unit.test_job_signals import Server, _hang, record
 
     server = Server()
@@ -168,5 +169,5 @@ def test_the_gpu_reader_ignores_the_per_job_series() -> None:
     text = ('slurmiso_gpu_memory_total_bytes{node="n",gpu="0",gi="",profile="",uuid="",'
             'class=""} 1048576\n'
             'slurmiso_job_gpu{job="",class="foreign",gpu="5",gi=""} 1\n')
-    gpus, _ = t.agent_gpus(t.parse_prometheus_text(text))
+    gpus, _ = t.agent_gpus(parse_prometheus_text(text))
     assert [g.index for g in gpus] == [0] and gpus[0].classes == ()

@@ -14,9 +14,9 @@ from typing import Any, Dict
 import pytest
 
 from slurmiso import checkpoint
+from slurmiso.agent import stepfile
+from slurmiso.exposition import job_series as sig
 from slurmiso.hooks.runner import run_hook
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor import stepfile
 from slurmiso.wrapper import steps
 from tests.hookctx import Drains, job_env, state, write_config
 from tests.unit.test_job_signals import signals_of

@@ -44,7 +44,7 @@ HEARTBEAT_FILE = "monitor-heartbeat"
 #: In the node's state dir: the restraints the node last read from Slurm.
 BOOK_FILE = "restraints.json"
 PREFIX = "slurmiso-restraint:"
-#: The agent's series (slurmiso/monitor/agent.py).
+#: The agent's series (slurmiso/agent/restraint_watch.py).
 M_RESTRAINT = "slurmiso_job_restraint_seconds"
 M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
 M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
 
-from slurmiso.monitor import signals as sig
+from slurmiso.exposition import job_series as sig
 from slurmiso.sluid import is_sluid, job_of_cgroup, read_cgroup
 
 #: (job, class, gpu, gi)

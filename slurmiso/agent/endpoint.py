@@ -22,9 +22,9 @@ from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence,
 
 from slurmiso.config.model import ServerProfile
 from slurmiso.config.selector import Selector, parse_selector
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.histogram import Counters
-from slurmiso.monitor.telemetry import Sample, parse_prometheus_text
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.histogram import Counters
+from slurmiso.exposition.text import Sample, parse_prometheus_text
 
 MAX_LINES = 200_000
 MAX_SERIES = 20_000
@@ -177,53 +177,81 @@ def _model(p: Profile, labels: Dict[str, str], seen: Set[str]) -> str:
     return model
 
 
+#: The latency family a profile's signal takes in one answer: (kind, family, selector, unit).
+_Chosen = Tuple[str, str, Selector, float]
+
+
 def _apply(p: Profile, samples: Sequence[Sample]) -> Optional[Answer]:
+    """What ``samples`` say as profile ``p`` reads them; None when ``p`` is not present."""
     if p.match and not _present(p.match, samples):
         return None
-    chosen: Dict[str, Tuple[str, str, Selector, float]] = {}
+    chosen = _choose(p, samples)
+    if not chosen and not _present(p.requests, samples):
+        return None
+    answer = Answer(p.name, {sg: k for sg, (k, _, _, _) in chosen.items()})
+    models: Set[str] = set()
+    for signal, family in chosen.items():
+        _read_latency(p, answer, signal, family, samples, models)
+    _read_totals(p, answer.counters, samples)
+    need = all if p.errors_need == "all" else any
+    answer.errors_known = bool(p.errors) and (
+        need(_present((sel,), samples) for sel in p.errors) or p.errors_missing == "zero")
+    return answer
+
+
+def _choose(p: Profile, samples: Sequence[Sample]) -> Dict[str, _Chosen]:
+    """Per latency signal, the first alternative whose family the answer has."""
+    chosen: Dict[str, _Chosen] = {}
     for signal, sels, unit in p.latency:
         for sel in sels:
             kind, family = _family(sel, samples)
             if kind:
                 chosen[signal] = (kind, family, sel, unit)
                 break
-    if not chosen and not _present(p.requests, samples):
-        return None
-    answer = Answer(p.name, {sg: k for sg, (k, _, _, _) in chosen.items()})
+    return chosen
+
+
+def _read_latency(p: Profile, answer: Answer, signal: str, chosen: _Chosen,
+                  samples: Sequence[Sample], models: Set[str]) -> None:
+    """One signal's buckets (histogram) or quantiles and count (summary) into ``answer``."""
+    kind, family, sel, unit = chosen
     c = answer.counters
-    models: Set[str] = set()
-    for signal, (kind, family, sel, unit) in chosen.items():
-        for s in samples:
-            name, labels = s.name, s.labels
-            if not name.startswith(family) or not sel.labels_match(labels):
-                continue
-            v = _value(s)
-            if v is None:
-                continue
-            model = _model(p, labels, models)
-            ident: Hashable = _identity(labels)
-            if kind == "histogram" and name == family + "_bucket":
-                le = _edge(labels.get("le", ""))
-                if le is not None:
-                    c[("b", signal, model, ident, le * unit if math.isfinite(le) else le)] = v
-            elif kind == "summary" and name == family:
-                q = labels.get("quantile", "")
-                got = answer.quantiles.setdefault((signal, model), {})
-                for want in sig.QUANTILES:
-                    if _same_quantile(q, want):
-                        got[want] = max(got.get(want, 0.0), v * unit)
-            elif kind == "summary" and name == family + "_count":
-                c[("n", signal, model, ident)] = v
+    for s in samples:
+        name, labels = s.name, s.labels
+        if not name.startswith(family) or not sel.labels_match(labels):
+            continue
+        v = _value(s)
+        if v is None:
+            continue
+        model = _model(p, labels, models)
+        ident: Hashable = _identity(labels)
+        if kind == "histogram" and name == family + "_bucket":
+            le = _edge(labels.get("le", ""))
+            if le is not None:
+                c[("b", signal, model, ident, le * unit if math.isfinite(le) else le)] = v
+        elif kind == "summary" and name == family:
+            _read_quantile(answer.quantiles.setdefault((signal, model), {}),
+                           labels.get("quantile", ""), v * unit)
+        elif kind == "summary" and name == family + "_count":
+            c[("n", signal, model, ident)] = v
+
+
+def _read_quantile(got: Dict[str, float], label: str, seconds: float) -> None:
+    """A summary's ``quantile`` sample, kept if it is one of :data:`~slurmiso.exposition.
+    job_series.QUANTILES` (the worst series' value)."""
+    for want in sig.QUANTILES:
+        if _same_quantile(label, want):
+            got[want] = max(got.get(want, 0.0), seconds)
+
+
+def _read_totals(p: Profile, c: Counters, samples: Sequence[Sample]) -> None:
+    """The requests' and errors' counters the profile names."""
     for tag, sels in (("r", p.requests), ("e", p.errors)):
         for i, sel in enumerate(sels):
             for s in samples:
                 v = _value(s)
                 if v is not None and sel.name.fullmatch(s.name) and sel.labels_match(s.labels):
                     c[(tag, i, s.name, _identity(s.labels))] = v
-    need = all if p.errors_need == "all" else any
-    answer.errors_known = bool(p.errors) and (
-        need(_present((sel,), samples) for sel in p.errors) or p.errors_missing == "zero")
-    return answer
 
 
 def _edge(text: str) -> Optional[float]:

@@ -139,93 +139,130 @@ def fetch_all(
     start = clock()
     end = start + max(0.0, deadline_s)
     limit = per_url_s if per_url_s is not None else deadline_s
-    out: Dict[str, Fetched] = {}
-    queue = _Queue(urls, groups)
-    sel = selectors.DefaultSelector()
-    conns: Dict[int, _Conn] = {}
-    addr_cache: Dict[Tuple[str, int], Tuple[int, Tuple[object, ...]]] = {}
-
-    def finish(c: _Conn, result: Fetched) -> None:
-        out[c.key] = result
-        try:
-            sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
-        c.sock.close()
-        if conns.pop(id(c), None) is not None:
-            queue.open[c.group] -= 1
-
+    f = _Fetch(_Queue(urls, groups), max_bytes, group_bytes, headers, key_headers)
     try:
-        while queue or conns:
+        while f.queue or f.conns:
             now = clock()
             if now >= end:
                 break
-            while queue and len(conns) < max_open and clock() < end:
+            while f.queue and len(f.conns) < max_open and clock() < end:
                 # (name resolution blocks: a slow resolver costs this loop, so it checks the
                 # deadline per URL; node addresses from Slurm are usually IPs already)
-                key, url, group = queue.pop()
-                try:
-                    host, port, req = _target(url, {**headers, **key_headers.get(key, {})})
-                    if (host, port) not in addr_cache:
-                        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-                        addr_cache[(host, port)] = (info[0], info[4])
-                    family, addr = addr_cache[(host, port)]
-                    sock = socket.socket(family, socket.SOCK_STREAM)
-                    sock.setblocking(False)
-                    err = sock.connect_ex(addr)
-                except (OSError, ValueError, UnicodeError) as exc:
-                    out[key] = Fetched(None, "unreachable", str(exc)[:120])
-                    queue.open[group] -= 1
-                    continue
-                c = _Conn(key, sock, req, now, group)
-                if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
-                    sock.close()
-                    out[key] = Fetched(None, "unreachable", f"connect: errno {err}")
-                    queue.open[group] -= 1
-                    continue
-                conns[id(c)] = c
-                sel.register(sock, selectors.EVENT_WRITE, c)
-            wait = max(0.0, min(end, min((c.started + limit for c in conns.values()),
+                f.start(now)
+            wait = max(0.0, min(end, min((c.started + limit for c in f.conns.values()),
                                          default=end)) - clock())
-            for skey, events in sel.select(timeout=min(wait, 0.25)):
-                c = skey.data
-                try:
-                    if events & selectors.EVENT_WRITE:
-                        if not c.connected:
-                            err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                            if err:
-                                finish(c, Fetched(None, "unreachable", f"errno {err}"))
-                                continue
-                            c.connected = True
-                        c.sent += c.sock.send(c.request[c.sent:])
-                        if c.sent >= len(c.request):
-                            sel.modify(c.sock, selectors.EVENT_READ, c)
-                    elif events & selectors.EVENT_READ:
-                        chunk = c.sock.recv(65536)
-                        if not chunk:
-                            finish(c, parse_response(bytes(c.data)))
-                        else:
-                            c.data += chunk
-                            queue.received[c.group] += len(chunk)
-                            if len(c.data) > max_bytes:
-                                finish(c, Fetched(None, "too-large", f"> {max_bytes} bytes"))
-                            elif group_bytes is not None and \
-                                    queue.received[c.group] > group_bytes:
-                                finish(c, Fetched(None, "over-budget", "its group's answers "
-                                                  f"passed {group_bytes} bytes"))
-                except OSError as exc:
-                    finish(c, Fetched(None, "unreachable", str(exc)[:120]))
-            now = clock()
-            for c in [c for c in conns.values() if now - c.started >= limit]:
-                finish(c, Fetched(None, "timeout", f"no full answer within {limit:g}s"))
+            for skey, events in f.sel.select(timeout=min(wait, 0.25)):
+                f.on_event(skey.data, events)
+            f.expire(clock(), limit)
     finally:
-        for c in list(conns.values()):
-            finish(c, Fetched(None, "deadline",
-                              f"cycle deadline {deadline_s:g}s passed mid-answer"))
-        for key in queue.rest():
-            out[key] = Fetched(None, "deadline", f"cycle deadline {deadline_s:g}s passed")
-        sel.close()
-    return out
+        f.close(deadline_s)
+    return f.out
+
+
+class _Fetch:
+    """The connections of one :func:`fetch_all` call, and what each URL came to."""
+
+    def __init__(self, queue: _Queue, max_bytes: int, group_bytes: Optional[int],
+                 headers: Mapping[str, str], key_headers: Mapping[str, Mapping[str, str]]
+                 ) -> None:
+        self.queue = queue
+        self.max_bytes = max_bytes
+        self.group_bytes = group_bytes
+        self.headers = headers
+        self.key_headers = key_headers
+        self.out: Dict[str, Fetched] = {}
+        self.sel = selectors.DefaultSelector()
+        self.conns: Dict[int, _Conn] = {}
+        self.addr_cache: Dict[Tuple[str, int], Tuple[int, Tuple[object, ...]]] = {}
+
+    def finish(self, c: _Conn, result: Fetched) -> None:
+        self.out[c.key] = result
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        if self.conns.pop(id(c), None) is not None:
+            self.queue.open[c.group] -= 1
+
+    def start(self, now: float) -> None:
+        """Open the next URL of the queue (an error is its answer)."""
+        key, url, group = self.queue.pop()
+        try:
+            host, port, req = _target(url, {**self.headers, **self.key_headers.get(key, {})})
+            sock, err = self._connect(host, port)
+        except (OSError, ValueError, UnicodeError) as exc:
+            self._refused(key, group, str(exc)[:120])
+            return
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            sock.close()
+            self._refused(key, group, f"connect: errno {err}")
+            return
+        c = _Conn(key, sock, req, now, group)
+        self.conns[id(c)] = c
+        self.sel.register(sock, selectors.EVENT_WRITE, c)
+
+    def _connect(self, host: str, port: int) -> Tuple[socket.socket, int]:
+        """A non-blocking socket connecting to ``host:port`` (resolved once per call), and
+        ``connect_ex``'s errno."""
+        if (host, port) not in self.addr_cache:
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            self.addr_cache[(host, port)] = (info[0], info[4])
+        family, addr = self.addr_cache[(host, port)]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        return sock, sock.connect_ex(addr)
+
+    def _refused(self, key: str, group: Hashable, detail: str) -> None:
+        self.out[key] = Fetched(None, "unreachable", detail)
+        self.queue.open[group] -= 1
+
+    def on_event(self, c: _Conn, events: int) -> None:
+        try:
+            if events & selectors.EVENT_WRITE:
+                self._send(c)
+            elif events & selectors.EVENT_READ:
+                self._receive(c)
+        except OSError as exc:
+            self.finish(c, Fetched(None, "unreachable", str(exc)[:120]))
+
+    def _send(self, c: _Conn) -> None:
+        if not c.connected:
+            err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self.finish(c, Fetched(None, "unreachable", f"errno {err}"))
+                return
+            c.connected = True
+        c.sent += c.sock.send(c.request[c.sent:])
+        if c.sent >= len(c.request):
+            self.sel.modify(c.sock, selectors.EVENT_READ, c)
+
+    def _receive(self, c: _Conn) -> None:
+        chunk = c.sock.recv(65536)
+        if not chunk:
+            self.finish(c, parse_response(bytes(c.data)))
+            return
+        c.data += chunk
+        self.queue.received[c.group] += len(chunk)
+        if len(c.data) > self.max_bytes:
+            self.finish(c, Fetched(None, "too-large", f"> {self.max_bytes} bytes"))
+        elif self.group_bytes is not None and self.queue.received[c.group] > self.group_bytes:
+            self.finish(c, Fetched(None, "over-budget", "its group's answers "
+                                   f"passed {self.group_bytes} bytes"))
+
+    def expire(self, now: float, limit: float) -> None:
+        """End the connections open for ``limit`` seconds or more."""
+        for c in [c for c in self.conns.values() if now - c.started >= limit]:
+            self.finish(c, Fetched(None, "timeout", f"no full answer within {limit:g}s"))
+
+    def close(self, deadline_s: float) -> None:
+        """The deadline passed (or the call is over): whatever is left has its answer."""
+        for c in list(self.conns.values()):
+            self.finish(c, Fetched(None, "deadline",
+                                   f"cycle deadline {deadline_s:g}s passed mid-answer"))
+        for key in self.queue.rest():
+            self.out[key] = Fetched(None, "deadline", f"cycle deadline {deadline_s:g}s passed")
+        self.sel.close()
 
 
 def get(url: str, timeout: float) -> str:

@@ -1,7 +1,7 @@
 """The per-job signals contract: what ``slurmiso agent`` exports about each job, and the
 monitor's reader of it (:func:`from_samples`).
 
-The agent (:mod:`slurmiso.monitor.jobsignals`) writes these series; the monitor's SLO ladder
+The agent (:mod:`slurmiso.agent.job_signals`) writes these series; the monitor's SLO ladder
 reads them back through :func:`from_samples` into one :class:`JobSignals` per job. Both sides
 use the names below and nothing else, so a rename is one edit here.
 
@@ -89,7 +89,7 @@ CLASS_FOREIGN = "foreign"
 CLASS_UNRECORDED = "unrecorded"
 
 #: Why a signal is unknown (the ``reason`` label). Transport reasons are the scraper's
-#: (:mod:`slurmiso.monitor.scrape`): unreachable, timeout, deadline, not-http, http-status,
+#: (:mod:`slurmiso.exposition.scrape`): unreachable, timeout, deadline, not-http, http-status,
 #: truncated, too-large.
 R_NO_ENDPOINT = "no-endpoint"  # an SLO class's job that declared no --iso-metrics
 R_PORT_NOT_OWNED = "port-not-owned"  # the port's listener is not the job's user
@@ -248,12 +248,8 @@ class _Acc:
 
     def fold(self, name: str, labels: Dict[str, str], value: float) -> None:
         self.job_class = self.job_class or labels.get(L_CLASS, "")
-        v = _finite(value)
-        key = ""
         if name == M_JOB_GPU:
-            gpu = labels.get(L_GPU, "")
-            if value >= 1 and gpu.isdigit() and len(gpu) <= 4:
-                self.gpus.add((int(gpu), labels.get(L_GI, "")))
+            self._gpu(labels, value)
             return
         if name == M_SIGNAL_UNKNOWN:
             if value >= 1:
@@ -264,14 +260,28 @@ class _Acc:
             if key and not math.isnan(value):
                 self.values[key] = max(0.0, value)  # +Inf kept: never read
             return
+        v = _finite(value)
         if v is None or v < 0:
             return  # a figure the job's own answer made absurd is no figure
         if name == M_WINDOW_BUCKET:
             self._bucket(labels, v)
             return
+        key, v = self._figure(name, labels, v)
+        if key:
+            self.values[key] = v
+
+    def _gpu(self, labels: Dict[str, str], value: float) -> None:
+        gpu = labels.get(L_GPU, "")
+        if value >= 1 and gpu.isdigit() and len(gpu) <= 4:
+            self.gpus.add((int(gpu), labels.get(L_GI, "")))
+
+    def _figure(self, name: str, labels: Dict[str, str], v: float) -> Tuple[str, float]:
+        """(the :class:`JobSignals` field, its value) a finite non-negative sample sets; no
+        field ("") for a series that sets none."""
+        key = ""
         if name == M_LATENCY:
             if labels.get(L_LATENCY_SIGNAL, "e2e") != "e2e":
-                return
+                return "", v
             key = _QUANTILE_FIELD.get(labels.get(L_QUANTILE, ""), "") or \
                 _PERCENTILE_FIELD.get(labels.get(L_PERCENTILE, ""), "")
             v *= 1000.0
@@ -283,8 +293,7 @@ class _Acc:
             key = "requests"
         elif name in (M_STEP_SECONDS, M_THROUGHPUT_VS_SOLO) and v > 0:
             key = "step_s" if name == M_STEP_SECONDS else "throughput_vs_solo"
-        if key:
-            self.values[key] = v
+        return key, v
 
     def _bucket(self, labels: Dict[str, str], count: float) -> None:
         try:

@@ -1,4 +1,4 @@
-"""``slurmiso agent``'s data: a node's GPUs, MIG instances and the jobs holding them, as
+"""The node agent's GPU view: a node's GPUs, MIG instances and the jobs holding them, as
 Prometheus metrics.
 
 :func:`gather_node` reads the GPU backend (NVML or simulated) and the node's slurmiso records
@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from slurmiso.errors import SlurmisoError
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor import telemetry as t
-from slurmiso.monitor.snapshot import GpuSample
+from slurmiso.exposition import gpu_series as t
+from slurmiso.exposition import job_series as sig
 from slurmiso.state.record import JobRecord
 
 if TYPE_CHECKING:
@@ -58,25 +57,8 @@ class NodeReport:
     node: str
     collected: float
     rows: List[DeviceRow] = field(default_factory=list)
-    #: (job, class, gpu, gi): records and processes (monitor/gpu_owners.py)
+    #: (job, class, gpu, gi): records and processes (agent/gpu_owners.py)
     attribution: Set[Tuple[str, str, int, str]] = field(default_factory=set)
-
-    def samples(self) -> List[GpuSample]:
-        """The monitor's view: one sample per GPU, MIG instances folded in."""
-        out = []
-        for r in self.rows:
-            if r.gi:
-                continue
-            insts = [i for i in self.rows if i.gi and i.gpu == r.gpu]
-            jobs = set(r.jobs).union(*(i.jobs for i in insts))
-            classes = set(r.classes).union(*(i.classes for i in insts))
-            out.append(GpuSample(
-                r.gpu, r.memory_used_mb, r.memory_total_mb,
-                None if r.sm_active is None else 100.0 * r.sm_active,
-                None if r.gr_active is None else 100.0 * r.gr_active,
-                r.processes, tuple(sorted(jobs)), tuple(sorted(classes)),
-                tuple(sorted(i.profile for i in insts))))
-        return out
 
 
 def gather_node(
@@ -122,7 +104,7 @@ def gather_node(
                     inst.memory_used_mb, inst.memory_total_mb, None, None,
                     sum(1 for p in procs if inst.uuid and p.mig_uuid == inst.uuid),
                     tuple(sorted(j for j, _ in held)), tuple(sorted({c for _, c in held if c}))))
-        from slurmiso.monitor.gpu_owners import rows
+        from slurmiso.agent.gpu_owners import rows
 
         report.attribution = rows(records, procs, instances, proc)
         return report
@@ -233,198 +215,3 @@ class NodeCollector:
             if r.gr_active is not None and not r.gi:
                 util.add_metric(values, 100.0 * r.gr_active)
         yield from (used, free, sm, util)
-
-
-def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
-    """A fresh registry holding only this node's collectors (never the global one: the
-    process/platform collectors would add noise to every node's scrape); ``signals``: a
-    :class:`~slurmiso.monitor.jobsignals.JobSignalsState` whose per-job series it adds."""
-    from prometheus_client import CollectorRegistry
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(lambda: gather_node(cfg, node), node,
-                                    job_labels=cfg.monitor.telemetry.job_labels,
-                                    dcgm_names=cfg.monitor.telemetry.agent_dcgm_names))
-    if signals is not None:
-        from slurmiso.monitor.jobsignals import JobSignalsCollector
-
-        registry.register(JobSignalsCollector(signals))
-    registry.register(RestraintCollector(cfg.paths.state_dir_for(node)))
-    return registry
-
-
-def signals_for(cfg: Config, node: str) -> Any:
-    """The jobs' signals of ``node`` and their background reader (not started)."""
-    from slurmiso.monitor.jobsignals import JobSignalsState, Refresher
-
-    state = JobSignalsState(
-        cfg.monitor.signals, tuple(s.class_name for s in cfg.monitor.slo),
-        tuple(c.name for c in cfg.classes if c.preemptible))
-
-    def records() -> Dict[str, JobRecord]:
-        from slurmiso.state import NodeState
-
-        return NodeState(cfg.paths.state_dir_for(node)).jobs()
-
-    return Refresher(state, records, cfg.monitor.signals.refresh_s)
-
-
-def render(registry: Any) -> str:
-    from prometheus_client import generate_latest
-
-    return str(generate_latest(registry).decode("utf-8"))
-
-
-class _Heartbeat:
-    """Stamps the monitor's scrapes (a :data:`~slurmiso.monitor.restraints.HEARTBEAT_HEADER`
-    credential munged vouches for) in the node's state dir, checking one at most every
-    ``every_s`` seconds (a decode is a round trip to munged); a header that is not the
-    monitor's is a warning, once a minute at most."""
-
-    def __init__(self, state_dir: str, node: str, every_s: float = 5.0,
-                 clock: Callable[[], float] = time.time,
-                 vouch: Optional[Callable[[str, str], Optional[str]]] = None) -> None:
-        from slurmiso.monitor.restraints import heartbeat_vouched
-
-        self.state_dir = state_dir
-        self.node = node
-        self.every_s = every_s
-        self.clock = clock
-        self.vouch = vouch or heartbeat_vouched
-        self.last = 0.0
-        self.warned = 0.0
-
-    def seen(self, value: str) -> None:
-        from slurmiso.monitor.restraints import write_heartbeat
-
-        now = self.clock()
-        if now - self.last < self.every_s:
-            return
-        why = self.vouch(value, self.node)
-        if why is not None:
-            if now - self.warned >= 60:
-                self.warned = now
-                log.warning("agent: a scrape's monitor heartbeat is not the monitor's (%s): "
-                            "not stamped", why)
-            return
-        self.last = now
-        try:
-            write_heartbeat(self.state_dir, now)
-        except OSError as exc:
-            log.warning("agent: cannot stamp the monitor's heartbeat: %s", exc)
-
-
-def _stamp(head: bytes, heartbeat: _Heartbeat) -> None:
-    """Hand the monitor's header of a scrape's request head, if any, to ``heartbeat``."""
-    from slurmiso.monitor.restraints import HEARTBEAT_HEADER
-
-    name = HEARTBEAT_HEADER.lower().encode() + b":"
-    for line in head.split(b"\n")[1:]:
-        if line.lower().startswith(name):
-            heartbeat.seen(line[len(name):].strip().decode("ascii", "replace"))
-            return
-
-
-class RestraintCollector:
-    """Each restraint the node last read from Slurm (root's record, :data:`~slurmiso.
-    monitor.restraints.BOOK_FILE`) as a series, and the monitor's heartbeat age."""
-
-    def __init__(self, state_dir: str, clock: Callable[[], float] = time.time) -> None:
-        self.state_dir = state_dir
-        self.clock = clock
-
-    def describe(self) -> List[Any]:
-        return []
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        from slurmiso.monitor import restraints as r
-
-        now = self.clock()
-        age = r.heartbeat_age(self.state_dir, now)
-        beat = GaugeMetricFamily(r.M_HEARTBEAT, "Seconds since the monitor last scraped this "
-                                 "agent (+Inf: never)")
-        beat.add_metric([], float("inf") if age is None else age)
-        yield beat
-        labels = [sig.L_JOB, "step", "gpu", "cause", "on_bound"]
-        held = GaugeMetricFamily(r.M_RESTRAINT, "Seconds a training job has been restrained "
-                                 "by the ladder (from its AdminComment note)", labels=labels)
-        bound = GaugeMetricFamily(r.M_RESTRAINT_BOUND, "The bound of that restraint (max_s)",
-                                  labels=labels)
-        for x in r.load_book(self.state_dir)["restraints"]:
-            n = x.note
-            values = [x.job, n.step.value, f"{n.node}/{n.gpu}", n.cause, n.on_bound.value]
-            held.add_metric(values, n.age(now))
-            bound.add_metric(values, n.max_s)
-        yield held
-        yield bound
-
-
-def restraint_watch(cfg: Config, node: str, slurm: Any = None,
-                    clock: Callable[[], float] = time.time) -> List[str]:
-    """One round of the agent's restraint watch: read the node's restraints from Slurm
-    into root's record and end those past their bound while no monitor is alive."""
-    from slurmiso.monitor import restraints as r
-
-    if slurm is None:
-        from slurmiso.slurm.client import SlurmCli
-
-        slurm = SlurmCli()
-    state_dir = cfg.paths.state_dir_for(node)
-    now = clock()
-    from slurmiso.state import NodeState
-
-    if not NodeState(state_dir).jobs() and not r.load_book(state_dir)["restraints"]:
-        return []  # no job here and none restrained: nothing to ask slurmctld about
-    book = r.refresh(slurm, state_dir, node, now)
-    if "error" in book:
-        return []
-    from slurmiso.state import Journal
-
-    return r.end_over_bound(slurm, state_dir, book["restraints"], now,
-                            cfg.monitor.interval_s, cfg.monitor.ladder.unthrottle_signal,
-                            False, Journal(cfg.paths.journal_for(node)))
-
-
-def _watch_forever(cfg: Config, node: str, every_s: float) -> None:
-    while True:
-        try:
-            for line in restraint_watch(cfg, node):
-                log.warning("agent: %s", line)
-        except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
-            log.warning("agent: restraint watch failed: %s", exc)
-        time.sleep(every_s)
-
-
-def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
-    """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
-    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice), with
-    the agent's own server (:mod:`slurmiso.monitor.agent_http`: no user's connections can
-    keep a scrape out). Beside it, the restraint watch (:func:`restraint_watch`, every
-    ``max(30 s, interval)``)."""
-    import threading
-
-    from prometheus_client import generate_latest
-
-    from slurmiso.errors import UsageError
-    from slurmiso.monitor.agent_http import AgentServer, HttpStatsCollector
-
-    where = addr or cfg.monitor.telemetry.agent_addr
-    refresher = signals_for(cfg, node).start()
-    registry = registry_for(cfg, node, refresher.state)
-    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node), node)
-    try:
-        server = AgentServer(lambda: bytes(generate_latest(registry)), where, port,
-                             on_scrape=lambda head: _stamp(head, heartbeat))
-    except OSError as exc:
-        raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
-                         hint="pick another --port or --addr, or stop what holds it") from None
-    registry.register(HttpStatsCollector(server))
-    server.start()
-    threading.Thread(target=_watch_forever, args=(cfg, node, max(30.0, cfg.monitor.interval_s)),
-                     daemon=True, name="restraint-watch").start()
-    log.info("agent for node %s serving on %s:%d (at most %d connections)", node, where, port,
-             server.cap)
-    while True:
-        time.sleep(3600)

@@ -3,7 +3,7 @@ times from each job's step file, read in the background and exported on every sc
 
 A scrape must stay fast whatever the jobs do, so nothing here runs in the scrape: a
 :class:`Refresher` thread reads every ``monitor.signals.refresh`` (all endpoints at once through
-the non-blocking :mod:`slurmiso.monitor.scrape`, each limited to ``timeout`` and ``max_body``),
+the non-blocking :mod:`slurmiso.exposition.scrape`, each limited to ``timeout`` and ``max_body``),
 and the collector only renders the last :class:`JobSignalsState` with ages as of the scrape.
 A refresher that fell behind (a step file on a hung NFS mount) shows as growing ages and
 ``reason="stale"``, never as old figures passed off as fresh. The answers are parsed outside
@@ -12,7 +12,7 @@ one user's endpoints share the fetch's slots fairly with every other user's.
 
 Trust: the agent connects to 127.0.0.1:PORT only, the port and path from the prolog's record
 (``--iso-metrics``), and only when the kernel says the listener there is the job's user
-(:mod:`slurmiso.monitor.ports`); an answer only ever fills its own job's series, so a job can
+(:mod:`slurmiso.agent.port_owners`); an answer only ever fills its own job's series, so a job can
 lie about itself and nothing else. Redirects, non-200 answers, bodies over the limit and
 garbage are unknown with a reason.
 """
@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
-from slurmiso.monitor import signals as sig
-from slurmiso.monitor.endpoint import E2E, Answer, BadAnswer, Profile, Profiles
-from slurmiso.monitor.histogram import Window, quantile
-from slurmiso.monitor.stepfile import StepFigures
+from slurmiso.agent.endpoint import E2E, Answer, BadAnswer, Profile, Profiles
+from slurmiso.agent.stepfile import StepFigures
+from slurmiso.exposition import job_series as sig
+from slurmiso.exposition.histogram import Window, quantile
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +186,15 @@ class JobSignalsState:
         clock: Callable[[], float] = time.time, budget: Budget = Budget(),
         cpu: Callable[[], float] = time.thread_time,
     ) -> None:
-        from slurmiso.monitor import ports, scrape, stepfile
+        from slurmiso.agent import port_owners, stepfile
+        from slurmiso.exposition import scrape
 
         self.settings = settings
         self.profiles = Profiles([Profile.from_config(p) for p in settings.servers])
         self.slo_classes = set(slo_classes)
         self.training_classes = set(training_classes)
         self.fetch = fetch or scrape.fetch_all
-        self.listeners = listeners or ports.loopback_listeners
+        self.listeners = listeners or port_owners.loopback_listeners
         self.steps = steps or stepfile.figures
         self.clock = clock
         self.budget = budget
@@ -456,33 +457,8 @@ class JobSignalsCollector:
         window = _WindowFamily()
         for v in self.state.view():
             who = [v.job, v.job_class]
-            if v.latency_age is not None:
-                fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_LATENCY], v.latency_age)
-            for reason in v.latency_unknown:
-                fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_LATENCY, reason], 1.0)
-            if v.latency is not None:
-                for (signal, model), qs in sorted(v.latency.quantiles.items()):
-                    for q, value in sorted(qs.items()):
-                        fam[sig.M_LATENCY].add_metric(
-                            [*who, signal, model, sig.PERCENTILE[q]], value)
-                for (signal, model), hist in sorted(v.latency.windows.items()):
-                    window.add(who, signal, model, hist)
-                if v.latency.requests is not None:
-                    fam[sig.M_REQUESTS].add_metric(who, v.latency.requests)
-                if v.latency.error_ratio is not None:
-                    fam[sig.M_ERROR_RATIO].add_metric(who, v.latency.error_ratio)
-            if v.steps_age is not None:
-                fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_STEPS], v.steps_age)
-            for reason in v.steps_unknown:
-                fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_STEPS, reason], 1.0)
-            st = v.steps
-            if st is not None and not st.reason:
-                if st.steps_total is not None:
-                    fam[sig.M_STEPS_TOTAL].add_metric(who, st.steps_total)
-                if st.step_s is not None:
-                    fam[sig.M_STEP_SECONDS].add_metric(who, st.step_s)
-                if st.throughput_vs_solo is not None:
-                    fam[sig.M_THROUGHPUT_VS_SOLO].add_metric(who, st.throughput_vs_solo)
+            _add_latency(fam, window, who, v)
+            _add_steps(fam, who, v)
         yield from fam.values()
         yield window.family
 
@@ -514,6 +490,43 @@ class _WindowFamily:
 def _edge_label(edge: float) -> str:
     """An ``le`` as Prometheus writes it (``+Inf``, ``0.25``)."""
     return "+Inf" if edge == math.inf else repr(float(edge))
+
+
+def _add_latency(fam: Dict[str, Any], window: _WindowFamily, who: List[str], v: JobView
+                 ) -> None:
+    """One job's latency signal: its age, why it is unknown, its figures."""
+    if v.latency_age is not None:
+        fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_LATENCY], v.latency_age)
+    for reason in v.latency_unknown:
+        fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_LATENCY, reason], 1.0)
+    if v.latency is None:
+        return
+    for (signal, model), qs in sorted(v.latency.quantiles.items()):
+        for q, value in sorted(qs.items()):
+            fam[sig.M_LATENCY].add_metric([*who, signal, model, sig.PERCENTILE[q]], value)
+    for (signal, model), hist in sorted(v.latency.windows.items()):
+        window.add(who, signal, model, hist)
+    if v.latency.requests is not None:
+        fam[sig.M_REQUESTS].add_metric(who, v.latency.requests)
+    if v.latency.error_ratio is not None:
+        fam[sig.M_ERROR_RATIO].add_metric(who, v.latency.error_ratio)
+
+
+def _add_steps(fam: Dict[str, Any], who: List[str], v: JobView) -> None:
+    """One job's steps signal: its age, why it is unknown, its figures."""
+    if v.steps_age is not None:
+        fam[sig.M_SIGNAL_AGE].add_metric([*who, sig.SIGNAL_STEPS], v.steps_age)
+    for reason in v.steps_unknown:
+        fam[sig.M_SIGNAL_UNKNOWN].add_metric([*who, sig.SIGNAL_STEPS, reason], 1.0)
+    st = v.steps
+    if st is None or st.reason:
+        return
+    if st.steps_total is not None:
+        fam[sig.M_STEPS_TOTAL].add_metric(who, st.steps_total)
+    if st.step_s is not None:
+        fam[sig.M_STEP_SECONDS].add_metric(who, st.step_s)
+    if st.throughput_vs_solo is not None:
+        fam[sig.M_THROUGHPUT_VS_SOLO].add_metric(who, st.throughput_vs_solo)
 
 
 class Refresher:

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from slurmiso.monitor import signals as sig
+from slurmiso.exposition import job_series as sig
 
 
 @dataclass(frozen=True)

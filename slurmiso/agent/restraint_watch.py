@@ -1,0 +1,93 @@
+"""The node's own watch over the ladder's restraints, for when no monitor is alive.
+
+:class:`RestraintCollector` exports each restraint the node last read from Slurm and the age
+of the monitor's heartbeat; :func:`restraint_watch` is one round of reading the node's
+restraints from Slurm into root's record and ending those past their bound while no monitor
+is alive (:mod:`slurmiso.restraints` says how); :func:`watch_forever` runs it beside the
+agent's server.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+
+from slurmiso.exposition import job_series as sig
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
+
+log = logging.getLogger(__name__)
+
+
+class RestraintCollector:
+    """Each restraint the node last read from Slurm (root's record, :data:`~slurmiso.
+    restraints.BOOK_FILE`) as a series, and the monitor's heartbeat age."""
+
+    def __init__(self, state_dir: str, clock: Callable[[], float] = time.time) -> None:
+        self.state_dir = state_dir
+        self.clock = clock
+
+    def describe(self) -> List[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from slurmiso import restraints as r
+
+        now = self.clock()
+        age = r.heartbeat_age(self.state_dir, now)
+        beat = GaugeMetricFamily(r.M_HEARTBEAT, "Seconds since the monitor last scraped this "
+                                 "agent (+Inf: never)")
+        beat.add_metric([], float("inf") if age is None else age)
+        yield beat
+        labels = [sig.L_JOB, "step", "gpu", "cause", "on_bound"]
+        held = GaugeMetricFamily(r.M_RESTRAINT, "Seconds a training job has been restrained "
+                                 "by the ladder (from its AdminComment note)", labels=labels)
+        bound = GaugeMetricFamily(r.M_RESTRAINT_BOUND, "The bound of that restraint (max_s)",
+                                  labels=labels)
+        for x in r.load_book(self.state_dir)["restraints"]:
+            n = x.note
+            values = [x.job, n.step.value, f"{n.node}/{n.gpu}", n.cause, n.on_bound.value]
+            held.add_metric(values, n.age(now))
+            bound.add_metric(values, n.max_s)
+        yield held
+        yield bound
+
+
+def restraint_watch(cfg: Config, node: str, slurm: Any = None,
+                    clock: Callable[[], float] = time.time) -> List[str]:
+    """One round of the agent's restraint watch: read the node's restraints from Slurm
+    into root's record and end those past their bound while no monitor is alive."""
+    from slurmiso import restraints as r
+
+    if slurm is None:
+        from slurmiso.slurm.client import SlurmCli
+
+        slurm = SlurmCli()
+    state_dir = cfg.paths.state_dir_for(node)
+    now = clock()
+    from slurmiso.state import NodeState
+
+    if not NodeState(state_dir).jobs() and not r.load_book(state_dir)["restraints"]:
+        return []  # no job here and none restrained: nothing to ask slurmctld about
+    book = r.refresh(slurm, state_dir, node, now)
+    if "error" in book:
+        return []
+    from slurmiso.state import Journal
+
+    return r.end_over_bound(slurm, state_dir, book["restraints"], now,
+                            cfg.monitor.interval_s, cfg.monitor.ladder.unthrottle_signal,
+                            False, Journal(cfg.paths.journal_for(node)))
+
+
+def watch_forever(cfg: Config, node: str, every_s: float) -> None:
+    while True:
+        try:
+            for line in restraint_watch(cfg, node):
+                log.warning("agent: %s", line)
+        except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
+            log.warning("agent: restraint watch failed: %s", exc)
+        time.sleep(every_s)

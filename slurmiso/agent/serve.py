@@ -1,0 +1,147 @@
+"""``slurmiso agent``: serve the node's metrics (:func:`serve`), or render them once.
+
+:func:`registry_for` gathers the node's collectors (its GPUs, :mod:`slurmiso.agent.gpus`;
+its jobs' signals, :mod:`slurmiso.agent.job_signals`; the ladder's restraints,
+:mod:`slurmiso.agent.restraint_watch`) on a registry of its own; :func:`signals_for` builds
+the jobs' background reader; the server is the agent's own
+(:mod:`slurmiso.agent.http_server`), which stamps the monitor's heartbeat from its scrapes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+
+from slurmiso.agent.gpus import NodeCollector, gather_node
+from slurmiso.agent.restraint_watch import RestraintCollector, watch_forever
+from slurmiso.state.record import JobRecord
+
+if TYPE_CHECKING:
+    from slurmiso.config.model import Config
+
+log = logging.getLogger(__name__)
+
+
+def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
+    """A fresh registry holding only this node's collectors (never the global one: the
+    process/platform collectors would add noise to every node's scrape); ``signals``: a
+    :class:`~slurmiso.agent.job_signals.JobSignalsState` whose per-job series it adds."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(lambda: gather_node(cfg, node), node,
+                                    job_labels=cfg.monitor.telemetry.job_labels,
+                                    dcgm_names=cfg.monitor.telemetry.agent_dcgm_names))
+    if signals is not None:
+        from slurmiso.agent.job_signals import JobSignalsCollector
+
+        registry.register(JobSignalsCollector(signals))
+    registry.register(RestraintCollector(cfg.paths.state_dir_for(node)))
+    return registry
+
+
+def signals_for(cfg: Config, node: str) -> Any:
+    """The jobs' signals of ``node`` and their background reader (not started)."""
+    from slurmiso.agent.job_signals import JobSignalsState, Refresher
+
+    state = JobSignalsState(
+        cfg.monitor.signals, tuple(s.class_name for s in cfg.monitor.slo),
+        tuple(c.name for c in cfg.classes if c.preemptible))
+
+    def records() -> Dict[str, JobRecord]:
+        from slurmiso.state import NodeState
+
+        return NodeState(cfg.paths.state_dir_for(node)).jobs()
+
+    return Refresher(state, records, cfg.monitor.signals.refresh_s)
+
+
+def render(registry: Any) -> str:
+    from prometheus_client import generate_latest
+
+    return str(generate_latest(registry).decode("utf-8"))
+
+
+class _Heartbeat:
+    """Stamps the monitor's scrapes (a :data:`~slurmiso.restraints.HEARTBEAT_HEADER`
+    credential munged vouches for) in the node's state dir, checking one at most every
+    ``every_s`` seconds (a decode is a round trip to munged); a header that is not the
+    monitor's is a warning, once a minute at most."""
+
+    def __init__(self, state_dir: str, node: str, every_s: float = 5.0,
+                 clock: Callable[[], float] = time.time,
+                 vouch: Optional[Callable[[str, str], Optional[str]]] = None) -> None:
+        from slurmiso.restraints import heartbeat_vouched
+
+        self.state_dir = state_dir
+        self.node = node
+        self.every_s = every_s
+        self.clock = clock
+        self.vouch = vouch or heartbeat_vouched
+        self.last = 0.0
+        self.warned = 0.0
+
+    def seen(self, value: str) -> None:
+        from slurmiso.restraints import write_heartbeat
+
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        why = self.vouch(value, self.node)
+        if why is not None:
+            if now - self.warned >= 60:
+                self.warned = now
+                log.warning("agent: a scrape's monitor heartbeat is not the monitor's (%s): "
+                            "not stamped", why)
+            return
+        self.last = now
+        try:
+            write_heartbeat(self.state_dir, now)
+        except OSError as exc:
+            log.warning("agent: cannot stamp the monitor's heartbeat: %s", exc)
+
+
+def _stamp(head: bytes, heartbeat: _Heartbeat) -> None:
+    """Hand the monitor's header of a scrape's request head, if any, to ``heartbeat``."""
+    from slurmiso.restraints import HEARTBEAT_HEADER
+
+    name = HEARTBEAT_HEADER.lower().encode() + b":"
+    for line in head.split(b"\n")[1:]:
+        if line.lower().startswith(name):
+            heartbeat.seen(line[len(name):].strip().decode("ascii", "replace"))
+            return
+
+
+def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
+    """Serve ``/metrics`` until killed (systemd stops it with SIGTERM), on ``addr`` (default
+    ``monitor.telemetry.agent_addr``, loopback: opening it to the network is a choice), with
+    the agent's own server (:mod:`slurmiso.agent.http_server`: no user's connections can
+    keep a scrape out). Beside it, the restraint watch
+    (:func:`~slurmiso.agent.restraint_watch.restraint_watch`, every
+    ``max(30 s, interval)``)."""
+    import threading
+
+    from prometheus_client import generate_latest
+
+    from slurmiso.agent.http_server import AgentServer, HttpStatsCollector
+    from slurmiso.errors import UsageError
+
+    where = addr or cfg.monitor.telemetry.agent_addr
+    refresher = signals_for(cfg, node).start()
+    registry = registry_for(cfg, node, refresher.state)
+    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node), node)
+    try:
+        server = AgentServer(lambda: bytes(generate_latest(registry)), where, port,
+                             on_scrape=lambda head: _stamp(head, heartbeat))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {where}:{port}: {exc.strerror}",
+                         hint="pick another --port or --addr, or stop what holds it") from None
+    registry.register(HttpStatsCollector(server))
+    server.start()
+    threading.Thread(target=watch_forever, args=(cfg, node, max(30.0, cfg.monitor.interval_s)),
+                     daemon=True, name="restraint-watch").start()
+    log.info("agent for node %s serving on %s:%d (at most %d connections)", node, where, port,
+             server.cap)
+    while True:
+        time.sleep(3600)
