@@ -162,10 +162,17 @@ class Problem:
 
 def _excluded(pattern: str) -> Tuple[List[str], bool]:
     """The needed variables ``pattern`` would drop: slurmstepd matches EnvExclude (POSIX
-    ERE, regexec) against each NAME=value entry. The flag is False when Python cannot
-    compile the pattern, so nothing could be checked."""
+    ERE, regexec) against each NAME=value entry. The flag is False when the pattern uses
+    what Python's re reads differently (bracket classes such as [[:alpha:]]) or cannot
+    compile at all: then nothing could be checked."""
+    import warnings
+
+    if "[:" in pattern or "[=" in pattern or "[." in pattern:
+        return [], False
     try:
-        rx = re.compile(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rx = re.compile(pattern)
     except re.error:
         return [], False
     return [n.name for n in NEEDED_ENV if rx.search(f"{n.name}=0")], True

@@ -131,3 +131,24 @@ def pipe_reachable(config: Any, pipe_dir: str) -> Verdict:
     except ValueError as exc:
         return Verdict(Reach.MALFORMED, f"{where}: cannot read the container's config.json: "
                        f"{exc}")
+
+
+#: A config.json larger than this is refused unread (real ones are a few KiB).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def pipe_reachable_text(text: str, pipe_dir: str) -> Verdict:
+    """:func:`pipe_reachable` on config.json as read from disk: too large or not JSON is a
+    refusal with its reason, like any other unreadable bundle."""
+    import json
+
+    where = f"MPS pipe directory {pipe_dir}"
+    if len(text) > MAX_CONFIG_BYTES:
+        return Verdict(Reach.MALFORMED, f"{where}: the container's config.json is over "
+                       f"{MAX_CONFIG_BYTES} bytes; not read")
+    try:
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return Verdict(Reach.MALFORMED, f"{where}: the container's config.json is not JSON "
+                       f"({str(exc)[:80]})")
+    return pipe_reachable(config, pipe_dir)

@@ -92,8 +92,9 @@ def test_env_exclude_that_drops_slurmiso_variables() -> None:
     assert 'EnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="' in err.fix
 
 
-def test_env_exclude_that_cannot_be_read_is_not_trusted() -> None:
-    (err,) = errors(CRUN_RUN + 'EnvExclude="(SLURM"\n')
+@pytest.mark.parametrize("pattern", ["(SLURM", "^[[:upper:]_]+_CONF="])
+def test_env_exclude_that_cannot_be_read_is_not_trusted(pattern: str) -> None:
+    (err,) = errors(CRUN_RUN + f'EnvExclude="{pattern}"\n')
     assert err.code == "oci-conf-env" and "not a regular expression" in err.message
 
 

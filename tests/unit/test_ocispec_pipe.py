@@ -124,3 +124,15 @@ def test_a_relative_pipe_directory_is_never_reachable() -> None:
 
 def test_no_mounts_key_at_all() -> None:
     assert pipe_reachable({"ociVersion": "1.0.2"}, PIPE).reach is Reach.NOT_MOUNTED
+
+
+def test_text_form() -> None:
+    import json
+
+    from slurmiso.slurm.ocispec import MAX_CONFIG_BYTES, pipe_reachable_text
+
+    assert pipe_reachable_text(json.dumps(bundle(bind(MPS_ROOT))), PIPE).reachable
+    assert "not JSON" in pipe_reachable_text("{", PIPE).reason
+    assert pipe_reachable_text("[" * 100000, PIPE).reach is Reach.MALFORMED
+    huge = " " * (MAX_CONFIG_BYTES + 1)
+    assert "not read" in pipe_reachable_text(huge, PIPE).reason
