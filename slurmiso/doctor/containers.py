@@ -25,8 +25,9 @@ def check_oci_conf(snap: Snapshot, cfg: Config) -> List[Finding]:
     path = str(oci.get("path") or "oci.conf")
     text = oci.get("text")
     if text is None:
-        return [Finding("info", "oci-conf", f"{path} does not exist: Slurm ignores --container "
-                        "here (pyxis and Apptainer jobs are not checked by doctor)",
+        return [Finding("info", "oci-conf", f"{path} does not exist on this host: Slurm ignores "
+                        "--container on nodes without it (run doctor on a GPU node to check "
+                        "its oci.conf; pyxis and Apptainer setups are not checked)",
                         f"none needed; for Slurm's containers: 'slurmiso gen oci-conf -o {path}'")]
     from slurmiso.slurm import ociconf
     from slurmiso.slurm.client import parse_version

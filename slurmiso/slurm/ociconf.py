@@ -77,14 +77,21 @@ _LINE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)\s*=\s*(.*?)\s*$")
 
 
 def _strip_comment(line: str) -> str:
-    """Slurm's parser ends a line at an unquoted '#' (oci.conf(5)); keep quoted ones."""
-    quoted = False
-    for i, ch in enumerate(line):
-        if ch == '"':
-            quoted = not quoted
-        elif ch == "#" and not quoted:
-            return line[:i]
-    return line
+    """Slurm's parser (src/common/parse_config.c) ends a line at the first '#' not escaped by
+    an odd number of backslashes, quoted or not, then drops each escaping backslash."""
+    out: List[str] = []
+    escaped = False
+    for ch in line:
+        if escaped:
+            out.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "#":
+            break
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def parse_oci_conf(text: str) -> OciConf:

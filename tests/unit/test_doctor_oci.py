@@ -129,9 +129,12 @@ def test_old_snapshot_without_the_key_says_nothing() -> None:
     assert check_oci_conf({"slurm_version": "24.11.5"}, load_config(EXAMPLE)) == []
 
 
-def test_hash_inside_quotes_is_not_a_comment() -> None:
-    text = CRUN_RUN.replace('"^(SLURM_CONF|SLURM_CONF_SERVER)="', '"^(SLURM_CONF|#CUDA_)"', 1)
-    assert [f.code for f in errors(text)] == []
+def test_hash_ends_the_line_even_inside_quotes_as_in_slurm() -> None:
+    """parse_config.c cuts at the first unescaped '#', quotes or not; '\\#' is a '#'."""
+    cut = CRUN_RUN.replace('"^(SLURM_CONF|SLURM_CONF_SERVER)="', '"^(SLURM_CONF|#X)="', 1)
+    assert [f.code for f in errors(cut)] == ["oci-conf-malformed"]
+    escaped = CRUN_RUN.replace('"^(SLURM_CONF|SLURM_CONF_SERVER)="', '"^(SLURM_CONF|\\#X)="', 1)
+    assert errors(escaped) == []
 
 
 def test_the_recorded_sandbox_snapshot_with_an_oci_conf(tmp_path: Any, capsys: Any) -> None:
