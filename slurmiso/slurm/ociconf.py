@@ -76,22 +76,43 @@ class OciConf:
 _LINE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)\s*=\s*(.*?)\s*$")
 
 
-def _strip_comment(line: str) -> str:
-    """Slurm's parser (src/common/parse_config.c) ends a line at the first '#' not escaped by
-    an odd number of backslashes, quoted or not, then drops each escaping backslash."""
-    out: List[str] = []
-    escaped = False
-    for ch in line:
-        if escaped:
-            out.append(ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == "#":
-            break
-        else:
-            out.append(ch)
-    return "".join(out)
+def _cut_comment(line: str) -> str:
+    """The line up to the first '#' not escaped by an odd number of backslashes, quoted or
+    not, escapes kept (src/common/parse_config.c, _strip_comments)."""
+    backslashes = 0
+    for i, ch in enumerate(line):
+        if ch == "#" and backslashes % 2 == 0:
+            return line[:i]
+        backslashes = backslashes + 1 if ch == "\\" else 0
+    return line
+
+
+def _unescape(text: str) -> str:
+    """Each backslash escapes the character after it (parse_config.c, _strip_escapes)."""
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def _logical_lines(text: str) -> List[Tuple[int, str, str]]:
+    """(first line number, raw text, text as Slurm reads it): comments cut, a line ending
+    in a backslash joined to the next (parse_config.c's continuation), escapes dropped."""
+    out: List[Tuple[int, str, str]] = []
+    start = 0
+    raws: List[str] = []
+    parts: List[str] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        body = _cut_comment(raw).rstrip("\r\n")
+        if not raws:
+            start = lineno
+        raws.append(raw)
+        if body.endswith("\\") and (len(body) - len(body.rstrip("\\"))) % 2 == 1:
+            parts.append(body[:-1])
+            continue
+        parts.append(body)
+        out.append((start, " ".join(r.strip() for r in raws), _unescape("".join(parts))))
+        raws, parts = [], []
+    if raws:
+        out.append((start, " ".join(r.strip() for r in raws), _unescape("".join(parts))))
+    return out
 
 
 def parse_oci_conf(text: str) -> OciConf:
@@ -99,8 +120,8 @@ def parse_oci_conf(text: str) -> OciConf:
     values: Dict[str, str] = {}
     names: Dict[str, str] = {}
     bad: List[Tuple[int, str]] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw).strip()
+    for lineno, raw, text_line in _logical_lines(text):
+        line = text_line.strip()
         if not line:
             continue
         m = _LINE.match(line)

@@ -16,6 +16,7 @@ from slurmiso.cli.main import main
 from slurmiso.config import load_config
 from slurmiso.doctor import Finding, run_checks
 from slurmiso.doctor.containers import check_oci_conf
+from slurmiso.slurm.ociconf import parse_oci_conf
 from tests.unit.test_doctor import recorded
 
 HERE = os.path.dirname(__file__)
@@ -135,6 +136,14 @@ def test_hash_ends_the_line_even_inside_quotes_as_in_slurm() -> None:
     assert [f.code for f in errors(cut)] == ["oci-conf-malformed"]
     escaped = CRUN_RUN.replace('"^(SLURM_CONF|SLURM_CONF_SERVER)="', '"^(SLURM_CONF|\\#X)="', 1)
     assert errors(escaped) == []
+
+
+def test_continued_line_is_one_line() -> None:
+    text = CRUN_RUN.replace(" run --bundle %b", " run \\\n    --bundle %b", 1)
+    assert text.count("\n") == CRUN_RUN.count("\n") + 1
+    assert errors(text) == []
+    assert parse_oci_conf(text).get("RunTimeRun").split()[-3:] == [
+        "--bundle", "%b", "%n.%u.%j.%s.%t"]
 
 
 def test_the_recorded_sandbox_snapshot_with_an_oci_conf(tmp_path: Any, capsys: Any) -> None:
