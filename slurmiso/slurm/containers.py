@@ -35,8 +35,10 @@ class EnvNeed:
 _MPS_WHY = "MPS client: the daemon's door and the limits it may narrow"
 _WRAPPER_WHY = "slurmiso run: its events and step files, and the epilog's requeue flag"
 
-#: What slurmiso's task prolog exports (hooks/task_prolog.py: the record's env, set by the
-#: isolation modules and hooks/runner.py, plus SLURMISO_CLASS and SLURMISO_REFUSED).
+#: What must reach the program: the task prolog's exports (hooks/task_prolog.py: the
+#: record's env, set by the isolation modules and hooks/runner.py, plus SLURMISO_CLASS and
+#: SLURMISO_REFUSED), and NVIDIA_VISIBLE_DEVICES, which NVIDIA's container hooks read and
+#: slurmiso does not export yet.
 NEEDED_ENV = (
     EnvNeed("CUDA_VISIBLE_DEVICES", "the job's GPU, MIG UUID or MPS device; empty when refused"),
     EnvNeed("NVIDIA_VISIBLE_DEVICES",

@@ -15,6 +15,10 @@ Mounts schema: https://github.com/opencontainers/runtime-spec/blob/main/config.m
 (``destination`` required, ``source``, ``type`` and ``options`` optional; the runtime mounts
 the entries in the listed order, so a later mount over a path hides an earlier one). A
 mount is a bind when ``type`` is ``bind`` or ``options`` hold ``bind`` or ``rbind``.
+
+Judge the config.json the runtime will read: with Slurm 23.02+ that is the copy slurmstepd
+writes into the step's spool directory (``%b`` in oci.conf's RunTime* patterns), which has
+Slurm's own mounts appended after the bundle's.
 """
 
 from __future__ import annotations
