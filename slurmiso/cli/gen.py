@@ -22,6 +22,9 @@ examples:
   slurmiso gen job-submit -o /etc/slurm/job_submit.lua
   slurmiso gen plugstack -o /etc/slurm/plugstack.conf.d/slurmiso.conf
   slurmiso gen slurm-conf --slurm-version 22.05.8
+  slurmiso gen oci-conf --ckpt-root /scratch -o /etc/slurm/oci.conf
+  slurmiso gen enroot-mounts --ckpt-root /scratch -o /etc/enroot/mounts.d/50-slurmiso.fstab
+  slurmiso gen apptainer-binds --ckpt-root /scratch
 """
 
 
@@ -226,6 +229,119 @@ def _gen_cgroup_conf(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------- containers
+def _container_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", default="",
+                   help="node whose state dir to name when paths.state_dir has %%n "
+                   "(default: $SLURMD_NODENAME or host)")
+    p.add_argument("--ckpt-root", action="append", default=[], metavar="DIR",
+                   help="host directory holding jobs' checkpoint and working directories, "
+                   "bound at the same path (repeatable; e.g. /scratch)")
+    _output(p)
+
+
+def _bind_roots(args: argparse.Namespace) -> Any:
+    from slurmiso.config import load_config
+    from slurmiso.hostlist import node_name
+    from slurmiso.slurm.containers import bind_roots
+
+    cfg = load_config(args.config)
+    return cfg, bind_roots(cfg, node_name(args.node), args.ckpt_root)
+
+
+def _add_oci_conf(sub: Any) -> None:
+    from slurmiso.slurm.ociconf import RUNTIMES
+
+    p = sub.add_parser(
+        "oci-conf", help="oci.conf for Slurm's --container, each line with its reason",
+        description="oci.conf (next to slurm.conf) for Slurm 23.02 or later with crun or runc, "
+        "and, as comments, the config.json mounts every bundle needs (oci.conf cannot bind "
+        "a path). 'slurmiso doctor' checks a live oci.conf against the same table.",
+    )
+    p.add_argument("--runtime", choices=RUNTIMES, default="crun",
+                   help="the OCI runtime slurmstepd calls (default crun)")
+    p.add_argument("--slurm-version", default=None, metavar="X.Y.Z",
+                   help="the cluster's Slurm (default: asked of scontrol/slurmd); 22.05 is "
+                   "refused: its containers never see slurmiso's environment")
+    p.add_argument("--config-json", action="store_true",
+                   help="print only the config.json 'mounts' entries, as JSON")
+    _container_args(p)
+    p.set_defaults(func=_gen_oci_conf)
+
+
+def _gen_oci_conf(args: argparse.Namespace) -> int:
+    from slurmiso.errors import UsageError
+    from slurmiso.slurm import ociconf
+    from slurmiso.slurm.containers import CKPT_DEFAULT_NOTE, config_json_fragment
+
+    cfg, roots = _bind_roots(args)
+    if args.config_json:
+        _write(config_json_fragment(roots), args.output)
+        return 0
+    version = _slurm_version(args.slurm_version)
+    if not ociconf.env_after_task_prolog(version):
+        raise UsageError(
+            f"Slurm {version[0]}.{version[1]:02d}.{version[2]} writes a container's config.json "
+            "before GRES and the TaskProlog set the job's environment: CUDA_VISIBLE_DEVICES and "
+            "slurmiso's MPS variables never reach the container",
+            hint="run isolated GPU jobs with --container on Slurm 23.02 or later")
+    notes = [] if args.ckpt_root else [CKPT_DEFAULT_NOTE]
+    _write(ociconf.render_oci_conf(roots, args.runtime, cfg.source, notes), args.output)
+    return 0
+
+
+def _slurm_version(text: Any) -> Any:
+    """--slurm-version parsed, else the live cluster's release."""
+    from slurmiso.errors import UsageError
+    from slurmiso.slurm.client import SlurmCli, parse_version
+
+    if not text:
+        return SlurmCli(timeout=10).version()
+    version = parse_version(text)
+    if version is None:
+        raise UsageError(f"--slurm-version {text!r} is not a Slurm release",
+                         hint="e.g. --slurm-version 24.11.5")
+    return version
+
+
+def _add_enroot_mounts(sub: Any) -> None:
+    p = sub.add_parser(
+        "enroot-mounts", help="/etc/enroot/mounts.d file binding slurmiso's directories",
+        description="An enroot mounts.d file (pyxis runs containers through enroot) binding "
+        "the MPS pipe root and the checkpoint roots at the same path inside every container.",
+    )
+    _container_args(p)
+    p.set_defaults(func=_gen_enroot_mounts)
+
+
+def _gen_enroot_mounts(args: argparse.Namespace) -> int:
+    from slurmiso.slurm.containers import CKPT_DEFAULT_NOTE, render_enroot_mounts
+
+    cfg, roots = _bind_roots(args)
+    notes = [] if args.ckpt_root else [CKPT_DEFAULT_NOTE]
+    _write(render_enroot_mounts(roots, cfg.source, notes), args.output)
+    return 0
+
+
+def _add_apptainer_binds(sub: Any) -> None:
+    p = sub.add_parser(
+        "apptainer-binds", help="apptainer.conf 'bind path' lines (and APPTAINER_BIND)",
+        description="'bind path' lines for apptainer.conf binding the MPS pipe root and the "
+        "checkpoint roots at the same path, and the APPTAINER_BIND value doing the same.",
+    )
+    _container_args(p)
+    p.set_defaults(func=_gen_apptainer_binds)
+
+
+def _gen_apptainer_binds(args: argparse.Namespace) -> int:
+    from slurmiso.slurm.containers import CKPT_DEFAULT_NOTE, render_apptainer_binds
+
+    cfg, roots = _bind_roots(args)
+    notes = [] if args.ckpt_root else [CKPT_DEFAULT_NOTE]
+    _write(render_apptainer_binds(roots, cfg.source, notes), args.output)
+    return 0
+
+
 # ------------------------------------------------- shipped files: config, units, cron
 def _add_config(sub: Any) -> None:
     p = sub.add_parser(
@@ -364,6 +480,9 @@ TARGETS: Dict[str, Callable[[Any], None]] = {
     "job-submit": _add_job_submit,
     "plugstack": _add_plugstack,
     "cgroup-conf": _add_cgroup_conf,
+    "oci-conf": _add_oci_conf,
+    "enroot-mounts": _add_enroot_mounts,
+    "apptainer-binds": _add_apptainer_binds,
     "config": _add_config,
     "systemd": _add_systemd,
     "cron": _add_cron,

@@ -44,10 +44,11 @@ Check = Callable[[Snapshot, Config], List[Finding]]
 
 def all_checks() -> List[Check]:
     """Every check, in report order (cluster settings, QoS, then partitions, GRES, node)."""
-    from slurmiso.doctor import cluster, fences, gpus, nodes, restraints, telemetry
+    from slurmiso.doctor import cluster, containers, fences, gpus, nodes, restraints, telemetry
 
     return (list(cluster.CHECKS) + list(fences.CHECKS) + list(nodes.CHECKS)
-            + list(gpus.CHECKS) + list(restraints.CHECKS) + list(telemetry.CHECKS))
+            + list(gpus.CHECKS) + list(restraints.CHECKS) + list(telemetry.CHECKS)
+            + list(containers.CHECKS))
 
 
 def run_checks(snap: Snapshot, cfg: Config, ignore: Sequence[str] = ()) -> List[Finding]:

@@ -135,6 +135,8 @@ def collect(cfg: Config, node: str = "", cli: Optional[SlurmCli] = None) -> Snap
     snap["plugstack"] = plugstack_facts(plug, config.get("PluginDir", ""))
     gres_path = os.path.join(_conf_dir(config), "gres.conf")
     snap["gres_conf"] = {"path": gres_path, "text": _read_text(gres_path)}
+    oci_path = os.path.join(_conf_dir(config), "oci.conf")  # beside slurm.conf: oci.conf(5)
+    snap["oci_conf"] = {"path": oci_path, "text": _read_text(oci_path)}
     snap["hooks"] = _hooks(config)
     snap["gpu_node"] = _gpu_node(cfg, node_name(node))
     snap["restraints"] = _restraints(cfg, node_name(node), cli) if snap["gpu_node"] else None
