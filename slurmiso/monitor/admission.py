@@ -28,10 +28,11 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from slurmiso.config.model import SHARED_MODES
 from slurmiso.hostlist import compress
+from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.admission_state import Gate, Hold
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.exclusions import NOTE_PREFIX, comment_is_free, note_is_ours
-from slurmiso.monitor.policy import Action, Memory, Policy
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 
 SLO_SCOPE = "slo"
@@ -325,7 +326,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
             hit = group[key]
             if hit is not None:
                 mem.holds[job.id] = hit[1]
-                actions.append(Action("hold", job.id, hit[0], hit[2]))
+                actions.append(Action(ActionKind.HOLD, job.id, hit[0], hit[2]))
                 held_now.add(job.id)
     stagger_text = (f"training staggered: {budget} start(s) per "
                     f"{policy.stagger_interval_s:g}s (stagger {policy.stagger_max_starts}, "
@@ -381,7 +382,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
             del mem.holds[jid]
             overridden.add(jid)
             if mine.comment is not None and note_is_ours(mine.comment) and jid not in noted:
-                actions.append(Action("uncomment", jid, "released by someone else: the "
+                actions.append(Action(ActionKind.UNCOMMENT, jid, "released by someone else: the "
                                       "monitor's hold note is removed",
                                       {"comment": mine.comment[:250]}))
         elif open_for(mine):
@@ -392,7 +393,7 @@ def admission(snap: Snapshot, policy: Policy, mem: Memory,
         mem.release_times.append(snap.ts)
         allowance -= 1
         actions.append(Action(
-            "release", job.id,
+            ActionKind.RELEASE, job.id,
             "calm: released in priority order" if hold.scopes != (STAGGER,)
             else "its turn in the start budget, in priority order",
             {"hold": hold.to_dict(), "held_s": round(snap.ts - hold.ts, 1),
@@ -434,7 +435,7 @@ def _hold(job: JobInfo, now: float, scopes: List[str], reason: str, facts: Dict[
         share[key] = made
     record, details = share[key]
     mem.holds[job.id] = record
-    return Action("hold", job.id, reason, details)
+    return Action(ActionKind.HOLD, job.id, reason, details)
 
 
 def _free_gpus(snap: Snapshot, blocked: Dict[str, str], who: Optional[Attribution]) -> int:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.admission_state import Cap
 from slurmiso.monitor.exclusions import note_is_ours
-from slurmiso.monitor.policy import Action, Memory, Policy
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 from slurmiso.slurm.gres import gres_counts
 
@@ -54,7 +55,8 @@ def qos_caps(
             continue
         elif not queue:
             mem.caps.pop(qos)
-            actions.append(Action("qos-limit", qos, "calm and no training waits: cap removed",
+            actions.append(Action(ActionKind.QOS_LIMIT, qos,
+                                  "calm and no training waits: cap removed",
                                   {"tres": None, "lift": list(policy.cap_tres),
                                    "previous": prev, "used": used}))
             continue
@@ -70,7 +72,7 @@ def qos_caps(
                       f"(stagger {policy.stagger_max_starts}/{policy.stagger_interval_s:g}s)")
             details = {"jobs": [j.id for j in step]}
         mem.caps[qos] = Cap(new, snap.ts)
-        actions.append(Action("qos-limit", qos, reason,
+        actions.append(Action(ActionKind.QOS_LIMIT, qos, reason,
                               dict(details, tres=new, previous=prev, used=used)))
     return actions
 
@@ -82,7 +84,7 @@ def unhold_all(pending: Dict[str, JobInfo], mem: Memory) -> List[Action]:
         hold = mem.holds.pop(jid)
         job = pending.get(jid)
         if job is not None and job.held:
-            actions.append(Action("release", jid, "admission is qos-limit now: no holds",
+            actions.append(Action(ActionKind.RELEASE, jid, "admission is qos-limit now: no holds",
                                   {"hold": hold.to_dict(),
                                    "uncomment": note_is_ours(job.comment)}))
     return actions

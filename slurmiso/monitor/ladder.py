@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
+from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate, end_unhot
 from slurmiso.monitor.histogram import quantile
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
-    Action,
     Memory,
     Policy,
     SloLimit,
@@ -505,7 +505,7 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
             ok, note, keys = _spend(mem, steps["requeue"], jid, v, now)
             if ok:
                 mem.restrained.pop(jid, None)
-                actions.append(_act("requeue", jid, rec, v, now, note, keys, {
+                actions.append(_act(ActionKind.LADDER_REQUEUE, jid, rec, v, now, note, keys, {
                     "suspended": suspended_now, "throttled_s": _since(rec.throttled_since, now),
                     "suspended_s": _since(rec.suspended_since, now)}))
                 continue
@@ -516,15 +516,15 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
                 if "throttle" in wanted and rec.throttled_since is None:
                     ok2, note2, keys2 = _spend(mem, steps["throttle"], jid, v, now)
                     if ok2:
-                        actions.append(_act("throttle", jid, rec, v, now, note2, keys2,
+                        actions.append(_act(ActionKind.THROTTLE, jid, rec, v, now, note2, keys2,
                                             {"sends": policy.ladder.throttle_signal}))
                         rec = dataclasses.replace(rec, throttled_since=now)
-                actions.append(_act("suspend", jid, rec, v, now, note, keys, {}))
+                actions.append(_act(ActionKind.SUSPEND, jid, rec, v, now, note, keys, {}))
                 rec = dataclasses.replace(rec, suspended_since=now)
             else:
                 _cap(mem, key, note)
         elif "suspend" not in wanted and rec.suspended_since is not None:
-            actions.append(_release("resume-job", jid, rec, v, now, "suspended_s",
+            actions.append(_release(ActionKind.RESUME_JOB, jid, rec, v, now, "suspended_s",
                                     rec.suspended_since))
             rec = dataclasses.replace(rec, suspended_since=None,
                                       gone=v.why if v.kind == GONE else "")
@@ -532,7 +532,7 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
         if "throttle" in wanted and rec.throttled_since is None and hot and not suspended_now:
             ok, note, keys = _spend(mem, steps["throttle"], jid, v, now)
             if ok:
-                actions.append(_act("throttle", jid, rec, v, now, note, keys,
+                actions.append(_act(ActionKind.THROTTLE, jid, rec, v, now, note, keys,
                                     {"sends": policy.ladder.throttle_signal}))
                 rec = dataclasses.replace(rec, throttled_since=now)
             else:
@@ -540,7 +540,7 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
         elif "throttle" not in wanted and rec.throttled_since is not None and not resumed_now:
             # the cycle after a resume: slurmstepd drops a signal sent while its step is
             # still suspended (the resume reaches slurmd after scontrol returns)
-            actions.append(_release("unthrottle", jid, rec, v, now, "throttled_s",
+            actions.append(_release(ActionKind.UNTHROTTLE, jid, rec, v, now, "throttled_s",
                                     rec.throttled_since, policy.ladder.unthrottle_signal))
             rec = dataclasses.replace(rec, throttled_since=None)
         if rec.throttled_since is None and rec.suspended_since is None:
@@ -587,8 +587,9 @@ def _prune_events(mem: Memory, now: float) -> None:
         del mem.events[k]
 
 
-_VERB = {"throttle": "throttled: asked to slow down", "suspend": "suspended",
-         "requeue": "requeued: checkpoints, then starts again off this node"}
+_VERB = {ActionKind.THROTTLE: "throttled: asked to slow down",
+         ActionKind.SUSPEND: "suspended",
+         ActionKind.LADDER_REQUEUE: "requeued: checkpoints, then starts again off this node"}
 
 
 def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
@@ -602,17 +603,17 @@ def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
     return out
 
 
-def _act(kind: str, jid: str, rec: Restraint, v: Breach, now: float, budget: str,
+def _act(kind: ActionKind, jid: str, rec: Restraint, v: Breach, now: float, budget: str,
          keys: List[str], extra: Dict[str, Any]) -> Action:
     reason = f"training {_VERB[kind]}: {_where(v, rec.node, rec.gpu)}"
-    return Action(kind, jid, reason[:300], dict(_facts(rec, v), step=kind, budget=budget,
+    return Action(kind, jid, reason[:300], dict(_facts(rec, v), step=kind.value, budget=budget,
                                                 budget_keys=keys, restraint=rec.to_dict(),
                                                 ts=now, **extra))
 
 
-def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: str,
+def _release(kind: ActionKind, jid: str, rec: Restraint, v: Breach, now: float, what: str,
              since: float, sends: str = "") -> Action:
-    how = "resumed" if kind == "resume-job" else "back to full speed"
+    how = "resumed" if kind is ActionKind.RESUME_JOB else "back to full speed"
     figure = "" if v.figure is None else f" ({_text(v.signal, v.figure, v.limit or 0)})"
     if v.kind == GONE:  # no figure to quote: the job it would be of is gone
         reason = (f"training {how} after {now - since:.0f}s on {rec.node} GPU {rec.gpu}: "
@@ -625,7 +626,8 @@ def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: s
         extra["cause_gone"] = True
     if sends:
         extra["sends"] = sends
-    return Action(kind, jid, reason, dict(_facts(rec, v), step=kind, restraint=rec.to_dict(),
+    return Action(kind, jid, reason, dict(_facts(rec, v), step=kind.value,
+                                          restraint=rec.to_dict(),
                                           ts=now, figure_after=v.figure, **extra))
 
 
@@ -634,7 +636,7 @@ def _end(jid: str, rec: Restraint, now: float, why: str,
     """A journal line, no Slurm call: the restraint ended without the ladder (job ended,
     someone resumed it), with how long it lasted."""
     v = verdict[0] if verdict else Breach(UNKNOWN)
-    return Action("ladder-end", jid, f"training restraint over: {why}",
+    return Action(ActionKind.LADDER_END, jid, f"training restraint over: {why}",
                   dict(_facts(rec, v), restraint=rec.to_dict(), ts=now,
                        figure_after=v.figure, throttled_s=_since(rec.throttled_since, now),
                        suspended_s=_since(rec.suspended_since, now)))
