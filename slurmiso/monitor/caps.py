@@ -8,26 +8,27 @@ Unknown data changes nothing.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.admission_state import Cap
 from slurmiso.monitor.exclusions import note_is_ours
+from slurmiso.monitor.gates import GateState
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 from slurmiso.slurm.gres import gres_counts
 
 
 def qos_caps(
-    snap: Snapshot, policy: Policy, mem: Memory, gate: Dict[str, Optional[bool]],
+    snap: Snapshot, policy: Policy, mem: Memory, gate: Dict[str, GateState],
     why: Dict[str, Tuple[str, str, Dict[str, Any]]], waiting: List[JobInfo],
 ) -> List[Action]:
     """qos-limit admission: while a gate is closed, cap each training QoS's GrpTRES at what
     its running jobs use (lowered as they end, never raised); once every gate is open, set it
     to that use plus the GRES of the next ``stagger_max_starts`` waiting jobs, once per
     interval, and remove it when none waits. Stale data changes nothing."""
-    closed = sorted(s for s, g in gate.items() if g)
-    stale = any(g is None for g in gate.values())
+    closed = sorted(s for s, g in gate.items() if g is GateState.CLOSED)
+    stale = any(g is GateState.UNKNOWN for g in gate.values())
     train = set(policy.train_classes)
     actions: List[Action] = []
     for qos in policy.train_qos:
