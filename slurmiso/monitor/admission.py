@@ -87,9 +87,6 @@ class Cycle:
                    [j for j in pending.values() if j.job_class in train],
                    set(mem.overridden) & set(pending))
 
-    def free_to_hold(self, job: JobInfo) -> bool:
-        """Neither held (by us or anyone) nor released by someone else."""
-        return not (job.id in self.mem.holds or job.held or job.id in self.overridden)
 
 
 def admission(snap: Snapshot, policy: Policy, mem: Memory,
@@ -237,8 +234,9 @@ class Starts:
         arrival_ids = {j.id for j in self.arrivals}
         group: Dict[Tuple[Tuple[str, ...], bool, bool],
                     Optional[Tuple[str, Hold, Dict[str, Any]]]] = {}
+        holds, overridden = cyc.mem.holds, cyc.overridden
         for job in cyc.waiting:
-            if not cyc.free_to_hold(job):
+            if job.id in holds or job.held or job.id in overridden:  # held, or released by someone
                 continue
             key = (job.partitions, job.id in arrival_ids, comment_is_free(job.comment))
             if key not in group:
@@ -290,8 +288,10 @@ class Starts:
         cyc = self.cyc
         all_blocked: Dict[Tuple[str, ...], Tuple[str, Dict[str, Any]]] = {}
         share: _HoldShare = {}
+        holds, overridden = cyc.mem.holds, cyc.overridden
         for job in cyc.waiting:
-            if not cyc.free_to_hold(job) or job.id in self.held_now or self.open_for(job):
+            if (job.id in holds or job.held or job.id in overridden
+                    or job.id in self.held_now or self.open_for(job)):
                 continue
             if job.partitions not in all_blocked:
                 names = sorted(members(cyc.snap, job.partitions, cyc.members))
@@ -322,7 +322,7 @@ class Starts:
     def _noted(self) -> Set[str]:
         """Jobs an exclusion this cycle wrote its own note on: a release leaves it."""
         return {a.target for a in self.actions
-                if a.kind is ActionKind.EXCLUDE and a.details.get("comment")}
+                if a.kind == ActionKind.EXCLUDE and a.details.get("comment")}
 
     def _forget_released(self) -> List[JobInfo]:
         """Our holds that can be released now; holds whose job started, ended or was

@@ -171,7 +171,7 @@ class Applier:
         try:
             write_note(self.slurm, act.target, note)
         except SlurmisoError as exc:  # a job that ended may refuse it: nothing to explain
-            log.log(logging.INFO if act.kind is ActionKind.LADDER_END else logging.WARNING,
+            log.log(logging.INFO if act.kind == ActionKind.LADDER_END else logging.WARNING,
                     "monitor: job %s: the restraint note was not %s: %s", act.target,
                     "written" if note else "removed", exc)
 

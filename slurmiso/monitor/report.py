@@ -40,9 +40,9 @@ class Timeline:
         for out in outcomes:
             a = out.action
             self.counts[a.name] = self.counts.get(a.name, 0) + 1
-            if a.kind is ActionKind.HOLD and out.ok:
+            if a.kind == ActionKind.HOLD and out.ok:
                 self.held.add(a.target)
-            if a.kind is ActionKind.RELEASE and out.ok:
+            if a.kind == ActionKind.RELEASE and out.ok:
                 self.held_s += float(a.details.get("held_s") or 0.0)
             self.events.append({"ts": ts, "kind": a.name, "target": a.target,
                                 "reason": a.reason, "ok": out.ok})

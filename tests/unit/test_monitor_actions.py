@@ -59,11 +59,13 @@ def test_the_two_requeues_are_kinds_of_their_own_with_one_journal_name() -> None
     assert json.loads(json.dumps(act.to_dict()))["kind"] == "requeue"
 
 
-def test_a_kinds_value_is_its_kind() -> None:
-    assert Action("hold", "1", "x").kind is ActionKind.HOLD  # type: ignore[arg-type]
-    assert Action("requeue", "1", "x").kind is ActionKind.LADDER_REQUEUE  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        Action("nap", "1", "x")  # type: ignore[arg-type]
+def test_a_kinds_value_finds_its_kinds_entry() -> None:
+    assert Action("hold", "1", "x").spec is KIND[ActionKind.HOLD]  # type: ignore[arg-type]
+    assert Action("requeue", "1", "x").kind == ActionKind.LADDER_REQUEUE  # type: ignore[arg-type]
+    assert Action("requeue", "1", "x").spec.ladder  # type: ignore[arg-type]
+    assert ActionKind("relayout-requeue") is ActionKind.RELAYOUT_REQUEUE
+    with pytest.raises(KeyError):
+        assert Action("nap", "1", "x").spec  # type: ignore[arg-type]
     assert f"{ActionKind.BEGIN_NOW}" == str(ActionKind.BEGIN_NOW) == "begin-now"
 
 
