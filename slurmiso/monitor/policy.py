@@ -395,7 +395,8 @@ class Memory:
     #: Jobs someone else released (or re-excluded) after we acted: never touched again by
     #: us. Pruned to the jobs still pending, so it is bounded by the queue, not a count.
     overridden: List[str] = field(default_factory=list)
-    #: scope (partition name, "node:<name>" or "slo") -> its gate.
+    #: scope (a :class:`~slurmiso.monitor.gates.Scope`'s key: partition name, "node:<name>"
+    #: or "slo") -> its gate.
     gates: Dict[str, Gate] = field(default_factory=dict)
     #: Scopes whose data is stale now (no admission change while listed).
     stale: List[str] = field(default_factory=list)
