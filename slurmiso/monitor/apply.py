@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SlurmisoError, SlurmUnavailable
-from slurmiso.hostlist import compress
-from slurmiso.monitor.policy import JOB_KINDS, Action
+from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.calls import quote
 from slurmiso.state.journal import MONITOR_SOURCE
 
 if TYPE_CHECKING:
@@ -33,20 +33,9 @@ HOLD_BATCH = 500  # job ids per scontrol hold/release/update call
 DOWN = "Slurm stopped answering"
 
 
-def _fields_key(act: Action) -> Any:
-    """Job actions that can share one Slurm call: same kind, same fields."""
-    if act.kind == "exclude":
-        return (act.details.get("nodes"), act.details.get("comment"))
-    if act.kind == "hold":
-        return (act.kind, act.details.get("comment"))
-    if act.kind == "release":
-        return (act.kind, bool(act.details.get("uncomment")))
-    return act.kind
-
-
-def _quote(text: str) -> str:
-    """A comment as one scontrol argument: no newlines, no quotes to unbalance."""
-    return " ".join(text.replace('"', "'").split())
+#: What a ladder call's answer says in its journal line.
+_NOTES = {"already": "Slurm shows the job as asked already",
+          "gone": "the job had ended: nothing to do"}
 
 
 @dataclass
@@ -56,10 +45,6 @@ class Outcome:
     error: str = ""
     #: What Slurm said of an action that needed nothing ("already suspended", "ended").
     note: str = ""
-
-
-#: The ladder's job actions, applied one job per call (they are budgeted: a few an hour).
-LADDER_KINDS = ("throttle", "unthrottle", "suspend", "resume-job", "ladder-end")
 
 
 class Applier:
@@ -103,13 +88,14 @@ class Applier:
                 outcomes.append(Outcome(act, True))
                 i += 1
                 continue
-            if act.kind in JOB_KINDS:
+            spec = act.spec
+            if spec.batch is not None:
                 j = i
                 while j < len(actions) and actions[j].kind == act.kind:
                     j += 1
                 groups: Dict[Any, List[Action]] = {}
                 for a in actions[i:j]:
-                    groups.setdefault(_fields_key(a), []).append(a)
+                    groups.setdefault(spec.group(a), []).append(a)
                 for group in groups.values():
                     for k in range(0, len(group), HOLD_BATCH):
                         if halt or (stop is not None and stop() and k > 0):
@@ -137,34 +123,18 @@ class Applier:
 
     # ------------------------------------------------------------------------- internals
     def _batch(self, acts: Sequence[Action]) -> List[Outcome]:
-        kind = acts[0].kind
-        ids = [a.target for a in acts]
+        batch = acts[0].spec.batch
+        assert batch is not None
         try:
-            if kind == "hold":
-                self.slurm.hold(ids)
-                if acts[0].details.get("comment"):
-                    self._comment(ids, str(acts[0].details["comment"]))
-            elif kind == "release":
-                self.slurm.release(ids)
-                if acts[0].details.get("uncomment"):
-                    self._comment(ids, "")
-            elif kind == "begin-now":
-                self.slurm.update_jobs(ids, {"StartTime": "now"})
-            elif kind == "uncomment":
-                self.slurm.update_jobs(ids, {"Comment": ""})
-            else:  # exclude
-                d = acts[0].details
-                fields = {"ExcNodeList": str(d.get("nodes") or "")}
-                if d.get("comment") is not None:
-                    fields["Comment"] = _quote(str(d["comment"]))
-                self.slurm.update_jobs(ids, fields)
+            batch(self, [a.target for a in acts], acts[0].details)
             return [Outcome(a, True) for a in acts]
         except SlurmUnavailable as exc:
             return [Outcome(a, False, f"{DOWN}: {exc}") for a in acts]
         except SlurmisoError as exc:
             if len(acts) == 1:
                 return [Outcome(acts[0], False, str(exc))]
-            log.info("monitor: %s of %d jobs failed (%s); one at a time", kind, len(acts), exc)
+            log.info("monitor: %s of %d jobs failed (%s); one at a time", acts[0].name,
+                     len(acts), exc)
         out: List[Outcome] = []
         for a in acts:
             res = self._batch([a])
@@ -174,30 +144,15 @@ class Applier:
                 break
         return out
 
-    def _comment(self, ids: List[str], text: str) -> None:
+    def comment(self, ids: List[str], text: str) -> None:
         """The hold's note for its owner (or its removal) after the hold or release itself:
         the note only explains, so a refusal is logged and the hold or release stands."""
         try:
-            self.slurm.update_jobs(ids, {"Comment": _quote(text)})
+            self.slurm.update_jobs(ids, {"Comment": quote(text)})
         except SlurmisoError as exc:
             log.warning("monitor: the comment of job(s) %s was not %s: %s",
                         ",".join(ids[:5]) + (",..." if len(ids) > 5 else ""),
                         "set" if text else "removed", exc)
-
-    def _ladder(self, act: Action) -> str:
-        """One ladder action; the answer ("done", "already", "gone") becomes the note."""
-        d = act.details
-        if act.kind == "throttle":
-            return str(self.slurm.signal_job(act.target, str(d.get("sends") or "URG")))
-        if act.kind == "unthrottle":
-            return str(self.slurm.signal_job(act.target, str(d.get("sends") or "WINCH")))
-        if act.kind == "suspend":
-            return str(self.slurm.suspend(act.target))
-        if act.kind == "resume-job":
-            return str(self.slurm.resume_job(act.target))
-        if act.kind == "requeue" and "restraint" in d:
-            return str(self.slurm.requeue_job(act.target, bool(d.get("suspended"))))
-        return "done"  # ladder-end: a journal line only
 
     def _note_restraint(self, act: Action) -> None:
         """Write the restraint the job is left with (``details.left``, from
@@ -216,50 +171,35 @@ class Applier:
         try:
             write_note(self.slurm, act.target, note)
         except SlurmisoError as exc:  # a job that ended may refuse it: nothing to explain
-            log.log(logging.INFO if act.kind == "ladder-end" else logging.WARNING,
+            log.log(logging.INFO if act.kind == ActionKind.LADDER_END else logging.WARNING,
                     "monitor: job %s: the restraint note was not %s: %s", act.target,
                     "written" if note else "removed", exc)
 
     def _one(self, act: Action) -> Outcome:
+        spec = act.spec
         try:
-            if act.kind in LADDER_KINDS or (act.kind == "requeue" and
-                                            "restraint" in act.details):
-                said = self._ladder(act)
-                note = {"already": "Slurm shows the job as asked already",
-                        "gone": "the job had ended: nothing to do"}.get(said, "")
-                if said != "gone":
-                    self._note_restraint(act)
-                return Outcome(act, True, note=note)
-            if act.kind == "partition-update":
-                self.slurm.set_partition_nodes(act.target, compress(act.details["nodes"]))
-            elif act.kind == "drain":
-                self.slurm.drain(act.target, f"slurmiso monitor: {act.reason}")
-            elif act.kind == "resume":
-                self.slurm.resume(act.target)
-            elif act.kind == "requeue":
-                self.slurm.requeue([act.target])
-            elif act.kind == "qos-limit":
-                lift = {t: -1 for t in act.details.get("lift", ("gpu",))}
-                self.slurm.set_qos_grp_tres(act.target, act.details.get("tres") or lift)
-            elif act.kind == "mig-apply":
-                self._relayout(act.target, str(act.details["layout"]))
-            elif act.kind == "reconcile":
-                from slurmiso.isolation.lifecycle import reconcile_node
-
-                if self.cfg is None:
-                    raise SlurmisoError("reconcile needs the config")
-                fixes = reconcile_node(self.cfg, act.target, False,
-                                       list(act.details.get("live_jobs", [])))
-                act.details["fixes"] = fixes
-            else:
-                raise SlurmisoError(f"unknown monitor action {act.kind!r}")
+            if spec.call is None:
+                raise SlurmisoError(f"monitor action {act.name!r} is applied in batches")
+            said = spec.call(self, act)
+            if spec.ladder and said != "gone":
+                self._note_restraint(act)
         except SlurmUnavailable as exc:
             return Outcome(act, False, f"{DOWN}: {exc}")
         except SlurmisoError as exc:
             return Outcome(act, False, str(exc))
-        return Outcome(act, True)
+        if not spec.ladder:
+            return Outcome(act, True)
+        return Outcome(act, True, note=_NOTES.get(said, ""))
 
-    def _relayout(self, node: str, layout: str) -> None:
+    def reconcile(self, node: str, live_jobs: List[str]) -> Any:
+        """What ended jobs left on ``node``, cleaned up; the fixes made."""
+        from slurmiso.isolation.lifecycle import reconcile_node
+
+        if self.cfg is None:
+            raise SlurmisoError("reconcile needs the config")
+        return reconcile_node(self.cfg, node, False, live_jobs)
+
+    def relayout(self, node: str, layout: str) -> None:
         """``mig apply`` on the node, regenerate its gres.conf, run the after-hook."""
         self._on_node(node, ["mig", "apply", "--layout", layout, "--node", node])
         if self.gres_out:
@@ -296,7 +236,7 @@ class Applier:
 
     def _journal(self, out: Outcome, dry_run: bool) -> None:
         act = out.action
-        fields: Dict[str, Any] = {"source": MONITOR_SOURCE, "action": act.kind,
+        fields: Dict[str, Any] = {"source": MONITOR_SOURCE, "action": act.name,
                                   "target": act.target, "reason": act.reason, "dry_run": dry_run,
                                   "details": act.details, "ok": out.ok}
         if out.error:

@@ -21,16 +21,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.attribution import gpu_key
 from slurmiso.monitor.ladder_state import Restraint, Rung
-from slurmiso.monitor.policy import Action, Memory, Policy
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo
 from slurmiso.restraints import OnBound
 
 #: The verdict kind that keeps a rung's bound from running (the ladder's ``HOT``).
 _HOT = "hot"
-#: The ladder's actions whose journal line and Slurm note carry the bound.
-LADDER_ACTIONS = ("throttle", "suspend", "requeue", "unthrottle", "resume-job", "ladder-end")
 
 
 def step_bound(policy: Policy, step: str) -> float:
@@ -92,17 +91,19 @@ def _end_gpu(mem: Memory, key: str, rung: Rung, kind: str, lasted: float, bound:
                 "figure_before": rec.figure, "restraint": rec.to_dict(), "ts": now,
                 "bound": facts}
         if policy.ladder.on_bound is OnBound.REQUEUE:
-            out.append(Action("requeue", jid, f"training requeued (checkpoint): {why}"[:300],
+            out.append(Action(ActionKind.LADDER_REQUEUE, jid,
+                              f"training requeued (checkpoint): {why}"[:300],
                               dict(base, step="requeue", suspended=suspended,
                                    throttled_s=_since(rec.throttled_since, now),
                                    suspended_s=_since(rec.suspended_since, now))))
             continue
         if rec.suspended_since is not None:
-            out.append(Action("resume-job", jid, f"training resumed: {why}"[:300],
+            out.append(Action(ActionKind.RESUME_JOB, jid, f"training resumed: {why}"[:300],
                               dict(base, step="resume-job",
                                    suspended_s=_since(rec.suspended_since, now))))
         if rec.throttled_since is not None:
-            out.append(Action("unthrottle", jid, f"training back to full speed: {why}"[:300],
+            out.append(Action(ActionKind.UNTHROTTLE, jid,
+                              f"training back to full speed: {why}"[:300],
                               dict(base, step="unthrottle",
                                    sends=policy.ladder.unthrottle_signal,
                                    throttled_s=_since(rec.throttled_since, now))))
@@ -118,7 +119,7 @@ def annotate(actions: List[Action], mem: Memory, policy: Policy) -> None:
     bound; None when none is left) and the bound's direction, for the applier's note in the
     job's ``AdminComment`` and for the journal."""
     for act in actions:
-        if act.kind not in LADDER_ACTIONS or "restraint" not in act.details:
+        if not act.spec.ladder:
             continue
         rec = mem.restrained.get(act.target)
         act.details["left"] = _left(rec, policy)

@@ -8,25 +8,27 @@ Unknown data changes nothing.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
+from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.admission_state import Cap
 from slurmiso.monitor.exclusions import note_is_ours
-from slurmiso.monitor.policy import Action, Memory, Policy
+from slurmiso.monitor.gates import GateState
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 from slurmiso.slurm.gres import gres_counts
 
 
 def qos_caps(
-    snap: Snapshot, policy: Policy, mem: Memory, gate: Dict[str, Optional[bool]],
+    snap: Snapshot, policy: Policy, mem: Memory, gate: Dict[str, GateState],
     why: Dict[str, Tuple[str, str, Dict[str, Any]]], waiting: List[JobInfo],
 ) -> List[Action]:
     """qos-limit admission: while a gate is closed, cap each training QoS's GrpTRES at what
     its running jobs use (lowered as they end, never raised); once every gate is open, set it
     to that use plus the GRES of the next ``stagger_max_starts`` waiting jobs, once per
     interval, and remove it when none waits. Stale data changes nothing."""
-    closed = sorted(s for s, g in gate.items() if g)
-    stale = any(g is None for g in gate.values())
+    closed = sorted(s for s, g in gate.items() if g is GateState.CLOSED)
+    stale = any(g is GateState.UNKNOWN for g in gate.values())
     train = set(policy.train_classes)
     actions: List[Action] = []
     for qos in policy.train_qos:
@@ -54,7 +56,8 @@ def qos_caps(
             continue
         elif not queue:
             mem.caps.pop(qos)
-            actions.append(Action("qos-limit", qos, "calm and no training waits: cap removed",
+            actions.append(Action(ActionKind.QOS_LIMIT, qos,
+                                  "calm and no training waits: cap removed",
                                   {"tres": None, "lift": list(policy.cap_tres),
                                    "previous": prev, "used": used}))
             continue
@@ -70,7 +73,7 @@ def qos_caps(
                       f"(stagger {policy.stagger_max_starts}/{policy.stagger_interval_s:g}s)")
             details = {"jobs": [j.id for j in step]}
         mem.caps[qos] = Cap(new, snap.ts)
-        actions.append(Action("qos-limit", qos, reason,
+        actions.append(Action(ActionKind.QOS_LIMIT, qos, reason,
                               dict(details, tres=new, previous=prev, used=used)))
     return actions
 
@@ -82,7 +85,7 @@ def unhold_all(pending: Dict[str, JobInfo], mem: Memory) -> List[Action]:
         hold = mem.holds.pop(jid)
         job = pending.get(jid)
         if job is not None and job.held:
-            actions.append(Action("release", jid, "admission is qos-limit now: no holds",
+            actions.append(Action(ActionKind.RELEASE, jid, "admission is qos-limit now: no holds",
                                   {"hold": hold.to_dict(),
                                    "uncomment": note_is_ours(job.comment)}))
     return actions

@@ -24,18 +24,18 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from slurmiso.hostlist import compress
+from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL, Action, ActionKind
 from slurmiso.monitor.admission import admission
-from slurmiso.monitor.admission_state import Cap, Hold, Loan
+from slurmiso.monitor.admission_state import Loan
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.ladder import ladder
-from slurmiso.monitor.ladder_state import Restraint
-from slurmiso.monitor.policy import KINDS, Action, Memory, Policy
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.relayout import relayout
 from slurmiso.monitor.snapshot import JobInfo, Snapshot, jobs_by_node
 from slurmiso.monitor.unknown import track as track_unknown
 
 #: Each kind's place in the order actions are applied (a dict: 40,000 actions a cycle).
-_RANK = {kind: i for i, kind in enumerate(KINDS)}
+_RANK = {kind: spec.rank for kind, spec in KIND.items()}
 
 
 def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action], Memory]:
@@ -61,134 +61,30 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
 
 def intent_of(actions: List[Action]) -> List[List[str]]:
     """What the loop writes down before applying ``actions`` (kind, target, moved nodes)."""
-    return [[a.kind, a.target, str(a.details.get("op", "")),
+    return [[a.name, a.target, str(a.details.get("op", "")),
              ",".join(a.details.get("moved", ()))] for a in actions]
 
 
 def reconcile_intent(snap: Snapshot, mem: Memory) -> None:
-    """Square what the monitor meant to do before it stopped with what Slurm shows: a hold
-    that never happened is forgotten (not taken for an admin's release); a release that never
-    happened is owned again (so it is released, never orphaned); a reclaim that never happened
-    leaves the node lent; an exclusion that never happened is retried."""
+    """Square what the monitor meant to do before it stopped with what Slurm shows, each
+    kind as its table entry says (:mod:`slurmiso.monitor.undo`)."""
     jobs = {j.id: j for j in snap.jobs if j.pending}
     for kind, target, op, moved in (tuple(x) + ("", "", "", "")[:4 - len(x)]
                                     for x in mem.intent):
-        job = jobs.get(target)
-        if kind == "hold" and job is not None and not job.held:
-            mem.holds.pop(target, None)
-        elif kind == "release" and job is not None and job.held and target not in mem.holds:
-            mem.holds[target] = Hold(snap.ts, ("reconciled",),
-                                     "a release the monitor meant before it stopped")
-        elif kind == "exclude" and job is not None and target in mem.excluded:
-            mem.excluded[target] = dict(mem.excluded[target], set=job.exc_nodes)
-        elif kind == "begin-now" and job is not None and job.reason == "BeginTime":
-            mem.requeued.setdefault(target, snap.ts)
-        elif kind in ("suspend", "resume-job", "unthrottle"):
-            _reconcile_restraint(snap, mem, kind, target)
-        elif kind == "partition-update" and op == "reclaim":
-            members = set(snap.partitions.get(target, ()))
-            for node in (n for n in moved.split(",") if n in members):
-                mem.lent.setdefault(node, Loan("", target, snap.ts))
+        square = RECONCILE_BY_JOURNAL.get(kind)
+        if square is not None:
+            square(snap, mem, jobs.get(target), target, op, moved)
     mem.intent = []
-
-
-def _reconcile_restraint(snap: Snapshot, mem: Memory, kind: str, target: str) -> None:
-    """A suspend Slurm does not show never happened; a resume it does not show is owed
-    again (the job stays ours to resume); an unthrottle may not have been sent, so it is
-    sent again (it is idempotent). A throttle is kept as if sent: the ladder escalates past
-    a program that did not slow down anyway."""
-    import dataclasses
-
-    live = next((j for j in snap.jobs if j.id == target), None)
-    rec = mem.restrained.get(target)
-    if live is None:
-        return
-    if kind == "suspend" and rec is not None and live.state != "SUSPENDED":
-        mem.restrained[target] = dataclasses.replace(rec, suspended_since=None)
-    elif kind == "resume-job" and live.state == "SUSPENDED" and live.nodes:
-        base = rec or Restraint(live.nodes[0], -1, why="a resume the monitor meant before it "
-                                "stopped")
-        mem.restrained[target] = dataclasses.replace(base, suspended_since=snap.ts)
-    elif kind == "unthrottle" and live.state in ("RUNNING", "SUSPENDED") and live.nodes:
-        base = rec or Restraint(live.nodes[0], -1, why="an unthrottle the monitor meant "
-                                "before it stopped")
-        mem.restrained[target] = dataclasses.replace(base, throttled_since=snap.ts)
 
 
 def failed(memory: Memory, action: Action, error: str) -> Memory:
     """The memory to keep when applying ``action`` failed: as if it had not been decided,
     so the next cycle tries again (or, for a re-layout, puts the node back in service)."""
     mem = memory.copy()
-    d = action.details
-    if action.kind == "hold":
-        mem.holds.pop(action.target, None)
-    elif action.kind == "release":
-        mem.holds[action.target] = Hold.from_dict(d.get("hold") or {})
-        if mem.release_times:
-            mem.release_times.pop()
-    elif action.kind == "exclude":
-        if d.get("previous") is None:  # nothing of ours was on the job before
-            mem.excluded.pop(action.target, None)
-        else:
-            mem.excluded[action.target] = {"set": d["previous"], "user": d.get("user", ""),
-                                           "comment": d.get("own_comment", "")}
-    elif action.kind == "begin-now":
-        mem.requeued[action.target] = 0.0
-        if mem.release_times:
-            mem.release_times.pop()
-    elif action.kind == "partition-update":
-        for node in d.get("moved", ()):
-            if d.get("op") == "lend":
-                mem.lent.pop(node, None)
-            else:
-                mem.lent[node] = Loan(str(d.get("from", "")), action.target)
-    elif action.kind == "drain":
-        mem.relayout = None
-    elif action.kind == "qos-limit":
-        if d.get("previous") is None:
-            mem.caps.pop(action.target, None)
-        else:
-            mem.caps[action.target] = Cap(dict(d["previous"]))
-    elif action.kind == "requeue" and mem.relayout is not None and "restraint" not in d:
-        done = [j for j in mem.relayout.get("requeued", []) if j != action.target]
-        mem.relayout = dict(mem.relayout, requeued=done)
-    elif action.kind in ("throttle", "suspend", "requeue", "unthrottle", "resume-job") \
-            and "restraint" in d:
-        _restraint_failed(mem, action)
-    elif action.kind in ("mig-apply", "resume"):
-        mem.relayout = {"node": action.target, "pool": d.get("pool", ""),
-                        "layout": d.get("layout", ""), "phase": "failed", "since": 0.0,
-                        "error": error}
+    undo = action.spec.undo
+    if undo is not None:
+        undo(mem, action, error)
     return mem
-
-
-def _restraint_failed(mem: Memory, action: Action) -> None:
-    """Undo one ladder action in memory: an escalation gives its budget back and the job
-    is as before it; a release that failed leaves the job restrained (retried next cycle)."""
-    import dataclasses
-
-    d = action.details
-    before = Restraint.from_dict(d["restraint"])
-    for key in d.get("budget_keys", ()):
-        stamps = mem.events.get(key, [])
-        if stamps and stamps[-1] == d.get("ts"):
-            mem.events[key] = stamps[:-1]
-    cur = mem.restrained.get(action.target)
-    if action.kind == "requeue":
-        mem.restrained[action.target] = before
-        return
-    if action.kind == "throttle":
-        rec = cur and dataclasses.replace(cur, throttled_since=None)
-    elif action.kind == "suspend":
-        rec = cur and dataclasses.replace(cur, suspended_since=None)
-    elif action.kind == "unthrottle":
-        rec = dataclasses.replace(cur or before, throttled_since=before.throttled_since)
-    else:  # resume-job
-        rec = dataclasses.replace(cur or before, suspended_since=before.suspended_since)
-    if rec is None or (rec.throttled_since is None and rec.suspended_since is None):
-        mem.restrained.pop(action.target, None)
-    else:
-        mem.restrained[action.target] = rec
 
 
 # ---------------------------------------------------------------------------- partitions
@@ -240,7 +136,7 @@ def _partitions(
                 mem.idle_since[n] = snap.ts  # idle for a full dwell again before re-lending
             mem.note("partition-update", snap.ts)
             actions.append(Action(
-                "partition-update", to, f"reclaim {compress(back)} for {frm}: {why}",
+                ActionKind.PARTITION_UPDATE, to, f"reclaim {compress(back)} for {frm}: {why}",
                 {"op": "reclaim", "from": frm, "moved": back, "nodes": members[to]}))
             continue
         if waiting or mem.count("partition-update", snap.ts) >= \
@@ -256,7 +152,7 @@ def _partitions(
                 mem.lent[n] = Loan(frm, to, snap.ts)
             mem.note("partition-update", snap.ts)
             actions.append(Action(
-                "partition-update", to,
+                ActionKind.PARTITION_UPDATE, to,
                 f"lend idle {compress(lendable)} of {frm} to {to}: nothing pending there, idle "
                 f">= {policy.min_dwell_s:g}s "
                 f"({policy.partition_updates_per_hour}/h partition updates at most)",
@@ -280,6 +176,6 @@ def _reconcile(
         # a suspended job still holds its GPUs and its isolation: it is live, never "ended"
         live = sorted({j.id for j in running.get(node, [])} |
                       {j.id for j in snap.jobs if j.state == "SUSPENDED" and node in j.nodes})
-        actions.append(Action("reconcile", node, "periodic clean-up of what ended jobs left",
-                              {"live_jobs": live}))
+        actions.append(Action(ActionKind.RECONCILE, node,
+                              "periodic clean-up of what ended jobs left", {"live_jobs": live}))
     return actions

@@ -10,7 +10,8 @@ from functools import lru_cache
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.hostlist import compress, expand
-from slurmiso.monitor.policy import Action, Memory
+from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.policy import Memory
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 
 #: What the monitor's own waiting note starts with (``exclusions`` writes it; a job's own
@@ -107,7 +108,7 @@ def exclusions(snap: Snapshot, mem: Memory, waiting: List[JobInfo], overridden: 
                             "user": user, "own_comment": own_comment})
         reason, record, details = shared[key]
         mem.excluded[job.id] = record
-        actions.append(Action("exclude", job.id, reason, details))
+        actions.append(Action(ActionKind.EXCLUDE, job.id, reason, details))
     return actions
 
 
@@ -128,7 +129,7 @@ def forget_started(snap: Snapshot, mem: Memory) -> List[Action]:
             continue
         del mem.excluded[jid]
         if job is not None and job.comment is not None and note_is_ours(job.comment):
-            actions.append(Action("uncomment", jid,
+            actions.append(Action(ActionKind.UNCOMMENT, jid,
                                   "started: the monitor's waiting note is removed",
                                   {"comment": job.comment[:250]}))
     return actions

@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.exposition.histogram import quantile
 from slurmiso.exposition.job_series import JobSignals, unknown_fields
+from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate, end_unhot
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
-    Action,
     Memory,
     Policy,
     SloLimit,
@@ -214,63 +214,13 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     exempt = {j for j in mem.ladder_exempt if j in who.live}
     if not policy.ladder.steps and mem.ladder:
         mem.ladder = {}  # the ladder is off: every restraint is released below
-    # -- the GPUs to look at: where a rung stands, or an SLO inference job breaches now ----
-    verdicts: Dict[str, Tuple[Breach, str, int]] = {}
-    infer_jobs: Dict[str, List[str]] = {}
-    if policy.ladder.steps:
-        look = {k.rsplit("/", 1)[0] for k in mem.ladder}
-        for jid, sig in snap.job_signals.items():
-            info = who.live.get(jid)
-            if info is not None and info.job_class in slos and \
-                    _judge(sig, slos[info.job_class], policy)[0] == HOT:
-                look.update(info.nodes)
-        for jid, info in who.live.items():  # every SLO job on those GPUs: the worst decides
-            if info.job_class in slos and not look.isdisjoint(info.nodes):
-                for on, gpu in who.gpus_of.get(jid, ()):
-                    if on in look:
-                        infer_jobs.setdefault(gpu_key(on, gpu), []).append(jid)
-    for key, rung in mem.ladder.items():
-        if rung.cause and key not in infer_jobs:
-            live = who.live.get(rung.cause)
-            if live is not None and key.rsplit("/", 1)[0] in live.nodes:
-                infer_jobs[key] = [rung.cause]  # sticky: its node's labels may be missing
-    for key in set(infer_jobs) | set(mem.ladder):
-        node_name, _, index = key.rpartition("/")
-        node = nodes.get(node_name)
-        fresh = node is not None and node.telemetry_age_s is not None and \
-            node.telemetry_age_s <= policy.max_data_age_s
-        gone = None if key in infer_jobs or key not in mem.ladder else \
-            cause_gone(mem.ladder[key], node_name, snap, who, slos, fresh)
-        if node is None or node.mode not in SHARED_MODES:
-            v = Breach(CALM, why=f"{node_name} is no longer a shared pool's node")
-        elif gone is not None:
-            v = gone
-        elif not fresh:
-            v = Breach(UNKNOWN, why=f"no fresh telemetry from {node_name}")
-        elif key in infer_jobs:
-            v = worst([job_verdict(j, snap.job_signals.get(j),
-                                   slos[who.live[j].job_class], policy)
-                       for j in infer_jobs[key]])
-            if v.kind == CALM:
-                v = dataclasses.replace(v, calm_from=calm_proven_from(
-                    [snap.job_signals.get(j) for j in infer_jobs[key]], now,
-                    policy.signal_window_s))
-        else:
-            v = Breach(CALM, why=f"no inference job left on {node_name} GPU {index}")
-        verdicts[key] = (v, node_name, int(index))
+    infer_jobs = _inference_on_gpus(snap, policy, mem, who, slos)
+    verdicts = {key: (_gpu_verdict(key, snap, policy, mem, who, slos, infer_jobs, nodes),
+                      key.rpartition("/")[0], int(key.rpartition("/")[2]))
+                for key in set(infer_jobs) | set(mem.ladder)}
     # -- a rung whose cause has not been hot for its step's max_s ends (issue 33) ---------
     bounded = end_unhot(mem, verdicts, policy, now, who.live)
-    # -- training on each GPU and the restraints in force ----------------------------------
-    victims: Dict[str, List[JobInfo]] = {}
-    for key, (_, at, gpu) in verdicts.items():
-        victims[key] = [j for j in who.jobs_on(at, gpu)
-                        if j.job_class in who.train and j.id not in exempt]
-    for jid, rec in mem.restrained.items():
-        held = who.live.get(jid)
-        key = gpu_key(rec.node, rec.gpu)
-        if held is not None and rec.node in held.nodes and key in victims and \
-                all(j.id != jid for j in victims[key]):
-            victims[key].append(held)  # sticky while it lives on that node
+    victims = _victims(mem, who, verdicts, exempt)
     # -- move each rung one step at most --------------------------------------------------
     for key in sorted(verdicts):
         v, at, gpu = verdicts[key]
@@ -281,13 +231,88 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     annotate(actions, mem, policy)
     mem.ladder_exempt = sorted(exempt)
     _prune_events(mem, now)
+    return actions, _held_nodes(policy, mem)
+
+
+def _inference_on_gpus(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
+                       slos: Dict[str, SloLimit]) -> Dict[str, List[str]]:
+    """The GPUs to look at (where a rung stands, or an SLO inference job breaches now) and
+    every SLO inference job on each: the worst decides."""
+    infer_jobs: Dict[str, List[str]] = {}
+    if policy.ladder.steps:
+        look = {k.rsplit("/", 1)[0] for k in mem.ladder}
+        for jid, sig in snap.job_signals.items():
+            info = who.live.get(jid)
+            if info is not None and info.job_class in slos and \
+                    _judge(sig, slos[info.job_class], policy)[0] == HOT:
+                look.update(info.nodes)
+        for jid, info in who.live.items():
+            if info.job_class in slos and not look.isdisjoint(info.nodes):
+                for on, gpu in who.gpus_of.get(jid, ()):
+                    if on in look:
+                        infer_jobs.setdefault(gpu_key(on, gpu), []).append(jid)
+    for key, rung in mem.ladder.items():
+        if rung.cause and key not in infer_jobs:
+            live = who.live.get(rung.cause)
+            if live is not None and key.rsplit("/", 1)[0] in live.nodes:
+                infer_jobs[key] = [rung.cause]  # sticky: its node's labels may be missing
+    return infer_jobs
+
+
+def _gpu_verdict(key: str, snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
+                 slos: Dict[str, SloLimit], infer_jobs: Dict[str, List[str]],
+                 nodes: Dict[str, NodeInfo]) -> Breach:
+    """One GPU's verdict: its inference jobs' worst, unless its node is gone, no longer
+    shared, or silent, or its rung's cause has gone."""
+    node_name, _, index = key.rpartition("/")
+    node = nodes.get(node_name)
+    fresh = node is not None and node.telemetry_age_s is not None and \
+        node.telemetry_age_s <= policy.max_data_age_s
+    gone = None if key in infer_jobs or key not in mem.ladder else \
+        cause_gone(mem.ladder[key], node_name, snap, who, slos, fresh)
+    if node is None or node.mode not in SHARED_MODES:
+        return Breach(CALM, why=f"{node_name} is no longer a shared pool's node")
+    if gone is not None:
+        return gone
+    if not fresh:
+        return Breach(UNKNOWN, why=f"no fresh telemetry from {node_name}")
+    if key not in infer_jobs:
+        return Breach(CALM, why=f"no inference job left on {node_name} GPU {index}")
+    v = worst([job_verdict(j, snap.job_signals.get(j), slos[who.live[j].job_class], policy)
+               for j in infer_jobs[key]])
+    if v.kind == CALM:
+        v = dataclasses.replace(v, calm_from=calm_proven_from(
+            [snap.job_signals.get(j) for j in infer_jobs[key]], snap.ts,
+            policy.signal_window_s))
+    return v
+
+
+def _victims(mem: Memory, who: Attribution, verdicts: Dict[str, Tuple[Breach, str, int]],
+             exempt: Set[str]) -> Dict[str, List[JobInfo]]:
+    """The training on each GPU, and the jobs restrained there while they live on its
+    node (sticky)."""
+    victims: Dict[str, List[JobInfo]] = {}
+    for key, (_, at, gpu) in verdicts.items():
+        victims[key] = [j for j in who.jobs_on(at, gpu)
+                        if j.job_class in who.train and j.id not in exempt]
+    for jid, rec in mem.restrained.items():
+        held = who.live.get(jid)
+        key = gpu_key(rec.node, rec.gpu)
+        if held is not None and rec.node in held.nodes and key in victims and \
+                all(j.id != jid for j in victims[key]):
+            victims[key].append(held)
+    return victims
+
+
+def _held_nodes(policy: Policy, mem: Memory) -> Dict[str, str]:
+    """The nodes where the ladder holds new training (its ``hold`` step), with why."""
     blocked: Dict[str, str] = {}
     if "hold" in policy.ladder.names():
         for key, rung in sorted(mem.ladder.items()):
             node_name = key.rsplit("/", 1)[0]
             if rung.step and node_name not in blocked:
                 blocked[node_name] = rung.why
-    return actions, blocked
+    return blocked
 
 
 def _applied(rec: Optional[Restraint], step: str) -> bool:
@@ -451,6 +476,8 @@ def _order(job: JobInfo) -> Tuple[float, float, str]:
 def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
               verdicts: Dict[str, Tuple[Breach, str, int]], victims: Dict[str, List[JobInfo]],
               exempt: Set[str]) -> List[Action]:
+    """Each training job to the step its GPU's rung asks for (the highest of its GPUs'),
+    lowest Slurm priority first, within the budgets; the actions that get it there."""
     now = snap.ts
     nodes = {n.name: n for n in snap.nodes}
     want: Dict[str, Tuple[int, str]] = {}  # job -> (ladder index wanted, GPU key)
@@ -465,26 +492,64 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
                   key=lambda j: _order(who.live[j]) if j in who.live else (0.0, 0.0, j))
     for jid in todo:
         rec = mem.restrained.get(jid)
-        job = who.live.get(jid)
         level, key = want.get(jid, (-1, gpu_key(rec.node, rec.gpu) if rec else ""))
-        if job is None or (rec is not None and rec.node not in job.nodes):
-            if rec is not None:  # ended, cancelled, or requeued by someone else
-                del mem.restrained[jid]
-                actions.append(_end(jid, rec, now, "it no longer runs there",
-                                    verdicts.get(key)))
+        settled = _not_ours(jid, rec, who.live.get(jid), verdicts.get(key), mem, exempt, now)
+        if settled is not None:
+            actions += settled
             continue
-        if jid in exempt:
-            continue
-        suspended_now = job.state == "SUSPENDED"
-        resumed_now = False  # a step Slurm resumes still refuses signals for a moment
-        if rec is not None and rec.suspended_since is not None and not suspended_now:
-            del mem.restrained[jid]  # someone resumed it: theirs from now on
-            exempt.add(jid)
-            actions.append(_end(jid, rec, now, "someone else resumed it: the ladder leaves "
-                                "it alone from now on", verdicts.get(key)))
-            continue
-        if suspended_now and (rec is None or rec.suspended_since is None):
-            continue  # suspended by someone else: never ours to resume or requeue
+        turn = _Turn.of(jid, rec, key, level, verdicts, nodes, policy, mem, now,
+                        who.live[jid].state == "SUSPENDED")
+        if not turn.requeue():
+            turn.throttle_or_unthrottle(resumed_now=turn.suspend_or_resume())
+            turn.keep()
+        actions += turn.actions
+    return actions
+
+
+def _not_ours(jid: str, rec: Optional[Restraint], job: Optional[JobInfo],
+              verdict: Optional[Tuple[Breach, str, int]], mem: Memory, exempt: Set[str],
+              now: float) -> Optional[List[Action]]:
+    """The actions for a job the ladder leaves alone this cycle (it ended or moved, someone
+    else resumed or suspended it, it is exempt); None for a job it restrains or may."""
+    if job is None or (rec is not None and rec.node not in job.nodes):
+        if rec is None:
+            return []
+        del mem.restrained[jid]  # ended, cancelled, or requeued by someone else
+        return [_end(jid, rec, now, "it no longer runs there", verdict)]
+    if jid in exempt:
+        return []
+    suspended_now = job.state == "SUSPENDED"
+    if rec is not None and rec.suspended_since is not None and not suspended_now:
+        del mem.restrained[jid]  # someone resumed it: theirs from now on
+        exempt.add(jid)
+        return [_end(jid, rec, now, "someone else resumed it: the ladder leaves it alone "
+                     "from now on", verdict)]
+    if suspended_now and (rec is None or rec.suspended_since is None):
+        return []  # suspended by someone else: never ours to resume or requeue
+    return None
+
+
+@dataclass
+class _Turn:
+    """One training job's turn in :func:`_restrain`: the steps wanted for it, the verdict on
+    its GPU and the restraint it has; each step is taken (within its budget) or released."""
+
+    jid: str
+    rec: Restraint
+    v: Breach
+    key: str
+    steps: Dict[str, StepPolicy]
+    wanted: Set[str]
+    suspended_now: bool
+    now: float
+    policy: Policy
+    mem: Memory
+    actions: List[Action] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, jid: str, rec: Optional[Restraint], key: str, level: int,
+           verdicts: Dict[str, Tuple[Breach, str, int]], nodes: Dict[str, NodeInfo],
+           policy: Policy, mem: Memory, now: float, suspended_now: bool) -> _Turn:
         node_name, _, index = key.rpartition("/")
         steps = {st.name: st for st in node_steps(policy, nodes.get(node_name))}
         v = verdicts.get(key, (Breach(UNKNOWN), node_name, 0))[0]
@@ -495,59 +560,96 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
                 v = Breach(GONE, rec.cause, why=rec.gone)
         rung = mem.ladder.get(key)
         hot = v.kind == HOT
-        wanted = {n for n in ("throttle", "suspend", "requeue")
-                  if n in steps and level >= LADDER_STEPS.index(n)}
+        wanted: Set[str] = {n for n in ("throttle", "suspend", "requeue")
+                            if n in steps and level >= LADDER_STEPS.index(n)}
         rec = rec or Restraint(node_name, int(index), v.job or (rung.cause if rung else ""),
                                rung.why if rung else v.why, v.signal or
                                (rung.signal if rung else ""),
                                v.figure if hot else (rung.figure if rung else None))
-        if "requeue" in wanted and hot:
-            ok, note, keys = _spend(mem, steps["requeue"], jid, v, now)
+        return cls(jid, rec, v, key, steps, wanted, suspended_now, now, policy, mem)
+
+    @property
+    def hot(self) -> bool:
+        return self.v.kind == HOT
+
+    def _spend(self, step: str) -> Tuple[bool, str, List[str]]:
+        """Take ``step`` from its budgets; a spent budget caps the rung (its reason)."""
+        ok, note, keys = _spend(self.mem, self.steps[step], self.jid, self.v, self.now)
+        if not ok:
+            _cap(self.mem, self.key, note)
+        return ok, note, keys
+
+    def _take(self, kind: ActionKind, note: str, keys: List[str],
+              extra: Dict[str, Any]) -> None:
+        self.actions.append(_act(kind, self.jid, self.rec, self.v, self.now, note, keys, extra))
+
+    def requeue(self) -> bool:
+        """The last step, where wanted and hot: True once the job is requeued."""
+        if "requeue" not in self.wanted or not self.hot:
+            return False
+        ok, note, keys = self._spend("requeue")
+        if not ok:
+            return False
+        rec = self.rec
+        self.mem.restrained.pop(self.jid, None)
+        self._take(ActionKind.LADDER_REQUEUE, note, keys, {
+            "suspended": self.suspended_now,
+            "throttled_s": _since(rec.throttled_since, self.now),
+            "suspended_s": _since(rec.suspended_since, self.now)})
+        return True
+
+    def suspend_or_resume(self) -> bool:
+        """Suspend (throttled first, where wanted) or resume; True when resumed now (a step
+        Slurm resumes still refuses signals for a moment)."""
+        rec, now = self.rec, self.now
+        if "suspend" in self.wanted and rec.suspended_since is None and self.hot:
+            ok, note, keys = self._spend("suspend")
+            if not ok:
+                return False
+            if "throttle" in self.wanted and rec.throttled_since is None:
+                # throttled on the way, budget allowing (a spent throttle budget caps nothing)
+                ok2, note2, keys2 = _spend(self.mem, self.steps["throttle"], self.jid, self.v,
+                                           now)
+                if ok2:
+                    self._take(ActionKind.THROTTLE, note2, keys2,
+                               {"sends": self.policy.ladder.throttle_signal})
+                    self.rec = dataclasses.replace(self.rec, throttled_since=now)
+            self._take(ActionKind.SUSPEND, note, keys, {})
+            self.rec = dataclasses.replace(self.rec, suspended_since=now)
+            return False
+        if "suspend" not in self.wanted and rec.suspended_since is not None:
+            self.actions.append(_release(ActionKind.RESUME_JOB, self.jid, rec, self.v, now,
+                                         "suspended_s", rec.suspended_since))
+            self.rec = dataclasses.replace(rec, suspended_since=None,
+                                           gone=self.v.why if self.v.kind == GONE else "")
+            return True
+        return False
+
+    def throttle_or_unthrottle(self, resumed_now: bool) -> None:
+        rec, now = self.rec, self.now
+        if "throttle" in self.wanted and rec.throttled_since is None and self.hot \
+                and not self.suspended_now:
+            ok, note, keys = self._spend("throttle")
             if ok:
-                mem.restrained.pop(jid, None)
-                actions.append(_act("requeue", jid, rec, v, now, note, keys, {
-                    "suspended": suspended_now, "throttled_s": _since(rec.throttled_since, now),
-                    "suspended_s": _since(rec.suspended_since, now)}))
-                continue
-            _cap(mem, key, note)
-        if "suspend" in wanted and rec.suspended_since is None and hot:
-            ok, note, keys = _spend(mem, steps["suspend"], jid, v, now)
-            if ok:
-                if "throttle" in wanted and rec.throttled_since is None:
-                    ok2, note2, keys2 = _spend(mem, steps["throttle"], jid, v, now)
-                    if ok2:
-                        actions.append(_act("throttle", jid, rec, v, now, note2, keys2,
-                                            {"sends": policy.ladder.throttle_signal}))
-                        rec = dataclasses.replace(rec, throttled_since=now)
-                actions.append(_act("suspend", jid, rec, v, now, note, keys, {}))
-                rec = dataclasses.replace(rec, suspended_since=now)
-            else:
-                _cap(mem, key, note)
-        elif "suspend" not in wanted and rec.suspended_since is not None:
-            actions.append(_release("resume-job", jid, rec, v, now, "suspended_s",
-                                    rec.suspended_since))
-            rec = dataclasses.replace(rec, suspended_since=None,
-                                      gone=v.why if v.kind == GONE else "")
-            resumed_now = True
-        if "throttle" in wanted and rec.throttled_since is None and hot and not suspended_now:
-            ok, note, keys = _spend(mem, steps["throttle"], jid, v, now)
-            if ok:
-                actions.append(_act("throttle", jid, rec, v, now, note, keys,
-                                    {"sends": policy.ladder.throttle_signal}))
-                rec = dataclasses.replace(rec, throttled_since=now)
-            else:
-                _cap(mem, key, note)
-        elif "throttle" not in wanted and rec.throttled_since is not None and not resumed_now:
+                self._take(ActionKind.THROTTLE, note, keys,
+                           {"sends": self.policy.ladder.throttle_signal})
+                self.rec = dataclasses.replace(rec, throttled_since=now)
+        elif "throttle" not in self.wanted and rec.throttled_since is not None \
+                and not resumed_now:
             # the cycle after a resume: slurmstepd drops a signal sent while its step is
             # still suspended (the resume reaches slurmd after scontrol returns)
-            actions.append(_release("unthrottle", jid, rec, v, now, "throttled_s",
-                                    rec.throttled_since, policy.ladder.unthrottle_signal))
-            rec = dataclasses.replace(rec, throttled_since=None)
+            self.actions.append(_release(ActionKind.UNTHROTTLE, self.jid, rec, self.v, now,
+                                         "throttled_s", rec.throttled_since,
+                                         self.policy.ladder.unthrottle_signal))
+            self.rec = dataclasses.replace(rec, throttled_since=None)
+
+    def keep(self) -> None:
+        """The restraint the job is left with, in memory."""
+        rec = self.rec
         if rec.throttled_since is None and rec.suspended_since is None:
-            mem.restrained.pop(jid, None)
-        elif mem.restrained.get(jid) != rec:
-            mem.restrained[jid] = rec
-    return actions
+            self.mem.restrained.pop(self.jid, None)
+        elif self.mem.restrained.get(self.jid) != rec:
+            self.mem.restrained[self.jid] = rec
 
 
 def _since(ts: Optional[float], now: float) -> Optional[float]:
@@ -587,8 +689,9 @@ def _prune_events(mem: Memory, now: float) -> None:
         del mem.events[k]
 
 
-_VERB = {"throttle": "throttled: asked to slow down", "suspend": "suspended",
-         "requeue": "requeued: checkpoints, then starts again off this node"}
+_VERB = {ActionKind.THROTTLE: "throttled: asked to slow down",
+         ActionKind.SUSPEND: "suspended",
+         ActionKind.LADDER_REQUEUE: "requeued: checkpoints, then starts again off this node"}
 
 
 def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
@@ -602,17 +705,17 @@ def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
     return out
 
 
-def _act(kind: str, jid: str, rec: Restraint, v: Breach, now: float, budget: str,
+def _act(kind: ActionKind, jid: str, rec: Restraint, v: Breach, now: float, budget: str,
          keys: List[str], extra: Dict[str, Any]) -> Action:
     reason = f"training {_VERB[kind]}: {_where(v, rec.node, rec.gpu)}"
-    return Action(kind, jid, reason[:300], dict(_facts(rec, v), step=kind, budget=budget,
+    return Action(kind, jid, reason[:300], dict(_facts(rec, v), step=kind.value, budget=budget,
                                                 budget_keys=keys, restraint=rec.to_dict(),
                                                 ts=now, **extra))
 
 
-def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: str,
+def _release(kind: ActionKind, jid: str, rec: Restraint, v: Breach, now: float, what: str,
              since: float, sends: str = "") -> Action:
-    how = "resumed" if kind == "resume-job" else "back to full speed"
+    how = "resumed" if kind is ActionKind.RESUME_JOB else "back to full speed"
     figure = "" if v.figure is None else f" ({_text(v.signal, v.figure, v.limit or 0)})"
     if v.kind == GONE:  # no figure to quote: the job it would be of is gone
         reason = (f"training {how} after {now - since:.0f}s on {rec.node} GPU {rec.gpu}: "
@@ -625,7 +728,8 @@ def _release(kind: str, jid: str, rec: Restraint, v: Breach, now: float, what: s
         extra["cause_gone"] = True
     if sends:
         extra["sends"] = sends
-    return Action(kind, jid, reason, dict(_facts(rec, v), step=kind, restraint=rec.to_dict(),
+    return Action(kind, jid, reason, dict(_facts(rec, v), step=kind.value,
+                                          restraint=rec.to_dict(),
                                           ts=now, figure_after=v.figure, **extra))
 
 
@@ -634,7 +738,7 @@ def _end(jid: str, rec: Restraint, now: float, why: str,
     """A journal line, no Slurm call: the restraint ended without the ladder (job ended,
     someone resumed it), with how long it lasted."""
     v = verdict[0] if verdict else Breach(UNKNOWN)
-    return Action("ladder-end", jid, f"training restraint over: {why}",
+    return Action(ActionKind.LADDER_END, jid, f"training restraint over: {why}",
                   dict(_facts(rec, v), restraint=rec.to_dict(), ts=now,
                        figure_after=v.figure, throttled_s=_since(rec.throttled_since, now),
                        suspended_s=_since(rec.suspended_since, now)))

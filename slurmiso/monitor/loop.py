@@ -90,29 +90,9 @@ class DryRunOverlay:
 
     def record(self, outcomes: List[Outcome]) -> None:
         for out in outcomes:
-            a = out.action
-            if not out.ok:
-                continue
-            if a.kind == "hold":
-                self.held.add(a.target)
-                self.released.discard(a.target)
-            elif a.kind == "release":
-                self.released.add(a.target)
-                self.held.discard(a.target)
-            elif a.kind == "exclude":
-                self.exc[a.target] = str(a.details.get("nodes") or "")
-            elif a.kind == "begin-now":
-                self.begun.add(a.target)
-            elif a.kind == "partition-update":
-                self.parts[a.target] = list(a.details.get("nodes", ()))
-            elif a.kind == "suspend":
-                self.suspended.add(a.target)
-                self.resumed.discard(a.target)
-            elif a.kind == "resume-job":
-                self.resumed.add(a.target)
-                self.suspended.discard(a.target)
-            elif a.kind == "requeue" and "restraint" in a.details:
-                self.requeued.add(a.target)
+            overlay = out.action.spec.overlay
+            if out.ok and overlay is not None:
+                overlay(self, out.action)
 
     def apply(self, snap: Snapshot) -> Snapshot:
         import dataclasses
@@ -299,7 +279,7 @@ class Monitor:
         st.cycles += 1
         st.slurm_failures = 0 if snap.slurm_ok else st.slurm_failures + 1
         for out in outcomes:
-            key = f"{out.action.kind}/{'ok' if out.ok else 'failed'}"
+            key = f"{out.action.name}/{'ok' if out.ok else 'failed'}"
             st.actions[key] = st.actions.get(key, 0) + 1
         st.last_cycle_ts = snap.ts
         st.last_cycle_s = took

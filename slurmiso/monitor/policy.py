@@ -1,9 +1,10 @@
-"""The monitor's policy (thresholds, from the config), its memory, and the actions it takes.
+"""The monitor's policy (thresholds, from the config) and its memory.
 
 ``Policy`` is read-only input to :func:`~slurmiso.monitor.decide.decide`; ``Memory`` is what
 the monitor must remember between cycles (dwell timers, the holds *it* placed, nodes it lent,
 a MIG re-layout in progress). Memory is JSON so a restarted monitor picks up where it was and
-never releases a hold an admin or user placed.
+never releases a hold an admin or user placed. The actions it takes are
+:mod:`slurmiso.monitor.actions` (``Action`` is imported from here too).
 """
 
 from __future__ import annotations
@@ -13,41 +14,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
+from slurmiso.monitor.actions import Action as Action  # re-exported: its old home
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.restraints import OnBound
 
 #: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
 ADMISSIONS = ("nodes", "hold", "qos-limit")
-#: Action kinds, in the order they are applied within one cycle: what protects inference
-#: first (the ladder's escalations with the re-layout's), what gives training back last.
-#: ``resume`` is a node's (State=RESUME), ``resume-job`` a suspended job's.
-KINDS = ("resume", "drain", "requeue", "throttle", "suspend", "mig-apply", "partition-update",
-         "qos-limit", "hold", "exclude", "uncomment", "release", "begin-now", "resume-job",
-         "unthrottle",
-         "ladder-end", "reconcile")
 #: Pool modes where suspending training frees what inference shares with it (SMs): on MIG a
 #: suspended job keeps its instance, so the ladder goes from throttle to requeue there.
 SUSPEND_MODES = ("mps", "timeslice")
-#: Kinds that change one job each; the applier sends many of them in one Slurm call.
-JOB_KINDS = ("hold", "release", "exclude", "uncomment", "begin-now")
-
-
-@dataclass(frozen=True)
-class Action:
-    """One change the monitor wants: ``kind`` on ``target`` because of ``reason``."""
-
-    kind: str
-    target: str
-    reason: str
-    details: Dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "reason": self.reason,
-                "details": dict(self.details)}
-
-    def describe(self) -> str:
-        return f"{self.kind} {self.target}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -419,7 +395,8 @@ class Memory:
     #: Jobs someone else released (or re-excluded) after we acted: never touched again by
     #: us. Pruned to the jobs still pending, so it is bounded by the queue, not a count.
     overridden: List[str] = field(default_factory=list)
-    #: scope (partition name, "node:<name>" or "slo") -> its gate.
+    #: scope (a :class:`~slurmiso.monitor.gates.Scope`'s key: partition name, "node:<name>"
+    #: or "slo") -> its gate.
     gates: Dict[str, Gate] = field(default_factory=dict)
     #: Scopes whose data is stale now (no admission change while listed).
     stale: List[str] = field(default_factory=list)

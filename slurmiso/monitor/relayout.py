@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmiso.monitor.policy import Action, Memory, Policy
+from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 from slurmiso.slurm.gres import gpu_types
 
@@ -64,7 +65,7 @@ def relayout(
                   f"(unmet {unmet} -> {after})")
         mem.relayout = {"node": node.name, "pool": pool, "layout": layout,
                         "phase": "draining", "since": snap.ts, "reason": reason}
-        return [Action("drain", node.name, reason,
+        return [Action(ActionKind.DRAIN, node.name, reason,
                        {"pool": pool, "layout": layout, "pending": dict(pending),
                         "supply": dict(supply), "unmet_before": unmet, "unmet_after": after})]
     return []
@@ -115,7 +116,7 @@ def _relayout_step(
         jobs = running.get(node.name, [])
         if not jobs and node.draining:
             mem.relayout = dict(r, phase="applying", since=snap.ts)
-            return [Action("mig-apply", node.name,
+            return [Action(ActionKind.MIG_APPLY, node.name,
                            f"drained and empty: lay out MIG {r['layout']}", details)]
         waited = snap.ts - float(r["since"])
         after = policy.preempt_training_after_s
@@ -126,7 +127,7 @@ def _relayout_step(
                 mem.relayout = dict(r, requeued=sorted(done | {j.id for j in train}))
                 left = len(jobs) - len(train)
                 return [Action(
-                    "requeue", j.id,
+                    ActionKind.RELAYOUT_REQUEUE, j.id,
                     f"re-layout of {node.name} to {r['layout']}: training requeued after "
                     f"{waited:.0f}s of drain ({left} other job(s) are waited for)",
                     dict(details, node=node.name, job_class=j.job_class)) for j in train]
@@ -141,4 +142,4 @@ def _relayout_step(
                "back in service")
     mem.relayout = None
     mem.mig_last[r["pool"]] = snap.ts
-    return [Action("resume", node.name, why, details)]
+    return [Action(ActionKind.RESUME, node.name, why, details)]

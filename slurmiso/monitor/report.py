@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set
 
+from slurmiso.monitor.actions import ActionKind
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.unknown import view as unknown_view
 
@@ -38,12 +39,12 @@ class Timeline:
         self.last_ts = ts
         for out in outcomes:
             a = out.action
-            self.counts[a.kind] = self.counts.get(a.kind, 0) + 1
-            if a.kind == "hold" and out.ok:
+            self.counts[a.name] = self.counts.get(a.name, 0) + 1
+            if a.kind == ActionKind.HOLD and out.ok:
                 self.held.add(a.target)
-            if a.kind == "release" and out.ok:
+            if a.kind == ActionKind.RELEASE and out.ok:
                 self.held_s += float(a.details.get("held_s") or 0.0)
-            self.events.append({"ts": ts, "kind": a.kind, "target": a.target,
+            self.events.append({"ts": ts, "kind": a.name, "target": a.target,
                                 "reason": a.reason, "ok": out.ok})
         closed = {s: g.closed for s, g in mon.memory.gates.items()}
         for scope in set(closed) | set(self._closed):
@@ -63,7 +64,7 @@ class Timeline:
         lines = []
         by_kind: Dict[str, List[Any]] = {}
         for o in outcomes:
-            by_kind.setdefault(o.action.kind, []).append(o)
+            by_kind.setdefault(o.action.name, []).append(o)
         for kind, outs in by_kind.items():
             if len(outs) > 5:  # 20,000 holds are one line, with the first reason
                 lines.append(f"t={ts:.0f} {verb} {kind} {len(outs)} job(s): "

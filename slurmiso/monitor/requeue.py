@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
 
-from slurmiso.monitor.policy import Action, Memory, Policy
+from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 
 
@@ -46,7 +47,7 @@ def begin_now(snap: Snapshot, policy: Policy, mem: Memory, pending: Dict[str, Jo
         allowance -= 1
         mem.release_times.append(snap.ts)
         actions.append(Action(
-            "begin-now", jid,
+            ActionKind.BEGIN_NOW, jid,
             "requeued after preemption: the preempting job runs, start it without waiting "
             "out its BeginTime",
             {"begin_ts": job.begin_ts, "waited_s": round(snap.ts - since, 1),

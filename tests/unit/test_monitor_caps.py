@@ -11,6 +11,7 @@ import pytest
 
 from slurmiso.config import parse_config
 from slurmiso.errors import ConfigError
+from slurmiso.monitor.actions import ActionKind
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide, failed
 from slurmiso.monitor.policy import Action, Memory, Policy, policy_from_config
@@ -112,14 +113,15 @@ def test_relayout_requeues_training_after_the_wait_never_inference() -> None:
     a, mem = decide(snap([_mig_node("MIXED+DRAIN")], on, ts=T0 + 60), PREEMPT, mem)
     assert a == [], "before preempt_after: wait"
     a, mem = decide(snap([_mig_node("MIXED+DRAIN")], on, ts=T0 + 121), PREEMPT, mem)
-    assert kinds(a) == [("requeue", "t1")] and "1 other job(s) are waited for" in a[0].reason
+    assert kinds(a) == [(ActionKind.RELAYOUT_REQUEUE, "t1")] and a[0].name == "requeue"
+    assert "1 other job(s) are waited for" in a[0].reason
     a, mem = decide(snap([_mig_node("MIXED+DRAIN")], on, ts=T0 + 150), PREEMPT, mem)
     assert a == [], "requeued once; the inference job is waited for"
     a, _ = decide(snap([_mig_node("MIXED+DRAIN")], on, ts=T0 + 150), MIG, Memory(
         relayout={"node": "m1", "pool": "migs", "layout": "all-4g", "phase": "draining",
                   "since": T0}))
     assert a == [], "drain: wait (the default) never requeues"
-    back = failed(mem, Action("requeue", "t1", "x", {}), "scontrol: error")
+    back = failed(mem, Action(ActionKind.RELAYOUT_REQUEUE, "t1", "x", {}), "scontrol: error")
     assert back.relayout is not None and back.relayout["requeued"] == []  # tried again
 
 
@@ -160,7 +162,7 @@ def test_applier_requeues_and_caps() -> None:
     outs = Applier(None, slurm).apply([
         Action("qos-limit", "train", "hot", {"tres": {"gpu": 2, "shard": 0, "mps": 0}}),
         Action("qos-limit", "train", "calm", {"tres": None, "lift": ["gpu", "shard", "mps"]}),
-        Action("requeue", "42", "relayout", {})])
+        Action(ActionKind.RELAYOUT_REQUEUE, "42", "relayout", {})])
     assert all(o.ok for o in outs)
     assert slurm.calls == [("cap", "train", {"gpu": 2, "shard": 0, "mps": 0}),
                            ("cap", "train", NO_CAP), ("requeue", ["42"])]

@@ -1,0 +1,167 @@
+"""Each action kind's Slurm call(s), and what it changes in a dry run's next snapshot; named
+by :data:`slurmiso.monitor.actions.KIND` and run by :class:`slurmiso.monitor.apply.Applier`.
+
+A call returns what Slurm said of it: "done", or for the ladder's job calls "already" (Slurm
+shows the job as asked) or "gone" (it ended). A refusal raises
+:class:`~slurmiso.errors.SlurmisoError`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping
+
+from slurmiso.hostlist import compress
+
+if TYPE_CHECKING:
+    from slurmiso.monitor.actions import Action
+    from slurmiso.monitor.apply import Applier
+    from slurmiso.monitor.loop import DryRunOverlay
+
+
+def quote(text: str) -> str:
+    """A comment as one scontrol argument: no newlines, no quotes to unbalance."""
+    return " ".join(text.replace('"', "'").split())
+
+
+# ------------------------------------------------------------------ one action per call
+def resume_node(ap: Applier, act: Action) -> str:
+    ap.slurm.resume(act.target)
+    return "done"
+
+
+def drain(ap: Applier, act: Action) -> str:
+    ap.slurm.drain(act.target, f"slurmiso monitor: {act.reason}")
+    return "done"
+
+
+def requeue(ap: Applier, act: Action) -> str:
+    ap.slurm.requeue([act.target])
+    return "done"
+
+
+def mig_apply(ap: Applier, act: Action) -> str:
+    ap.relayout(act.target, str(act.details["layout"]))
+    return "done"
+
+
+def partition_update(ap: Applier, act: Action) -> str:
+    ap.slurm.set_partition_nodes(act.target, compress(act.details["nodes"]))
+    return "done"
+
+
+def qos_limit(ap: Applier, act: Action) -> str:
+    lift = {t: -1 for t in act.details.get("lift", ("gpu",))}
+    ap.slurm.set_qos_grp_tres(act.target, act.details.get("tres") or lift)
+    return "done"
+
+
+def reconcile(ap: Applier, act: Action) -> str:
+    act.details["fixes"] = ap.reconcile(act.target, list(act.details.get("live_jobs", [])))
+    return "done"
+
+
+# ------------------------------------------------------------- the ladder's, one job each
+def throttle(ap: Applier, act: Action) -> str:
+    return str(ap.slurm.signal_job(act.target, str(act.details.get("sends") or "URG")))
+
+
+def unthrottle(ap: Applier, act: Action) -> str:
+    return str(ap.slurm.signal_job(act.target, str(act.details.get("sends") or "WINCH")))
+
+
+def suspend(ap: Applier, act: Action) -> str:
+    return str(ap.slurm.suspend(act.target))
+
+
+def resume_job(ap: Applier, act: Action) -> str:
+    return str(ap.slurm.resume_job(act.target))
+
+
+def requeue_job(ap: Applier, act: Action) -> str:
+    return str(ap.slurm.requeue_job(act.target, bool(act.details.get("suspended"))))
+
+
+def journal_only(ap: Applier, act: Action) -> str:
+    return "done"  # ladder-end: a journal line only
+
+
+# ---------------------------------------------------------- many jobs per call (batched)
+def same(act: Action) -> Any:
+    """Job actions that can share one Slurm call: same kind (and, below, same fields)."""
+    return act.kind
+
+
+def hold_fields(act: Action) -> Any:
+    return (act.kind, act.details.get("comment"))
+
+
+def release_fields(act: Action) -> Any:
+    return (act.kind, bool(act.details.get("uncomment")))
+
+
+def exclude_fields(act: Action) -> Any:
+    return (act.details.get("nodes"), act.details.get("comment"))
+
+
+def hold(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+    ap.slurm.hold(ids)
+    if details.get("comment"):
+        ap.comment(ids, str(details["comment"]))
+
+
+def release(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+    ap.slurm.release(ids)
+    if details.get("uncomment"):
+        ap.comment(ids, "")
+
+
+def begin_now(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+    ap.slurm.update_jobs(ids, {"StartTime": "now"})
+
+
+def uncomment(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+    ap.slurm.update_jobs(ids, {"Comment": ""})
+
+
+def exclude(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+    fields: Dict[str, str] = {"ExcNodeList": str(details.get("nodes") or "")}
+    if details.get("comment") is not None:
+        fields["Comment"] = quote(str(details["comment"]))
+    ap.slurm.update_jobs(ids, fields)
+
+
+# ------------------------------------------------------------- a dry run's next snapshot
+def overlay_hold(ov: DryRunOverlay, act: Action) -> None:
+    ov.held.add(act.target)
+    ov.released.discard(act.target)
+
+
+def overlay_release(ov: DryRunOverlay, act: Action) -> None:
+    ov.released.add(act.target)
+    ov.held.discard(act.target)
+
+
+def overlay_exclude(ov: DryRunOverlay, act: Action) -> None:
+    ov.exc[act.target] = str(act.details.get("nodes") or "")
+
+
+def overlay_begin_now(ov: DryRunOverlay, act: Action) -> None:
+    ov.begun.add(act.target)
+
+
+def overlay_partition_update(ov: DryRunOverlay, act: Action) -> None:
+    ov.parts[act.target] = list(act.details.get("nodes", ()))
+
+
+def overlay_suspend(ov: DryRunOverlay, act: Action) -> None:
+    ov.suspended.add(act.target)
+    ov.resumed.discard(act.target)
+
+
+def overlay_resume_job(ov: DryRunOverlay, act: Action) -> None:
+    ov.resumed.add(act.target)
+    ov.suspended.discard(act.target)
+
+
+def overlay_requeue(ov: DryRunOverlay, act: Action) -> None:
+    ov.requeued.add(act.target)
