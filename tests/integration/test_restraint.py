@@ -28,7 +28,7 @@ from typing import Any, Dict, List
 
 from slurmiso_sandbox.client import REPO
 from slurmiso_sandbox.protect import HOT_MS, Ladder
-from tests.integration.test_ladder import poll
+from tests.integration.test_ladder import until
 
 HANG = 180  # seconds: only says "this hangs" (the heartbeat's limit alone is 60 s)
 BOUND_S = 12  # each step's max: well past the dwells (2 s), far below the hang
@@ -67,13 +67,13 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         lad.start_daemons()
         lad.set_latency(HOT_MS)
         lad.wait_kinds(lad.train, ["throttle", "suspend"], HANG)
-        poll(lambda: sandbox.job_state(lad.train) == "SUSPENDED", "Slurm to show SUSPENDED")
+        until(lambda: sandbox.job_state(lad.train) == "SUSPENDED", "Slurm to show SUSPENDED")
         # the note the node reads: in the job's AdminComment, admin-written (just after the
         # suspend, in the same cycle)
         def note() -> str:
             text = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "admin_comment:400")
             return text.strip() if "slurmiso-restraint:step=suspend," in text else ""
-        admin = poll(note, "the monitor's note in the job's AdminComment")
+        admin = until(note, "the monitor's note in the job's AdminComment")
         assert f"cause={lad.infer}," in admin and f"max={BOUND_S}," in admin, admin
         assert lad.monitor is not None
         os.killpg(lad.monitor.pid, signal.SIGKILL)
@@ -145,8 +145,8 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         def ended() -> bool:
             _run(lad, "reconcile", "--node", "n2")
             return sandbox.job_state(lad.train) == "RUNNING"
-        poll(ended, "the node to resume the training past its bound")
-        line = poll(lambda: _node_ends(lad, lad.train), "the node's ladder-end line")[0]
+        until(ended, "the node to resume the training past its bound")
+        line = until(lambda: _node_ends(lad, lad.train), "the node's ladder-end line")[0]
         assert line["ok"] is True and line["details"]["bound"]["max_s"] == BOUND_S
         assert line["details"]["suspended_s"] >= BOUND_S
         admin = sandbox.cmd("squeue", "-h", "-j", lad.train, "-O", "admin_comment:400").strip()
