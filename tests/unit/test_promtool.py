@@ -88,6 +88,24 @@ class _Body:
         self.body, self.reason, self.detail = body, "", ""
 
 
+def test_agent_host_figures_are_clean() -> None:
+    """Per-job cgroup figures (v2 and v1, unknown markers) and the node's PSI and NICs."""
+    from slurmiso.agent.host_figures import HostCollector, gather_host
+
+    host = os.path.join(os.path.dirname(__file__), "..", "fixtures", "host")
+    recs = {"4242": JobRecord.from_dict({"class": "train", "resources": []}),
+            "50": JobRecord.from_dict({"class": "infer", "resources": []})}
+    for root in ("slurm-v2", "v1"):
+        registry = CollectorRegistry(auto_describe=False)
+        report = gather_host(recs, "n1", os.path.join(host, root), os.path.join(host, "proc"),
+                             os.path.join(host, "sys"))
+        registry.register(HostCollector(lambda r=report: r, "n1"))
+        text = generate_latest(registry).decode()
+        assert "slurmiso_job_cpu_seconds_total{" in text
+        assert "slurmiso_node_network_bytes_total{" in text
+        assert promtool(text) == ""
+
+
 def test_monitor_exposition_is_clean() -> None:
     st = Stats()
     st.actions = {"hold/applied": 3, "throttle/failed": 1}
