@@ -40,12 +40,13 @@ def test_agent_exposition_is_clean(tmp_path: Any) -> None:
     inst = backend.instances(0)[0]
     records = {"41": JobRecord.from_dict({"class": "infer", "resources": [
         {"kind": "mig-static", "gpu": 0, "gi": inst.gi_id, "uuid": inst.uuid}]})}
+    backend.add_process(0, os.getpid(), 100, inst.uuid, "pytest")  # per-job GPU memory
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(
         lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0),
         "n3", job_labels=True))
     text = generate_latest(registry).decode()
-    assert "DCGM_FI_DEV_FB_USED" in text
+    assert "DCGM_FI_DEV_FB_USED" in text and "slurmiso_job_gpu_memory_used_bytes{" in text
     # The DCGM_FI_* copies keep DCGM exporter's own label names (modelName, UUID) so that its
     # dashboards read them: promtool's style lint on those alone is expected.
     dcgm_style = "label names should be written in 'snake_case' not 'camelCase'"
