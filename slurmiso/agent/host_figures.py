@@ -62,11 +62,10 @@ class HostReport:
     speeds: Dict[str, Optional[float]] = field(default_factory=dict)
 
 
-def _read(cg: JobCgroup) -> CgroupFigures:
-    if cg.version is CgroupVersion.V2 and cg.v2 is not None:
+def _read(cg: JobCgroup) -> Optional[CgroupFigures]:
+    if cg.v2 is not None:
         return read_v2(cg.v2)
-    assert cg.v1 is not None
-    return read_v1(cg.v1)
+    return read_v1(cg.v1) if cg.v1 is not None else None
 
 
 def gather_host(records: Dict[str, Any], node: str, cgroup_root: str = "/sys/fs/cgroup",
@@ -84,10 +83,8 @@ def gather_host(records: Dict[str, Any], node: str, cgroup_root: str = "/sys/fs/
         if cg is not None and rec is not None and min(cg.uid, rec.uid) >= 0 \
                 and cg.uid != rec.uid:
             cg = None  # filed under another uid than the record's: not this job's to read
-        if cg is None:
-            report.jobs.append(JobHost(job, cls, None, h.R_NO_CGROUP))
-        else:
-            report.jobs.append(JobHost(job, cls, _read(cg)))
+        figures = _read(cg) if cg is not None else None
+        report.jobs.append(JobHost(job, cls, figures, "" if figures is not None else h.R_NO_CGROUP))
     report.pressure = read_node_pressure(proc_root)
     report.nics = read_net_dev(proc_root)
     report.speeds = read_link_speeds(sys_root, [n for n in report.nics if n != "lo"])
@@ -100,8 +97,8 @@ def _psi(p: Optional[Psi], kind: str) -> Optional[PsiLine]:
     return p.some if kind == "some" else p.full
 
 
-#: (figure, series, extra labels, value from the figures, scale, absent on cgroup v1)
 _Getter = Callable[[CgroupFigures], Optional[float]]
+#: (figure, series, extra labels, value from the figures, scale, absent on cgroup v1)
 _FIGURES: List[Tuple[str, str, Tuple[Tuple[str, str], ...], _Getter, float, bool]] = [
     ("cpu", h.M_JOB_CPU, (), lambda f: f.cpu.usage_usec, 1e-6, False),
     ("cpu_throttled", h.M_JOB_CPU_THROTTLED, (), lambda f: f.cpu.throttled_usec, 1e-6, False),

@@ -174,3 +174,13 @@ def test_a_failed_read_is_up_0_and_nothing_else() -> None:
     registry.register(HostCollector(broken, "n1"))
     samples = parse_prometheus_text(generate_latest(registry).decode())
     assert [(s.name, s.value) for s in samples] == [(h.M_HOST_UP, 0.0)]
+
+
+def test_a_sluid_job_is_exported_under_the_id_its_record_gives() -> None:
+    """Slurm 26.05 names the job's v2 directory by its SLUID: the record that names it gives
+    the job id and class; without one the directory is nobody's (no id to export it under)."""
+    got = scrape(gather_host({"5": rec("infer", sluid=SLUID)}, "n1", V2, PROC, SYS))
+    assert value(got, h.M_JOB_PSI, job="5", node="n1", resource="cpu", kind="some",
+                 **{"class": "infer"}) == pytest.approx(0.2351)
+    got = scrape(gather_host({}, "n1", V2, PROC, SYS))
+    assert not any(("job", SLUID) in k[1] for k in got)
