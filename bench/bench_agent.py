@@ -12,6 +12,11 @@ times and their ratio to the idle agent's, and how many answers called the jobs'
 stale (the refresher fell behind). Targets: the median under attack within 3x idle's, no
 scrape unanswered, no stale.
 ``SLURMISO_BENCH_SCRAPES`` (40) changes the scrapes per phase.
+
+Before that, issue 36's host figures: the CPU time and memory one scrape of the host collector
+costs at 16 jobs (a recorded cgroup v2 tree, every figure present), against a bare read of the
+same files in the same run (the system calls alone, nothing parsed): what parsing, checking
+and rendering add. ``python3 bench/bench_agent.py host`` runs that part alone.
 """
 
 from __future__ import annotations
@@ -180,8 +185,86 @@ def _phase(tmp: str, endpoints_port: int, attack: bool) -> Tuple[List[float], in
         agent.wait(timeout=HANG)
 
 
+HOST_JOBS, HOST_ROUNDS = 16, 200
+
+
+def _host_tree(tmp: str) -> Tuple[str, List[str]]:
+    """A v2 root with HOST_JOBS copies of the recorded job_4242 in n1's stepd scope."""
+    import shutil
+
+    fixtures = os.path.join(ROOT, "tests", "fixtures", "host")
+    root = os.path.join(tmp, "cgroup")
+    scope = os.path.join(root, "system.slice", "n1_slurmstepd.scope")
+    os.makedirs(scope)
+    with open(os.path.join(root, "cgroup.controllers"), "w") as fh:
+        fh.write("cpu io memory\n")
+    files: List[str] = []
+    for j in range(HOST_JOBS):
+        job = os.path.join(scope, f"job_{1000 + j}")
+        shutil.copytree(os.path.join(fixtures, "v2", "job_4242"), job)
+        files += [os.path.join(job, n) for n in (
+            "cpu.stat", "memory.current", "memory.peak", "memory.events", "io.stat",
+            "cpu.pressure", "memory.pressure", "io.pressure")]
+    proc = os.path.join(fixtures, "proc")
+    files += [os.path.join(proc, "pressure", n) for n in ("cpu", "memory", "io")]
+    files += [os.path.join(proc, "net", "dev"), os.path.join(fixtures, "sys", "class", "net",
+                                                             "eth0", "speed")]
+    return root, files
+
+
+def host_cost() -> bool:
+    """One host-collector scrape at HOST_JOBS jobs against a bare read of its files."""
+    import tracemalloc
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from slurmiso.agent.host_figures import HostCollector, gather_host
+
+    fixtures = os.path.join(ROOT, "tests", "fixtures", "host")
+    with tempfile.TemporaryDirectory() as tmp:
+        root, files = _host_tree(tmp)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(HostCollector(lambda: gather_host(
+            {}, "n1", root, os.path.join(fixtures, "proc"), os.path.join(fixtures, "sys")),
+            "n1"))
+        text = generate_latest(registry).decode()
+        assert text.count("slurmiso_job_cpu_seconds_total{") == HOST_JOBS, "the premise"
+        assert "slurmiso_job_host_figure_unknown{" not in text, "every figure present"
+
+        def bare() -> None:
+            for path in files:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.read(fd, 65536)
+                finally:
+                    os.close(fd)
+
+        def host() -> None:
+            generate_latest(registry)
+
+        best = {}
+        for name, fn in (("bare", bare), ("host", host)) * 3:  # interleaved, best of three
+            t0 = time.process_time()
+            for _ in range(HOST_ROUNDS):
+                fn()
+            cpu = (time.process_time() - t0) / HOST_ROUNDS
+            best[name] = min(best.get(name, cpu), cpu)
+        tracemalloc.start()
+        host()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    print(f"bare read of the same {len(files)} files: {1e6 * best['bare']:.0f} us CPU a scrape")
+    report(f"host figures, {HOST_JOBS} jobs (CPU a scrape)", f"{1e3 * best['host']:.2f} ms",
+           best["host"] / best["bare"], "of a bare read")
+    print(f"host figures, {HOST_JOBS} jobs: {peak / 1024:.0f} KiB allocated at peak a scrape")
+    return True
+
+
 def main() -> bool:
     sys.path.insert(0, ROOT)
+    host_cost()
+    if sys.argv[1:] == ["host"]:
+        return True
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < 4 * IDLE_CONNS:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4 * IDLE_CONNS, hard), hard))

@@ -46,25 +46,60 @@ def parent_pid(pid: int, proc: str = "/proc") -> Optional[int]:
         return None
 
 
-def rows(
+class _Owners:
+    """Who owns each GPU process: its cgroup's job, checked against the records."""
+
+    def __init__(self, records: Dict[str, Any], instances: Iterable[Any], proc: str,
+                 cgroup: Optional[Callable[[int], Optional[str]]],
+                 uid_of: Optional[Callable[[int], Optional[int]]],
+                 parent_of: Optional[Callable[[int], Optional[int]]]) -> None:
+        self.records = records
+        self.read = cgroup or (lambda pid: read_cgroup(pid, proc))
+        self.uid = uid_of or (lambda pid: pid_uid(pid, proc))
+        self.parent = parent_of or (lambda pid: parent_pid(pid, proc))
+        self.daemons = {r.daemon_pid for rec in records.values() for r in rec.resources
+                        if r.kind == "mps" and r.daemon_pid}
+        self.gi_of = {i.uuid: (i.gpu_index, str(i.gi_id)) for i in instances if i.uuid}
+        self.sluids = {str(rec.fence.get("sluid")): str(job) for job, rec in records.items()
+                       if is_sluid(str(getattr(rec, "fence", {}).get("sluid") or ""))}
+
+    def of(self, p: Any) -> Optional[Row]:
+        """The (job, class, gpu, gi) process ``p`` counts for; None for a recorded MPS
+        daemon's server (slurmiso's, no job's)."""
+        where = self.gi_of.get(p.mig_uuid) if p.mig_uuid else (p.gpu_index, "")
+        if where is None:  # on a MIG device the backend does not list: its GPU, unplaced
+            where = (p.gpu_index, "?")
+        text = self.read(p.pid)
+        owner = job_of_cgroup(text, self.sluids) if text is not None else None
+        held = self.records.get(owner) if owner is not None else None
+        if owner is None and self.daemons and self.parent(p.pid) in self.daemons:
+            return None  # a recorded MPS daemon's server
+        if owner is None:
+            return ("", sig.CLASS_FOREIGN, *where)
+        if held is None:
+            return (owner, sig.CLASS_UNRECORDED, *where)
+        if held.uid >= 0 and self.uid(p.pid) not in (held.uid, None):
+            return ("", sig.CLASS_FOREIGN, *where)  # in the job's cgroup, not its user
+        return (owner, held.job_class, *where)
+
+
+def attribute(
     records: Dict[str, Any], processes: Iterable[Any], instances: Iterable[Any],
     proc: str = "/proc", cgroup: Optional[Callable[[int], Optional[str]]] = None,
     uid_of: Optional[Callable[[int], Optional[int]]] = None,
     parent_of: Optional[Callable[[int], Optional[int]]] = None,
-) -> Set[Row]:
-    """Every (job, class, gpu, gi) holding: the records' resources and the processes'.
+) -> Tuple[Set[Row], Dict[Row, Optional[int]]]:
+    """Every (job, class, gpu, gi) holding (the records' resources and the processes'), and
+    the GPU memory (MiB) each row's processes use, summed per row: on a shared GPU the rows'
+    sums add up to what the GPU's processes use, less a recorded MPS daemon's server. A row
+    with a process whose memory the driver would not give is None (unknown, never a partial
+    sum); a row of records alone, with no process, has no entry.
 
-    ``processes``: the backend's GpuProcess (pid, gpu_index, mig_uuid); ``instances``: its
-    MigInstance (gpu_index, gi_id, uuid), to place a process on its instance.
+    ``processes``: the backend's GpuProcess (pid, gpu_index, used_memory_mb, mig_uuid);
+    ``instances``: its MigInstance (gpu_index, gi_id, uuid), to place a process on its
+    instance.
     """
-    read = cgroup or (lambda pid: read_cgroup(pid, proc))
-    uid = uid_of or (lambda pid: pid_uid(pid, proc))
-    parent = parent_of or (lambda pid: parent_pid(pid, proc))
-    daemons = {r.daemon_pid for rec in records.values() for r in rec.resources
-               if r.kind == "mps" and r.daemon_pid}
-    gi_of = {i.uuid: (i.gpu_index, str(i.gi_id)) for i in instances if i.uuid}
-    sluids = {str(rec.fence.get("sluid")): str(job) for job, rec in records.items()
-              if is_sluid(str(getattr(rec, "fence", {}).get("sluid") or ""))}
+    owners = _Owners(records, instances, proc, cgroup, uid_of, parent_of)
     out: Set[Row] = set()
     for job, rec in records.items():
         for res in rec.resources:
@@ -72,25 +107,29 @@ def rows(
                 continue
             if res.gi is not None:
                 out.add((str(job), rec.job_class, res.gpu, str(res.gi)))
-            elif res.uuid and res.uuid in gi_of:
-                out.add((str(job), rec.job_class, *gi_of[res.uuid]))
+            elif res.uuid and res.uuid in owners.gi_of:
+                out.add((str(job), rec.job_class, *owners.gi_of[res.uuid]))
             elif not res.is_mig:
                 out.add((str(job), rec.job_class, res.gpu, ""))
+    memory: Dict[Row, Optional[int]] = {}
     for p in processes:
-        where = gi_of.get(p.mig_uuid) if p.mig_uuid else (p.gpu_index, "")
-        if where is None:  # on a MIG device the backend does not list: its GPU, unplaced
-            where = (p.gpu_index, "?")
-        text = read(p.pid)
-        owner = job_of_cgroup(text, sluids) if text is not None else None
-        held = records.get(owner) if owner is not None else None
-        if owner is None and daemons and parent(p.pid) in daemons:
-            continue  # a recorded MPS daemon's server
-        if owner is None:
-            out.add(("", sig.CLASS_FOREIGN, *where))
-        elif held is None:
-            out.add((owner, sig.CLASS_UNRECORDED, *where))
-        elif held.uid >= 0 and uid(p.pid) not in (held.uid, None):
-            out.add(("", sig.CLASS_FOREIGN, *where))  # in the job's cgroup, not its user
-        else:
-            out.add((owner, held.job_class, *where))
-    return out
+        row = owners.of(p)
+        if row is None:
+            continue
+        out.add(row)
+        raw = getattr(p, "used_memory_mb", None)
+        mb = int(raw) if raw is not None and getattr(p, "memory_known", True) else -1
+        before = memory.get(row, 0)
+        memory[row] = None if before is None or mb < 0 else before + mb
+    return out, memory
+
+
+def rows(
+    records: Dict[str, Any], processes: Iterable[Any], instances: Iterable[Any],
+    proc: str = "/proc", cgroup: Optional[Callable[[int], Optional[str]]] = None,
+    uid_of: Optional[Callable[[int], Optional[int]]] = None,
+    parent_of: Optional[Callable[[int], Optional[int]]] = None,
+) -> Set[Row]:
+    """Every (job, class, gpu, gi) holding: the records' resources and the processes'
+    (:func:`attribute` without the memory)."""
+    return attribute(records, processes, instances, proc, cgroup, uid_of, parent_of)[0]

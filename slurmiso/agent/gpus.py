@@ -59,6 +59,8 @@ class NodeReport:
     rows: List[DeviceRow] = field(default_factory=list)
     #: (job, class, gpu, gi): records and processes (agent/gpu_owners.py)
     attribution: Set[Tuple[str, str, int, str]] = field(default_factory=set)
+    #: (job, class, gpu, gi) -> MiB its processes use there; None: the driver would not say
+    memory: Dict[Tuple[str, str, int, str], Optional[int]] = field(default_factory=dict)
 
 
 def gather_node(
@@ -104,9 +106,9 @@ def gather_node(
                     inst.memory_used_mb, inst.memory_total_mb, None, None,
                     sum(1 for p in procs if inst.uuid and p.mig_uuid == inst.uuid),
                     tuple(sorted(j for j, _ in held)), tuple(sorted({c for _, c in held if c}))))
-        from slurmiso.agent.gpu_owners import rows
+        from slurmiso.agent.gpu_owners import attribute
 
-        report.attribution = rows(records, procs, instances, proc)
+        report.attribution, report.memory = attribute(records, procs, instances, proc)
         return report
     finally:
         if own:
@@ -187,6 +189,13 @@ class NodeCollector:
         for job, cls, gpu, gi in sorted(report.attribution):
             held.add_metric([job, cls, str(gpu), gi], 1.0)
         yield held
+        used = GaugeMetricFamily(sig.M_JOB_GPU_MEMORY, "GPU memory the job's processes use "
+                                 "on the GPU or MIG instance (absent: the driver would not "
+                                 "say)", labels=[sig.L_JOB, sig.L_CLASS, sig.L_GPU, sig.L_GI])
+        for (job, cls, gpu, gi), mb in sorted(report.memory.items()):
+            if mb is not None:
+                used.add_metric([job, cls, str(gpu), gi], float(mb * t.MIB))
+        yield used
         if self.dcgm_names:
             yield from self._dcgm(report)
 

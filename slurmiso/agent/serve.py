@@ -1,7 +1,8 @@
 """``slurmiso agent``: serve the node's metrics (:func:`serve`), or render them once.
 
 :func:`registry_for` gathers the node's collectors (its GPUs, :mod:`slurmiso.agent.gpus`;
-its jobs' signals, :mod:`slurmiso.agent.job_signals`; the ladder's restraints,
+its jobs' signals, :mod:`slurmiso.agent.job_signals`; its jobs' cgroups and the node's
+pressure and NICs, :mod:`slurmiso.agent.host_figures`; the ladder's restraints,
 :mod:`slurmiso.agent.restraint_watch`) on a registry of its own; :func:`signals_for` builds
 the jobs' background reader; the server is the agent's own
 (:mod:`slurmiso.agent.http_server`), which stamps the monitor's heartbeat from its scrapes.
@@ -23,10 +24,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
+def registry_for(cfg: Config, node: str, signals: Any = None, host: bool = True,
+                 cgroup_root: str = "/sys/fs/cgroup") -> Any:
     """A fresh registry holding only this node's collectors (never the global one: the
     process/platform collectors would add noise to every node's scrape); ``signals``: a
-    :class:`~slurmiso.agent.job_signals.JobSignalsState` whose per-job series it adds."""
+    :class:`~slurmiso.agent.job_signals.JobSignalsState` whose per-job series it adds;
+    ``host``: the jobs' cgroup figures and the node's pressure and NICs, read under
+    ``cgroup_root`` where Slurm lays the jobs' cgroups out."""
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
@@ -37,6 +41,11 @@ def registry_for(cfg: Config, node: str, signals: Any = None) -> Any:
         from slurmiso.agent.job_signals import JobSignalsCollector
 
         registry.register(JobSignalsCollector(signals))
+    if host:
+        from slurmiso.agent.host_figures import HostCollector, gather_host
+
+        registry.register(HostCollector(
+            lambda: gather_host(_records(cfg, node), node, cgroup_root), node))
     registry.register(RestraintCollector(cfg.paths.state_dir_for(node)))
     return registry
 
@@ -49,12 +58,13 @@ def signals_for(cfg: Config, node: str) -> Any:
         cfg.monitor.signals, tuple(s.class_name for s in cfg.monitor.slo),
         tuple(c.name for c in cfg.classes if c.preemptible))
 
-    def records() -> Dict[str, JobRecord]:
-        from slurmiso.state import NodeState
+    return Refresher(state, lambda: _records(cfg, node), cfg.monitor.signals.refresh_s)
 
-        return NodeState(cfg.paths.state_dir_for(node)).jobs()
 
-    return Refresher(state, records, cfg.monitor.signals.refresh_s)
+def _records(cfg: Config, node: str) -> Dict[str, JobRecord]:
+    from slurmiso.state import NodeState
+
+    return NodeState(cfg.paths.state_dir_for(node)).jobs()
 
 
 def render(registry: Any) -> str:

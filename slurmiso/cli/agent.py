@@ -16,7 +16,9 @@ def add_parser(sub: Any) -> None:
             "with the class as a label (job ids only with monitor.telemetry.job_labels), under "
             "slurmiso's names and the DCGM exporter's; and per job (slurmiso_job_*): the GPUs "
             "and MIG instances it holds, the latency of its --iso-metrics endpoint and its "
-            "training step times, read in the background (monitor.signals). The monitor "
+            "training step times, read in the background (monitor.signals); its GPU memory per "
+            "GPU (its own processes'); its cgroup's CPU, memory, IO and pressure figures, and "
+            "the node's pressure and NIC bytes (docs/host-contention.md). The monitor "
             "(telemetry source 'agents') or a Prometheus server scrapes it."
         ),
         epilog="examples:\n  slurmiso agent                 # port from monitor.telemetry."

@@ -11,6 +11,9 @@ series                                 labels                              value
 ``slurmiso_job_gpu``                   job, class, gpu, gi                 1 per job and GPU
                                                                            or MIG instance
                                                                            (gi "" = whole GPU)
+``slurmiso_job_gpu_memory_used_bytes`` job, class, gpu, gi                 GPU memory the
+                                                                           job's processes
+                                                                           use there
 ``slurmiso_job_latency_seconds``       job, class, signal (e2e, ttft,      latency percentile
                                        itl), model, percentile (50, 95,    over the window,
                                        99)                                 interpolated
@@ -53,6 +56,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 M_JOB_GPU = "slurmiso_job_gpu"
+#: Per job and GPU or MIG instance: the memory its processes use there (NVML per process,
+#: summed through their cgroups); absent where the driver would not say. :func:`from_samples`
+#: passes it over: no :class:`JobSignals` field holds it yet.
+M_JOB_GPU_MEMORY = "slurmiso_job_gpu_memory_used_bytes"
 M_LATENCY = "slurmiso_job_latency_seconds"
 M_ERROR_RATIO = "slurmiso_job_error_ratio"
 M_REQUESTS = "slurmiso_job_requests"
@@ -66,8 +73,8 @@ M_WINDOW_BUCKET = M_WINDOW + "_bucket"
 
 #: Every per-job series, in the order the agent writes them.
 SERIES: Tuple[str, ...] = (
-    M_JOB_GPU, M_LATENCY, M_ERROR_RATIO, M_REQUESTS, M_SIGNAL_AGE, M_SIGNAL_UNKNOWN,
-    M_STEP_SECONDS, M_STEPS_TOTAL, M_THROUGHPUT_VS_SOLO, M_WINDOW_BUCKET,
+    M_JOB_GPU, M_JOB_GPU_MEMORY, M_LATENCY, M_ERROR_RATIO, M_REQUESTS, M_SIGNAL_AGE,
+    M_SIGNAL_UNKNOWN, M_STEP_SECONDS, M_STEPS_TOTAL, M_THROUGHPUT_VS_SOLO, M_WINDOW_BUCKET,
 )
 
 L_JOB, L_CLASS, L_GPU, L_GI = "job", "class", "gpu", "gi"

@@ -82,13 +82,16 @@ class MigInstance(Value, eq=True):
 
 
 class GpuProcess(Value, eq=True):
-    """A process holding a GPU context (compute), with its memory on that GPU/MIG device."""
+    """A process holding a GPU context (compute), with its memory on that GPU/MIG device.
+    ``memory_known`` False: the driver would not say (NVML's "not available", e.g. a MIG
+    device read without root), and ``used_memory_mb`` is 0 for a figure nobody measured."""
 
     pid: int
     gpu_index: int
     used_memory_mb: int
     mig_uuid: str = ""
     name: str = ""
+    memory_known: bool = True
 
     def to_dict(self) -> Dict[str, Any]:
         return as_dict(self)

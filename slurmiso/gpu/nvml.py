@@ -603,6 +603,7 @@ class NvmlBackend:
                 used_memory_mb=int(p.usedGpuMemory or 0) // _MIB,
                 mig_uuid=mig_uuid,
                 name=_process_name(int(p.pid)),
+                memory_known=p.usedGpuMemory is not None,  # pynvml: None = not available
             )
             for p in procs
         ]

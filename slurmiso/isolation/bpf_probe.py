@@ -152,12 +152,11 @@ def device_programs(cgroup_dir: str, effective: bool) -> Tuple[int, List[str]]:
 def _scopes(mount: str, node: str) -> List[str]:
     """Slurm's cgroup/v2 stepd scopes of ``node`` under ``mount``: ``<slice>/<node>_slurmstepd
     .scope`` (several slurmd per host) or ``<slice>/slurmstepd.scope`` (cgroup_v2.c,
-    _set_int_cg_ns; the slice is CgroupSlice, default system.slice)."""
-    import glob
+    _set_int_cg_ns; the slice is CgroupSlice, default system.slice). One reader with the
+    agent's host figures (:func:`slurmiso.host.job_cgroups.v2_scopes`)."""
+    from slurmiso.host.job_cgroups import v2_scopes
 
-    out = sorted(set(glob.glob(os.path.join(glob.escape(mount), "*", f"{glob.escape(node)}"
-                                            "_slurmstepd.scope")) if node else []))
-    return out or sorted(glob.glob(os.path.join(glob.escape(mount), "*", "slurmstepd.scope")))
+    return v2_scopes(mount, node)
 
 
 def v2_node_facts(node: str, state_dir: str, mount: str = "/sys/fs/cgroup") -> Dict[str, Any]:

@@ -139,3 +139,63 @@ def test_a_process_in_a_sluid_cgroup_belongs_to_the_job_whose_record_names_that_
     assert job_of_cgroup(text, {"s42DM918PDCP01": "78"}) is None  # no record names it
     assert job_of_cgroup(text, {}) is None  # the monitor's case: records name no SLUID
     assert job_of_cgroup(text) == "s42DM918PDCP00"  # the epilog's: the SLUID, to compare
+
+
+def test_per_job_gpu_memory_on_a_shared_gpu_adds_up_to_its_processes(
+        tmp_path: Any, sleepers: List[int]) -> None:
+    """Issue 36 item 2: on a shared (MPS) GPU each job's memory is its own processes', never
+    the whole GPU's copied to every job (DCGM exporter's figure on a shared GPU); the rows add
+    up to what the GPU's processes use, less the MPS server (slurmiso's, no job's)."""
+    path = os.path.join(str(tmp_path), "n3.json")
+    init_state(path, "H100-80GB", 2, mig=False, node="n3")
+    backend = SimBackend(path)
+    a1, a2, b, foreign, unrec, mps = sleepers
+    for pid, mb, name in ((a1, 9_000, "vllm"), (a2, 1_000, "vllm"), (b, 20_000, "train"),
+                          (foreign, 3_000, "miner"), (unrec, 700, "x"),
+                          (mps, 300, "nvidia-cuda-mps-server")):
+        backend.add_process(0, pid, mb, "", name)
+    backend.add_process(1, b, 4_000, "", "train")  # the same job on another GPU: its own row
+    proc = os.path.join(str(tmp_path), "proc")
+    _fake_proc(proc, a1, "0::/system.slice/slurmstepd.scope/job_41/step_0/user/task_0\n")
+    _fake_proc(proc, a2, "0::/system.slice/slurmstepd.scope/job_41/step_1/user/task_0\n")
+    _fake_proc(proc, b, V1.replace("job_41", "job_42"))
+    _fake_proc(proc, foreign, "0::/user.slice/user-1000.slice/session-3.scope\n")
+    _fake_proc(proc, unrec, "0::/system.slice/slurmstepd.scope/job_77/step_0\n")
+    _fake_proc(proc, mps, "0::/system.slice/slurmiso.service\n", ppid=4242)
+    me = os.getuid()
+    records = {j: JobRecord.from_dict(r) for j, r in {
+        "41": {"class": "infer", "uid": me, "resources": [
+            {"kind": "mps", "gpu": 0, "daemon_pid": 4242}]},
+        "42": {"class": "train", "uid": me, "resources": [
+            {"kind": "mps", "gpu": 0, "daemon_pid": 4242}, {"kind": "mps", "gpu": 1}]},
+        "43": {"class": "train", "uid": me, "resources": [
+            {"kind": "mps", "gpu": 0, "daemon_pid": 4242}]},  # no process yet
+    }.items()}
+    report = gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0,
+                         proc=proc)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(lambda: report, "n3"))
+    text = generate_latest(registry).decode()
+    used = {(x.labels["job"], x.labels["class"], x.labels["gpu"]): x.value
+            for x in parse_prometheus_text(text) if x.name == sig.M_JOB_GPU_MEMORY}
+    mib = 1024 * 1024
+    assert used == {("41", "infer", "0"): 10_000 * mib, ("42", "train", "0"): 20_000 * mib,
+                    ("", sig.CLASS_FOREIGN, "0"): 3_000 * mib,
+                    ("77", sig.CLASS_UNRECORDED, "0"): 700 * mib,
+                    ("42", "train", "1"): 4_000 * mib}
+    on_gpu0 = sum(p.used_memory_mb for p in backend.processes() if p.gpu_index == 0)
+    assert on_gpu0 == 34_000, "the premise: six processes on GPU 0"
+    assert sum(v for (_, _, g), v in used.items() if g == "0") == (on_gpu0 - 300) * mib
+    assert ("43", "train", "0") not in used, "no process: no figure, not 0"
+
+
+def test_a_process_whose_memory_the_driver_hides_makes_its_rows_memory_unknown() -> None:
+    from slurmiso.agent.gpu_owners import attribute
+    from slurmiso.gpu.backend import GpuProcess
+
+    rec = JobRecord.from_dict({"class": "infer", "uid": 1000, "resources": []})
+    procs = [GpuProcess(5, 0, 900), GpuProcess(6, 0, 0, memory_known=False),
+             GpuProcess(7, 1, 100)]
+    _, memory = attribute({"41": rec}, procs, [], cgroup=lambda pid: V2.replace("42", "41"),
+                          uid_of=lambda pid: 1000)
+    assert memory == {("41", "infer", 0, ""): None, ("41", "infer", 1, ""): 100}

@@ -40,12 +40,13 @@ def test_agent_exposition_is_clean(tmp_path: Any) -> None:
     inst = backend.instances(0)[0]
     records = {"41": JobRecord.from_dict({"class": "infer", "resources": [
         {"kind": "mig-static", "gpu": 0, "gi": inst.gi_id, "uuid": inst.uuid}]})}
+    backend.add_process(0, os.getpid(), 100, inst.uuid, "pytest")  # per-job GPU memory
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(
         lambda: gather_node(None, "n3", backend=backend, records=records, clock=lambda: 1.0),
         "n3", job_labels=True))
     text = generate_latest(registry).decode()
-    assert "DCGM_FI_DEV_FB_USED" in text
+    assert "DCGM_FI_DEV_FB_USED" in text and "slurmiso_job_gpu_memory_used_bytes{" in text
     # The DCGM_FI_* copies keep DCGM exporter's own label names (modelName, UUID) so that its
     # dashboards read them: promtool's style lint on those alone is expected.
     dcgm_style = "label names should be written in 'snake_case' not 'camelCase'"
@@ -86,6 +87,24 @@ def test_agent_job_signals_are_clean() -> None:
 class _Body:
     def __init__(self, body: str) -> None:
         self.body, self.reason, self.detail = body, "", ""
+
+
+def test_agent_host_figures_are_clean() -> None:
+    """Per-job cgroup figures (v2 and v1, unknown markers) and the node's PSI and NICs."""
+    from slurmiso.agent.host_figures import HostCollector, gather_host
+
+    host = os.path.join(os.path.dirname(__file__), "..", "fixtures", "host")
+    recs = {"4242": JobRecord.from_dict({"class": "train", "resources": []}),
+            "50": JobRecord.from_dict({"class": "infer", "resources": []})}
+    for root in ("slurm-v2", "v1"):
+        registry = CollectorRegistry(auto_describe=False)
+        report = gather_host(recs, "n1", os.path.join(host, root), os.path.join(host, "proc"),
+                             os.path.join(host, "sys"))
+        registry.register(HostCollector(lambda r=report: r, "n1"))
+        text = generate_latest(registry).decode()
+        assert "slurmiso_job_cpu_seconds_total{" in text
+        assert "slurmiso_node_network_bytes_total{" in text
+        assert promtool(text) == ""
 
 
 def test_monitor_exposition_is_clean() -> None:
