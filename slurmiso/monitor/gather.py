@@ -75,7 +75,8 @@ def live_snapshot(
     unknown = dict(reading.unknown, **rejected.unknown())
     return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
                     reading.latency_age_s, True, tuple(reading.errors), unknown,
-                    dict(reading.job_signals), dict(reading.node_unknown))
+                    dict(reading.job_signals), dict(reading.node_unknown),
+                    dict(reading.host_nodes), dict(reading.host_jobs))
 
 
 def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.exposition.job_series import JobSignals
+from slurmiso.monitor.host_view import JobHostFigures, NodeHostFigures
 
 SNAPSHOT_VERSION = 2
 #: Versions that still load: 1 had no per-job signals (read as none reported).
@@ -195,6 +196,10 @@ class Snapshot:
     #: node -> "source/reason" where its own telemetry came back unknown this cycle (an
     #: agent unreachable, an answer that did not parse).
     telemetry_unknown: Dict[str, str] = field(default_factory=dict)
+    #: The agents' host figures (issue 36), per node and per job (a job on several nodes:
+    #: the first node's); empty where no agent exports them (then no diagnosis is made).
+    host_nodes: Dict[str, NodeHostFigures] = field(default_factory=dict)
+    host_jobs: Dict[str, JobHostFigures] = field(default_factory=dict)
 
     def node(self, name: str) -> Optional[NodeInfo]:
         for n in self.nodes:
@@ -212,7 +217,11 @@ class Snapshot:
                 "errors": list(self.errors), "unknown": dict(self.unknown),
                 "job_signals": [s.to_dict() for _, s in sorted(self.job_signals.items())],
                 **({"telemetry_unknown": dict(self.telemetry_unknown)}
-                   if self.telemetry_unknown else {})}
+                   if self.telemetry_unknown else {}),
+                **({"host_nodes": [n.to_dict() for _, n in sorted(self.host_nodes.items())]}
+                   if self.host_nodes else {}),
+                **({"host_jobs": [j.to_dict() for _, j in sorted(self.host_jobs.items())]}
+                   if self.host_jobs else {})}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
@@ -234,6 +243,8 @@ class Snapshot:
             {str(k): int(v) for k, v in (g("unknown") or {}).items()},
             {s.job: s for s in (JobSignals.from_dict(x) for x in g("job_signals") or ())},
             {str(k): str(v) for k, v in (g("telemetry_unknown") or {}).items()},
+            {n.node: n for n in (NodeHostFigures.from_dict(x) for x in g("host_nodes") or ())},
+            {j.job: j for j in (JobHostFigures.from_dict(x) for x in g("host_jobs") or ())},
         )
 
 

@@ -52,6 +52,8 @@ from slurmiso.exposition.gpu_series import (
 )
 from slurmiso.exposition.job_series import JobSignals
 from slurmiso.exposition.text import BadData, Sample, parse_prometheus_text
+from slurmiso.monitor import host_view
+from slurmiso.monitor.host_view import JobHostFigures, NodeHostFigures
 from slurmiso.monitor.snapshot import GpuSample
 from slurmiso.restraints import HEARTBEAT_HEADER, heartbeat_credential
 
@@ -76,6 +78,9 @@ class Reading:
     job_signals: Dict[str, JobSignals] = field(default_factory=dict)
     #: node -> "source/reason" of its own telemetry that came back unknown this cycle.
     node_unknown: Dict[str, str] = field(default_factory=dict)
+    #: The agents' host figures (issue 36): per node, and per job (the first node's).
+    host_nodes: Dict[str, NodeHostFigures] = field(default_factory=dict)
+    host_jobs: Dict[str, JobHostFigures] = field(default_factory=dict)
 
     def miss(self, source: str, reason: str, line: str, node: str = "") -> None:
         """Count an unknown signal and keep one line about it (the first 200 only); with
@@ -175,6 +180,8 @@ class AgentSource:
         self.timeout = timeout
         self.workers = workers
         self.deadline_s = deadline_s
+        #: The host figures of the scrape before, for rates (CPU cores, IO and NIC bytes/s).
+        self._host_before: Tuple[Dict[str, NodeHostFigures], Dict[str, JobHostFigures]] = ({}, {})
 
     def url_for(self, node: str, addr: str) -> str:
         return self.urls.get(node) or f"http://{addr or node}:{self.port}/metrics"
@@ -212,9 +219,23 @@ class AgentSource:
             reading.gpus[node] = gpus
             for jid, js in jobs.items():
                 reading.job_signals.setdefault(jid, js)
+            host_figures(reading, samples, node, now, self._host_before)
             if age is not None:  # no age: unknown, and gather treats it so
                 reading.ages[node] = age
+        self._host_before = (dict(reading.host_nodes), dict(reading.host_jobs))
         return reading
+
+
+def host_figures(reading: Reading, samples: List[Sample], node: str, now: float,
+                 before: Tuple[Dict[str, NodeHostFigures], Dict[str, JobHostFigures]]) -> None:
+    """The node's and its jobs' host figures from one agent's answer into ``reading``, with
+    rates where ``before`` (the scrape before: node -> figures, job -> figures) has them."""
+    figures, jobs = host_view.from_samples(samples, node, now)
+    if figures is None:
+        return  # an agent without host figures (older) or that could not read them
+    reading.host_nodes[node] = host_view.node_with_rates(figures, before[0].get(node))
+    for jid, fig in jobs.items():
+        reading.host_jobs.setdefault(jid, host_view.with_rates(fig, before[1].get(jid)))
 
 
 class FileSource:
@@ -236,11 +257,12 @@ class FileSource:
                 reading.miss("files", "unreadable", f"{path}: {exc.strerror}", node)
                 continue
             try:
-                gpus, age = agent_view(text, now)
+                gpus, age, samples = agent_reading(text, now)
             except BadData as exc:
                 reading.miss("files", exc.reason, f"{path}: {exc}", node)
                 continue
             reading.gpus[node] = gpus
+            host_figures(reading, samples, node, now, ({}, {}))  # one file: no rates
             reading.ages[node] = age if age is not None else max(0.0, now - mtime)
         return reading
 
