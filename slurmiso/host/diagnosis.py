@@ -90,7 +90,9 @@ class Neighbour:
     gpu_memory_by_gpu: Mapping[str, int] = field(default_factory=dict)
 
     def label(self) -> str:
-        return f"job {self.job_id} ({self.class_name}, {self.user})"
+        """``job 123 (train, alice)``; the parts not known (the monitor has no user) left out."""
+        known = ", ".join(p for p in (self.class_name, self.user) if p)
+        return f"job {self.job_id}" + (f" ({known})" if known else "")
 
 
 @dataclass(frozen=True)

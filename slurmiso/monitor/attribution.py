@@ -113,11 +113,15 @@ class Attribution:
                     found.append(g.index)
         if node.name in self._labelled or found:
             return frozenset(found)
+        if any(j.job_class not in self.train for j in self.live_on(node.name)):
+            return None
+        return frozenset()
+
+    def live_on(self, node: str) -> List[JobInfo]:
+        """The live jobs Slurm shows on ``node`` (indexed once per cycle, on first use)."""
         if self._by_node is None:
             self._by_node = {}
             for j in self.live.values():
                 for n in j.nodes:
                     self._by_node.setdefault(n, []).append(j)
-        if any(j.job_class not in self.train for j in self._by_node.get(node.name, ())):
-            return None
-        return frozenset()
+        return self._by_node.get(node, [])

@@ -36,9 +36,11 @@ from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.exposition.histogram import quantile
 from slurmiso.exposition.job_series import JobSignals, unknown_fields
+from slurmiso.host.diagnosis import Diagnosis
 from slurmiso.monitor.actions import Action, ActionKind
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate, end_unhot
+from slurmiso.monitor.contention import diagnose_breach, record
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
@@ -72,6 +74,9 @@ class Breach:
     #: CALM only: since when the agents' series prove the calm (the oldest sample window
     #: behind the figures); None where nothing older than now is proven.
     calm_from: Optional[float] = None
+    #: HOT only, where the node's agent exports host figures: where the contention is
+    #: (issue 36). It names a cause; the ladder's steps do not follow it yet.
+    diagnosis: Optional[Diagnosis] = field(default=None, compare=False)
 
     @property
     def ratio(self) -> float:
@@ -284,6 +289,8 @@ def _gpu_verdict(key: str, snap: Snapshot, policy: Policy, mem: Memory, who: Att
         v = dataclasses.replace(v, calm_from=calm_proven_from(
             [snap.job_signals.get(j) for j in infer_jobs[key]], snap.ts,
             policy.signal_window_s))
+    elif v.kind == HOT and v.job and snap.host_nodes:
+        v = dataclasses.replace(v, diagnosis=diagnose_breach(snap, who, node_name, v.job))
     return v
 
 
@@ -369,6 +376,9 @@ def _move(mem: Memory, key: str, v: Breach, steps: Tuple[StepPolicy, ...], now: 
     new = dataclasses.replace(old, breach_since=breach_since, calm_since=None, calm_seen=None,
                               cause=v.job, causes=causes, signal=v.signal,
                               why=_where(v, node, index))
+    if v.diagnosis is not None:  # the latest diagnosis; one without host figures keeps it
+        new = dataclasses.replace(new, diagnosis=v.diagnosis.text,
+                                  diagnosis_cause=v.diagnosis.cause.value)
     if idx + 1 < len(steps):
         nxt = steps[idx + 1]
         start = breach_since if rung is None else max(breach_since, old.since)
@@ -697,11 +707,14 @@ _VERB = {ActionKind.THROTTLE: "throttled: asked to slow down",
 def _facts(rec: Restraint, v: Breach) -> Dict[str, Any]:
     """What the journal line says of the cause: which inference job, which signal, its
     figure now and when the job was first restrained (the audit counts these)."""
-    out = {"gpu": gpu_key(rec.node, rec.gpu), "node": rec.node, "cause": v.job or rec.cause,
-           "signal": v.signal or rec.signal, "figure": v.figure, "limit": v.limit,
-           "figure_before": rec.figure}
+    out: Dict[str, Any] = {
+        "gpu": gpu_key(rec.node, rec.gpu), "node": rec.node, "cause": v.job or rec.cause,
+        "signal": v.signal or rec.signal, "figure": v.figure, "limit": v.limit,
+        "figure_before": rec.figure}
     if v.signal == "p99_ms" and v.figure is not None:  # the audit's latency samples
         out.update(p99_latency_ms=v.figure, **{"class": v.job_class})
+    if v.diagnosis is not None:  # where the contention is (issue 36); absent without figures
+        out["diagnosis"] = record(v.diagnosis)
     return out
 
 

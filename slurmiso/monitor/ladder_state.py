@@ -46,13 +46,17 @@ class Rung:
     #: Since when its cause has not been hot (unknown, between or calm): at the step's
     #: ``max_s`` the rung ends (:mod:`slurmiso.monitor.bound`). None while hot.
     not_hot_since: Optional[float] = None
+    #: The latest diagnosis of its breach (issue 36): the rule's one line and its cause
+    #: (``slurmiso.host.diagnosis.Cause`` value); "" where no node's agent gave host figures.
+    diagnosis: str = ""
+    diagnosis_cause: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         """The keys earlier versions wrote, and the newer ones only where they say
         something (a state file read back by the version before stays the same)."""
         out = asdict(self)
         out["causes"] = list(self.causes)
-        for name in ("causes", "calm_seen"):
+        for name in ("causes", "calm_seen", "diagnosis", "diagnosis_cause"):
             if not out[name] and out[name] != 0:
                 del out[name]
         return out

@@ -139,7 +139,9 @@ def ladder_status(policy: Policy, mem: Memory, now: float) -> Dict[str, Any]:
 
     gpus = [{"gpu": key, "step": r.step, "for_s": age(r.since), "cause": r.cause,
              "why": r.why, "not_hot_s": age(r.not_hot_since),
-             "bound_s": step_bound(policy, r.step), "capped": r.capped}
+             "bound_s": step_bound(policy, r.step), "capped": r.capped,
+             **({"diagnosis": {"cause": r.diagnosis_cause, "text": r.diagnosis}}
+                if r.diagnosis else {})}
             for key, r in sorted(mem.ladder.items())]
     jobs = []
     for jid, rec in sorted(mem.restrained.items()):
@@ -171,6 +173,8 @@ def ladder_lines(st: Dict[str, Any]) -> List[str]:
         lines.append(f"  {g['gpu']}: {g['step'] or '(breach dwell)'} for {g['for_s']:.0f}s, "
                      f"{g['why'] or 'cause ' + (g['cause'] or '?')}{cool}"
                      + (f" ({g['capped']})" if g["capped"] else ""))
+        if g.get("diagnosis"):
+            lines.append(f"    diagnosis: {g['diagnosis']['text']}")
     for j in st["restrained"][:50]:
         held = j["suspended_s"] if j["step"] == "suspend" else j["throttled_s"]
         over = "  -- PAST ITS BOUND" if held is not None and held >= j["bound_s"] else ""
