@@ -19,69 +19,40 @@ its journal line in docs/journal.md, and its row in the table's tests.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
 from slurmiso.monitor import calls, undo
+from slurmiso.monitor.action import Action, ActionKind
+from slurmiso.monitor.calls import ApplierPort, OverlayPort
 
 if TYPE_CHECKING:
-    from slurmiso.monitor.apply import Applier
-    from slurmiso.monitor.loop import DryRunOverlay
     from slurmiso.monitor.policy import Memory
     from slurmiso.monitor.snapshot import JobInfo, Snapshot
 
 
-class ActionKind(str, enum.Enum):
-    """What the monitor does; str-valued, the value is the kind's own name (its journal
-    name is :attr:`KindSpec.journal`)."""
-
-    RESUME = "resume"  # a node's State=RESUME (after a re-layout)
-    DRAIN = "drain"
-    RELAYOUT_REQUEUE = "relayout-requeue"  # training requeued to empty a node to re-layout
-    LADDER_REQUEUE = "requeue"  # the ladder's last step (checkpoint, then requeue)
-    THROTTLE = "throttle"
-    SUSPEND = "suspend"
-    MIG_APPLY = "mig-apply"
-    PARTITION_UPDATE = "partition-update"
-    QOS_LIMIT = "qos-limit"
-    HOLD = "hold"
-    EXCLUDE = "exclude"
-    UNCOMMENT = "uncomment"
-    RELEASE = "release"
-    BEGIN_NOW = "begin-now"
-    RESUME_JOB = "resume-job"  # a suspended job's
-    UNTHROTTLE = "unthrottle"
-    LADDER_END = "ladder-end"
-    RECONCILE = "reconcile"
-
-    def __str__(self) -> str:
-        return self.value
-
-
 #: One Slurm call (or none) for one action: "done", "already" or "gone" (the ladder's).
-Call = Callable[["Applier", "Action"], str]
+Call = Callable[[ApplierPort, Action], str]
 #: One Slurm call for many jobs of one kind with the same fields: (applier, ids, details).
-Batch = Callable[["Applier", List[str], Mapping[str, Any]], None]
+Batch = Callable[[ApplierPort, List[str], Mapping[str, Any]], None]
 #: The memory to keep when applying failed: as if the action had not been decided.
-Undo = Callable[["Memory", "Action", str], None]
+Undo = Callable[["Memory", Action, str], None]
 #: A restart squares an intended action with what Slurm shows: (snapshot, memory, the
 #: pending job of that id or None, target, op, moved nodes).
 Reconcile = Callable[["Snapshot", "Memory", Optional["JobInfo"], str, str, str], None]
 #: What a dry run's action would have changed in Slurm, for its next snapshot.
-Overlay = Callable[["DryRunOverlay", "Action"], None]
+Overlay = Callable[[OverlayPort, Action], None]
 
 
 @dataclass(frozen=True)
 class KindSpec:
-    """One kind: where it ranks in a cycle, its journal name, how it is applied (``call``
+    """One kind: where it ranks in a cycle, how it is applied (``call``
     one action at a time, or ``batch`` many jobs per call, grouped by ``group``), undone,
     reconciled and laid over a dry run's next snapshot."""
 
     #: Place in the order a cycle applies actions: what protects inference first (the
     #: ladder's escalations with the re-layout's), what gives training back last.
     rank: int
-    journal: str
     call: Optional[Call] = None
     batch: Optional[Batch] = None
     group: Callable[[Action], Any] = calls.same
@@ -96,68 +67,40 @@ class KindSpec:
 K = ActionKind
 #: Every kind's entry, in the order a cycle applies them.
 KIND: Dict[ActionKind, KindSpec] = {
-    K.RESUME: KindSpec(0, "resume", calls.resume_node, undo=undo.relayout_failed),
-    K.DRAIN: KindSpec(1, "drain", calls.drain, undo=undo.drain),
-    K.RELAYOUT_REQUEUE: KindSpec(2, "requeue", calls.requeue, undo=undo.relayout_requeue),
-    K.LADDER_REQUEUE: KindSpec(2, "requeue", calls.requeue_job, undo=undo.ladder_requeue,
+    K.RESUME: KindSpec(0, calls.resume_node, undo=undo.relayout_failed),
+    K.DRAIN: KindSpec(1, calls.drain, undo=undo.drain),
+    K.RELAYOUT_REQUEUE: KindSpec(2, calls.requeue, undo=undo.relayout_requeue),
+    K.LADDER_REQUEUE: KindSpec(2, calls.requeue_job, undo=undo.ladder_requeue,
                                overlay=calls.overlay_requeue, ladder=True),
-    K.THROTTLE: KindSpec(3, "throttle", calls.throttle, undo=undo.throttle, ladder=True),
-    K.SUSPEND: KindSpec(4, "suspend", calls.suspend, undo=undo.suspend,
+    K.THROTTLE: KindSpec(3, calls.throttle, undo=undo.throttle, ladder=True),
+    K.SUSPEND: KindSpec(4, calls.suspend, undo=undo.suspend,
                         reconcile=undo.reconcile_suspend, overlay=calls.overlay_suspend,
                         ladder=True),
-    K.MIG_APPLY: KindSpec(5, "mig-apply", calls.mig_apply, undo=undo.relayout_failed),
-    K.PARTITION_UPDATE: KindSpec(6, "partition-update", calls.partition_update,
+    K.MIG_APPLY: KindSpec(5, calls.mig_apply, undo=undo.relayout_failed),
+    K.PARTITION_UPDATE: KindSpec(6, calls.partition_update,
                                  undo=undo.partition_update,
                                  reconcile=undo.reconcile_partition_update,
                                  overlay=calls.overlay_partition_update),
-    K.QOS_LIMIT: KindSpec(7, "qos-limit", calls.qos_limit, undo=undo.qos_limit),
-    K.HOLD: KindSpec(8, "hold", batch=calls.hold, group=calls.hold_fields, undo=undo.hold,
+    K.QOS_LIMIT: KindSpec(7, calls.qos_limit, undo=undo.qos_limit),
+    K.HOLD: KindSpec(8, batch=calls.hold, group=calls.hold_fields, undo=undo.hold,
                      reconcile=undo.reconcile_hold, overlay=calls.overlay_hold),
-    K.EXCLUDE: KindSpec(9, "exclude", batch=calls.exclude, group=calls.exclude_fields,
+    K.EXCLUDE: KindSpec(9, batch=calls.exclude, group=calls.exclude_fields,
                         undo=undo.exclude, reconcile=undo.reconcile_exclude,
                         overlay=calls.overlay_exclude),
-    K.UNCOMMENT: KindSpec(10, "uncomment", batch=calls.uncomment),
-    K.RELEASE: KindSpec(11, "release", batch=calls.release, group=calls.release_fields,
+    K.UNCOMMENT: KindSpec(10, batch=calls.uncomment),
+    K.RELEASE: KindSpec(11, batch=calls.release, group=calls.release_fields,
                         undo=undo.release, reconcile=undo.reconcile_release,
                         overlay=calls.overlay_release),
-    K.BEGIN_NOW: KindSpec(12, "begin-now", batch=calls.begin_now, undo=undo.begin_now,
+    K.BEGIN_NOW: KindSpec(12, batch=calls.begin_now, undo=undo.begin_now,
                           reconcile=undo.reconcile_begin_now, overlay=calls.overlay_begin_now),
-    K.RESUME_JOB: KindSpec(13, "resume-job", calls.resume_job, undo=undo.resume_job,
+    K.RESUME_JOB: KindSpec(13, calls.resume_job, undo=undo.resume_job,
                            reconcile=undo.reconcile_resume_job, overlay=calls.overlay_resume_job,
                            ladder=True),
-    K.UNTHROTTLE: KindSpec(14, "unthrottle", calls.unthrottle, undo=undo.unthrottle,
+    K.UNTHROTTLE: KindSpec(14, calls.unthrottle, undo=undo.unthrottle,
                            reconcile=undo.reconcile_unthrottle, ladder=True),
-    K.LADDER_END: KindSpec(15, "ladder-end", calls.journal_only, ladder=True),
-    K.RECONCILE: KindSpec(16, "reconcile", calls.reconcile),
+    K.LADDER_END: KindSpec(15, calls.journal_only, ladder=True),
+    K.RECONCILE: KindSpec(16, calls.reconcile),
 }
 #: A restarted monitor's intent names kinds by their journal name: those it reconciles.
 RECONCILE_BY_JOURNAL: Dict[str, Reconcile] = {
-    spec.journal: spec.reconcile for spec in KIND.values() if spec.reconcile is not None}
-
-
-@dataclass(frozen=True)
-class Action:
-    """One change the monitor wants: ``kind`` on ``target`` because of ``reason``."""
-
-    #: A kind's value ("hold") is equal to it and hashes alike, so it finds the same entry:
-    #: compare kinds with ``==``. (No conversion here: 60,000 actions a cycle.)
-    kind: ActionKind
-    target: str
-    reason: str
-    details: Dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def spec(self) -> KindSpec:
-        return KIND[self.kind]
-
-    @property
-    def name(self) -> str:
-        """The kind as the journal, the reports and the logs name it."""
-        return KIND[self.kind].journal
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.name, "target": self.target, "reason": self.reason,
-                "details": dict(self.details)}
-
-    def describe(self) -> str:
-        return f"{self.name} {self.target}: {self.reason}"
+    kind.journal: spec.reconcile for kind, spec in KIND.items() if spec.reconcile is not None}

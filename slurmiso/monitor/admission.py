@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Protocol, Set, Tuple
 
 from slurmiso.hostlist import compress
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.admission_state import Hold
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.exclusions import (

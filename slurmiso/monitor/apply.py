@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from slurmiso.errors import SlurmisoError, SlurmUnavailable
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
+from slurmiso.monitor.actions import KIND
 from slurmiso.monitor.calls import quote
 from slurmiso.state.journal import MONITOR_SOURCE
 
@@ -88,7 +89,7 @@ class Applier:
                 outcomes.append(Outcome(act, True))
                 i += 1
                 continue
-            spec = act.spec
+            spec = KIND[act.kind]
             if spec.batch is not None:
                 j = i
                 while j < len(actions) and actions[j].kind == act.kind:
@@ -123,7 +124,7 @@ class Applier:
 
     # ------------------------------------------------------------------------- internals
     def _batch(self, acts: Sequence[Action]) -> List[Outcome]:
-        batch = acts[0].spec.batch
+        batch = KIND[acts[0].kind].batch
         assert batch is not None
         try:
             batch(self, [a.target for a in acts], acts[0].details)
@@ -176,7 +177,7 @@ class Applier:
                     "written" if note else "removed", exc)
 
     def _one(self, act: Action) -> Outcome:
-        spec = act.spec
+        spec = KIND[act.kind]
         try:
             if spec.call is None:
                 raise SlurmisoError(f"monitor action {act.name!r} is applied in batches")

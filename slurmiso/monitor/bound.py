@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
+from slurmiso.monitor.actions import KIND
 from slurmiso.monitor.attribution import gpu_key
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import Memory, Policy
@@ -119,7 +120,7 @@ def annotate(actions: List[Action], mem: Memory, policy: Policy) -> None:
     bound; None when none is left) and the bound's direction, for the applier's note in the
     job's ``AdminComment`` and for the journal."""
     for act in actions:
-        if not act.spec.ladder:
+        if not KIND[act.kind].ladder:
             continue
         rec = mem.restrained.get(act.target)
         act.details["left"] = _left(rec, policy)

@@ -8,14 +8,36 @@ shows the job as asked) or "gone" (it ended). A refusal raises
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Protocol, Set
 
 from slurmiso.hostlist import compress
+from slurmiso.monitor.action import Action
 
-if TYPE_CHECKING:
-    from slurmiso.monitor.actions import Action
-    from slurmiso.monitor.apply import Applier
-    from slurmiso.monitor.loop import DryRunOverlay
+
+class ApplierPort(Protocol):
+    """What a call needs of :class:`slurmiso.monitor.apply.Applier` (a protocol, so the
+    table that names the calls does not import the applier that runs them)."""
+
+    slurm: Any
+
+    def comment(self, ids: List[str], text: str) -> None: ...
+
+    def reconcile(self, node: str, live_jobs: List[str]) -> Any: ...
+
+    def relayout(self, node: str, layout: str) -> None: ...
+
+
+class OverlayPort(Protocol):
+    """What an overlay changes of :class:`slurmiso.monitor.loop.DryRunOverlay`."""
+
+    held: Set[str]
+    released: Set[str]
+    exc: Dict[str, str]
+    begun: Set[str]
+    parts: Dict[str, List[str]]
+    suspended: Set[str]
+    resumed: Set[str]
+    requeued: Set[str]
 
 
 def quote(text: str) -> str:
@@ -24,64 +46,64 @@ def quote(text: str) -> str:
 
 
 # ------------------------------------------------------------------ one action per call
-def resume_node(ap: Applier, act: Action) -> str:
+def resume_node(ap: ApplierPort, act: Action) -> str:
     ap.slurm.resume(act.target)
     return "done"
 
 
-def drain(ap: Applier, act: Action) -> str:
+def drain(ap: ApplierPort, act: Action) -> str:
     ap.slurm.drain(act.target, f"slurmiso monitor: {act.reason}")
     return "done"
 
 
-def requeue(ap: Applier, act: Action) -> str:
+def requeue(ap: ApplierPort, act: Action) -> str:
     ap.slurm.requeue([act.target])
     return "done"
 
 
-def mig_apply(ap: Applier, act: Action) -> str:
+def mig_apply(ap: ApplierPort, act: Action) -> str:
     ap.relayout(act.target, str(act.details["layout"]))
     return "done"
 
 
-def partition_update(ap: Applier, act: Action) -> str:
+def partition_update(ap: ApplierPort, act: Action) -> str:
     ap.slurm.set_partition_nodes(act.target, compress(act.details["nodes"]))
     return "done"
 
 
-def qos_limit(ap: Applier, act: Action) -> str:
+def qos_limit(ap: ApplierPort, act: Action) -> str:
     lift = {t: -1 for t in act.details.get("lift", ("gpu",))}
     ap.slurm.set_qos_grp_tres(act.target, act.details.get("tres") or lift)
     return "done"
 
 
-def reconcile(ap: Applier, act: Action) -> str:
+def reconcile(ap: ApplierPort, act: Action) -> str:
     act.details["fixes"] = ap.reconcile(act.target, list(act.details.get("live_jobs", [])))
     return "done"
 
 
 # ------------------------------------------------------------- the ladder's, one job each
-def throttle(ap: Applier, act: Action) -> str:
+def throttle(ap: ApplierPort, act: Action) -> str:
     return str(ap.slurm.signal_job(act.target, str(act.details.get("sends") or "URG")))
 
 
-def unthrottle(ap: Applier, act: Action) -> str:
+def unthrottle(ap: ApplierPort, act: Action) -> str:
     return str(ap.slurm.signal_job(act.target, str(act.details.get("sends") or "WINCH")))
 
 
-def suspend(ap: Applier, act: Action) -> str:
+def suspend(ap: ApplierPort, act: Action) -> str:
     return str(ap.slurm.suspend(act.target))
 
 
-def resume_job(ap: Applier, act: Action) -> str:
+def resume_job(ap: ApplierPort, act: Action) -> str:
     return str(ap.slurm.resume_job(act.target))
 
 
-def requeue_job(ap: Applier, act: Action) -> str:
+def requeue_job(ap: ApplierPort, act: Action) -> str:
     return str(ap.slurm.requeue_job(act.target, bool(act.details.get("suspended"))))
 
 
-def journal_only(ap: Applier, act: Action) -> str:
+def journal_only(ap: ApplierPort, act: Action) -> str:
     return "done"  # ladder-end: a journal line only
 
 
@@ -103,27 +125,27 @@ def exclude_fields(act: Action) -> Any:
     return (act.details.get("nodes"), act.details.get("comment"))
 
 
-def hold(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+def hold(ap: ApplierPort, ids: List[str], details: Mapping[str, Any]) -> None:
     ap.slurm.hold(ids)
     if details.get("comment"):
         ap.comment(ids, str(details["comment"]))
 
 
-def release(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+def release(ap: ApplierPort, ids: List[str], details: Mapping[str, Any]) -> None:
     ap.slurm.release(ids)
     if details.get("uncomment"):
         ap.comment(ids, "")
 
 
-def begin_now(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+def begin_now(ap: ApplierPort, ids: List[str], details: Mapping[str, Any]) -> None:
     ap.slurm.update_jobs(ids, {"StartTime": "now"})
 
 
-def uncomment(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+def uncomment(ap: ApplierPort, ids: List[str], details: Mapping[str, Any]) -> None:
     ap.slurm.update_jobs(ids, {"Comment": ""})
 
 
-def exclude(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
+def exclude(ap: ApplierPort, ids: List[str], details: Mapping[str, Any]) -> None:
     fields: Dict[str, str] = {"ExcNodeList": str(details.get("nodes") or "")}
     if details.get("comment") is not None:
         fields["Comment"] = quote(str(details["comment"]))
@@ -131,37 +153,37 @@ def exclude(ap: Applier, ids: List[str], details: Mapping[str, Any]) -> None:
 
 
 # ------------------------------------------------------------- a dry run's next snapshot
-def overlay_hold(ov: DryRunOverlay, act: Action) -> None:
+def overlay_hold(ov: OverlayPort, act: Action) -> None:
     ov.held.add(act.target)
     ov.released.discard(act.target)
 
 
-def overlay_release(ov: DryRunOverlay, act: Action) -> None:
+def overlay_release(ov: OverlayPort, act: Action) -> None:
     ov.released.add(act.target)
     ov.held.discard(act.target)
 
 
-def overlay_exclude(ov: DryRunOverlay, act: Action) -> None:
+def overlay_exclude(ov: OverlayPort, act: Action) -> None:
     ov.exc[act.target] = str(act.details.get("nodes") or "")
 
 
-def overlay_begin_now(ov: DryRunOverlay, act: Action) -> None:
+def overlay_begin_now(ov: OverlayPort, act: Action) -> None:
     ov.begun.add(act.target)
 
 
-def overlay_partition_update(ov: DryRunOverlay, act: Action) -> None:
+def overlay_partition_update(ov: OverlayPort, act: Action) -> None:
     ov.parts[act.target] = list(act.details.get("nodes", ()))
 
 
-def overlay_suspend(ov: DryRunOverlay, act: Action) -> None:
+def overlay_suspend(ov: OverlayPort, act: Action) -> None:
     ov.suspended.add(act.target)
     ov.resumed.discard(act.target)
 
 
-def overlay_resume_job(ov: DryRunOverlay, act: Action) -> None:
+def overlay_resume_job(ov: OverlayPort, act: Action) -> None:
     ov.resumed.add(act.target)
     ov.suspended.discard(act.target)
 
 
-def overlay_requeue(ov: DryRunOverlay, act: Action) -> None:
+def overlay_requeue(ov: OverlayPort, act: Action) -> None:
     ov.requeued.add(act.target)

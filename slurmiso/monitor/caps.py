@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.admission_state import Cap
 from slurmiso.monitor.exclusions import note_is_ours
 from slurmiso.monitor.gates import GateState

@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from slurmiso.hostlist import compress
-from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL, Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
+from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL
 from slurmiso.monitor.admission import admission
 from slurmiso.monitor.admission_state import Loan
 from slurmiso.monitor.attribution import Attribution
@@ -81,7 +82,7 @@ def failed(memory: Memory, action: Action, error: str) -> Memory:
     """The memory to keep when applying ``action`` failed: as if it had not been decided,
     so the next cycle tries again (or, for a re-layout, puts the node back in service)."""
     mem = memory.copy()
-    undo = action.spec.undo
+    undo = KIND[action.kind].undo
     if undo is not None:
         undo(mem, action, error)
     return mem

@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from slurmiso.hostlist import compress, expand
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.policy import Memory
 from slurmiso.monitor.snapshot import JobInfo, Snapshot
 

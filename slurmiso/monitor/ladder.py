@@ -37,7 +37,7 @@ from slurmiso.config.model import LADDER_STEPS, SHARED_MODES
 from slurmiso.exposition.histogram import quantile
 from slurmiso.exposition.job_series import JobSignals, unknown_fields
 from slurmiso.host.diagnosis import Diagnosis
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate, end_unhot
 from slurmiso.monitor.contention import diagnose_breach, record

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from slurmiso.atomic import write_atomic
 from slurmiso.errors import StateError
 from slurmiso.monitor import snapshot as snapmod
+from slurmiso.monitor.actions import KIND
 from slurmiso.monitor.apply import Applier, Outcome
 from slurmiso.monitor.decide import decide, failed, intent_of
 from slurmiso.monitor.policy import Memory, Policy
@@ -90,7 +91,7 @@ class DryRunOverlay:
 
     def record(self, outcomes: List[Outcome]) -> None:
         for out in outcomes:
-            overlay = out.action.spec.overlay
+            overlay = KIND[out.action.kind].overlay
             if out.ok and overlay is not None:
                 overlay(self, out.action)
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
-from slurmiso.monitor.actions import Action as Action  # re-exported: its old home
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.restraints import OnBound

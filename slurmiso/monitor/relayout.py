@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
 from slurmiso.slurm.gres import gpu_types

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set
 
-from slurmiso.monitor.actions import ActionKind
+from slurmiso.monitor.action import ActionKind
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.unknown import view as unknown_view
 

@@ -14,7 +14,7 @@ from slurmiso.monitor.admission_state import Cap, Hold, Loan
 from slurmiso.monitor.ladder_state import Restraint
 
 if TYPE_CHECKING:
-    from slurmiso.monitor.actions import Action
+    from slurmiso.monitor.action import Action
     from slurmiso.monitor.policy import Memory
     from slurmiso.monitor.snapshot import JobInfo, Snapshot
 

@@ -10,7 +10,8 @@ from typing import Any, List
 import pytest
 
 import slurmiso.monitor.actions as actions_module
-from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL, Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
+from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL
 from slurmiso.monitor.admission_state import Hold
 from slurmiso.monitor.apply import Applier, Outcome
 from slurmiso.monitor.decide import failed, intent_of, reconcile_intent

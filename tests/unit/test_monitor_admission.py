@@ -10,7 +10,7 @@ from typing import List, Tuple
 import pytest
 
 import slurmiso.monitor.gates as gates_module
-from slurmiso.monitor.actions import Action, ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.admission import (
     MODES,
     HoldAdmission,

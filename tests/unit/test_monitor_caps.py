@@ -11,10 +11,10 @@ import pytest
 
 from slurmiso.config import parse_config
 from slurmiso.errors import ConfigError
-from slurmiso.monitor.actions import ActionKind
+from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide, failed
-from slurmiso.monitor.policy import Action, Memory, Policy, policy_from_config
+from slurmiso.monitor.policy import Memory, Policy, policy_from_config
 from slurmiso.slurm.client import SlurmCli
 from slurmiso.slurm.gres import gres_counts
 from tests.unit.test_monitor_decide import MIG, POLICY, T0, _mig_node, job, kinds, node, snap

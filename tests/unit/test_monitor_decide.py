@@ -6,9 +6,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
+from slurmiso.monitor.action import Action
 from slurmiso.monitor.admission_state import Hold
 from slurmiso.monitor.decide import decide, failed
-from slurmiso.monitor.policy import Action, Memory, Policy, SloLimit
+from slurmiso.monitor.policy import Memory, Policy, SloLimit
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot, dumps, loads
 
 T0 = 1_000_000.0

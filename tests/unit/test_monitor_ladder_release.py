@@ -21,9 +21,10 @@ from test_monitor_ladder import (
     shared_pair,
 )
 
+from slurmiso.monitor.action import Action
 from slurmiso.monitor.ladder import CALM, calm_start
 from slurmiso.monitor.ladder_state import Rung
-from slurmiso.monitor.policy import Action, Memory, Policy, override
+from slurmiso.monitor.policy import Memory, Policy, override
 from slurmiso.monitor.snapshot import Snapshot
 
 

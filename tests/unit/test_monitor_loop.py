@@ -126,7 +126,7 @@ def test_second_monitor_stays_idle(tmp_path: os.PathLike[str]) -> None:
 
 
 def test_applier_batches_and_splits_on_failure() -> None:
-    from slurmiso.monitor.policy import Action
+    from slurmiso.monitor.action import Action
 
     class Picky(FakeSlurm):
         def hold(self, ids: List[str]) -> None:

@@ -10,9 +10,10 @@ from typing import List
 
 from test_monitor_scenarios import BASE, T0, FakeCluster
 
+from slurmiso.monitor.action import Action
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide
-from slurmiso.monitor.policy import Action, Memory
+from slurmiso.monitor.policy import Memory
 from slurmiso.monitor.snapshot import JobInfo
 from slurmiso.state import Journal
 

@@ -11,9 +11,10 @@ import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.hostlist import expand
+from slurmiso.monitor.action import Action
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide
-from slurmiso.monitor.policy import Action, Memory, Policy, SloLimit
+from slurmiso.monitor.policy import Memory, Policy, SloLimit
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 
 T0 = 1_000_000.0

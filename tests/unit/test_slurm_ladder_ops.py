@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 
 from slurmiso.errors import SlurmError
+from slurmiso.monitor.action import Action
 from slurmiso.monitor.apply import Applier
-from slurmiso.monitor.policy import Action
 from slurmiso.slurm import client
 from slurmiso.slurm.client import SlurmCli
 
