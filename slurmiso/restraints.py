@@ -53,6 +53,8 @@ PREFIX = "slurmiso-restraint:"
 M_RESTRAINT = "slurmiso_job_restraint_seconds"
 M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
 M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
+#: Per knob of a host limit the node applied (slurmiso/agent/host_rung.py): seconds in force.
+M_HOST_LIMIT = "slurmiso_job_host_limit_seconds"
 #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
 ADMIN_COMMENT_WIDTH = 1024  # SlurmCli.ADMIN_COMMENT_WIDTH
 
@@ -363,7 +365,7 @@ def end_over_bound(slurm: Any, state_dir: str, found: Sequence[NodeRestraint], n
             lines[-1] += f" -- FAILED: {exc}"
             _journal(journal, r, now, how, ok=False, error=str(exc))
             continue
-        _clear_note(slurm, r.job)
+        clear_note(slurm, r.job)
         _journal(journal, r, now, how, ok=True, note=said)
     return lines
 
@@ -386,8 +388,11 @@ def _end(slurm: Any, r: NodeRestraint, unthrottle_signal: str) -> str:
     return said if suspended else signalled
 
 
-def _clear_note(slurm: Any, job: str) -> None:
-    """Remove our token from the job's ``AdminComment``: the restraint is over."""
+def clear_note(slurm: Any, job: str) -> None:
+    """Remove our token from the job's ``AdminComment``: the restraint is over (``slurm``
+    None: nothing to ask)."""
+    if slurm is None:
+        return
     from slurmiso.errors import SlurmisoError
 
     try:
