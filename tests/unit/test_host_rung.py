@@ -434,3 +434,45 @@ def test_the_collector_exports_applied_limits(v2: pathlib.Path) -> None:
 def test_end_over_bound_leaves_host_limits_to_the_node_executor(tmp_path: pathlib.Path) -> None:
     old = _book(since=NOW - 7200)
     assert end_over_bound(None, str(tmp_path), old, NOW, 30, "WINCH", False) == []
+
+
+def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
+    """One restraint-watch round with a host-limit note applies it through the real
+    writer; the next, without the note, restores it."""
+    from slurmiso.agent.restraint_watch import restraint_watch
+    from slurmiso.config import load_config
+    from slurmiso.state import NodeState
+    from tests.hookctx import write_config
+
+    path = write_config(str(tmp_path), "mps")
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    data.setdefault("monitor", {}).setdefault("ladder", {})["host_limit"] = {
+        "levels": [{"cpu_cores": 2, "cpu_weight": 20}]}
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f)
+    cfg = load_config(path)
+    root = tmp_path / "cg"
+    shutil.copytree(os.path.join(FIX, "slurm-v2"), str(root))
+    job = root / "system.slice" / "node1_slurmstepd.scope" / "job_4242"
+    shutil.copytree(os.path.join(FIX, "v2", "job_4242"), str(job))
+    before = _tree(root)
+    NodeState(cfg.paths.state_dir_for("node1")).write_job("4242", JobRecord(
+        "4242", job_class="train"))
+    note = Note(RestraintStep.HOST_LIMIT, NOW - 60, "node1", 0, "4711", 3600, OnBound.RESUME, 1)
+
+    class Squeue:
+        rows = [note.text()]
+
+        def run(self, cmd: str, args: List[str], *a: Any, **k: Any) -> str:
+            return "".join(f"{'4242':<40}{'RUNNING':<24}{c}\n" for c in self.rows)
+
+    slurm = Squeue()
+    lines = restraint_watch(cfg, "node1", slurm, clock=lambda: NOW, cgroup_root=str(root))
+    assert lines == ["job 4242: host-limit: host limit level 1 applied"]
+    assert (job / "cpu.weight").read_text() == "20"  # the real writer: no newline added
+    slurm.rows = []
+    lines = restraint_watch(cfg, "node1", slurm, clock=lambda: NOW + 30, cgroup_root=str(root))
+    assert "restored" in lines[0]
+    assert {k: v.split() for k, v in _tree(root).items()} == {
+        k: v.split() for k, v in before.items()}
