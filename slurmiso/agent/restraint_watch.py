@@ -80,10 +80,8 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
     """One round of the agent's restraint watch: read the node's restraints from Slurm
     into root's record, end those past their bound while no monitor is alive, and run the
     host rung (:mod:`slurmiso.agent.host_rung`) on the host-limit notes."""
-    import os
-
     from slurmiso import restraints as r
-    from slurmiso.host.limit_record import record_path
+    from slurmiso.host.limit_record import load_record
 
     if slurm is None:
         from slurmiso.slurm.client import SlurmCli
@@ -94,7 +92,8 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
     from slurmiso.state import NodeState
 
     records = NodeState(state_dir).jobs()
-    limited = os.path.exists(record_path(state_dir))
+    held = load_record(state_dir)
+    limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
     if not records and not r.load_book(state_dir)["restraints"] and not limited:
         return []  # no job here and none restrained: nothing to ask slurmctld about
     book = r.refresh(slurm, state_dir, node, now)

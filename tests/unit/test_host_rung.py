@@ -476,3 +476,19 @@ def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
     assert "restored" in lines[0]
     assert {k: v.split() for k, v in _tree(root).items()} == {
         k: v.split() for k, v in before.items()}
+
+
+def test_an_emptied_record_does_not_make_the_watch_ask_slurm(tmp_path: pathlib.Path) -> None:
+    from slurmiso.agent.restraint_watch import restraint_watch
+    from slurmiso.config import load_config
+    from slurmiso.host.limit_record import HostRecord, save_record
+    from tests.hookctx import write_config
+
+    cfg = load_config(write_config(str(tmp_path), "mps"))
+    save_record(cfg.paths.state_dir_for("node1"), HostRecord())
+
+    class Refusing:
+        def run(self, *a: Any, **k: Any) -> str:
+            raise AssertionError("no job, no restraint, no limit: slurmctld is not asked")
+
+    assert restraint_watch(cfg, "node1", Refusing(), clock=lambda: NOW) == []
