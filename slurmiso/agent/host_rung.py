@@ -17,7 +17,18 @@ host-rung set, never ``memory.max``). Each apply, end and refusal is one journal
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from slurmiso.errors import HostLimitError
 from slurmiso.host.cgroup_figures import CgroupVersion
@@ -35,6 +46,9 @@ from slurmiso.host.rate_limit import LimitRequest, plan_limit, read_settings
 from slurmiso.restraints import NodeRestraint, Note, RestraintStep, clear_note, node_ends
 from slurmiso.sluid import is_sluid
 
+if TYPE_CHECKING:
+    from slurmiso.config.model import HostLimitLevel
+
 log = logging.getLogger(__name__)
 
 #: Journal events (the node's journal).
@@ -44,7 +58,7 @@ EV_REFUSED = "host-limit-refused"
 _Key = Tuple[str, float, int]
 
 
-def request_for(level: Any) -> LimitRequest:
+def request_for(level: HostLimitLevel) -> LimitRequest:
     """A ``monitor.ladder.host_limit.levels[i]`` (config) as the planner's request."""
     mem = level.memory_high_mb
     return LimitRequest(cpu_cores=level.cpu_cores, cpu_weight=level.cpu_weight,
@@ -68,7 +82,7 @@ def _key(note: Note, job: str) -> _Key:
 class HostRung:
     """One node's executor of host-limit notes; :meth:`round` is one pass."""
 
-    def __init__(self, state_dir: str, node: str, levels: Sequence[Any],
+    def __init__(self, state_dir: str, node: str, levels: Sequence[HostLimitLevel],
                  training_classes: Iterable[str], interval_s: float, journal: Any = None,
                  cgroup_root: str = "/sys/fs/cgroup", slurm: Any = None,
                  writer_for: Callable[[Iterable[str]], CgroupWriter] = FileCgroupWriter) -> None:

@@ -163,7 +163,7 @@ def save_record(state_dir: str, rec: HostRecord) -> None:
     data = {"version": VERSION, "applied": [a.to_dict() for a in rec.applied],
             "done": [{"job": k[0], "since": k[1], "level": k[2], "why": why}
                      for k, why in sorted(rec.done.items())]}
-    write_atomic(record_path(state_dir), json.dumps(data, sort_keys=True) + "\n", mode=0o600)
+    write_atomic(record_path(state_dir), json.dumps(data, sort_keys=True) + "\n", mode=0o644)
 
 
 def quarantine(state_dir: str, now: float) -> Optional[str]:
