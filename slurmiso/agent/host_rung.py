@@ -17,6 +17,7 @@ host-rung set, never ``memory.max``). Each apply, end and refusal is one journal
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -131,21 +132,21 @@ class HostRung:
                           "ended or was requeued): nothing to restore, record dropped",
                           level=a.level, dirs=list(a.dirs), knobs=list(a.knobs()))
                 continue
-            if note is not None and _key(note, a.job) == a.key():
-                if not node_ends(self.state_dir, note, self.interval_s, now):
-                    keep.append(a)
-                    continue
-                why = (f"past its bound ({note.max_s:.0f}s, {note.age(now):.0f}s old) with no "
-                       "live monitor: restored")
+            if note is None or _key(note, a.job) != a.key():
+                left = self._restore(a, "its note was removed or changed (the monitor "
+                                     "released it): restored", now, note)
+            elif node_ends(self.state_dir, note, self.interval_s, now):
                 rec.done[a.key()] = "ended at its bound by the node"
-                if self._restore(a, why, now, note):
+                left = self._restore(a, f"past its bound ({note.max_s:.0f}s, "
+                                     f"{note.age(now):.0f}s old) with no live monitor: "
+                                     "restored", now, note)
+                if left is None:
                     clear_note(self.slurm, a.job)
-                    continue
-            elif self._restore(a, "its note was removed or changed (the monitor released "
-                               "it): restored", now, note):
-                continue
-            keep.append(a)
-        changed = len(keep) != len(rec.applied)
+            else:
+                left = a
+            if left is not None:
+                keep.append(left)
+        changed = keep != rec.applied
         rec.applied = keep
         return changed
 
@@ -154,27 +155,31 @@ class HostRung:
         return (cg is not None and cgroup_dirs(cg) == a.dirs
                 and dir_inodes(a.dirs) == a.inodes)
 
-    def _restore(self, a: Applied, why: str, now: float, note: Optional[Note]) -> bool:
-        """Put the job's knobs back exactly; True when done (the entry may go)."""
+    def _restore(self, a: Applied, why: str, now: float,
+                 note: Optional[Note]) -> Optional[Applied]:
+        """Put the job's knobs back exactly: None when done, else the entry to keep and
+        retry (its first failure is journaled, each one logged)."""
         try:
             restore_plan(self.writer_for(a.dirs), a.plan())
         except HostLimitError as exc:
             log.warning("host rung: job %s: restore failed: %s", a.job, exc)
-            self._say(EV_END, a.job, now, False, f"{why} -- FAILED, kept to retry: {exc}",
-                      level=a.level, knobs=list(a.knobs()), note=note)
-            return False
+            if not a.failed:
+                self._say(EV_END, a.job, now, False, f"{why} -- FAILED, kept to retry: {exc}",
+                          level=a.level, knobs=list(a.knobs()), note=note)
+            return replace(a, failed=a.failed + 1)
         self._say(EV_END, a.job, now, True, why, level=a.level, knobs=list(a.knobs()),
                   dirs=list(a.dirs), note=note)
-        return True
+        return None
 
     # ----------------------------------------------------------------------- the starts
     def _start(self, rec: HostRecord, wanted: Dict[str, Note], records: Mapping[str, Any],
                found: Dict[str, JobCgroup], now: float) -> bool:
         applied = {a.key() for a in rec.applied}
+        busy = {a.job for a in rec.applied}  # an earlier limit not yet undone: wait for it
         changed = False
         for job, note in sorted(wanted.items()):
             key = _key(note, job)
-            if key in applied or key in rec.done:
+            if key in applied or key in rec.done or job in busy:
                 continue
             changed = True
             why = self._refusal(job, note, records.get(job), found.get(job), now)

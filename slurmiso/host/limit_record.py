@@ -44,6 +44,8 @@ class Applied:
     inodes: Tuple[int, ...]
     steps: Tuple[Step, ...]
     at: float
+    #: Restores tried and failed so far (the first is journaled, every one retried).
+    failed: int = 0
 
     def key(self) -> Tuple[str, float, int]:
         return (self.job, self.since, self.level)
@@ -57,6 +59,7 @@ class Applied:
     def to_dict(self) -> Dict[str, Any]:
         return {"job": self.job, "since": self.since, "level": self.level,
                 "dirs": list(self.dirs), "inodes": list(self.inodes), "at": self.at,
+                "failed": self.failed,
                 "steps": [{"knob": s.knob,
                            "apply": [[w.path, w.value] for w in s.apply],
                            "restore": [[w.path, w.value] for w in s.restore]}
@@ -117,7 +120,7 @@ def _applied(d: Any) -> Applied:
     if not re.fullmatch(r"[0-9]{1,12}(_[0-9]{1,10})?(\+[0-9]{1,4})?", job):
         raise ValueError(f"job {job[:20]!r} is not a Slurm job id")
     return Applied(job, float(d["since"]), int(d["level"]), dirs, inodes, steps,
-                   float(d["at"]))
+                   float(d["at"]), int(d.get("failed", 0)))
 
 
 def load_record(state_dir: str) -> HostRecord:

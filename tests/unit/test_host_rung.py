@@ -492,3 +492,29 @@ def test_an_emptied_record_does_not_make_the_watch_ask_slurm(tmp_path: pathlib.P
             raise AssertionError("no job, no restraint, no limit: slurmctld is not asked")
 
     assert restraint_watch(cfg, "node1", Refusing(), clock=lambda: NOW) == []
+
+
+def test_a_failed_restore_is_kept_retried_and_journaled_once(v2: pathlib.Path) -> None:
+    from slurmiso.errors import HostLimitError
+
+    broken = {"on": False}
+
+    class Flaky(KernelDisk):
+        def write(self, change: CgroupWrite) -> None:
+            if broken["on"] and change.path.endswith("cpu.max"):
+                raise HostLimitError(f"error writing to {change.path}: device busy")
+            super().write(change)
+
+    before = _tree(v2 / "cg")
+    soft = HostLimitLevel(cpu_cores=1.0)
+    _rung(v2, levels=(soft, LEVEL), writer_for=Flaky).round(_book(), _records(), NOW)
+    broken["on"] = True
+    for t in (30, 60):  # the monitor moved the job to level 2; the old undo fails twice
+        _rung(v2, levels=(soft, LEVEL), writer_for=Flaky).round(_book(level=2), _records(),
+                                                               NOW + t)
+    rec = load_record(str(v2 / "state"))
+    assert [(a.level, a.failed) for a in rec.applied] == [(1, 2)]  # level 2 waits for it
+    assert [e["ok"] for e in _journal(v2) if e["event"] == "host-limit-end"] == [False]
+    broken["on"] = False
+    _rung(v2, levels=(soft, LEVEL), writer_for=Flaky).round([], _records(), NOW + 90)
+    assert _tree(v2 / "cg") == before and load_record(str(v2 / "state")).applied == []
