@@ -3,7 +3,7 @@ undo it exactly when the note goes, the job ends, or its bound passes with no li
 
     >>> rung = HostRung(state_dir, "n1", levels, ("train",), 30, journal)   # doctest: +SKIP
     >>> rung.round(book["restraints"], NodeState(state_dir).jobs(), now)    # doctest: +SKIP
-    ['job 4242: host limit level 1 applied (cpu.max, cpu.weight)']
+    ['job 4242: host-limit: host limit level 1 applied']
 
 Run by the agent's restraint watch after each read of Slurm (docs/host-contention.md).
 Root's record (:mod:`slurmiso.host.limit_record`) is written before a limit is applied and
