@@ -8,9 +8,14 @@ site keeps in it::
 
     slurmiso-restraint:step=suspend,since=1733460000,gpu=n3/0,cause=4711,max=1800,on=resume
 
-``step`` is the rung the job is at (``throttle`` or ``suspend``), ``since`` when it was
-taken (the monitor's clock), ``cause`` the inference job behind it, ``max`` the step's bound
-(``monitor.ladder.<step>.max``) and ``on`` how the bound ends it (``on_bound``).
+``step`` is the rung the job is at (``throttle``, ``suspend`` or ``host-limit``), ``since``
+when it was taken (the monitor's clock), ``cause`` the inference job behind it, ``max`` the
+step's bound (``monitor.ladder.<step>.max``) and ``on`` how the bound ends it (``on_bound``).
+A ``host-limit`` token also names the level the node applies (``lvl=1``..``lvl=9``, a level
+of the node's own ``monitor.ladder.host_limit``) and is always ``on=resume``: the node ends it
+by restoring the job's cgroup (:mod:`slurmiso.agent.host_rung`, docs/host-contention.md):
+``step=host-limit,since=1733460000,gpu=n3/0,cause=4711,max=3600,on=resume,lvl=1`` after the
+prefix, one word.
 
 The monitor proves it is alive by scraping the node's agent with the
 :data:`HEARTBEAT_HEADER` header holding a MUNGE credential root made for that node
@@ -48,6 +53,8 @@ PREFIX = "slurmiso-restraint:"
 M_RESTRAINT = "slurmiso_job_restraint_seconds"
 M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
 M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
+#: Per knob of a host limit the node applied (slurmiso/agent/host_rung.py): seconds in force.
+M_HOST_LIMIT = "slurmiso_job_host_limit_seconds"
 #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
 ADMIN_COMMENT_WIDTH = 1024  # SlurmCli.ADMIN_COMMENT_WIDTH
 
@@ -57,6 +64,8 @@ class RestraintStep(str, enum.Enum):
 
     THROTTLE = "throttle"
     SUSPEND = "suspend"
+    #: The host rung: the node rate-limits the job's cgroup (slurmiso/agent/host_rung.py).
+    HOST_LIMIT = "host-limit"
 
 
 class OnBound(str, enum.Enum):
@@ -67,9 +76,11 @@ class OnBound(str, enum.Enum):
 
 
 _TOKEN = re.compile(
-    re.escape(PREFIX) + r"step=(?P<step>throttle|suspend),since=(?P<since>[0-9]{1,12}),"
+    re.escape(PREFIX) + r"step=(?P<step>throttle|suspend|host-limit),since=(?P<since>[0-9]{1,12}),"
     r"gpu=(?P<node>[A-Za-z0-9._-]{1,64})/(?P<gpu>[0-9]{1,3}),cause=(?P<cause>[A-Za-z0-9_+]{0,24}),"
-    r"max=(?P<max>[0-9]{1,9}),on=(?P<on>resume|requeue)(?=\s|$)")
+    r"max=(?P<max>[0-9]{1,9}),on=(?P<on>resume|requeue)(?:,lvl=(?P<lvl>[1-9]))?(?=\s|$)")
+#: The host rung's levels: ``lvl=1``..``lvl=9`` (``monitor.ladder.host_limit.levels``).
+MAX_HOST_LEVEL = 9
 _ANY_TOKEN = re.compile(re.escape(PREFIX) + r"\S*")
 
 
@@ -84,20 +95,39 @@ class Note:
     cause: str
     max_s: float
     on_bound: OnBound
+    #: The host rung's level (1..9) on a ``host-limit`` note; 0 on every other step.
+    level: int = 0
+
+    def __post_init__(self) -> None:
+        if self.step is RestraintStep.HOST_LIMIT:
+            if not 1 <= self.level <= MAX_HOST_LEVEL:
+                raise ValueError(f"a host-limit note needs a level 1..{MAX_HOST_LEVEL}, "
+                                 f"got {self.level}")
+            if self.on_bound is not OnBound.RESUME:
+                raise ValueError("a host-limit note ends by resume (the node restores the "
+                                 "job's cgroup), never requeue")
+        elif self.level != 0:
+            raise ValueError(f"a {self.step.value} note has no level")
 
     def text(self) -> str:
+        lvl = f",lvl={self.level}" if self.step is RestraintStep.HOST_LIMIT else ""
         return (f"{PREFIX}step={self.step.value},since={int(self.since)},"
                 f"gpu={self.node}/{self.gpu},cause={self.cause},max={int(self.max_s)},"
-                f"on={self.on_bound.value}")
+                f"on={self.on_bound.value}{lvl}")
 
     @classmethod
     def parse(cls, admin_comment: str) -> Optional[Note]:
-        """Our token in an ``AdminComment`` (the first whole one), else None."""
-        m = _TOKEN.search(admin_comment or "")
-        if m is None:
-            return None
-        return cls(RestraintStep(m["step"]), float(m["since"]), m["node"], int(m["gpu"]),
-                   m["cause"], float(m["max"]), OnBound(m["on"]))
+        """Our token in an ``AdminComment`` (the first whole one), else None; a token whose
+        fields do not go together (a host-limit without a level or ending by requeue, a
+        level on another step) is none of ours."""
+        for m in _TOKEN.finditer(admin_comment or ""):
+            try:
+                return cls(RestraintStep(m["step"]), float(m["since"]), m["node"],
+                           int(m["gpu"]), m["cause"], float(m["max"]), OnBound(m["on"]),
+                           int(m["lvl"] or 0))
+            except ValueError:
+                continue
+        return None
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.since)
@@ -106,9 +136,12 @@ class Note:
         return self.age(now) >= self.max_s
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"step": self.step.value, "since": self.since, "node": self.node,
-                "gpu": self.gpu, "cause": self.cause, "max_s": self.max_s,
-                "on_bound": self.on_bound.value}
+        out = {"step": self.step.value, "since": self.since, "node": self.node,
+               "gpu": self.gpu, "cause": self.cause, "max_s": self.max_s,
+               "on_bound": self.on_bound.value}
+        if self.level:
+            out["level"] = self.level
+        return out
 
 
 def write_note(slurm: Any, job: str, note: Optional[Note]) -> None:
@@ -210,6 +243,12 @@ def monitor_alive(state_dir: str, interval_s: float, now: float) -> bool:
     return age is not None and age <= alive_limit(interval_s)
 
 
+def node_ends(state_dir: str, note: Note, interval_s: float, now: float) -> bool:
+    """The rule :func:`end_over_bound` ends by: ``note`` is past its bound and no monitor is
+    alive (with a live monitor the monitor owns its restraints)."""
+    return note.over_bound(now) and not monitor_alive(state_dir, interval_s, now)
+
+
 # ------------------------------------------------------------------- what Slurm shows now
 @dataclass(frozen=True)
 class NodeRestraint:
@@ -267,7 +306,8 @@ def load_book(state_dir: str) -> Dict[str, Any]:
             data = json.loads(f.read(1 << 20))
         items = [NodeRestraint(str(d["job"]), str(d["state"]), Note(
             RestraintStep(d["step"]), float(d["since"]), str(d["node"]), int(d["gpu"]),
-            str(d["cause"]), float(d["max_s"]), OnBound(d["on_bound"])))
+            str(d["cause"]), float(d["max_s"]), OnBound(d["on_bound"]),
+            int(d["level"]) if "level" in d else 0))
             for d in data["restraints"]]
         return {"read_at": float(data["read_at"]), "restraints": items}
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -308,8 +348,8 @@ def end_over_bound(slurm: Any, state_dir: str, found: Sequence[NodeRestraint], n
     silent = "never" if age is None else f"{age:.0f}s ago"
     lines = []
     for r in found:
-        if not r.note.over_bound(now):
-            continue
+        if not r.note.over_bound(now) or r.note.step is RestraintStep.HOST_LIMIT:
+            continue  # a host limit is the node's own cgroup write: slurmiso/agent/host_rung.py
         how = _how(r)
         line = (f"job {r.job}: {r.note.step.value} by the ladder for {r.note.age(now):.0f}s "
                 f"(bound {r.note.max_s:.0f}s, cause inference job {r.note.cause or '?'}), "
@@ -325,7 +365,7 @@ def end_over_bound(slurm: Any, state_dir: str, found: Sequence[NodeRestraint], n
             lines[-1] += f" -- FAILED: {exc}"
             _journal(journal, r, now, how, ok=False, error=str(exc))
             continue
-        _clear_note(slurm, r.job)
+        clear_note(slurm, r.job)
         _journal(journal, r, now, how, ok=True, note=said)
     return lines
 
@@ -348,8 +388,11 @@ def _end(slurm: Any, r: NodeRestraint, unthrottle_signal: str) -> str:
     return said if suspended else signalled
 
 
-def _clear_note(slurm: Any, job: str) -> None:
-    """Remove our token from the job's ``AdminComment``: the restraint is over."""
+def clear_note(slurm: Any, job: str) -> None:
+    """Remove our token from the job's ``AdminComment``: the restraint is over (``slurm``
+    None: nothing to ask)."""
+    if slurm is None:
+        return
     from slurmiso.errors import SlurmisoError
 
     try:
@@ -405,7 +448,8 @@ def node_view(state_dir: str, node: str, interval_s: float, now: float,
 
 def describe(r: Dict[str, Any]) -> str:
     """One restraint as an admin reads it: what, how long against its bound, and why."""
-    what = "suspended" if r["step"] == "suspend" else "throttled"
+    what = {"suspend": "suspended", "host-limit": f"host-limited (level {r.get('level')})"
+            }.get(r["step"], "throttled")
     over = "  -- PAST ITS BOUND" if r["over_bound"] else ""
     return (f"{what} by the ladder for {r['age_s']:.0f}s (bound {r['max_s']:.0f}s, then "
             f"{r['on_bound']}): inference job {r['cause'] or '?'} on {r['node']} GPU "

@@ -55,13 +55,33 @@ class RestraintCollector:
             bound.add_metric(values, n.max_s)
         yield held
         yield bound
+        yield self._host_limits(now)
+
+    def _host_limits(self, now: float) -> Any:
+        """Each knob of each host limit the node applied (root's record), seconds in force."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from slurmiso import restraints as r
+        from slurmiso.host.limit_record import load_record
+
+        fam = GaugeMetricFamily(r.M_HOST_LIMIT, "Seconds a host limit of the ladder's host "
+                                "rung has been in force on a training job's cgroup, per knob",
+                                labels=[sig.L_JOB, "step", "level", "knob"])
+        for a in load_record(self.state_dir).applied:
+            for knob in a.knobs():
+                fam.add_metric([a.job, r.RestraintStep.HOST_LIMIT.value, str(a.level), knob],
+                               max(0.0, now - a.at))
+        return fam
 
 
 def restraint_watch(cfg: Config, node: str, slurm: Any = None,
-                    clock: Callable[[], float] = time.time) -> List[str]:
+                    clock: Callable[[], float] = time.time,
+                    cgroup_root: str = "/sys/fs/cgroup") -> List[str]:
     """One round of the agent's restraint watch: read the node's restraints from Slurm
-    into root's record and end those past their bound while no monitor is alive."""
+    into root's record, end those past their bound while no monitor is alive, and run the
+    host rung (:mod:`slurmiso.agent.host_rung`) on the host-limit notes."""
     from slurmiso import restraints as r
+    from slurmiso.host.limit_record import load_record
 
     if slurm is None:
         from slurmiso.slurm.client import SlurmCli
@@ -71,16 +91,29 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
     now = clock()
     from slurmiso.state import NodeState
 
-    if not NodeState(state_dir).jobs() and not r.load_book(state_dir)["restraints"]:
+    records = NodeState(state_dir).jobs()
+    held = load_record(state_dir)
+    limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
+    if not records and not r.load_book(state_dir)["restraints"] and not limited:
         return []  # no job here and none restrained: nothing to ask slurmctld about
     book = r.refresh(slurm, state_dir, node, now)
-    if "error" in book:
-        return []
     from slurmiso.state import Journal
 
-    return r.end_over_bound(slurm, state_dir, book["restraints"], now,
-                            cfg.monitor.interval_s, cfg.monitor.ladder.unthrottle_signal,
-                            False, Journal(cfg.paths.journal_for(node)))
+    journal = Journal(cfg.paths.journal_for(node))
+    lines: List[str] = []
+    if "error" not in book:
+        lines = r.end_over_bound(slurm, state_dir, book["restraints"], now,
+                                 cfg.monitor.interval_s, cfg.monitor.ladder.unthrottle_signal,
+                                 False, journal)
+    # Slurm not answering: the host rung still ends what its bound or a gone job ends
+    if limited or any(x.note.step is r.RestraintStep.HOST_LIMIT for x in book["restraints"]):
+        from slurmiso.agent.host_rung import HostRung
+
+        rung = HostRung(state_dir, node, cfg.monitor.ladder.host_limit.levels,
+                        (c.name for c in cfg.classes if c.preemptible), cfg.monitor.interval_s,
+                        journal, cgroup_root, slurm)
+        lines += rung.round(book["restraints"], records, now)
+    return lines
 
 
 def watch_forever(cfg: Config, node: str, every_s: float) -> None:

@@ -9,6 +9,7 @@ silently not applied.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from slurmiso.config.model import (
@@ -24,6 +25,8 @@ from slurmiso.config.model import (
     Checkpoint,
     Config,
     GpuSettings,
+    HostLimit,
+    HostLimitLevel,
     JobClass,
     Ladder,
     LadderStep,
@@ -574,9 +577,63 @@ def _read_ladder(s: Section) -> Ladder:
     ladder = Ladder(steps=tuple(steps),
                     hysteresis_pct=s.integer("hysteresis", 10, 0, 90),
                     throttle_signal=throttle, unthrottle_signal=unthrottle,
-                    on_bound=s.text("on_bound", "resume", ON_BOUND))
+                    on_bound=s.text("on_bound", "resume", ON_BOUND),
+                    host_limit=_read_host_limit(s.section("host_limit")))
     s.done()
     return ladder
+
+
+#: The most host-limit levels: the note's ``lvl=`` is one digit, 1..9.
+MAX_HOST_LEVELS = 9
+_DEVICE = re.compile(r"[0-9]{1,10}:[0-9]{1,10}")
+
+
+def _read_host_limit(s: Section) -> HostLimit:
+    """``monitor.ladder.host_limit``: what each level of the host rung writes on a node."""
+    levels = []
+    raw = s.seq("levels")
+    if len(raw) > MAX_HOST_LEVELS:
+        s.p.add(s.key("levels"), f"{len(raw)} levels (allowed: at most {MAX_HOST_LEVELS}, "
+                "the note's lvl=1..9)")
+    for i, item in enumerate(raw[:MAX_HOST_LEVELS]):
+        levels.append(_read_host_level(Section(item, f"{s.key('levels')}[{i}]", s.p)))
+    s.done()
+    return HostLimit(levels=tuple(levels))
+
+
+def _read_host_level(s: Section) -> HostLimitLevel:
+    cores = s.raw("cpu_cores", None)
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, (int, float))
+                              or not 0.01 <= cores <= 4096):
+        s.p.add(s.key("cpu_cores"), f"expected a number of cores 0.01..4096, got {_show(cores)}")
+        cores = None
+    mbps = []
+    devices = s.section("io_mbps")
+    for dev in devices.data:
+        devices.seen.add(dev)
+        if not isinstance(dev, str) or not _DEVICE.fullmatch(dev):
+            devices.p.add(devices.key(str(dev)), "expected a block device as MAJ:MIN (e.g. 8:0, "
+                          "from lsblk)")
+            continue
+        rate = devices.converted(dev, None, _size, "size per second (e.g. 100M)")
+        if isinstance(rate, int) and rate > 0:
+            mbps.append((dev, rate))
+        elif rate is not None:
+            devices.p.add(devices.key(dev), "expected a size per second above 0")
+    level = HostLimitLevel(
+        cpu_cores=None if cores is None else float(cores),
+        cpu_weight=s.integer("cpu_weight", None, 1, 10000),
+        io_weight=s.integer("io_weight", None, 1, 10000),
+        io_mbps=tuple(sorted(mbps)),
+        memory_high_mb=s.converted("memory_high", None, _size, "size (e.g. 32G)"))
+    if level.memory_high_mb is not None and level.memory_high_mb <= 0:
+        s.p.add(s.key("memory_high"), "expected a size above 0")
+    s.done()
+    if not any((level.cpu_cores, level.cpu_weight, level.io_weight, level.io_mbps,
+                level.memory_high_mb)):
+        s.p.add(s.path, "a level that limits nothing (give cpu_cores, cpu_weight, io_weight, "
+                "io_mbps or memory_high)")
+    return level
 
 def _read_signals(s: Section) -> SignalSettings:
     base = SignalSettings()

@@ -232,6 +232,27 @@ class LadderStep(Value):
     max_s: int = 3600
 
 
+class HostLimitLevel(Value):
+    """One level of the host rung, as a node applies it to a training job's cgroup
+    (``lvl=N`` in the job's restraint note is ``levels[N-1]``); None leaves a knob alone.
+    The v2 scale for weights (1..10000, default 100); sizes in MiB (slurmiso.host.rate_limit)."""
+
+    cpu_cores: Optional[float] = None
+    cpu_weight: Optional[int] = None
+    io_weight: Optional[int] = None
+    #: (``MAJ:MIN``, MiB/s read and write) per block device; cgroup v2 only.
+    io_mbps: Tuple[Tuple[str, int], ...] = ()
+    #: ``memory.high`` in MiB; cgroup v2 only (Slurm's ``memory.max`` is never written).
+    memory_high_mb: Optional[int] = None
+
+
+class HostLimit(Value):
+    """The host rung's levels on the node (``monitor.ladder.host_limit``): none by default,
+    so a node refuses every host-limit note until a site declares what a level means."""
+
+    levels: Tuple[HostLimitLevel, ...] = ()
+
+
 class Ladder(Value):
     """The ladder on running training where an inference job breaches its SLO."""
 
@@ -249,6 +270,8 @@ class Ladder(Value):
     #: How a restraint past its bound ends: ``resume`` (resumed, back to full speed) or
     #: ``requeue`` (checkpoint and requeue).
     on_bound: str = "resume"
+    #: What each host-limit level means on a node (docs/host-contention.md).
+    host_limit: HostLimit = HostLimit()
 
 
 class Relayout(Value):
