@@ -43,6 +43,10 @@ def _share(r: Dict[str, Any]) -> str:
     return "whole GPU"
 
 
+#: A restrained job's status by the note's step.
+_RESTRAINED = {"suspend": "suspended", "throttle": "throttled", "host-limit": "host-limited"}
+
+
 def run(args: argparse.Namespace) -> int:
     from slurmiso.config import load_config
 
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         r = restrained.get(j["job"])
         j["restraint"] = r
         if r is not None:
-            j["status"] = "suspended" if r["step"] == "suspend" else "throttled"
+            j["status"] = _RESTRAINED.get(r["step"], "restrained")
     if args.json:
         print_json(data)
         return 0

@@ -477,3 +477,30 @@ def test_slurmiso_reconcile_asks_slurm_for_suspended_jobs_too(monkeypatch: Any) 
     assert SlurmCli().jobs_on_node("n3") == ["41"]
     states = asked[0][asked[0].index("-t") + 1].split(",")
     assert "SUSPENDED" in states and "RUNNING" in states
+
+
+def test_status_names_a_host_limited_job_so(tmp_path: Any, capsys: Any) -> None:
+    """A host-limit note is neither a throttle nor a suspend: status says host-limited."""
+    import argparse
+    import time
+
+    from slurmiso.cli import status
+    from slurmiso.config import load_config
+    from slurmiso.state import NodeState
+    from slurmiso.state.record import JobRecord, RecordStatus
+    from tests.hookctx import write_config
+
+    path = write_config(str(tmp_path), "mps")
+    cfg = load_config(path)
+    state_dir = cfg.paths.state_dir_for("node1")
+    NodeState(state_dir).write_job("41", JobRecord("41", RecordStatus.READY, mode="mps",
+                                                   gpus=[0]))
+    now = time.time()
+    note = Note(RestraintStep.HOST_LIMIT, now - 20, "node1", 0, "4711", 600, OnBound.RESUME,
+                level=1)
+    r.save_book(state_dir, r.parse_squeue(f"{'41':<40}{'RUNNING':<24}{note.text()}\n"), now)
+    args = argparse.Namespace(config=path, node="node1", no_gpus=True, no_slurm=True,
+                              json=True)
+    assert status.run(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["jobs"][0]["status"] == "host-limited"
