@@ -1,18 +1,19 @@
-"""The monitor's actions: one typed kind each, and one table entry per kind saying how it is
-applied, undone when applying failed, reconciled after a crash, ranked and journaled.
+"""The monitor's actions: one table entry per kind (:mod:`slurmiso.monitor.action`) saying
+how it is applied, undone when applying failed, reconciled after a crash and ranked.
 
->>> from slurmiso.monitor.actions import KIND, Action, ActionKind
+>>> from slurmiso.monitor.action import Action, ActionKind
+>>> from slurmiso.monitor.actions import KIND
 >>> act = Action(ActionKind.RELAYOUT_REQUEUE, "42", "empty n1 for its re-layout")
 >>> act.name, KIND[act.kind].ladder, KIND[ActionKind.LADDER_REQUEUE].ladder
 ('requeue', False, True)
 
-A kind's journal name is what the journal, the reports and the state file's intent have
-always said; two kinds may share one (the ladder's requeue and a re-layout's are both
+A kind's journal name (:attr:`ActionKind.journal`) is what the journal, the reports and the
+state file's intent have always said; two kinds may share one (the ladder's requeue and a re-layout's are both
 ``requeue`` there, told apart by the ladder's ``restraint`` in the line's details, as the
 audit reads them). In the code they are different kinds: nothing tests a kind's details to
 know which it is.
 
-Adding a kind: its member in :class:`ActionKind`, its entry in :data:`KIND` (the Slurm call
+Adding a kind: its member in :class:`~slurmiso.monitor.action.ActionKind`, its entry in :data:`KIND` (the Slurm call
 in :mod:`slurmiso.monitor.calls`, its undo and reconcile in :mod:`slurmiso.monitor.undo`),
 its journal line in docs/journal.md, and its row in the table's tests.
 """
