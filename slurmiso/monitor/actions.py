@@ -8,14 +8,15 @@ how it is applied, undone when applying failed, reconciled after a crash and ran
 ('requeue', False, True)
 
 A kind's journal name (:attr:`ActionKind.journal`) is what the journal, the reports and the
-state file's intent have always said; two kinds may share one (the ladder's requeue and a re-layout's are both
-``requeue`` there, told apart by the ladder's ``restraint`` in the line's details, as the
-audit reads them). In the code they are different kinds: nothing tests a kind's details to
-know which it is.
+state file's intent have always said; two kinds may share one (the ladder's requeue and a
+re-layout's are both ``requeue`` there, told apart by the ladder's ``restraint`` in the
+line's details, as the audit reads them). In the code they are different kinds: nothing
+tests a kind's details to know which it is.
 
-Adding a kind: its member in :class:`~slurmiso.monitor.action.ActionKind`, its entry in :data:`KIND` (the Slurm call
-in :mod:`slurmiso.monitor.calls`, its undo and reconcile in :mod:`slurmiso.monitor.undo`),
-its journal line in docs/journal.md, and its row in the table's tests.
+Adding a kind: its member in :class:`~slurmiso.monitor.action.ActionKind`, its entry in
+:data:`KIND` (the Slurm call in :mod:`slurmiso.monitor.calls`, its undo and reconcile in
+:mod:`slurmiso.monitor.undo`), its journal line in docs/journal.md, and its row in the
+table's tests.
 """
 
 from __future__ import annotations
