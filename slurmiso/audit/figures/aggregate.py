@@ -260,7 +260,7 @@ class Aggregator:
         return self.class_for(rec.job, rec.qos, rec.partition, rec.account)
 
     def class_for(self, job: str, qos: str, partition: str, account: str) -> str:
-        """:meth:`class_of` on the fields themselves (the fused -P reader has no record)."""
+        """:meth:`class_of` on the fields themselves (without a record)."""
         journal = self.digest.job_class.get(job)
         if journal is not None:
             return journal
@@ -284,8 +284,8 @@ class Aggregator:
         return self._kernel
 
     def add_all(self, records: Iterable[AcctRecord]) -> None:
-        """Fold every record in; a source that can fold itself (``sacct -P``, see
-        :mod:`slurmiso.audit.read.fold`) does so without making the records."""
+        """Fold every record in; a source that can fold itself (a saved ``sacct -P`` file,
+        folded in parallel: :mod:`slurmiso.audit.read.parallel`) does so."""
         fold = getattr(records, "fold_into", None)
         if fold is not None:
             fold(self)
@@ -295,11 +295,8 @@ class Aggregator:
             add(rec)
 
     def add(self, rec: AcctRecord) -> None:
-        """Fold one record in (the kernel's two calls)."""
-        kernel = self.kernel
-        kernel.record(rec)
-        if rec.gpu_util is not None:
-            kernel.usage(rec.gpu_util)
+        """Fold one record in (:meth:`Kernel.add`)."""
+        self.kernel.add(rec)
 
     def pool_for(self, partition: str, nodes: str) -> Tuple[str, float, float]:
         """(pool, MPS shares per GPU, shards per GPU) of a job: its partition's pool, else

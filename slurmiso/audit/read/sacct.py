@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurmiso.errors import UsageError
 
@@ -294,7 +294,7 @@ def checked_record(
     make: Callable[[List[str], str], AcctRecord], parts: List[str], job_id: str,
 ) -> Tuple[str, Optional[AcctRecord], Optional[str]]:
     """(job key, record, why it is a bad row or None) for one job row's fields: the one check
-    both readers (this module's and ``fold.py``'s) apply."""
+    every reader of ``-P`` rows applies."""
     key = job_id.split("+", 1)[0] if "+" in job_id else job_id
     try:
         record = make(parts, key)
@@ -324,7 +324,15 @@ def detect_format(head: str) -> str:
     return "json" if head.lstrip()[:1] in ("{", "[") else "parsable"
 
 
-def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
+def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Any) -> None:
+    """Fold ``sacct -P`` output (header first) into the aggregator ``agg``, one record at
+    a time as :func:`parse_parsable` streams them: memory holds one job's rows."""
+    add = agg.add
+    for rec in parse_parsable(lines, stats):
+        add(rec)
+
+
+def parse_parsable(lines: Iterable[str], stats: ParseStats) -> Iterator[AcctRecord]:
     """Records from ``sacct -P`` (``--parsable2``) output with its header line."""
     stats.format = stats.format or "parsable"
     header: Optional[List[str]] = None
