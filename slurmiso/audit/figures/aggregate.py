@@ -290,9 +290,7 @@ class Aggregator:
         if fold is not None:
             fold(self)
             return
-        add = self.add
-        for rec in records:
-            add(rec)
+        self.kernel.add_all(records)
 
     def add(self, rec: AcctRecord) -> None:
         """Fold one record in (:meth:`Kernel.add`)."""

@@ -28,7 +28,7 @@ and buckets, never by the number of records.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurmiso.audit.figures.stats import MAX_IDS, TOP, ClassStats, Preempted, Who
 from slurmiso.audit.figures.stats import offer as offer_waste
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 #: bucket -> [GPU-hours], of one (class, pool): see Aggregator.spread
 Spread = Dict[float, List[float]]
+#: What a record's QOS, partition, account (and journal) decide: class, its figures, pool,
+#: (class, pool), MPS shares and shards per GPU
+Place = Tuple[str, ClassStats, str, Tuple[str, str], float, float]
+CACHE = 10_000  # entries in the place cache (hostile input cannot grow it without bound)
 
 
 class Attempt(NamedTuple):
@@ -48,6 +52,7 @@ class Attempt(NamedTuple):
     cls: str
     stats: ClassStats  # the class's figures
     pool: str
+    where: Tuple[str, str]  # (class, pool): the key of its runs and spread
     gpus: float  # GPU equivalents: whole GPUs plus MPS shares and shards
     lo: Optional[float]  # the run [lo, hi) where it ran; None: it never ran
     hi: float
@@ -67,21 +72,30 @@ class Kernel:
         # exactly rate * bucket_s, what min/max compute there (k*b and (k+1)*b are exact)
         bucket_s = agg.bucket_s
         self.whole_s = bucket_s if type(bucket_s) is int and bucket_s > 0 else 0
+        #: (QOS, partition, account) -> what it decides (see place)
+        self.places: Dict[Tuple[str, str, str], Place] = {}
 
     def add(self, rec: AcctRecord) -> None:
         """Fold one attempt's record into every figure it counts in."""
-        at = self.attempt(rec)
-        if at is None:
-            return
-        self.add_gpu_hours(at)
-        who: Optional[Who] = None
-        if not rec.component:  # another component of a het job: same job, same attempt
-            who = self.add_job(at)
-            self.add_wait(at)
-            self.add_long(at)
-            self.add_preemption(at, who)
-        if rec.gpu_util is not None:
-            self.add_usage(at, who, rec.gpu_util)
+        self.add_batch([rec])
+
+    def add_all(self, records: Iterable[AcctRecord]) -> None:
+        """Fold records in, a batch at a time (see :func:`batches`)."""
+        for batch in batches(records):
+            self.add_batch(batch)
+
+    def add_batch(self, recs: List[AcctRecord]) -> None:
+        """Fold a batch of records in, one figure family after the other: each family
+        receives the batch's values in record order (no family reads what another writes,
+        but for the class of a record without a QOS: :func:`batches`)."""
+        ats = [at for at in map(self.attempt, recs) if at is not None]
+        self.add_gpu_hours(ats)
+        whole = [at for at in ats if not at.rec.component]  # a het job's other components
+        self.add_jobs(whole)  # are the same job and attempt: GPU-hours and usage only
+        self.add_waits(whole)
+        self.add_long(whole)
+        self.add_preemptions(whole)
+        self.add_usage([at for at in ats if at.rec.gpu_util is not None])
 
     # -- what a record decides -------------------------------------------------------------
 
@@ -103,7 +117,7 @@ class Kernel:
                 agg.first_time = lo
             if agg.last_time is None or hi > agg.last_time:
                 agg.last_time = hi
-        cls, stats, pool, mps_per_gpu, shards_per_gpu = self.place(rec)
+        cls, stats, pool, where, mps_per_gpu, shards_per_gpu = self.place(rec)
         gpus = rec.gpus
         if rec.mps:
             gpus += rec.mps / mps_per_gpu
@@ -116,11 +130,18 @@ class Kernel:
                 gh = gpus * seconds / 3600.0
             else:
                 clo = None
-        return Attempt(rec, cls, stats, pool, gpus, lo, hi, gh, clo, chi)
+        return Attempt(rec, cls, stats, pool, where, gpus, lo, hi, gh, clo, chi)
 
-    def place(self, rec: AcctRecord) -> Tuple[str, ClassStats, str, float, float]:
-        """(class, its figures, pool, MPS shares and shards per GPU) of a record; the class's
-        and the (class, pool)'s containers made on first sight, in order of appearance."""
+    def place(self, rec: AcctRecord) -> Place:
+        """(class, its figures, pool, (class, pool), MPS shares and shards per GPU) of a
+        record; the class's and the (class, pool)'s containers made on first sight, in
+        order of appearance. Cached per (QOS, partition, account) where only they decide:
+        no journal class for the job, a QOS, a partition that names its pool."""
+        key = (rec.qos, rec.partition, rec.account)
+        job_class = self.digest.job_class
+        hit = self.places.get(key)
+        if hit is not None and not (job_class and rec.job in job_class):
+            return hit
         agg = self.agg
         cls = agg.class_for(rec.job, rec.qos, rec.partition, rec.account)
         stats = agg.class_stats.get(cls)
@@ -130,8 +151,12 @@ class Kernel:
         where = (cls, pool)
         if where not in agg.runs:
             agg.runs[where] = [0, 0.0]
-            agg.spread.setdefault(where, {})
-        return cls, stats, pool, mps_per_gpu, shards_per_gpu
+        agg.spread.setdefault(where, {})  # (emptied by settle, never deleted)
+        place = (cls, stats, pool, where, mps_per_gpu, shards_per_gpu)
+        if (rec.job not in job_class and rec.qos not in ("", "Unknown")
+                and len(self.places) < CACHE and agg.partition_pool(rec.partition)):
+            self.places[key] = place
+        return place
 
     def clipped(self, lo: float, hi: float, elapsed: float) -> Tuple[float, float, float]:
         """(start, end, seconds) of the run [lo, hi) inside the window."""
@@ -144,12 +169,13 @@ class Kernel:
 
     # -- the figure families ---------------------------------------------------------------
 
-    def add_gpu_hours(self, at: Attempt) -> None:
+    def add_gpu_hours(self, ats: List[Attempt]) -> None:
         """GPU-hours: the (class, pool)'s sum and its buckets over time."""
-        where = (at.cls, at.pool)
-        self.agg.runs[where][1] += at.gh  # the class's and the pool's are sums of these
-        if at.clo is not None:
-            self.spread(self.agg.spread.setdefault(where, {}), at.clo, at.chi, at.gh)
+        runs, spreads, spread = self.agg.runs, self.agg.spread, self.spread
+        for at in ats:
+            runs[at.where][1] += at.gh  # the class's and the pool's are sums of these
+            if at.clo is not None:
+                spread(spreads[at.where], at.clo, at.chi, at.gh)
 
     def spread(self, spread: Spread, clo: float, chi: float, gh: float) -> None:
         """Spread ``gh`` of the run [clo, chi) over the buckets it ran in, by time. Bucket
@@ -186,72 +212,84 @@ class Kernel:
             cut = (rate * whole_s if whole_s and k != b1
                    else rate * (min(chi, (k + 1) * bucket_s) - max(clo, k * bucket_s)))
 
-    def add_job(self, at: Attempt) -> Who:
-        """Attempts, distinct jobs, requeues, restarts, and the (user, account)'s figures
-        (returned: later families add to it)."""
-        agg, rec = self.agg, at.rec
-        job = rec.job
-        agg.runs[(at.cls, at.pool)][0] += 1  # attempts, as GPU-hours
-        new_job = agg.seen.add(job)
-        if new_job:
-            at.stats.jobs += 1
-        else:
-            agg.multi[job] = agg.multi.get(job, 1) + 1
-        if rec.restarts > 0:
-            agg.restarted[job] = max(rec.restarts, agg.restarted.get(job, 0))
-        who = agg.people.get((rec.user, rec.account))
-        if who is None:
-            who = agg.people[(rec.user, rec.account)] = Who()
-        if new_job:
-            who.jobs += 1
-        who.gpu_hours += at.gh
-        return who
+    def add_jobs(self, ats: List[Attempt]) -> None:
+        """Attempts, distinct jobs, requeues, restarts, and the (user, account)'s figures."""
+        agg = self.agg
+        runs, seen, multi, people = agg.runs, agg.seen, agg.multi, agg.people
+        for at in ats:
+            rec = at.rec
+            job = rec.job
+            runs[at.where][0] += 1  # attempts, as GPU-hours
+            new_job = seen.add(job)
+            if new_job:
+                at.stats.jobs += 1
+            else:
+                multi[job] = multi.get(job, 1) + 1
+            if rec.restarts > 0:
+                agg.restarted[job] = max(rec.restarts, agg.restarted.get(job, 0))
+            who = people.get((rec.user, rec.account))
+            if who is None:
+                who = people[(rec.user, rec.account)] = Who()
+            if new_job:
+                who.jobs += 1
+            who.gpu_hours += at.gh
 
-    def add_wait(self, at: Attempt) -> None:
+    def add_waits(self, ats: List[Attempt]) -> None:
         """Queue waits of attempts that started in the window: the class's histogram and
         SLO count, and the series point of the bucket it started in."""
-        rec, lo, stats = at.rec, at.lo, at.stats
-        if lo is None or (self.since is not None and lo < self.since):
-            return
-        stats.started += 1
-        waited_from = rec.eligible if rec.eligible is not None else rec.submit
-        if waited_from is None:
-            return
-        wait = lo - waited_from if lo > waited_from else 0.0
-        stats.wait.add(wait)
-        limit = self.agg.slo_wait.get(at.cls)
-        if limit is not None and wait <= limit:
-            stats.wait_slo_met += 1
-        point = self.agg.points.get((int(lo // self.bucket_s), at.cls))
-        if point is None:
-            point = self.agg.points[(int(lo // self.bucket_s), at.cls)] = [0.0, 0.0, 0.0, 0.0]
-        point[1] += wait
-        point[2] += 1
-        if wait > point[3]:
-            point[3] = wait
+        since, bucket_s, points, slo_wait = (self.since, self.bucket_s, self.agg.points,
+                                             self.agg.slo_wait)
+        for at in ats:
+            lo, stats = at.lo, at.stats
+            if lo is None or (since is not None and lo < since):
+                continue
+            stats.started += 1
+            rec = at.rec
+            waited_from = rec.eligible if rec.eligible is not None else rec.submit
+            if waited_from is None:
+                continue
+            wait = lo - waited_from if lo > waited_from else 0.0
+            stats.wait.add(wait)
+            limit = slo_wait.get(at.cls)
+            if limit is not None and wait <= limit:
+                stats.wait_slo_met += 1
+            key = (int(lo // bucket_s), at.cls)
+            point = points.get(key)
+            if point is None:
+                point = points[key] = [0.0, 0.0, 0.0, 0.0]
+            point[1] += wait
+            point[2] += 1
+            if wait > point[3]:
+                point[3] = wait
 
-    def add_long(self, at: Attempt) -> None:
+    def add_long(self, ats: List[Attempt]) -> None:
         """Jobs of a class that counts them running longer than ``audit.long_infer_job_s``."""
-        if at.rec.elapsed > self.agg.long_s and at.cls in self.agg.long_classes:
-            at.stats.long_jobs += 1
-            if len(at.stats.long_job_ids) < MAX_IDS:
-                at.stats.long_job_ids.append(at.rec.job)
+        long_s, long_classes = self.agg.long_s, self.agg.long_classes
+        for at in ats:
+            if at.rec.elapsed > long_s and at.cls in long_classes:
+                at.stats.long_jobs += 1
+                if len(at.stats.long_job_ids) < MAX_IDS:
+                    at.stats.long_job_ids.append(at.rec.job)
 
-    def add_preemption(self, at: Attempt, who: Who) -> None:
+    def add_preemptions(self, ats: List[Attempt]) -> None:
         """Preemptions and their lost work; the ladder's requeues and user-reported
         preemptions of REQUEUED attempts."""
-        rec, digest = at.rec, self.digest
-        if rec.state == "PREEMPTED" and not (
-                rec.start is not None and digest.confirmed_unpreempted(rec.job, rec.start)):
-            # (24.05+ names an attempt that ended by itself PREEMPTED: see digest.py)
-            lost = self.preempted(at)
-            who.preemptions += 1
-            who.lost_gpu_hours += lost
-        elif rec.state == "REQUEUED" and rec.start is not None and rec.end is not None:
-            if digest.ladder_requeued_within(rec.job, rec.start, rec.end):
-                self.ladder_requeue(at)
-            elif digest.preempted_within(rec.job, rec.start, rec.end):
-                at.stats.preemptions_user_reported += 1
+        digest, people = self.digest, self.agg.people
+        for at in ats:
+            rec = at.rec
+            if rec.state == "PREEMPTED" and not (
+                    rec.start is not None and digest.confirmed_unpreempted(rec.job, rec.start)):
+                # (24.05+ names an attempt that ended by itself PREEMPTED: see digest.py)
+                lost = self.preempted(at)
+                who = people[(rec.user, rec.account)]
+                who.preemptions += 1
+                who.lost_gpu_hours += lost
+            elif rec.state == "REQUEUED" and rec.start is not None and rec.end is not None:
+                if (digest.ladder.requeued_at  # empty: nothing to ask
+                        and digest.ladder_requeued_within(rec.job, rec.start, rec.end)):
+                    self.ladder_requeue(at)
+                elif digest.preempted_within(rec.job, rec.start, rec.end):
+                    at.stats.preemptions_user_reported += 1
 
     def preempted(self, at: Attempt) -> float:
         """Count a preempted attempt; its lost GPU-hours since the last checkpoint."""
@@ -295,13 +333,15 @@ class Kernel:
         lost = gpus * max(0.0, lost_hi - lost_lo) / 3600.0
         return lost, ckpt is not None or job in digest.checkpointing_jobs
 
-    def add_usage(self, at: Attempt, who: Optional[Who], util: float) -> None:
-        """GPU utilisation (%, the max over the job's steps): accounted and idle GPU-hours,
-        and the ranking of wasted GPU-hours. ``who`` None: a het component's idle hours
-        are its class's only."""
+    def add_usage(self, ats: List[Attempt]) -> None:
+        """GPU utilisation (%, the max over the job's steps) of attempts that have one:
+        accounted and idle GPU-hours, and the ranking of wasted GPU-hours."""
+        for at in ats:
+            if at.gpus:
+                self.usage(at, at.rec.gpu_util)  # type: ignore[arg-type]
+
+    def usage(self, at: Attempt, util: float) -> None:
         gpus, gh, stats = at.gpus, at.gh, at.stats
-        if not gpus:
-            return
         stats.util_gpu_hours += gh
         # GPU efficiency 0..1 from Slurm's gres/gpuutil, where a value above 100 is a sum
         # over the job's GPUs (NaN reads as 1: nothing wasted)
@@ -318,8 +358,22 @@ class Kernel:
                                       at.cls))
         if util <= 0:
             stats.idle_gpu_hours += gh
-            if gh and who is not None:
-                who.idle_gpu_hours += gh
+            if gh and not at.rec.component:  # a het component's are its class's only
+                self.agg.people[(at.rec.user, at.rec.account)].idle_gpu_hours += gh
+
+
+def batches(records: Iterable[AcctRecord], size: int = 1024) -> Iterator[List[AcctRecord]]:
+    """``records`` in lists of up to ``size``, cut before a record without a QOS: its class
+    may be a preempted job's (``Aggregator.class_for``), so the records before it must be
+    folded whole first."""
+    batch: List[AcctRecord] = []
+    for rec in records:
+        if len(batch) >= size or (batch and rec.qos in ("", "Unknown")):
+            yield batch
+            batch = []
+        batch.append(rec)
+    if batch:
+        yield batch
 
 
 def _add(spread: Spread, bucket: float, gh: float) -> None:
