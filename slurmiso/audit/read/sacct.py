@@ -504,29 +504,35 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
     """A function ``(parts, key) -> AcctRecord`` for this header, with every column index bound
     once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
     one extra ``""`` at index ``ncol``, which a field the header lacks reads."""
+    return _RecordMaker(idx, ncol).make
 
-    def at(name: str) -> int:
-        return idx.get(name, ncol)
 
-    i_name, i_user, i_acct, i_part, i_qos, i_state = (
-        at("JobName"), at("User"), at("Account"), at("Partition"), at("QOS"), idx["State"])
-    i_submit, i_elig, i_start, i_end = at("Submit"), at("Eligible"), at("Start"), at("End")
-    i_elapsed, i_limit, i_tres, i_nodes = (
-        at("ElapsedRaw"), at("TimelimitRaw"), at("AllocTRES"), at("NodeList"))
-    i_ave, i_tot, i_restarts = at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts")
-    hours = _hour_cache
-    tres_cache: Dict[str, Tuple[float, int, int]] = {}
-    no_time = NO_TIME
-    mmss = _MMSS
-    states: Dict[str, str] = {}
-    new = tuple.__new__
+class _RecordMaker:
+    """:func:`record_maker`'s function and what it keeps: column indices, caches."""
 
+    def __init__(self, idx: Dict[str, int], ncol: int) -> None:
+        def at(name: str) -> int:
+            return idx.get(name, ncol)
+
+        self.i_name, self.i_user, self.i_acct, self.i_part, self.i_qos, self.i_state = (
+            at("JobName"), at("User"), at("Account"), at("Partition"), at("QOS"),
+            idx["State"])
+        self.i_submit, self.i_elig, self.i_start, self.i_end = (
+            at("Submit"), at("Eligible"), at("Start"), at("End"))
+        self.i_elapsed, self.i_limit, self.i_tres, self.i_nodes = (
+            at("ElapsedRaw"), at("TimelimitRaw"), at("AllocTRES"), at("NodeList"))
+        self.i_ave, self.i_tot, self.i_restarts = (
+            at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts"))
+        self.tres: Dict[str, Tuple[float, int, int]] = {}
+        self.states: Dict[str, str] = {}
+
+    @staticmethod
     def when(text: str, name: str) -> Optional[float]:
-        if text in no_time:
+        if text in NO_TIME:
             return None
-        base = hours.get(text[:13]) if len(text) == 19 and text[10] == "T" else None
+        base = _hour_cache.get(text[:13]) if len(text) == 19 and text[10] == "T" else None
         if base is not None:
-            into = mmss.get(text[13:])
+            into = _MMSS.get(text[13:])
             if into is not None:
                 return base + into
             try:
@@ -538,41 +544,42 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
             raise ValueError(f"bad {name} time {text[:32]!r}")
         return value
 
-    def run_time(text: str, name: str) -> Optional[float]:
+    def run_time(self, text: str, name: str) -> Optional[float]:
         """Start or End: a cached hour's stamp is read by int(), whose message a bad
         minute or second then gives (the message a bad row is sampled with)."""
-        base = hours.get(text[:13])
+        base = _hour_cache.get(text[:13])
         if base is not None and len(text) == 19 and text[16] == ":":
-            into = mmss.get(text[13:])  # the same whole seconds int() would read
+            into = _MMSS.get(text[13:])  # the same whole seconds int() would read
             return base + (into if into is not None
                            else int(text[14:16]) * 60 + int(text[17:19]))
-        return when(text, name)
+        return self.when(text, name)
 
-    def cached(parts: List[str]) -> Optional[Tuple[float, float, float, float]]:
+    def cached(self, parts: List[str]) -> Optional[Tuple[float, float, float, float]]:
         """(Start, End, Submit, Eligible) where each stamp's hour is cached (two dict hits
         a stamp: the values ``when`` computes), else None."""
+        hours, mmss = _hour_cache, _MMSS
         try:
-            start = hours[(text := parts[i_start])[:13]] + mmss[text[13:]]
-            end = hours[(text := parts[i_end])[:13]] + mmss[text[13:]]
-            submit = hours[(text := parts[i_submit])[:13]] + mmss[text[13:]]
-            if parts[i_elig] == text:
+            start = hours[(text := parts[self.i_start])[:13]] + mmss[text[13:]]
+            end = hours[(text := parts[self.i_end])[:13]] + mmss[text[13:]]
+            submit = hours[(text := parts[self.i_submit])[:13]] + mmss[text[13:]]
+            if parts[self.i_elig] == text:
                 return start, end, submit, submit
-            return start, end, submit, hours[(text := parts[i_elig])[:13]] + mmss[text[13:]]
+            return start, end, submit, hours[(text := parts[self.i_elig])[:13]] + mmss[text[13:]]
         except KeyError:
             return None
 
-    def make(parts: List[str], key: str) -> AcctRecord:
-        times = cached(parts)
+    def run(self, parts: List[str], got: Optional[Tuple[float, float, float, float]]
+            ) -> Tuple[Optional[float], Optional[float], float]:
+        """(Start, End, ElapsedRaw): a bad row's message names the first problem in the
+        order Start, End, ElapsedRaw, AllocTRES, Submit, Eligible."""
         start: Optional[float]
         end: Optional[float]
-        submitted: Optional[float]
-        eligible: Optional[float]
-        if times is not None:
-            start, end, submitted, eligible = times
-        else:  # in the order a bad row's message names the first problem
-            start = run_time(parts[i_start], "Start")
-            end = run_time(parts[i_end], "End")
-        raw = parts[i_elapsed]
+        if got is not None:
+            start, end = got[0], got[1]
+        else:
+            start = self.run_time(parts[self.i_start], "Start")
+            end = self.run_time(parts[self.i_end], "End")
+        raw = parts[self.i_elapsed]
         if raw:
             try:
                 elapsed = float(int(raw))
@@ -580,30 +587,38 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
                 raise ValueError(f"bad ElapsedRaw {raw[:32]!r}") from None
         else:
             elapsed = end - start if start is not None and end is not None else 0.0
-        limit = parts[i_limit]
-        text = parts[i_tres]
-        tres = tres_cache.get(text)
+        return start, end, elapsed
+
+    def queued(self, parts: List[str], got: Optional[Tuple[float, float, float, float]]
+               ) -> Tuple[Optional[float], Optional[float]]:
+        """(Submit, Eligible)."""
+        if got is not None:
+            return got[2], got[3]
+        submitted = self.when(parts[self.i_submit], "Submit")
+        return submitted, (self.when(parts[self.i_elig], "Eligible")
+                           if parts[self.i_elig] != parts[self.i_submit] else submitted)
+
+    def make(self, parts: List[str], key: str) -> AcctRecord:
+        got = self.cached(parts)
+        start, end, elapsed = self.run(parts, got)
+        text = parts[self.i_tres]
+        tres = self.tres.get(text)
         if tres is None:
             tres = parse_tres(text)
-            if len(tres_cache) < 10_000:
-                tres_cache[text] = tres
-        ave, tot = parts[i_ave], parts[i_tot]
+            if len(self.tres) < 10_000:
+                self.tres[text] = tres
+        submitted, eligible = self.queued(parts, got)
+        ave, tot = parts[self.i_ave], parts[self.i_tot]
         util, mem = row_usage(ave, tot) if ave or tot else (None, None)
-        restarts = parts[i_restarts]
-        state = states.get(parts[i_state])
+        state = self.states.get(parts[self.i_state])
         if state is None:
-            state = state_word(parts[i_state])
-            if len(states) < 10_000:
-                states[parts[i_state]] = state
-        if times is None:
-            submitted = when(parts[i_submit], "Submit")
-            eligible = (when(parts[i_elig], "Eligible") if parts[i_elig] != parts[i_submit]
-                        else submitted)
-        return new(AcctRecord, (
-            key, parts[i_name], parts[i_user], parts[i_acct], parts[i_part], parts[i_qos],
-            state, submitted, eligible, start, end, elapsed,
-            int(limit) * 60 if limit.isdecimal() else None,
-            tres[0], tres[1], tres[2], parts[i_nodes], util, 0, 0,
+            state = state_word(parts[self.i_state])
+            if len(self.states) < 10_000:
+                self.states[parts[self.i_state]] = state
+        limit, restarts = parts[self.i_limit], parts[self.i_restarts]
+        return tuple.__new__(AcctRecord, (
+            key, parts[self.i_name], parts[self.i_user], parts[self.i_acct],
+            parts[self.i_part], parts[self.i_qos], state, submitted, eligible, start, end,
+            elapsed, int(limit) * 60 if limit.isdecimal() else None,
+            tres[0], tres[1], tres[2], parts[self.i_nodes], util, 0, 0,
             int(restarts) if restarts.isdecimal() else 0, mem))
-
-    return make
