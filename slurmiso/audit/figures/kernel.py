@@ -1,29 +1,33 @@
 """The per-attempt kernel: the one place an attempt's figures are computed.
 
     agg = Aggregator(cfg, digest)
-    for rec in parse_parsable(lines, stats):  # or parse_json, or records a test makes
-        agg.add(rec)                          # Kernel.add: the figures of one attempt
+    agg.add_all(parse_parsable(lines, stats))  # or parse_json, or records a test makes
+    agg.add(rec)                               # one record: Kernel.add
 
 Every reader hands it :class:`~slurmiso.audit.read.sacct.AcctRecord` s, and so does each
 part of the parallel fold (:mod:`slurmiso.audit.read.parallel`), whose aggregators are then
 added with the containers' own ``merge`` (:mod:`~slurmiso.audit.figures.stats`). What a
 figure means is in ``docs/audit.md``.
 
-:meth:`Kernel.add` first works out what a record decides, once (:class:`Attempt`: whether it
-lies in the window, its class and pool, its GPU equivalents, the part of its run inside the
-window and those GPU-hours), then hands that to one adder per figure family, always in the
+:meth:`Kernel.add_all` folds records a batch at a time (:func:`batches`). It first works
+out what each record decides, once (:class:`Attempt`: whether it lies in the window, its
+class and pool, its GPU equivalents, the part of its run inside the window and those
+GPU-hours), then hands the batch's attempts to one adder per figure family, always in the
 same order: GPU-hours (:meth:`~Kernel.add_gpu_hours`), jobs and users
-(:meth:`~Kernel.add_job`), waits (:meth:`~Kernel.add_wait`), long jobs
-(:meth:`~Kernel.add_long`), preemptions and lost work (:meth:`~Kernel.add_preemption`),
+(:meth:`~Kernel.add_jobs`), waits (:meth:`~Kernel.add_waits`), long jobs
+(:meth:`~Kernel.add_long`), preemptions and lost work (:meth:`~Kernel.add_preemptions`),
 GPU utilisation and waste (:meth:`~Kernel.add_usage`). Every figure therefore receives its
-values in record order, whichever reader feeds it, and every float sum is the same.
+values in record order, whichever reader feeds it, and every float sum is the same as one
+record at a time would give.
 
 Each value is added once, at the finest grain a figure needs; the coarser figures are sums
 made when read: a run's GPU-hours per (class, pool, bucket) (``Aggregator.spread``, settled
 into the class's and the pool's series points), attempts and GPU-hours per (class, pool)
 (``runs``: ``classes``, ``pools``), a user's figures per (user, account) (``people``:
-``users``, ``accounts``). So memory is bounded by the distinct (user, account, class, pool)
-and buckets, never by the number of records.
+``users``, ``accounts``). So these figures' memory is bounded by the distinct (user,
+account, class, pool) and buckets, never by the number of records; what is kept per job
+(a bit per job id, preempted and restarted jobs: the findings name them) is the
+aggregator's.
 """
 
 from __future__ import annotations
@@ -86,8 +90,10 @@ class Kernel:
 
     def add_batch(self, recs: List[AcctRecord]) -> None:
         """Fold a batch of records in, one figure family after the other: each family
-        receives the batch's values in record order (no family reads what another writes,
-        but for the class of a record without a QOS: :func:`batches`)."""
+        receives the batch's values in record order. No family reads another's figures
+        (but the (user, account) record ``add_jobs`` makes, read after it), and no attempt
+        depends on the batch's figures (but the class of a record without a QOS, which
+        :func:`batches` puts first in a batch)."""
         ats = [at for at in map(self.attempt, recs) if at is not None]
         self.add_gpu_hours(ats)
         whole = [at for at in ats if not at.rec.component]  # a het job's other components
