@@ -87,10 +87,10 @@ class Aggregator:
         #: (bucket, class) and (bucket, "pool:" + name) -> [gpu_h, wait sum, waits, wait max],
         #: but for the GPU-hours still in ``spread``: read :attr:`series`
         self.points: Dict[Tuple[int, str], List[float]] = {}
-        #: (class, pool) -> bucket -> [GPU-hours]: the kernel adds a run's hours here once,
+        #: (class, pool) -> bucket -> GPU-hours: the kernel adds a run's hours here once,
         #: not to the class's point and the pool's (half the additions in the hottest loop);
         #: :meth:`settle` moves them into ``points``
-        self.spread: Dict[Tuple[str, str], Dict[float, List[float]]] = {}
+        self.spread: Dict[Tuple[str, str], Dict[float, float]] = {}
         self.seen = JobSet()
         self.multi: Dict[str, int] = {}  # attempts of ids seen more than once
         self.preempted: Dict[str, Preempted] = {}
@@ -244,7 +244,7 @@ class Aggregator:
             if not buckets:
                 continue
             pool_name = "pool:" + pool
-            for b, (gh,) in buckets.items():
+            for b, gh in buckets.items():
                 for key in ((int(b), cls), (int(b), pool_name)):
                     point = points.get(key)
                     if point is None:

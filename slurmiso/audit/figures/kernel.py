@@ -32,6 +32,7 @@ aggregator's.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurmiso.audit.figures.stats import MAX_IDS, TOP, ClassStats, Preempted, Who
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
     from slurmiso.audit.figures.aggregate import Aggregator
     from slurmiso.audit.read.sacct import AcctRecord
 
-#: bucket -> [GPU-hours], of one (class, pool): see Aggregator.spread
-Spread = Dict[float, List[float]]
+#: bucket -> GPU-hours, of one (class, pool): see Aggregator.spread
+Spread = Dict[float, float]
 #: What a record's QOS, partition, account (and journal) decide: class, its figures, pool,
 #: (class, pool), MPS shares and shards per GPU
 Place = Tuple[str, ClassStats, str, Tuple[str, str], float, float]
@@ -192,11 +193,11 @@ class Kernel:
         if b1 > b0 and b1 * bucket_s >= chi:  # edge (chi - 1e-9 is chi at 1.7e9)
             b1 -= 1
         if b0 == b1:
-            _add(spread, b0, gh)
+            spread[b0] = spread.get(b0, 0.0) + gh
         elif b1 == b0 + 1:  # a run across one bucket boundary
             cut = gh * ((b0 + 1) * bucket_s - clo) / (chi - clo)
-            _add(spread, b0, cut)
-            _add(spread, b1, gh - cut)
+            spread[b0] = spread.get(b0, 0.0) + cut
+            spread[b1] = spread.get(b1, 0.0) + (gh - cut)
         else:
             self.spread_long(spread, b0, b1, clo, chi, gh)
 
@@ -211,7 +212,7 @@ class Kernel:
                else rate * (min(chi, (b0 + 1) * bucket_s) - max(clo, b0 * bucket_s)))
         k = b0
         while True:
-            _add(spread, k, cut)
+            spread[k] = spread.get(k, 0.0) + cut
             if k == b1:
                 return
             k += 1
@@ -372,22 +373,17 @@ def batches(records: Iterable[AcctRecord], size: int = 1024) -> Iterator[List[Ac
     """``records`` in lists of up to ``size``, cut before a record without a QOS: its class
     may be a preempted job's (``Aggregator.class_for``), so the records before it must be
     folded whole first."""
-    batch: List[AcctRecord] = []
-    for rec in records:
-        if len(batch) >= size or (batch and rec.qos in ("", "Unknown")):
-            yield batch
-            batch = []
-        batch.append(rec)
-    if batch:
-        yield batch
+    it = iter(records)
+    while True:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        cuts = [i for i, rec in enumerate(chunk) if i and rec.qos in _NO_QOS]
+        for lo, hi in zip([0, *cuts], [*cuts, len(chunk)]):
+            yield chunk[lo:hi]
 
 
-def _add(spread: Spread, bucket: float, gh: float) -> None:
-    got = spread.get(bucket)
-    if got is None:
-        spread[bucket] = [gh]
-    else:
-        got[0] += gh
+_NO_QOS = ("", "Unknown")
 
 
 def kernel_for(agg: Aggregator) -> Kernel:
