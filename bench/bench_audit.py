@@ -17,25 +17,27 @@ How the audit reads (since issue 34): one streaming reader, ``read/sacct.py``
 (``figures/kernel.py``) works out each record's facts once (an ``Attempt``) and folds
 batches of 1,024 of them, one figure family after the other. It replaced a second,
 hand-inlined reader (``read/fold.py``, lexing rows straight into a 17-argument closure)
-tuned for 1.23x. CPU seconds per 200,000 rows of this dump, in-process, on a loaded 2-core
-box where the csv pass took 0.56-0.76: splitting the rows 0.23, the reader in all 1.1, the
-kernel 0.9-1.0; the fused fold before it took 1.0-1.1 in all. Whole runs, the same box,
-best of 3: the default command 2.33x (2 processes) and serial 3.88x of a 2.83 s csv pass;
-main's fused fold measured 1.39x / 2.07x there an hour earlier (2.63-2.84 s csv pass). On 2
-busy CPUs the two parts share what the neighbours leave (each part 7.3 CPU-s in 13.7 s of
-wall time in one run): the parallel speed-up needs free cores, which this box lacks.
+tuned for 1.23x. Instructions (valgrind, the fold alone, 20,000 rows of this dump, exact
+where a loaded box's timings are not): 1.74 G, of which the reader 0.96 G and the kernel
+0.79 G; the fused fold before it 1.00 G; the csv pass 0.64 G. Whole runs on a loaded 2-core
+box, best of 3 against the csv pass in the same run: the default command 2.33x and 2.58x
+(2 processes), serial 3.88x and 3.99x, in two runs; main's fused fold in the same sitting
+1.39x / 1.98x (csv pass 2.99 s). The target is MISSED here by the cost of the readable
+design (about 1.75x main's instructions); each part's CPU time is about half the file's,
+but on 2 busy CPUs the two parts share what the neighbours leave (one run: 7.3 CPU-s in
+13.7 s of wall time each), so the parallel speed-up needs free cores.
 
 (b) A year of a large cluster: 50 M rows, projected from the default command's rows per
 second on this dump (the same file, the same run). Target: <= 30 minutes on one node.
-Measured: 152,000 rows/s, 5.5 min (the csv pass: 2.4 min).
+Measured: 143,000-152,000 rows/s, 5.5-5.8 min (the csv pass: 2.3-2.4 min).
 
 (c) Memory. The audit streams, so its peak RSS must not grow with the rows where the
 distinct (user, account, class, pool) and time buckets do not: two dumps of 250,000 and
 1,000,000 rows (313 users, 17 accounts, 5 kinds, the same 30 days), streamed from a
 generator process to ``slurmiso audit --sacct-file -`` (no file on disk, the one-process
 path); peak RSS (``ru_maxrss``) of the audit process alone, and the ratio. Target: <= 1.25x
-at 4x the rows. Measured: 28 -> 41 MB, 1.45x (main: 27.9 -> 41.1 MB, 1.47x). What grows
-is what is kept per job, not per key: at 1 M rows 26,180 preempted and 26,180 restarted
+at 4x the rows. Measured: 28 -> 40-41 MB, 1.45x twice (main: 27.9 -> 41.1 MB, 1.47x).
+What grows is what is kept per job, not per key: at 1 M rows 26,180 preempted and 26,180 restarted
 jobs (``Aggregator.preempted``, ``restarted``: the findings name them) and 36,686 array
 jobs' task bitmaps (``JobSet``); 5,321 (user, account) records and 1,566 series points do
 not grow. About 16 MB per million rows: some 800 MB at 50 M rows until those tables are
