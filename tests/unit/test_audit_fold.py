@@ -23,8 +23,13 @@ from slurmiso.audit.figures.findings import input_findings, job_findings
 from slurmiso.audit.figures.report import build_report
 from slurmiso.audit.read.collect import ParsableSource, records_from
 from slurmiso.audit.read.digest import JournalDigest
-from slurmiso.audit.read.fold import fold_parsable
-from slurmiso.audit.read.sacct import SACCT_FIELDS, AuditInputError, ParseStats, gpu_usage
+from slurmiso.audit.read.sacct import (
+    SACCT_FIELDS,
+    AuditInputError,
+    ParseStats,
+    fold_parsable,
+    gpu_usage,
+)
 from slurmiso.config import load_config
 from tests.audit_helpers import CONFIG, utc  # noqa: F401
 

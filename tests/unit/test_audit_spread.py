@@ -13,6 +13,7 @@ from typing import Dict
 import pytest
 
 from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.read.sacct import AcctRecord
 from slurmiso.config import load_config
 from tests.audit_helpers import CONFIG
 
@@ -23,8 +24,8 @@ CFG = load_config(CONFIG)
 
 def run(agg: Aggregator, job: str, start: float, end: float, gpus: float = 1.0,
         partition: str = "train", qos: str = "train") -> None:
-    agg.kernel.attempt(job, "alice", "research", partition, qos, "COMPLETED", start, start,
-                       start, end, end - start, gpus, 0, 0, "gpu033", 0, 0)
+    agg.add(AcctRecord(job, "", "alice", "research", partition, qos, "COMPLETED", start, start,
+                       start, end, end - start, None, gpus, 0, 0, "gpu033"))
 
 
 def gpu_hours(agg: Aggregator, name: str) -> Dict[int, float]:
@@ -114,8 +115,8 @@ def test_users_and_accounts_are_the_sums_of_their_user_account_records() -> None
     agg = Aggregator(CFG)
     for job, user, account, hours in (("1", "ann", "a", 1), ("2", "ann", "b", 2),
                                       ("3", "bob", "a", 4), ("1", "ann", "a", 8)):
-        agg.kernel.attempt(job, user, account, "train", "train", "COMPLETED", T0, T0, T0,
-                           T0 + hours * H, hours * H, 1.0, 0, 0, "gpu033", 0, 0)
+        agg.add(AcctRecord(job, "", user, account, "train", "train", "COMPLETED", T0, T0, T0,
+                           T0 + hours * H, hours * H, None, 1.0, 0, 0, "gpu033"))
     assert list(agg.people) == [("ann", "a"), ("ann", "b"), ("bob", "a")]
     users, accounts = agg.users, agg.accounts
     assert list(users) == ["ann", "bob"] and list(accounts) == ["a", "b"]  # first seen first

@@ -87,10 +87,10 @@ class Aggregator:
         #: (bucket, class) and (bucket, "pool:" + name) -> [gpu_h, wait sum, waits, wait max],
         #: but for the GPU-hours still in ``spread``: read :attr:`series`
         self.points: Dict[Tuple[int, str], List[float]] = {}
-        #: (class, pool) -> bucket -> [GPU-hours]: the kernel adds a run's hours here once,
+        #: (class, pool) -> bucket -> GPU-hours: the kernel adds a run's hours here once,
         #: not to the class's point and the pool's (half the additions in the hottest loop);
         #: :meth:`settle` moves them into ``points``
-        self.spread: Dict[Tuple[str, str], Dict[float, List[float]]] = {}
+        self.spread: Dict[Tuple[str, str], Dict[float, float]] = {}
         self.seen = JobSet()
         self.multi: Dict[str, int] = {}  # attempts of ids seen more than once
         self.preempted: Dict[str, Preempted] = {}
@@ -244,7 +244,7 @@ class Aggregator:
             if not buckets:
                 continue
             pool_name = "pool:" + pool
-            for b, (gh,) in buckets.items():
+            for b, gh in buckets.items():
                 for key in ((int(b), cls), (int(b), pool_name)):
                     point = points.get(key)
                     if point is None:
@@ -260,7 +260,7 @@ class Aggregator:
         return self.class_for(rec.job, rec.qos, rec.partition, rec.account)
 
     def class_for(self, job: str, qos: str, partition: str, account: str) -> str:
-        """:meth:`class_of` on the fields themselves (the fused -P reader has no record)."""
+        """:meth:`class_of` on the fields themselves (without a record)."""
         journal = self.digest.job_class.get(job)
         if journal is not None:
             return journal
@@ -284,22 +284,17 @@ class Aggregator:
         return self._kernel
 
     def add_all(self, records: Iterable[AcctRecord]) -> None:
-        """Fold every record in; a source that can fold itself (``sacct -P``, see
-        :mod:`slurmiso.audit.read.fold`) does so without making the records."""
+        """Fold every record in; a source that can fold itself (a saved ``sacct -P`` file,
+        folded in parallel: :mod:`slurmiso.audit.read.parallel`) does so."""
         fold = getattr(records, "fold_into", None)
         if fold is not None:
             fold(self)
             return
-        add = self.add
-        for rec in records:
-            add(rec)
+        self.kernel.add_all(records)
 
     def add(self, rec: AcctRecord) -> None:
-        """Fold one record in (the kernel's two calls)."""
-        kernel = self.kernel
-        kernel.record(rec)
-        if rec.gpu_util is not None:
-            kernel.usage(rec.gpu_util)
+        """Fold one record in (:meth:`Kernel.add`)."""
+        self.kernel.add(rec)
 
     def pool_for(self, partition: str, nodes: str) -> Tuple[str, float, float]:
         """(pool, MPS shares per GPU, shards per GPU) of a job: its partition's pool, else

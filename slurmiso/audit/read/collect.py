@@ -25,6 +25,7 @@ from slurmiso.audit.read.sacct import (
     AuditInputError,
     ParseStats,
     detect_format,
+    fold_parsable,
     parse_parsable,
 )
 from slurmiso.errors import UsageError
@@ -109,7 +110,8 @@ def records_from(fh: IO[str], stats: ParseStats) -> Iterable[AcctRecord]:
 
 class ParsableSource:
     """``sacct -P`` records: iterate for :class:`AcctRecord` s, or ``fold_into`` an aggregator
-    (what :meth:`Aggregator.add_all` does), which makes none (:mod:`slurmiso.audit.read.fold`)."""
+    (what :meth:`Aggregator.add_all` does), which folds a large saved file in parallel
+    (:mod:`slurmiso.audit.read.parallel`)."""
 
     def __init__(self, lines: _Prefixed, stats: ParseStats) -> None:
         self._lines: Any = lines  # a text stream to parse_parsable
@@ -125,7 +127,6 @@ class ParsableSource:
                 self.close()
 
     def fold_into(self, agg: Any) -> None:
-        from slurmiso.audit.read.fold import fold_parsable
         from slurmiso.audit.read.parallel import fold_file
 
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from slurmiso.audit.figures.quantiles import LogHistogram
 from slurmiso.audit.read.ladder import LadderLog
@@ -137,18 +137,7 @@ class JournalDigest:
         job = str(rec.get("job", ""))
         source = rec.get("source")
         if self.since is not None and _ts(rec) < self.since:
-            if event == "monitor-telemetry" and source == MONITOR_SOURCE:
-                self.telemetry.add(rec, _ts(rec), self.since)  # an outage reaching in
-            elif event == "monitor-action" and source == MONITOR_SOURCE:
-                # its decline may be folded in the window
-                self._monitor_requeue(str(rec.get("target", "")), rec)
-            elif event == "prolog" and source is None:
-                self._monitor_requeued.pop(job, None)
-            if event in ("prolog", "job-end") and source is None and rec.get("class"):
-                self.job_class[job] = str(rec["class"])
-            if event == "prolog" and source is None and rec.get("mode") in SHARED_MODES \
-                    and rec.get("outcome") != "refused":
-                self._gpus(job, rec)  # a job restrained in the window may start before it
+            self._before_window(rec, event, job, source)
             return
         self.records += 1
         when = _ts(rec)
@@ -159,51 +148,77 @@ class JournalDigest:
             return
         if source == "job":
             self.user_reported += 1
+        handler = _HANDLERS.get(str(event))
+        if handler is not None:
+            handler(self, job, rec, when)
+
+    def _before_window(self, rec: Dict[str, Any], event: Any, job: str, source: Any) -> None:
+        """A line from before the window: only what a job in it may need."""
+        assert self.since is not None
+        if event == "monitor-telemetry" and source == MONITOR_SOURCE:
+            self.telemetry.add(rec, _ts(rec), self.since)  # an outage reaching in
+        elif event == "monitor-action" and source == MONITOR_SOURCE:
+            # its decline may be folded in the window
+            self._monitor_requeue(str(rec.get("target", "")), rec)
+        elif event == "prolog" and source is None:
+            self._monitor_requeued.pop(job, None)
+        if event in ("prolog", "job-end") and source is None and rec.get("class"):
+            self.job_class[job] = str(rec["class"])
+        if event == "prolog" and source is None and rec.get("mode") in SHARED_MODES \
+                and rec.get("outcome") != "refused":
+            self._gpus(job, rec)  # a job restrained in the window may start before it
+
+    def _job_line(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        """``prolog`` and ``job-end``: the job's class, requeues, GPUs, refusals, MPS time."""
+        event = rec.get("event")
         if event == "prolog":
             self._monitor_requeued.pop(job, None)  # a new attempt: earlier requeues are over
-        if event in ("prolog", "job-end"):
-            if rec.get("class"):
-                self.job_class[job] = str(rec["class"])
-            if (_float(rec.get("restart_count")) or 0) > 0:
-                self.requeued_jobs.add(job)
-            if event == "prolog" and rec.get("outcome") == "refused":
-                self.refused[str(rec.get("reason", "?"))[:120]] += 1
-            elif event == "prolog" and rec.get("mode") in SHARED_MODES:
-                self._gpus(job, rec)
-            if event == "job-end" and rec.get("mode") == "mps":
-                from slurmiso.audit.figures.mps_sharing import interval_of
-
-                span = interval_of(rec)
-                if span is not None:
-                    self.mps_intervals.append(span)
-        elif event == "checkpoint-start":
-            self.checkpointing_jobs.add(job)
-            grace = _float(rec.get("grace_s"))
-            self._pending_grace[job] = (_when(rec), grace if grace is not None else -1.0)
-        elif event == "checkpoint-end":
-            self._checkpoint_end(job, rec)
-        elif event == "preempt-signal":
-            self.preempt_signals[job] += 1
-            if rec.get("cause", "preempted") == "preempted":
-                bisect.insort(self.preempted_at.setdefault(job, []), _when(rec))
-        elif event == "requeue":
-            self.requeues[str(rec.get("reason", "?"))] += 1
+        if rec.get("class"):
+            self.job_class[job] = str(rec["class"])
+        if (_float(rec.get("restart_count")) or 0) > 0:
             self.requeued_jobs.add(job)
-        elif event == "not-preempted":
-            start = parse_time(str(rec.get("start", ""))[:40])
-            if start is not None:
-                bisect.insort(self.unpreempted_starts.setdefault(job, []), start)
-        elif event == "requeue-declined":
-            self._declined(job, rec)
-        elif event == "resume":
-            self.resume_steps.setdefault(job, []).append(rec.get("step"))
-        elif event == "monitor-action":
-            self._monitor(rec)
-        elif event == "monitor-telemetry":
-            self.telemetry.add(rec, when, self.since)
-        elif event == "reconcile" and not rec.get("dry_run"):
+        if event == "prolog" and rec.get("outcome") == "refused":
+            self.refused[str(rec.get("reason", "?"))[:120]] += 1
+        elif event == "prolog" and rec.get("mode") in SHARED_MODES:
+            self._gpus(job, rec)
+        if event == "job-end" and rec.get("mode") == "mps":
+            from slurmiso.audit.figures.mps_sharing import interval_of
+
+            span = interval_of(rec)
+            if span is not None:
+                self.mps_intervals.append(span)
+
+    def _checkpoint_start(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        self.checkpointing_jobs.add(job)
+        grace = _float(rec.get("grace_s"))
+        self._pending_grace[job] = (_when(rec), grace if grace is not None else -1.0)
+
+    def _preempt_signal(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        self.preempt_signals[job] += 1
+        if rec.get("cause", "preempted") == "preempted":
+            bisect.insort(self.preempted_at.setdefault(job, []), _when(rec))
+
+    def _requeue(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        self.requeues[str(rec.get("reason", "?"))] += 1
+        self.requeued_jobs.add(job)
+
+    def _not_preempted(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        start = parse_time(str(rec.get("start", ""))[:40])
+        if start is not None:
+            bisect.insort(self.unpreempted_starts.setdefault(job, []), start)
+
+    def _resume(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        self.resume_steps.setdefault(job, []).append(rec.get("step"))
+
+    def _telemetry(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        self.telemetry.add(rec, when, self.since)
+
+    def _reconcile(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        if not rec.get("dry_run"):
             self.reconcile_fixes[str(rec.get("node", rec.get("host", "?")))] += 1
-        elif event == "mps-user-conflict" and len(self.mps_conflicts) < _MAX_IDS:
+
+    def _mps_conflict(self, job: str, rec: Dict[str, Any], when: float) -> None:
+        if len(self.mps_conflicts) < _MAX_IDS:
             self.mps_conflicts.append((str(rec.get("node", "?")), job))
 
     def _gpus(self, job: str, rec: Dict[str, Any]) -> None:
@@ -231,7 +246,7 @@ class JournalDigest:
                 f" (only {want or '(hooks)'} writes it)" if event in WRITER
                 else f"unknown event {event[:40]}")
 
-    def _checkpoint_end(self, job: str, rec: Dict[str, Any]) -> None:
+    def _checkpoint_end(self, job: str, rec: Dict[str, Any], when: float = 0.0) -> None:
         """Time to checkpoint counts checkpoints the preemption *asked* for (after a
         ``checkpoint-start``, ``requested`` not false); periodic ones only mark progress."""
         self.checkpointing_jobs.add(job)
@@ -275,7 +290,7 @@ class JournalDigest:
         self._monitor_requeued[job] = (_ts(rec), "ladder" if "restraint" in details
                                        else "monitor")
 
-    def _declined(self, job: str, rec: Dict[str, Any]) -> None:
+    def _declined(self, job: str, rec: Dict[str, Any], when: float = 0.0) -> None:
         """A decline the wrapper reports is the monitor's requeue when the monitor requeued
         this attempt no later than (a minute of clock and journaling slack) the wrapper's
         own decision: the SIGTERM it read as a preemption was that requeue's, and Slurm
@@ -288,7 +303,7 @@ class JournalDigest:
         elif len(self.requeue_declined) < _MAX_IDS:
             self.requeue_declined.append((job, str(rec.get("reason", ""))))
 
-    def _monitor(self, rec: Dict[str, Any]) -> None:
+    def _monitor(self, job: str, rec: Dict[str, Any], when: float = 0.0) -> None:
         action = str(rec.get("action", "?"))
         self._monitor_requeue(str(rec.get("target", "")), rec)
         self.monitor_actions[action] += 1
@@ -337,6 +352,24 @@ class JournalDigest:
             return True
         steps = [s for s in self.resume_steps.get(job, ()) if isinstance(s, (int, float))]
         return len(steps) >= 2 and steps[-1] > steps[0]
+
+
+#: event -> what folds a line of it in, once its writer is checked (the rest: counted only)
+_HANDLERS: Dict[str, Callable[[JournalDigest, str, Dict[str, Any], float], None]] = {
+    "prolog": JournalDigest._job_line,
+    "job-end": JournalDigest._job_line,
+    "checkpoint-start": JournalDigest._checkpoint_start,
+    "checkpoint-end": JournalDigest._checkpoint_end,
+    "preempt-signal": JournalDigest._preempt_signal,
+    "requeue": JournalDigest._requeue,
+    "not-preempted": JournalDigest._not_preempted,
+    "requeue-declined": JournalDigest._declined,
+    "resume": JournalDigest._resume,
+    "monitor-action": JournalDigest._monitor,
+    "monitor-telemetry": JournalDigest._telemetry,
+    "reconcile": JournalDigest._reconcile,
+    "mps-user-conflict": JournalDigest._mps_conflict,
+}
 
 
 def _within(times: Optional[List[float]], start: float, end: float) -> bool:

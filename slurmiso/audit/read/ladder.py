@@ -141,21 +141,30 @@ class LadderLog:
         if step != "hold":
             cls = job_class.get(job, UNKNOWN)
         self.taken[(step, cls, node)] += 1
-        signal = d["signal"]
-        if signal:
-            tally = self.slo.get((step, signal))
-            if tally is None:
-                tally = self.slo[(step, signal)] = SloTally()
-            figure = d["figure"]
-            if figure is not None and step in ESCALATIONS:
-                tally.n += 1
-                tally.total += figure
-                tally.top = max(tally.top, figure)
-            before, after = d["figure_before"], d["figure_after"]
-            if step in RELEASES and before is not None and after is not None:
-                tally.pairs += 1
-                tally.before += before
-                tally.after += after
+        if d["signal"]:
+            self._slo(step, d)
+        self._track(step, job, when)
+        if d["throttled_s"] is not None or d["suspended_s"] is not None:
+            self._restrained(cls, node, _gpus(job_gpus.get(job)), d, when, since)
+
+    def _slo(self, step: str, d: Dict[str, Any]) -> None:
+        """The SLO figure at a restraining step; before and after at a release."""
+        tally = self.slo.get((step, d["signal"]))
+        if tally is None:
+            tally = self.slo[(step, d["signal"])] = SloTally()
+        figure = d["figure"]
+        if figure is not None and step in ESCALATIONS:
+            tally.n += 1
+            tally.total += figure
+            tally.top = max(tally.top, figure)
+        before, after = d["figure_before"], d["figure_after"]
+        if step in RELEASES and before is not None and after is not None:
+            tally.pairs += 1
+            tally.before += before
+            tally.after += after
+
+    def _track(self, step: str, job: str, when: float) -> None:
+        """Which jobs are restrained now, since when, and when the ladder requeued one."""
         if step == "throttle":
             self.open_throttled.add(job)
             self.open_since.setdefault(job, (step, when))
@@ -172,14 +181,14 @@ class LadderLog:
             self.open_since.pop(job, None)
         elif step == "resume" and job in self.open_since:  # still throttled
             self.open_since[job] = ("throttle", self.open_since[job][1])
-        throttled, suspended = d["throttled_s"], d["suspended_s"]
-        if throttled is None and suspended is None:
-            return
+
+    def _restrained(self, cls: str, node: str, gpus: Optional[int], d: Dict[str, Any],
+                    when: float, since: Optional[float]) -> None:
+        """Throttled and suspended time a release line carries, clipped to the window."""
         held = self.restrained.get((cls, node))
         if held is None:
             held = self.restrained[(cls, node)] = Restrained()
-        gpus = _gpus(job_gpus.get(job))
-        for seconds, kind in ((throttled, "throttled"), (suspended, "suspended")):
+        for seconds, kind in ((d["throttled_s"], "throttled"), (d["suspended_s"], "suspended")):
             if seconds is None:
                 continue
             # the part of [when - seconds, when] inside the window (lines after its end are
@@ -215,24 +224,14 @@ Checked = Tuple[str, str, str, str, Dict[str, Any]]
 def _check(rec: Dict[str, Any]) -> Optional[Checked]:
     """(step, job, node, class, facts) of a ladder line, None for another monitor action;
     :class:`BadLine` for one that cannot be counted."""
-    action = rec.get("action")
     raw = rec.get("details")
     details: Dict[str, Any] = raw if isinstance(raw, dict) else {}
-    marked = "restraint" in details or "step" in details
-    if action == "hold":
-        if details.get("ladder") != "hold":
-            return None  # admission's own hold (load, stagger): not a ladder step
-    elif action == "requeue":
-        if "restraint" not in details:
-            return None  # the monitor's requeue of a pending job (begin-now etc.)
-    elif action not in _STEP_OF:
-        if marked:
-            raise BadLine("a ladder line names a step the ladder does not take")
+    step = _step(rec.get("action"), details)
+    if step is None:
         return None
     if raw is not None and not isinstance(raw, dict):
         raise BadLine("details is not an object")
-    step = _STEP_OF[str(action)]
-    if details.get("step", action) != action:
+    if details.get("step", rec.get("action")) != rec.get("action"):
         raise BadLine("details.step does not match the action")
     job = rec.get("target")
     if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
@@ -240,16 +239,38 @@ def _check(rec: Dict[str, Any]) -> Optional[Checked]:
     node = details.get("node")
     if node is None:
         node = ""
-    elif not isinstance(node, str) or len(node) > _MAX_NAME or not node.isprintable():
+    elif not _name(node):
         raise BadLine("details.node is not a node name")
     cls = UNKNOWN
-    if step == "hold":
-        named_cls = details.get("job_class")
-        if named_cls not in (None, ""):
-            if not isinstance(named_cls, str) or len(named_cls) > _MAX_NAME or \
-                    not named_cls.isprintable():
-                raise BadLine("details.job_class is not a class name")
-            cls = named_cls
+    named_cls = details.get("job_class")
+    if step == "hold" and named_cls not in (None, ""):
+        if not _name(named_cls):
+            raise BadLine("details.job_class is not a class name")
+        cls = named_cls
+    return step, job, node, cls, _facts(rec, details, step)
+
+
+def _step(action: Any, details: Dict[str, Any]) -> Optional[str]:
+    """The ladder's step a monitor action is, None where it is not the ladder's."""
+    if action == "hold":
+        if details.get("ladder") != "hold":
+            return None  # admission's own hold (load, stagger): not a ladder step
+    elif action == "requeue":
+        if "restraint" not in details:
+            return None  # the monitor's requeue of a pending job (begin-now etc.)
+    elif action not in _STEP_OF:
+        if "restraint" in details or "step" in details:
+            raise BadLine("a ladder line names a step the ladder does not take")
+        return None
+    return _STEP_OF[str(action)]
+
+
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= _MAX_NAME and value.isprintable()
+
+
+def _facts(rec: Dict[str, Any], details: Dict[str, Any], step: str) -> Dict[str, Any]:
+    """ok, dry_run, the signal and its figures, the restrained durations of a line."""
     facts: Dict[str, Any] = {"ok": _flag(rec, "ok", True), "dry_run": _flag(rec, "dry_run", False)}
     signal = _signal(details.get("signal"))
     restraint = details.get("restraint")
@@ -269,7 +290,7 @@ def _check(rec: Dict[str, Any]) -> Optional[Checked]:
         facts[name] = _duration(details.get(name), name)
         if facts[name] is not None and step not in ends:
             raise BadLine(f"details.{name} on a {step} line, which ends no restraint")
-    return step, job, node, cls, facts
+    return facts
 
 
 def _signal(value: Any) -> str:

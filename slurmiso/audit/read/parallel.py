@@ -1,15 +1,15 @@
 """A large saved ``sacct -P`` file folded in parts by forked worker processes.
 
-The serial fold (:mod:`slurmiso.audit.read.fold`) is one Python loop on one core. A regular file
-of at least :data:`MIN_BYTES` is cut into up to :data:`MAX_WORKERS` byte ranges (one per
-core; ``SLURMISO_AUDIT_WORKERS`` overrides, ``1`` reads serially), each cut at a job row
-whose job id (before any ``.``, ``+`` or ``_``) differs from the job row before it, so a job's
-attempts, het components, array tasks and steps fall in one part. The first part is folded
-here, each other in a forked process (which shares the loaded config and journal digest)
-by the same :func:`~slurmiso.audit.read.fold.fold_parsable`, from a bounded reader of its range
-with the header line put in front: memory stays that of one serial fold per process. The
-parts' aggregators (each filled by the same per-attempt kernel) come back pickled and
-:meth:`Aggregator.merge` adds them in file order.
+The serial fold (:func:`~slurmiso.audit.read.sacct.fold_parsable`) is one Python loop on
+one core. A regular file of at least :data:`MIN_BYTES` is cut into up to
+:data:`MAX_WORKERS` byte ranges (one per core; ``SLURMISO_AUDIT_WORKERS`` overrides, ``1``
+reads serially), each cut at a job row whose job id (before any ``.``, ``+`` or ``_``)
+differs from the job row before it, so a job's attempts, het components, array tasks and
+steps fall in one part. The first part is folded here, each other in a forked process
+(which shares the loaded config and journal digest) by the same fold, from a bounded reader
+of its range with the header line put in front: memory stays that of one serial fold per
+process. The parts' aggregators (each filled by the same per-attempt kernel) come back
+pickled and :meth:`Aggregator.merge` adds them in file order.
 
 Exactness: every integer figure, list and bad-line message (with the file's own line
 numbers) equals the serial fold's; float sums may differ in their last bits (another order
@@ -30,7 +30,7 @@ import sys
 from typing import Any, Iterator, List, Optional, Tuple
 
 from slurmiso.audit.figures.aggregate import Aggregator
-from slurmiso.audit.read.sacct import ParseStats, read_header
+from slurmiso.audit.read.sacct import ParseStats, fold_parsable, read_header
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +208,6 @@ def _fold_part(fd: int, header: str, start: int, end: Optional[int], like: Aggre
                source: str) -> Tuple[Aggregator, ParseStats]:
     """One part folded into a new aggregator built like ``like``; its line numbers count
     from the header as line 1 (:func:`_merge` renumbers)."""
-    from slurmiso.audit.read.fold import fold_parsable
-
     stats = ParseStats(source=source)
     agg = Aggregator(like.cfg, like.digest, bucket_s=like.bucket_s, since=like.since,
                      until=like.until)
@@ -336,7 +334,7 @@ def _run(fd: int, header: str, ranges: List[Tuple[int, Optional[int]]], agg: Agg
 
 
 def _renumber(sample: str, offset: int) -> str:
-    """``line N ...`` -> ``line N+offset ...`` (every sample fold.py writes starts so)."""
+    """``line N ...`` -> ``line N+offset ...`` (every sample the reader writes starts so)."""
     m = _LINE_NO.match(sample)
     return sample if m is None else f"line {int(m.group(1)) + offset}{sample[m.end():]}"
 

@@ -19,10 +19,11 @@ parseable at all, raises :class:`AuditInputError`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from slurmiso.errors import UsageError
 
@@ -149,6 +150,10 @@ class ParseStats:
 # -- shared value parsing -----------------------------------------------------------------
 
 _hour_cache: Dict[str, float] = {}
+#: ``:MM:SS`` -> seconds into the hour: a stamp whose hour is cached is that hour's base plus
+#: these, the same whole seconds (and so the same float) ``parse_time`` adds
+_TWO = [f"{n:02d}" for n in range(60)]
+_MMSS = {":" + m + ":" + s: i * 60 + j for i, m in enumerate(_TWO) for j, s in enumerate(_TWO)}
 
 
 def parse_time(text: str) -> Optional[float]:
@@ -294,7 +299,7 @@ def checked_record(
     make: Callable[[List[str], str], AcctRecord], parts: List[str], job_id: str,
 ) -> Tuple[str, Optional[AcctRecord], Optional[str]]:
     """(job key, record, why it is a bad row or None) for one job row's fields: the one check
-    both readers (this module's and ``fold.py``'s) apply."""
+    every reader of ``-P`` rows applies."""
     key = job_id.split("+", 1)[0] if "+" in job_id else job_id
     try:
         record = make(parts, key)
@@ -324,94 +329,131 @@ def detect_format(head: str) -> str:
     return "json" if head.lstrip()[:1] in ("{", "[") else "parsable"
 
 
-def parse_parsable(lines: IO[str], stats: ParseStats) -> Iterator[AcctRecord]:
-    """Records from ``sacct -P`` (``--parsable2``) output with its header line."""
+def fold_parsable(lines: Iterable[str], stats: ParseStats, agg: Any) -> None:
+    """Fold ``sacct -P`` output (header first) into the aggregator ``agg``, one record at
+    a time as :func:`parse_parsable` streams them: memory holds one job's rows."""
+    agg.add_all(parse_parsable(lines, stats))
+
+
+def parse_parsable(lines: Iterable[str], stats: ParseStats) -> Iterator[AcctRecord]:
+    """Records from ``sacct -P`` (``--parsable2``) output with its header line, streamed:
+    a job's record is yielded once its steps (the rows that follow it) are read."""
     stats.format = stats.format or "parsable"
-    header: Optional[List[str]] = None
-    pending: Optional[AcctRecord] = None
-    pending_key = ""
-    idx: Dict[str, int] = {}
-    ncol = 0
-    ave = tot = -1
-    make: Optional[Callable[[List[str], str], AcctRecord]] = None
-    steps = psteps = 0  # steps in all; steps of the pending job (set on it when yielded)
-    i_job = 0
-    number = 0
-    for number, line in enumerate(lines, 1):
-        complete = line[-1:] == "\n"
-        line = line.rstrip("\r\n")
-        if not line or line.isspace():
-            continue
-        parts = line.split("|")
-        if header is None:
-            if line.startswith("\ufeff"):  # a BOM from an editor or Windows tool
-                parts[0] = parts[0][1:]
-            header, idx = read_header(parts, stats)
-            ncol = len(header)
-            ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
-            make = record_maker(idx, ncol)
-            i_job = idx["JobID"]
-            if "JobID" in parts:
-                continue
-            # else no header line (sacct -n): this line is already data
-        if len(parts) != ncol:
-            repaired = fitted_row(parts, ncol, idx, complete, f"line {number}", stats)
-            if repaired is None:
-                continue
-            parts = repaired
-        if not complete:  # sacct ends every line; a last line without one was cut short
-            stats.truncated = True
+    it = iter(lines)
+    head_lines, header, idx, first = _header(it, stats)
+    if first is not None:  # no header line (sacct -n): the first line is already data
+        head_lines -= 1
+        it = itertools.chain((first,), it)
+    make = record_maker(idx, len(header))
+    i_job = idx["JobID"]
+    ave, tot = idx.get("TRESUsageInAve", -1), idx.get("TRESUsageInTot", -1)
+    job: Optional[_Job] = None  # the job whose steps may follow
+    steps = 0
+    for number, parts in _rows(it, head_lines, idx, len(header), stats):
         job_id = parts[i_job]
         dot = job_id.find(".")
         if dot >= 0:  # a step: fold its GPU usage into its job
-            key = job_id[:dot].split("+", 1)[0]
-            if pending is not None and pending_key == key:
-                if ((ave >= 0 and "gres/gpu" in parts[ave])
-                        or (tot >= 0 and "gres/gpu" in parts[tot])):
-                    pending = _fold_step(pending, parts, ave, tot)
+            if job is not None and job.key == job_id[:dot].split("+", 1)[0]:
+                job.step(parts, ave, tot)
                 steps += 1
-                psteps += 1
             else:
                 stats.orphan_steps += 1
             continue
         parts.append("")  # what a field the header lacks reads (see record_maker)
-        assert make is not None
         key, record, why = checked_record(make, parts, job_id)
         if why is not None:
             stats.bad_line(f"line {number} (job {job_id})", why)
-            if pending is not None:
-                stats.records += 1
-                yield pending._replace(steps=psteps) if psteps else pending
-            pending, pending_key, psteps = None, "", 0
-            continue
-        if pending is not None:
+        if job is not None:
             stats.records += 1
-            yield pending._replace(steps=psteps) if psteps else pending
-        pending, pending_key, psteps = record, key, 0
-    if pending is not None:
+            yield job.done()
+        job = None if record is None or why is not None else _Job(record, key)
+    if job is not None:
         stats.records += 1
-        yield pending._replace(steps=psteps) if psteps else pending
+        yield job.done()
     stats.steps += steps
+
+
+def _header(it: Iterator[str], stats: ParseStats) -> Tuple[int, List[str], Dict[str, int],
+                                                          Optional[str]]:
+    """(lines read, header, column index, the first line where it is data: ``sacct -n``);
+    :class:`AuditInputError` where there is no line but blank ones."""
+    number = 0
+    for line in it:
+        number += 1
+        text = line.rstrip("\r\n")
+        if not text or text.isspace():
+            continue
+        bom = text.startswith("\ufeff")  # a BOM from an editor or Windows tool
+        parts = (text[1:] if bom else text).split("|")
+        header, idx = read_header(parts, stats)
+        return number, header, idx, (None if "JobID" in parts else line[1:] if bom else line)
     stats.lines = number
-    if header is None:
-        raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
+    raise AuditInputError(f"{stats.source or 'sacct output'}: empty, no header line found")
 
 
-def _fold_step(job: AcctRecord, parts: List[str], ave: int, tot: int) -> AcctRecord:
-    """The job with a step's GPU usage folded in: the max over steps (Ave, else Tot)."""
-    util = mem = None
-    if ave >= 0 and "gres/gpu" in parts[ave]:
-        util, mem = gpu_usage(parts[ave])
-    if tot >= 0 and (util is None or mem is None) and "gres/gpu" in parts[tot]:
-        tutil, tmem = gpu_usage(parts[tot])
-        util = util if util is not None else tutil
-        mem = mem if mem is not None else tmem
-    if util is None and mem is None:
-        return job
-    return job._replace(
-        gpu_util=_max(job.gpu_util, util),
-        gpu_mem=_max(job.gpu_mem, mem),
-    )
+def _rows(it: Iterator[str], after: int, idx: Dict[str, int], ncol: int,
+          stats: ParseStats) -> Iterator[Tuple[int, List[str]]]:
+    """(line number, fields) of each row after line ``after``, fitted to the header's
+    ``ncol`` columns; blank lines skipped, rows past repair counted (``fitted_row``)."""
+    # split a row only as far as the last column read where the header has them all: the
+    # rest stays one string (14 fewer a row of a 32-column dump), whose bars say the row
+    # has every column (else it is split whole and checked)
+    read = [idx.get(name, ncol) for name in SACCT_FIELDS]
+    upto = max(read) + 1 if max(read) < ncol - 2 else 0
+    rest = ncol - 1 - upto
+    number = after
+    for number, line in enumerate(it, after + 1):
+        complete = line[-1:] == "\n"
+        text = line.rstrip("\r\n")
+        if not text or text.isspace():
+            continue
+        if upto:
+            parts = text.split("|", upto)
+            if len(parts) == upto + 1 and parts[upto].count("|") == rest and complete:
+                yield number, parts
+                continue
+        parts = text.split("|")
+        if len(parts) != ncol:
+            fitted = fitted_row(parts, ncol, idx, complete, f"line {number}", stats)
+            if fitted is None:
+                continue
+            parts = fitted
+        if not complete:  # sacct ends every line; a last line without one was cut short
+            stats.truncated = True
+        yield number, parts
+    stats.lines = number
+
+
+class _Job:
+    """A job row's record while its steps are read: their count and GPU usage so far."""
+
+    __slots__ = ("rec", "key", "steps", "util", "mem")
+
+    def __init__(self, rec: AcctRecord, key: str) -> None:
+        self.rec = rec
+        self.key = key
+        self.steps = 0
+        self.util = rec.gpu_util
+        self.mem = rec.gpu_mem
+
+    def step(self, parts: List[str], ave: int, tot: int) -> None:
+        """Fold in a step's GPU usage: the max over steps (Ave, else Tot)."""
+        self.steps += 1
+        util = mem = None
+        if ave >= 0 and "gres/gpu" in parts[ave]:
+            util, mem = gpu_usage(parts[ave])
+        if tot >= 0 and (util is None or mem is None) and "gres/gpu" in parts[tot]:
+            tutil, tmem = gpu_usage(parts[tot])
+            util = util if util is not None else tutil
+            mem = mem if mem is not None else tmem
+        if util is not None or mem is not None:
+            self.util = _max(self.util, util)
+            self.mem = _max(self.mem, mem)
+
+    def done(self) -> AcctRecord:
+        if not self.steps:
+            return self.rec
+        return self.rec._replace(steps=self.steps, gpu_util=self.util, gpu_mem=self.mem)
 
 
 def _max(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -473,26 +515,37 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
     """A function ``(parts, key) -> AcctRecord`` for this header, with every column index bound
     once: the hot loop of a million rows then makes no lookups by name. ``parts`` must carry
     one extra ``""`` at index ``ncol``, which a field the header lacks reads."""
+    return _RecordMaker(idx, ncol).make
 
-    def at(name: str) -> int:
-        return idx.get(name, ncol)
 
-    i_name, i_user, i_acct, i_part, i_qos, i_state = (
-        at("JobName"), at("User"), at("Account"), at("Partition"), at("QOS"), idx["State"])
-    i_submit, i_elig, i_start, i_end = at("Submit"), at("Eligible"), at("Start"), at("End")
-    i_elapsed, i_limit, i_tres, i_nodes = (
-        at("ElapsedRaw"), at("TimelimitRaw"), at("AllocTRES"), at("NodeList"))
-    i_ave, i_tot, i_restarts = at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts")
-    hours = _hour_cache
-    tres_cache: Dict[str, Tuple[float, int, int]] = {}
-    no_time = NO_TIME
-    new = tuple.__new__
+class _RecordMaker:
+    """:func:`record_maker`'s function and what it keeps: column indices, caches."""
 
+    def __init__(self, idx: Dict[str, int], ncol: int) -> None:
+        def at(name: str) -> int:
+            return idx.get(name, ncol)
+
+        self.i_name, self.i_user, self.i_acct, self.i_part, self.i_qos, self.i_state = (
+            at("JobName"), at("User"), at("Account"), at("Partition"), at("QOS"),
+            idx["State"])
+        self.i_submit, self.i_elig, self.i_start, self.i_end = (
+            at("Submit"), at("Eligible"), at("Start"), at("End"))
+        self.i_elapsed, self.i_limit, self.i_tres, self.i_nodes = (
+            at("ElapsedRaw"), at("TimelimitRaw"), at("AllocTRES"), at("NodeList"))
+        self.i_ave, self.i_tot, self.i_restarts = (
+            at("TRESUsageInAve"), at("TRESUsageInTot"), at("Restarts"))
+        self.tres: Dict[str, Tuple[float, int, int]] = {}
+        self.states: Dict[str, str] = {}
+
+    @staticmethod
     def when(text: str, name: str) -> Optional[float]:
-        if text in no_time:
+        if text in NO_TIME:
             return None
-        base = hours.get(text[:13]) if len(text) == 19 and text[10] == "T" else None
+        base = _hour_cache.get(text[:13]) if len(text) == 19 and text[10] == "T" else None
         if base is not None:
+            into = _MMSS.get(text[13:])
+            if into is not None:
+                return base + into
             try:
                 return base + int(text[14:16]) * 60 + int(text[17:19])
             except ValueError:
@@ -502,18 +555,42 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
             raise ValueError(f"bad {name} time {text[:32]!r}")
         return value
 
-    def run_time(text: str, name: str) -> Optional[float]:
+    def run_time(self, text: str, name: str) -> Optional[float]:
         """Start or End: a cached hour's stamp is read by int(), whose message a bad
         minute or second then gives (the message a bad row is sampled with)."""
-        base = hours.get(text[:13])
+        base = _hour_cache.get(text[:13])
         if base is not None and len(text) == 19 and text[16] == ":":
-            return base + int(text[14:16]) * 60 + int(text[17:19])
-        return when(text, name)
+            into = _MMSS.get(text[13:])  # the same whole seconds int() would read
+            return base + (into if into is not None
+                           else int(text[14:16]) * 60 + int(text[17:19]))
+        return self.when(text, name)
 
-    def make(parts: List[str], key: str) -> AcctRecord:
-        start = run_time(parts[i_start], "Start")
-        end = run_time(parts[i_end], "End")
-        raw = parts[i_elapsed]
+    def cached(self, parts: List[str]) -> Optional[Tuple[float, float, float, float]]:
+        """(Start, End, Submit, Eligible) where each stamp's hour is cached (two dict hits
+        a stamp: the values ``when`` computes), else None."""
+        hours, mmss = _hour_cache, _MMSS
+        try:
+            start = hours[(text := parts[self.i_start])[:13]] + mmss[text[13:]]
+            end = hours[(text := parts[self.i_end])[:13]] + mmss[text[13:]]
+            submit = hours[(text := parts[self.i_submit])[:13]] + mmss[text[13:]]
+            if parts[self.i_elig] == text:
+                return start, end, submit, submit
+            return start, end, submit, hours[(text := parts[self.i_elig])[:13]] + mmss[text[13:]]
+        except KeyError:
+            return None
+
+    def run(self, parts: List[str], got: Optional[Tuple[float, float, float, float]]
+            ) -> Tuple[Optional[float], Optional[float], float]:
+        """(Start, End, ElapsedRaw): a bad row's message names the first problem in the
+        order Start, End, ElapsedRaw, AllocTRES, Submit, Eligible."""
+        start: Optional[float]
+        end: Optional[float]
+        if got is not None:
+            start, end = got[0], got[1]
+        else:
+            start = self.run_time(parts[self.i_start], "Start")
+            end = self.run_time(parts[self.i_end], "End")
+        raw = parts[self.i_elapsed]
         if raw:
             try:
                 elapsed = float(int(raw))
@@ -521,27 +598,38 @@ def record_maker(idx: Dict[str, int], ncol: int) -> Callable[[List[str], str], A
                 raise ValueError(f"bad ElapsedRaw {raw[:32]!r}") from None
         else:
             elapsed = end - start if start is not None and end is not None else 0.0
-        limit = parts[i_limit]
-        text = parts[i_tres]
-        tres = tres_cache.get(text)
+        return start, end, elapsed
+
+    def queued(self, parts: List[str], got: Optional[Tuple[float, float, float, float]]
+               ) -> Tuple[Optional[float], Optional[float]]:
+        """(Submit, Eligible)."""
+        if got is not None:
+            return got[2], got[3]
+        submitted = self.when(parts[self.i_submit], "Submit")
+        return submitted, (self.when(parts[self.i_elig], "Eligible")
+                           if parts[self.i_elig] != parts[self.i_submit] else submitted)
+
+    def make(self, parts: List[str], key: str) -> AcctRecord:
+        got = self.cached(parts)
+        start, end, elapsed = self.run(parts, got)
+        text = parts[self.i_tres]
+        tres = self.tres.get(text)
         if tres is None:
             tres = parse_tres(text)
-            if len(tres_cache) < 10_000:
-                tres_cache[text] = tres
-        util, mem = row_usage(parts[i_ave], parts[i_tot])
-        restarts = parts[i_restarts]
-        state = parts[i_state]
-        submit = parts[i_submit]
-        eligible = parts[i_elig]
-        submitted = when(submit, "Submit")
-        return new(AcctRecord, (
-            key, parts[i_name], parts[i_user], parts[i_acct], parts[i_part], parts[i_qos],
-            state.split(" ", 1)[0].upper() if state else "UNKNOWN",
-            submitted,
-            when(eligible, "Eligible") if eligible != submit else submitted,
-            start, end, elapsed,
-            int(limit) * 60 if limit.isdecimal() else None,
-            tres[0], tres[1], tres[2], parts[i_nodes], util, 0, 0,
+            if len(self.tres) < 10_000:
+                self.tres[text] = tres
+        submitted, eligible = self.queued(parts, got)
+        ave, tot = parts[self.i_ave], parts[self.i_tot]
+        util, mem = row_usage(ave, tot) if ave or tot else (None, None)
+        state = self.states.get(parts[self.i_state])
+        if state is None:
+            state = state_word(parts[self.i_state])
+            if len(self.states) < 10_000:
+                self.states[parts[self.i_state]] = state
+        limit, restarts = parts[self.i_limit], parts[self.i_restarts]
+        return tuple.__new__(AcctRecord, (
+            key, parts[self.i_name], parts[self.i_user], parts[self.i_acct],
+            parts[self.i_part], parts[self.i_qos], state, submitted, eligible, start, end,
+            elapsed, int(limit) * 60 if limit.isdecimal() else None,
+            tres[0], tres[1], tres[2], parts[self.i_nodes], util, 0, 0,
             int(restarts) if restarts.isdecimal() else 0, mem))
-
-    return make

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 from html import escape
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.audit.render.text import (
     CLASS_COLUMNS,
@@ -106,35 +106,14 @@ def time_chart(title: str, series: Dict[str, List[Tuple[float, Optional[float]]]
         return f"<h3>{escape(title)}</h3><p class=muted>no data</p>"
     t0, t1 = min(times), max(times) + bucket_s
     pw, ph = _W - _PAD_L - 16, _H - _PAD_B - _PAD_T
-    if log:
-        lo_e = math.floor(math.log10(max(min(values) / 2, 0.1)))  # never on the bottom line
-        hi_e = max(lo_e + 1, math.ceil(math.log10(max(values))))
-
-        def yv(v: float) -> float:
-            e = math.log10(max(v, 10 ** lo_e))
-            return _PAD_T + ph - (e - lo_e) / (hi_e - lo_e) * ph
-        grid = [(yv(v), v) for v in _LOG_TICKS if 10 ** lo_e <= v <= 10 ** hi_e]
-    else:
-        ymax = top if top is not None else nice_max(max(values))
-
-        def yv(v: float) -> float:
-            return _PAD_T + ph - (v / ymax) * ph
-        grid = [(yv(ymax * k / 5), ymax * k / 5) for k in range(6)]
+    yv, grid = _y_axis(values, ph, log, top)
 
     def xv(t: float) -> float:
         return _PAD_L + (t - t0) / (t1 - t0) * pw
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H + 30}" '
              f'role="img" aria-label="{escape(title)}">']
-    last_y: Optional[float] = None
-    for y, tick in grid:
-        if last_y is not None and abs(last_y - y) < 14:
-            continue  # too close to the last label to read
-        last_y = y
-        parts.append(f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_PAD_L + pw}" y2="{y:.1f}" '
-                     'stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" font-size="11" '
-                     f'text-anchor="end" fill="#555">{escape(fmt(tick))}</text>')
+    parts += _grid(grid, pw, fmt)
     for t, label in _time_ticks(t0, t1):
         x = xv(t)
         anchor = "end" if x > _PAD_L + pw - 40 else "start" if x < _PAD_L + 40 else "middle"
@@ -145,24 +124,7 @@ def time_chart(title: str, series: Dict[str, List[Tuple[float, Optional[float]]]
     lx, ly = _PAD_L, _H + 12
     for name, pts in series.items():
         colour = colours.get(name, "#7f7f7f")
-        segments: List[List[str]] = [[]]
-        last_t: Optional[float] = None
-        for t, v in sorted(pts):
-            if v is None or (log and v <= 0):
-                segments.append([])
-                last_t = None
-                continue
-            if last_t is not None and t - last_t > bucket_s * 1.5:
-                segments.append([])  # a gap in time: no line across it
-            segments[-1].append(f"{xv(t + bucket_s / 2):.1f},{yv(v):.1f}")
-            last_t = t
-        for seg in segments:
-            if len(seg) == 1:
-                cx, cy = seg[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>')
-            elif seg:
-                parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
-                             f'points="{" ".join(seg)}"/>')
+        parts += _lines(pts, colour, bucket_s, log, xv, yv)
         width = 22 + 7 * len(name)
         if lx + width > _W:
             lx, ly = _PAD_L, ly + 16
@@ -171,6 +133,64 @@ def time_chart(title: str, series: Dict[str, List[Tuple[float, Optional[float]]]
         lx += width
     parts.append("</svg>")
     return f"<h3>{escape(title)}</h3>" + "".join(parts)
+
+
+def _y_axis(values: List[float], ph: float, log: bool, top: Optional[float]
+            ) -> Tuple[Callable[[float], float], List[Tuple[float, float]]]:
+    """(value -> y, the grid's (y, value) lines) of a linear or log10 axis."""
+    if log:
+        lo_e = math.floor(math.log10(max(min(values) / 2, 0.1)))  # never on the bottom line
+        hi_e = max(lo_e + 1, math.ceil(math.log10(max(values))))
+
+        def log_y(v: float) -> float:
+            e = math.log10(max(v, 10 ** lo_e))
+            return _PAD_T + ph - (e - lo_e) / (hi_e - lo_e) * ph
+        return log_y, [(log_y(v), v) for v in _LOG_TICKS if 10 ** lo_e <= v <= 10 ** hi_e]
+    ymax = top if top is not None else nice_max(max(values))
+
+    def lin_y(v: float) -> float:
+        return _PAD_T + ph - (v / ymax) * ph
+    return lin_y, [(lin_y(ymax * k / 5), ymax * k / 5) for k in range(6)]
+
+
+def _grid(grid: List[Tuple[float, float]], pw: float, fmt: Any) -> List[str]:
+    parts: List[str] = []
+    last_y: Optional[float] = None
+    for y, tick in grid:
+        if last_y is not None and abs(last_y - y) < 14:
+            continue  # too close to the last label to read
+        last_y = y
+        parts.append(f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{_PAD_L + pw}" y2="{y:.1f}" '
+                     'stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" font-size="11" '
+                     f'text-anchor="end" fill="#555">{escape(fmt(tick))}</text>')
+    return parts
+
+
+def _lines(pts: List[Tuple[float, Optional[float]]], colour: str, bucket_s: float, log: bool,
+           xv: Callable[[float], float], yv: Callable[[float], float]) -> List[str]:
+    """One series' polylines, broken where a value or a bucket is missing (a lone point:
+    a dot)."""
+    segments: List[List[str]] = [[]]
+    last_t: Optional[float] = None
+    for t, v in sorted(pts):
+        if v is None or (log and v <= 0):
+            segments.append([])
+            last_t = None
+            continue
+        if last_t is not None and t - last_t > bucket_s * 1.5:
+            segments.append([])  # a gap in time: no line across it
+        segments[-1].append(f"{xv(t + bucket_s / 2):.1f},{yv(v):.1f}")
+        last_t = t
+    parts: List[str] = []
+    for seg in segments:
+        if len(seg) == 1:
+            cx, cy = seg[0].split(",")
+            parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/>')
+        elif seg:
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
+                         f'points="{" ".join(seg)}"/>')
+    return parts
 
 
 def _points(report: Dict[str, Any], key: str, group: str = "class",
