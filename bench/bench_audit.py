@@ -16,7 +16,7 @@ How the audit reads (since issue 34): one streaming reader, ``read/sacct.py``
 ``parse_parsable``, yields a record per job allocation once its steps are read; the kernel
 (``figures/kernel.py``) works out each record's facts once (an ``Attempt``) and folds
 batches of 1,024 of them, one figure family after the other. It replaced a second,
-hand-inlined reader (``read/fold.py``, lexing rows straight into a 17-argument closure)
+hand-inlined reader (the old ``read/fold.py``, lexing rows straight into a 17-argument closure)
 tuned for 1.23x. Instructions (valgrind, the fold alone, 20,000 rows of this dump, exact
 where a loaded box's timings are not): 1.74 G, of which the reader 0.96 G and the kernel
 0.79 G; the fused fold before it 1.00 G; the csv pass 0.64 G. Whole runs on a loaded 2-core

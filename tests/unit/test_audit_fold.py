@@ -1,7 +1,8 @@
-"""The fused ``sacct -P`` fold (slurmiso.audit.read.fold) against the record path it replaces.
+"""The audit's batched fold (``Aggregator.add_all``: the kernel folds records a batch of
+columns at a time) against the plain record path it must equal.
 
-The record path (``parse_parsable`` yields records, ``Aggregator.add`` folds each) is the
-straightforward reference. On randomised dumps full of what real and hostile files contain
+The record path (``parse_parsable`` yields records, ``Aggregator.add`` folds each, one at a
+time) is the straightforward reference. On randomised dumps full of what real and hostile files contain
 (bad and ``Unknown`` times, negative durations, End before Start, BOM, torn, short and long
 rows, a ``|`` in JobName, het jobs, arrays, steps before their job, odd TRES and usage
 strings, several headers and windows) both must leave the aggregator, the parse statistics
@@ -211,9 +212,10 @@ def both(text: str, seed: int, since: Optional[float], until: Optional[float]
         source = records_from(io.StringIO(text), stats)
         assert isinstance(source, ParsableSource)
         if fused:
-            agg.add_all(source)  # folds: no record
+            agg.add_all(source)  # folds by batches of columns
         else:
-            agg.add_all(iter(list(source)))  # the records, one by one
+            for rec in source:  # the records, one by one
+                agg.add(rec)
         out.append((agg, stats))
     return out[0], out[1]
 

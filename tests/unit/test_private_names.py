@@ -128,19 +128,19 @@ def test_the_allow_list_only_shrinks() -> None:
 
 def test_the_checker_sees_each_form() -> None:
     source = (
-        "import slurmiso.audit.read.fold as fold\n"
-        "import slurmiso.audit.read.fold\n"
+        "import slurmiso.audit.read.digest as fold\n"
+        "import slurmiso.audit.read.digest\n"
         "from slurmiso.audit.read import parallel\n"
         "from slurmiso.audit.read.sacct import _repair, __doc__\n"
         "from .sibling import _hidden\n"
         "def f(x):\n"
         "    from slurmiso.config import _lazy\n"
-        "    return (fold._CACHE, slurmiso.audit.read.fold._HOURS, parallel._merge, x._own,\n"
+        "    return (fold._CACHE, slurmiso.audit.read.digest._HOURS, parallel._merge, x._own,\n"
         "            fold.__name__, fold.public)\n"
     )
     got = sorted(what for what, _ in violations_in(source, "slurmiso.demo.mod", "slurmiso.demo"))
     assert got == sorted([
         "from slurmiso.audit.read.sacct import _repair",
         "from slurmiso.demo.sibling import _hidden", "from slurmiso.config import _lazy",
-        "slurmiso.audit.read.fold._CACHE", "slurmiso.audit.read.fold._HOURS",
+        "slurmiso.audit.read.digest._CACHE", "slurmiso.audit.read.digest._HOURS",
         "slurmiso.audit.read.parallel._merge"])
