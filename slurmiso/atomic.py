@@ -65,3 +65,10 @@ def write_atomic(path: str, data: Union[str, bytes], mode: Optional[int] = None,
         raise
     if durable:
         fsync_dir(directory)
+
+
+def move_aside(path: str, target: str) -> None:
+    """Rename ``path`` to ``target`` in the same directory, durably: for a file that is not
+    whole, kept for a human instead of read again. Errors stay :class:`OSError`."""
+    os.replace(path, target)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))

@@ -172,9 +172,11 @@ def save_record(state_dir: str, rec: HostRecord) -> None:
 def quarantine(state_dir: str, now: float) -> Optional[str]:
     """Move a record that was not whole aside for a human (``host-limits.json.bad-<ts>``);
     where it went, or None if it could not be moved."""
+    from slurmiso.atomic import move_aside
+
     target = f"{record_path(state_dir)}.bad-{int(now)}"
     try:
-        os.replace(record_path(state_dir), target)
+        move_aside(record_path(state_dir), target)
     except OSError:
         return None
     return target
