@@ -11,11 +11,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 
 from slurmiso.exposition.job_series import JobSignals
+from slurmiso.monitor.action import Action
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide, failed, reconcile_intent
 from slurmiso.monitor.ladder_state import Restraint
 from slurmiso.monitor.policy import (
-    Action,
     LadderPolicy,
     Memory,
     Policy,
