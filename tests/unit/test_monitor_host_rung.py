@@ -9,6 +9,10 @@ import dataclasses
 import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import pytest
+
+from slurmiso.config.loader import read_ladder
+from slurmiso.errors import ConfigError
 from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.apply import Applier
 from slurmiso.monitor.decide import decide, failed, reconcile_intent
@@ -288,3 +292,28 @@ def test_a_hot_breach_that_is_not_the_hosts_takes_no_host_step() -> None:
     steps, mem = drive(c, 6)
     assert host_acts(steps) == [] and "n1" not in mem.host_rungs
     assert ActionKind.HOST_LIMIT.journal == "host-limit"
+
+
+# ---------------------------------------------------------------------------- the config
+def test_the_config_gives_the_rung_its_levels_dwell_budgets_and_bound() -> None:
+    from slurmiso.monitor.policy import LadderPolicy, override
+
+    raw = {"host_limit": {"after": "2m", "release_after": "10m", "per_job": 3,
+                          "per_hour": 9, "max": "2h",
+                          "levels": [{"cpu_cores": 8}, {"cpu_cores": 2, "io_weight": 10}]}}
+    policy = LadderPolicy.of(read_ladder(raw))
+    assert policy.host == HostRungPolicy(2, 120.0, 600.0, 3, 9, 7200.0)
+    assert LadderPolicy.of(read_ladder({})).host == HostRungPolicy()
+    assert HostRungPolicy().levels == 0, "off by default"
+    # a --set of another ladder knob keeps the host rung
+    kept = override(dataclasses.replace(HPOL, ladder=policy), ["ladder.hysteresis_pct=20"])
+    assert kept.ladder.host == policy.host and kept.ladder.hysteresis_pct == 20
+
+
+def test_the_configs_host_rung_keys_are_checked() -> None:
+    with pytest.raises(ConfigError) as exc:
+        read_ladder({"host_limit": {"per_job": 0, "release_after": -5, "colour": "red"}})
+    text = "\n".join(exc.value.problems)
+    assert "monitor.ladder.host_limit.per_job" in text
+    assert "monitor.ladder.host_limit.release_after" in text
+    assert "monitor.ladder.host_limit.colour" in text
