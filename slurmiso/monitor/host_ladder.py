@@ -258,10 +258,13 @@ def _ease(mem: Memory, jid: str, rec: HostLimited, level: int, v: Optional[NodeV
 
 
 def _ended(jid: str, rec: HostLimited, now: float) -> Action:
-    """A journal line, no Slurm call: the limited job ended or left the node."""
-    return Action(ActionKind.LADDER_END, jid, "training host limit over: it no longer runs "
-                  "there", dict(_facts(rec, None, now), level=rec.level,
-                                limited_s=round(now - rec.since, 1), restraint=rec.to_dict()))
+    """The limited job ended or left the node: its note removed (a requeued job is still
+    listed and would carry it), never retried (``gone``: Slurm may refuse an ended job)."""
+    return Action(ActionKind.HOST_UNLIMIT, jid, "training's host limit over: it no longer "
+                  f"runs on {rec.node}", dict(
+                      _facts(rec, None, now), level=0, from_level=rec.level, gone=True,
+                      limited_s=round(now - rec.since, 1), restraint=rec.to_dict(),
+                      host_before=rec.to_dict()))
 
 
 def _spend(mem: Memory, hp: HostRungPolicy, victim: str, cause: str,

@@ -231,8 +231,9 @@ def host_limit(mem: Memory, act: Action, error: str) -> None:
 
 
 def host_unlimit(mem: Memory, act: Action, error: str) -> None:
-    """A removal Slurm refused leaves the job limited (retried next cycle)."""
-    if "host_before" in act.details:
+    """A removal Slurm refused leaves the job limited (retried next cycle), unless the job
+    is gone (an ended job may refuse it: nothing is left to restore)."""
+    if "host_before" in act.details and not act.details.get("gone"):
         _host_before(mem, act)
 
 

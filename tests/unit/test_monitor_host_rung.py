@@ -317,3 +317,15 @@ def test_the_configs_host_rung_keys_are_checked() -> None:
     assert "monitor.ladder.host_limit.per_job" in text
     assert "monitor.ladder.host_limit.release_after" in text
     assert "monitor.ladder.host_limit.colour" in text
+
+
+def test_a_limited_job_that_ends_has_its_note_removed_once() -> None:
+    c = noted(burning_cluster())
+    _, mem = drive(c, 3)
+    del c.jobs["t2"], c.place["t2"], c.host_jobs["t2"]
+    steps, mem2 = drive(c, 2, mem=mem)
+    acts = [a for acts in steps for a in acts if a.name in HOST_KINDS]
+    assert [(a.name, a.target, a.details["gone"]) for a in acts] == [
+        ("host-unlimit", "t2", True)]
+    assert mem2.host_limited == {}
+    assert "t2" not in failed(mem2, acts[0], "no such job").host_limited
