@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
@@ -329,3 +330,52 @@ def test_a_limited_job_that_ends_has_its_note_removed_once() -> None:
         ("host-unlimit", "t2", True)]
     assert mem2.host_limited == {}
     assert "t2" not in failed(mem2, acts[0], "no such job").host_limited
+
+
+def test_with_levels_but_no_host_figures_nothing_changes() -> None:
+    """No agent exports host figures: no diagnosis, so neither the host rung nor the GPU
+    rungs' cap moves anything; actions and memory are those of a monitor without levels."""
+    def plain() -> HostCluster:
+        c = burning_cluster()
+        c.host_node, c.host_jobs = None, {}
+        return c
+
+    a_steps, a_mem = drive(plain(), 12, policy=POL)
+    b_steps, b_mem = drive(plain(), 12, policy=HPOL)
+    assert kinds(a_steps) == kinds(b_steps)
+    assert [x.details for acts in a_steps for x in acts] == \
+        [x.details for acts in b_steps for x in acts]
+    assert a_mem.to_dict() == b_mem.to_dict()
+    assert any(k[1] == "suspend" for k in kinds(b_steps))
+
+
+def _weather(c: HostCluster, rnd: random.Random) -> Callable[[int], None]:
+    """Random breaches, gaps and missing host figures for 40 cycles, then calm."""
+    figures = (c.host_node, dict(c.host_jobs))
+
+    def weather(i: int) -> None:
+        if i >= 40:  # the long calm at the end
+            c.p99["i1"], c.age["i1"] = CALM_MS, 5.0
+            return
+        c.p99["i1"] = rnd.choice([BREACH_MS] * 6 + [CALM_MS, 240.0, None])
+        c.age["i1"] = rnd.choice([5.0] * 9 + [None])
+        c.host_node, c.host_jobs = figures if rnd.random() < 0.8 else (None, {})
+    return weather
+
+
+def test_random_weather_keeps_the_rungs_rules() -> None:
+    """Levels within those configured, only running training jobs limited, the per-job
+    budget kept, and a long calm lifts every limit."""
+    rnd = random.Random(36)
+    taken = 0
+    for _ in range(5):
+        c = noted(burning_cluster())
+        steps, mem = drive(c, 60, each=_weather(c, rnd))
+        limits = [a for acts in steps for a in acts if a.name == "host-limit"]
+        taken += len(limits)
+        assert all(1 <= a.details["level"] <= HOST.levels for a in limits)
+        assert all(c.jobs[a.target].job_class == "train" for a in limits)
+        assert len([a for a in limits if a.target == "t2"]) <= HOST.per_job
+        assert mem.host_limited == {} and mem.host_rungs == {}
+        assert c.notes.get("t2") is None
+    assert taken >= 5, "the weather must make the rung climb for the rules to be tested"
