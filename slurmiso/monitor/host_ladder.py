@@ -211,10 +211,11 @@ def _limitable(job: JobInfo, jid: str, who: Attribution, mem: Memory, exempt: Se
         jid not in mem.restrained and jid not in exempt
 
 
-def _facts(rec: HostLimited, v: Optional[NodeVerdict], now: float) -> Dict[str, Any]:
+def _facts(kind: ActionKind, rec: HostLimited, v: Optional[NodeVerdict],
+           now: float) -> Dict[str, Any]:
     out: Dict[str, Any] = {"node": rec.node, "gpu": gpu_key(rec.node, rec.gpu),
-                           "cause": rec.cause, "host_cause": rec.host_cause, "step": STEP,
-                           "ts": now}
+                           "cause": rec.cause, "host_cause": rec.host_cause,
+                           "step": kind.value, "ts": now}
     if v is not None and v.diagnosis is not None:
         out["diagnosis"] = record(v.diagnosis)
     return out
@@ -234,7 +235,8 @@ def _limit(mem: Memory, jid: str, rec: Optional[HostLimited], node: str, rung: H
     mem.host_limited[jid] = new
     reason = (f"training host-limited (level {rung.level}): {rung.why}")[:300]
     return Action(ActionKind.HOST_LIMIT, jid, reason, dict(
-        _facts(new, v, now), level=rung.level, from_level=rec.level if rec else 0,
+        _facts(ActionKind.HOST_LIMIT, new, v, now), level=rung.level,
+        from_level=rec.level if rec else 0,
         budget=note, budget_keys=keys, restraint=new.to_dict(),
         host_before=rec.to_dict() if rec else None))
 
@@ -252,7 +254,7 @@ def _ease(mem: Memory, jid: str, rec: HostLimited, level: int, v: Optional[NodeV
     reason = (f"training's host limit {how} after {now - rec.since:.0f}s on {rec.node}: "
               f"{why}")[:300]
     return Action(ActionKind.HOST_UNLIMIT, jid, reason, dict(
-        _facts(rec, v, now), level=level, from_level=rec.level,
+        _facts(ActionKind.HOST_UNLIMIT, rec, v, now), level=level, from_level=rec.level,
         limited_s=round(now - rec.since, 1), restraint=rec.to_dict(),
         host_before=rec.to_dict()))
 
@@ -262,7 +264,8 @@ def _ended(jid: str, rec: HostLimited, now: float) -> Action:
     listed and would carry it), never retried (``gone``: Slurm may refuse an ended job)."""
     return Action(ActionKind.HOST_UNLIMIT, jid, "training's host limit over: it no longer "
                   f"runs on {rec.node}", dict(
-                      _facts(rec, None, now), level=0, from_level=rec.level, gone=True,
+                      _facts(ActionKind.HOST_UNLIMIT, rec, None, now), level=0,
+                      from_level=rec.level, gone=True,
                       limited_s=round(now - rec.since, 1), restraint=rec.to_dict(),
                       host_before=rec.to_dict()))
 
