@@ -195,11 +195,13 @@ def _restrain(snap: Snapshot, mem: Memory, who: Attribution, verdicts: Dict[str,
             continue
         rung = mem.host_rungs.get(node)
         level = rung.level if rung is not None else 0
+        seen = verdicts.get(node)
         if rec is not None and level < rec.level:
-            actions.append(_ease(mem, jid, rec, level, verdicts.get(node), now))
-        elif level > (rec.level if rec else 0) and _limitable(job, jid, who, mem, exempt) \
-                and rung is not None:
-            act = _limit(mem, jid, rec, node, rung, verdicts[node], hp, now)
+            actions.append(_ease(mem, jid, rec, level, seen, now))
+        elif rung is not None and seen is not None and seen.kind == HOT and \
+                level > (rec.level if rec else 0) and _limitable(job, jid, who, mem, exempt):
+            # only while hot: a level a budget held back is not taken once unknown or calm
+            act = _limit(mem, jid, rec, node, rung, seen, hp, now)
             if act is not None:
                 actions.append(act)
     return actions

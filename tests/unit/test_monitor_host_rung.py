@@ -379,3 +379,16 @@ def test_random_weather_keeps_the_rungs_rules() -> None:
         assert mem.host_limited == {} and mem.host_rungs == {}
         assert c.notes.get("t2") is None
     assert taken >= 5, "the weather must make the rung climb for the rules to be tested"
+
+
+def test_a_level_a_budget_held_back_is_not_taken_while_unknown() -> None:
+    policy = dataclasses.replace(HPOL, ladder=dataclasses.replace(
+        HPOL.ladder, host=dataclasses.replace(HOST, per_job=1, max_s=7200)))
+    c = noted(burning_cluster())
+
+    def weather(i: int) -> None:  # hot, then unknown past the budget's hour, then hot
+        c.age["i1"] = None if 5 <= i < 130 else 5.0
+
+    steps, mem = drive(c, 132, policy=policy, each=weather)
+    assert host_acts(steps) == [(2, "host-limit", "t2", 1), (130, "host-limit", "t2", 2)]
+    assert mem.host_limited["t2"].level == 2
