@@ -136,6 +136,9 @@ HOST_CAUSES: FrozenSet[Cause] = frozenset(
 #: A training suspect is limited when it takes at least this share of what the heaviest
 #: measured suspect takes (a quiet job beside a burner is left alone).
 HEAVY_SHARE = 0.5
+#: How a GPU rung held at throttle for the host says so (its ``capped`` text begins so after
+#: "<step> waits: ").
+ON_THE_HOST = "the diagnosis places the contention on the host, not on this GPU"
 
 
 def _heaviest(d: Optional[Diagnosis]) -> Optional[Suspect]:
@@ -165,4 +168,4 @@ def elsewhere(d: Optional[Diagnosis], gpu: int) -> str:
     top = _heaviest(d)
     if d is None or top is None or str(gpu) in top.job.gpus:
         return ""
-    return f"the diagnosis places the contention on the host, not on this GPU: {d.text}"
+    return f"{ON_THE_HOST}: {d.text}"

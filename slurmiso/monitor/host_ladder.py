@@ -30,7 +30,7 @@ from slurmiso.host.diagnosis import Diagnosis
 from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate
-from slurmiso.monitor.contention import diagnose_breach, host_suspects, record
+from slurmiso.monitor.contention import ON_THE_HOST, diagnose_breach, host_suspects, record
 from slurmiso.monitor.ladder import BETWEEN, CALM, HOT, UNKNOWN, Breach, job_verdict, limits, worst
 from slurmiso.monitor.ladder_state import HostLimited, HostRung
 from slurmiso.monitor.policy import HostRungPolicy, Memory, Policy
@@ -71,6 +71,11 @@ def host_ladder(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution) -
         _move(mem, node, verdicts.get(node, NodeVerdict(CALM, "the host rung is off")), hp,
               now)
     actions = _restrain(snap, mem, who, verdicts, hp, now)
+    for act in actions:  # the journal says why the GPU rungs there stay at throttle
+        held = {key: r.capped for key, r in sorted(mem.ladder.items())
+                if key.rpartition("/")[0] == act.details["node"] and ON_THE_HOST in r.capped}
+        if held:
+            act.details["gpu_rungs_held"] = held
     annotate(actions, mem, policy)
     return actions
 

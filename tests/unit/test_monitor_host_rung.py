@@ -94,6 +94,10 @@ def test_the_cpu_burner_on_another_gpu_is_host_limited_not_the_gpu_neighbour() -
                                   "the host") and "job t2" in rung.capped
     assert mem.host_rungs["n1"].level == 2
     assert mem.host_limited["t2"].level == 2 and "t1" not in mem.host_limited
+    # the journal says why: the host-limit line taken when the GPU rung was held names it
+    second = next(a for a in steps[4] if a.name == "host-limit")
+    assert second.details["gpu_rungs_held"] == {"n1/0": rung.capped}
+    assert "gpu_rungs_held" not in first.details, "at cycle 2 nothing was held yet"
 
 
 def test_the_note_written_is_a_host_limit_with_its_level() -> None:
