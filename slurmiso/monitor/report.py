@@ -179,8 +179,8 @@ def host_lines(st: Dict[str, Any]) -> List[str]:
     if not host["levels"]:
         head = "host rung: off (no monitor.ladder.host_limit.levels)"
     else:
-        head = (f"host rung: {len(host['nodes'])} node(s) at a level of {host['levels']}, "
-                f"{len(host['limited'])} training job(s) host-limited")
+        head = (f"host rung ({host['levels']} level(s)): {len(host['nodes'])} node(s) at a "
+                f"level, {len(host['limited'])} training job(s) host-limited")
     lines = [head]
     for n in host["nodes"][:20]:
         cool = ("" if n["not_hot_s"] is None else

@@ -247,7 +247,7 @@ def test_status_shows_the_host_rung_per_node() -> None:
     assert st["host"]["limited"] == [{"job": "t2", "node": "n1", "level": 2, "for_s": 30.0,
                                       "cause": "i1", "host_cause": "host-cpu-pressure"}]
     lines = ladder_lines(st)
-    assert "host rung: 1 node(s) at a level of 2, 1 training job(s) host-limited" in lines
+    assert "host rung (2 level(s)): 1 node(s) at a level, 1 training job(s) host-limited" in lines
     assert any(ln.startswith("  n1: level 2 for 30s, inference job i1 on n1") for ln in lines)
     assert any(ln.startswith("  job t2 host-limited (level 2) on n1 for 30s (bound 3600s), "
                              "host-cpu-pressure behind inference job i1") for ln in lines)
