@@ -597,8 +597,15 @@ def _read_host_limit(s: Section) -> HostLimit:
                 "the note's lvl=1..9)")
     for i, item in enumerate(raw[:MAX_HOST_LEVELS]):
         levels.append(_read_host_level(Section(item, f"{s.key('levels')}[{i}]", s.p)))
+    d = HostLimit()
+    after = _dwell(s, "after", d.after_s)
+    release = _dwell(s, "release_after", d.release_after_s)
+    limit = HostLimit(levels=tuple(levels), after_s=after, release_after_s=release,
+                      per_job=s.integer("per_job", d.per_job, 1, 100_000),
+                      per_hour=s.integer("per_hour", d.per_hour, 1, 1_000_000),
+                      max_s=_bound(s, d.max_s, release))
     s.done()
-    return HostLimit(levels=tuple(levels))
+    return limit
 
 
 def _read_host_level(s: Section) -> HostLimitLevel:

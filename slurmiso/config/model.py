@@ -251,6 +251,15 @@ class HostLimit(Value):
     so a node refuses every host-limit note until a site declares what a level means."""
 
     levels: Tuple[HostLimitLevel, ...] = ()
+    #: The monitor's side (issue 36): a level is taken once a host-caused breach has lasted
+    #: ``after_s`` at the level below, stepped back from after ``release_after_s`` of calm, at
+    #: most ``per_job`` times an hour for any one job and ``per_hour`` in all; a level stands
+    #: at most ``max_s`` without a hot host cause (and on a node with no live monitor).
+    after_s: int = 60
+    release_after_s: int = 300
+    per_job: int = 6
+    per_hour: int = 60
+    max_s: int = 3600
 
 
 class Ladder(Value):

@@ -75,6 +75,7 @@ KIND: Dict[ActionKind, KindSpec] = {
     K.LADDER_REQUEUE: KindSpec(2, calls.requeue_job, undo=undo.ladder_requeue,
                                overlay=calls.overlay_requeue, ladder=True),
     K.THROTTLE: KindSpec(3, calls.throttle, undo=undo.throttle, ladder=True),
+    K.HOST_LIMIT: KindSpec(3, calls.note_only, undo=undo.host_limit, ladder=True),
     K.SUSPEND: KindSpec(4, calls.suspend, undo=undo.suspend,
                         reconcile=undo.reconcile_suspend, overlay=calls.overlay_suspend,
                         ladder=True),
@@ -100,6 +101,8 @@ KIND: Dict[ActionKind, KindSpec] = {
                            ladder=True),
     K.UNTHROTTLE: KindSpec(14, calls.unthrottle, undo=undo.unthrottle,
                            reconcile=undo.reconcile_unthrottle, ladder=True),
+    K.HOST_UNLIMIT: KindSpec(14, calls.note_only, undo=undo.host_unlimit,
+                             reconcile=undo.reconcile_host_unlimit, ladder=True),
     K.LADDER_END: KindSpec(15, calls.journal_only, ladder=True),
     K.RECONCILE: KindSpec(16, calls.reconcile),
 }

@@ -160,6 +160,17 @@ class Applier:
         :func:`slurmiso.monitor.bound.annotate`) in its ``AdminComment``, where the node
         reads it without the monitor (issue 33); a release removes it. The note only
         explains and bounds: a refusal is logged and the action stands."""
+        try:
+            self.write_restraint(act)
+        except SlurmisoError as exc:  # a job that ended may refuse it: nothing to explain
+            log.log(logging.INFO if act.kind == ActionKind.LADDER_END else logging.WARNING,
+                    "monitor: job %s: the restraint note was not %s: %s", act.target,
+                    "written" if act.details.get("left") else "removed", exc)
+
+    def write_restraint(self, act: Action) -> None:
+        """The note of ``details.left`` (none: removed) in the job's ``AdminComment``;
+        :class:`~slurmiso.errors.SlurmisoError` when Slurm refuses it. A host-limit note
+        carries its level (``lvl=``), the node's to apply."""
         if "left" not in act.details:
             return
         from slurmiso.restraints import Note, OnBound, RestraintStep, write_note
@@ -168,13 +179,8 @@ class Applier:
         note = None if not left else Note(
             RestraintStep(left["step"]), float(left["since"]), str(left["node"]),
             int(left["gpu"]), str(left.get("cause") or ""), float(left["max_s"]),
-            OnBound(left["on_bound"]))
-        try:
-            write_note(self.slurm, act.target, note)
-        except SlurmisoError as exc:  # a job that ended may refuse it: nothing to explain
-            log.log(logging.INFO if act.kind == ActionKind.LADDER_END else logging.WARNING,
-                    "monitor: job %s: the restraint note was not %s: %s", act.target,
-                    "written" if note else "removed", exc)
+            OnBound(left["on_bound"]), int(left.get("level") or 0))
+        write_note(self.slurm, act.target, note)
 
     def _one(self, act: Action) -> Outcome:
         spec = KIND[act.kind]
@@ -182,7 +188,7 @@ class Applier:
             if spec.call is None:
                 raise SlurmisoError(f"monitor action {act.name!r} is applied in batches")
             said = spec.call(self, act)
-            if spec.ladder and said != "gone":
+            if spec.ladder and said not in ("gone", "noted"):
                 self._note_restraint(act)
         except SlurmUnavailable as exc:
             return Outcome(act, False, f"{DOWN}: {exc}")

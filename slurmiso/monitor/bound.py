@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.actions import KIND
 from slurmiso.monitor.attribution import gpu_key
-from slurmiso.monitor.ladder_state import Restraint, Rung
+from slurmiso.monitor.ladder_state import HostLimited, Restraint, Rung
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.snapshot import JobInfo
 from slurmiso.restraints import OnBound
@@ -123,7 +123,18 @@ def annotate(actions: List[Action], mem: Memory, policy: Policy) -> None:
         if not KIND[act.kind].ladder:
             continue
         rec = mem.restrained.get(act.target)
-        act.details["left"] = _left(rec, policy)
+        act.details["left"] = _left(rec, policy) or _host_left(
+            mem.host_limited.get(act.target), policy)
+
+
+def _host_left(rec: Optional[HostLimited], policy: Policy) -> Optional[Dict[str, Any]]:
+    """The host rung's note, where the job has no GPU restraint (one note a job: a throttle
+    or a suspend is the harder, and the host limit comes back once it ends)."""
+    if rec is None:
+        return None
+    return {"step": "host-limit", "since": rec.since, "node": rec.node, "gpu": rec.gpu,
+            "cause": rec.cause, "max_s": policy.ladder.host.max_s,
+            "on_bound": OnBound.RESUME.value, "level": rec.level}
 
 
 def _left(rec: Optional[Restraint], policy: Policy) -> Optional[Dict[str, Any]]:

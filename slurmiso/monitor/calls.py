@@ -26,6 +26,8 @@ class ApplierPort(Protocol):
 
     def relayout(self, node: str, layout: str) -> None: ...
 
+    def write_restraint(self, act: Action) -> None: ...
+
 
 class OverlayPort(Protocol):
     """What an overlay changes of :class:`slurmiso.monitor.loop.DryRunOverlay`."""
@@ -101,6 +103,13 @@ def resume_job(ap: ApplierPort, act: Action) -> str:
 
 def requeue_job(ap: ApplierPort, act: Action) -> str:
     return str(ap.slurm.requeue_job(act.target, bool(act.details.get("suspended"))))
+
+
+def note_only(ap: ApplierPort, act: Action) -> str:
+    """The host rung's: the note in the job's AdminComment is the whole action (the node
+    applies or restores the limit), so a note Slurm refuses fails the action."""
+    ap.write_restraint(act)
+    return "noted"
 
 
 def journal_only(ap: ApplierPort, act: Action) -> str:

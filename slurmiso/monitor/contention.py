@@ -9,22 +9,25 @@ the inference job's own PSI and GPUs (memory used of total, SM activity, from th
 samples), the node's PSI and NICs, and every other job Slurm shows running on the node, with
 its host figures and the GPUs :class:`~slurmiso.monitor.attribution.Attribution` gives it.
 A node whose agent exports no host figures gets no diagnosis (None): the journal and the state
-then say what they said before. The diagnosis names a cause; it does not change what the
-ladder does.
+then say what they said before. Where the host rung is configured, a host cause moves it
+(:mod:`slurmiso.monitor.host_ladder`, :func:`host_suspects`) and keeps the GPU's rung from
+climbing past throttle when the heaviest suspect is not on that GPU (:func:`elsewhere`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from slurmiso.host.cgroup_figures import PressureFigures
 from slurmiso.host.diagnosis import (
+    Cause,
     Diagnosis,
     DiagnosisInputs,
     GpuState,
     Neighbour,
     NicLoad,
+    Suspect,
     Thresholds,
     diagnose,
 )
@@ -125,3 +128,44 @@ def record(d: Diagnosis) -> Dict[str, Any]:
     if d.unknown:
         out["unknown"] = list(d.unknown)
     return out
+
+
+#: The causes the host rung acts on: pressure on the node's CPU, memory or IO.
+HOST_CAUSES: FrozenSet[Cause] = frozenset(
+    {Cause.HOST_CPU_PRESSURE, Cause.HOST_MEMORY_PRESSURE, Cause.HOST_IO_PRESSURE})
+#: A training suspect is limited when it takes at least this share of what the heaviest
+#: measured suspect takes (a quiet job beside a burner is left alone).
+HEAVY_SHARE = 0.5
+#: How a GPU rung held at throttle for the host says so (its ``capped`` text begins so after
+#: "<step> waits: ").
+ON_THE_HOST = "the diagnosis places the contention on the host, not on this GPU"
+
+
+def _heaviest(d: Optional[Diagnosis]) -> Optional[Suspect]:
+    """The first suspect with a measured contribution of a host cause, else None."""
+    if d is None or d.cause not in HOST_CAUSES:
+        return None
+    return next((s for s in d.suspects if s.contribution), None)
+
+
+def host_suspects(d: Optional[Diagnosis], train: FrozenSet[str]) -> Tuple[str, ...]:
+    """The training jobs a host-caused diagnosis names for the host rung: measured (an
+    unmeasured job is never acted on) and at least :data:`HEAVY_SHARE` of the heaviest
+    training suspect; () for any other cause or none."""
+    if d is None or d.cause not in HOST_CAUSES:
+        return ()
+    measured = [s for s in d.suspects if s.contribution and s.job.class_name in train]
+    if not measured:
+        return ()
+    top = max(float(s.contribution or 0.0) for s in measured)
+    return tuple(s.job.job_id for s in measured if float(s.contribution or 0.0)
+                 >= HEAVY_SHARE * top)
+
+
+def elsewhere(d: Optional[Diagnosis], gpu: int) -> str:
+    """Why a GPU's rung stays at throttle: its breach's diagnosis is a host cause and the
+    heaviest measured suspect is not on GPU ``gpu`` ("" otherwise: the rung goes on)."""
+    top = _heaviest(d)
+    if d is None or top is None or str(gpu) in top.job.gpus:
+        return ""
+    return f"{ON_THE_HOST}: {d.text}"

@@ -10,6 +10,8 @@ tables. Each policy is one function:
   Slurm's priority order;
 * the ladder (:mod:`slurmiso.monitor.ladder`): where an inference job breaches its SLO, the
   training sharing its GPU is held off, throttled, suspended, requeued, one step at a time;
+  where the breach is host contention, the host rung (:mod:`slurmiso.monitor.host_ladder`)
+  rate-limits the training the diagnosis names on that node (off unless configured);
 * partitions: idle inference nodes are lent to a training partition; when inference waits,
   only the nodes it needs come back (at most ``partition_updates_per_hour`` lendings);
 * MIG re-layout (:mod:`slurmiso.monitor.relayout`): one node at a time, hourly limited;
@@ -29,6 +31,7 @@ from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL
 from slurmiso.monitor.admission import admission
 from slurmiso.monitor.admission_state import Loan
 from slurmiso.monitor.attribution import Attribution
+from slurmiso.monitor.host_ladder import host_ladder
 from slurmiso.monitor.ladder import ladder
 from slurmiso.monitor.policy import Memory, Policy
 from slurmiso.monitor.relayout import relayout
@@ -52,6 +55,7 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
     actions += _partitions(snap, policy, mem, running)
     who = Attribution(snap, policy.train_classes)
     steps, held = ladder(snap, policy, mem, who)
+    steps += host_ladder(snap, policy, mem, who)
     actions += admission(snap, policy, mem, who, held)
     actions += steps
     actions += _reconcile(snap, policy, mem, running)

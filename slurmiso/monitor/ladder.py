@@ -40,7 +40,7 @@ from slurmiso.host.diagnosis import Diagnosis
 from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.attribution import Attribution, gpu_key
 from slurmiso.monitor.bound import annotate, end_unhot
-from slurmiso.monitor.contention import diagnose_breach, record
+from slurmiso.monitor.contention import diagnose_breach, elsewhere, record
 from slurmiso.monitor.ladder_state import Restraint, Rung
 from slurmiso.monitor.policy import (
     SUSPEND_MODES,
@@ -57,6 +57,7 @@ HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
 #: node as Slurm shows it (never said of a job that is merely silent: that is UNKNOWN).
 GONE = "gone"
 _RANK = {HOT: 0, UNKNOWN: 1, BETWEEN: 2, CALM: 3, GONE: 4}
+_THROTTLE = LADDER_STEPS.index("throttle")
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class Breach:
     #: behind the figures); None where nothing older than now is proven.
     calm_from: Optional[float] = None
     #: HOT only, where the node's agent exports host figures: where the contention is
-    #: (issue 36). It names a cause; the ladder's steps do not follow it yet.
+    #: (issue 36). With the host rung configured, a host cause moves that rung and keeps
+    #: a GPU's rung at throttle when the heaviest suspect is elsewhere.
     diagnosis: Optional[Diagnosis] = field(default=None, compare=False)
 
     @property
@@ -229,8 +231,10 @@ def ladder(snap: Snapshot, policy: Policy, mem: Memory,
     # -- move each rung one step at most --------------------------------------------------
     for key in sorted(verdicts):
         v, at, gpu = verdicts[key]
+        # a host cause placed off this GPU: the host rung acts, this rung stops at throttle
+        host = elsewhere(v.diagnosis, gpu) if policy.ladder.host.levels else ""
         _move(mem, key, v, node_steps(policy, nodes.get(at)), now, victims.get(key, []),
-              at, gpu, (memory_last_ts, policy.max_data_age_s))
+              at, gpu, (memory_last_ts, policy.max_data_age_s), host)
     # -- what each training job should be, and the actions that get it there ------------
     actions = bounded + _restrain(snap, policy, mem, who, verdicts, victims, exempt)
     annotate(actions, mem, policy)
@@ -332,9 +336,10 @@ def _applied(rec: Optional[Restraint], step: str) -> bool:
 
 def _move(mem: Memory, key: str, v: Breach, steps: Tuple[StepPolicy, ...], now: float,
           victims: List[JobInfo], node: str, index: int,
-          seen: Tuple[Optional[float], float] = (None, 0.0)) -> None:
+          seen: Tuple[Optional[float], float] = (None, 0.0), host: str = "") -> None:
     """One GPU's rung after this verdict (see the module doc). ``seen``: when the cycle
-    before this one ran, and how old data may be (what makes two cycles consecutive)."""
+    before this one ran, and how old data may be (what makes two cycles consecutive);
+    ``host``: why the rung may not climb past throttle (the contention is on the host)."""
     rung = mem.ladder.get(key)
     if rung is None and v.kind != HOT:
         return
@@ -388,6 +393,8 @@ def _move(mem: Memory, key: str, v: Breach, steps: Tuple[StepPolicy, ...], now: 
                 new = dataclasses.replace(new, capped=(
                     f"{nxt.name} waits: {old.step} not yet applied to {','.join(lagging)}"
                     f"{' (' + old.capped + ')' if old.capped else ''}")[:200])
+            elif host and LADDER_STEPS.index(nxt.name) > _THROTTLE:
+                new = dataclasses.replace(new, capped=f"{nxt.name} waits: {host}"[:200])
             else:
                 new = dataclasses.replace(new, step=nxt.name, since=now, capped="",
                                           figure=old.figure if rung else v.figure,

@@ -96,3 +96,52 @@ class Restraint:
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Restraint:
         return _from(cls, data)
+
+
+@dataclass(frozen=True)
+class HostRung:
+    """The host rung of one node (issue 36): the level in force (0: none) and the timers
+    that move it, like a GPU's :class:`Rung`, and the breach behind it: the inference job,
+    its GPU (the note's ``gpu=``), the host cause the diagnosis named and its words."""
+
+    level: int = 0
+    #: When this level was taken or stepped back to (each dwell counts from here too).
+    since: float = 0.0
+    breach_since: Optional[float] = None
+    calm_since: Optional[float] = None
+    #: Since when no host cause has been hot here: at the rung's ``max_s`` it ends.
+    not_hot_since: Optional[float] = None
+    cause: str = ""
+    gpu: int = 0
+    host_cause: str = ""
+    why: str = ""
+    #: Why the next level waits although the breach lasts (a budget spent), "" if it does not.
+    capped: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> HostRung:
+        return _from(cls, data)
+
+
+@dataclass(frozen=True)
+class HostLimited:
+    """A training job the host rung limits: on which node, at which level, since when, and
+    the breach behind it (the note's ``gpu=`` and ``cause=``)."""
+
+    node: str
+    level: int
+    since: float
+    gpu: int = 0
+    cause: str = ""
+    host_cause: str = ""
+    why: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> HostLimited:
+        return _from(cls, data)

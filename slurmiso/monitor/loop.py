@@ -305,6 +305,8 @@ class Monitor:
                              if r.throttled_since is not None),
             "suspended": sum(1 for r in self.memory.restrained.values()
                              if r.suspended_since is not None)}
+        if self.memory.host_limited:  # the host rung's, only where it limits (issue 36)
+            st.restrained["host-limited"] = len(self.memory.host_limited)
         stamps = [h.ts for h in self.memory.holds.values()]
         st.oldest_hold_s = max(0.0, snap.ts - min(stamps)) if stamps else None
         by: Dict[str, int] = {}
@@ -467,7 +469,8 @@ class MonitorCollector:
             rungs.add_metric([step], float(n))
         yield rungs
         held_back = GaugeMetricFamily("slurmiso_monitor_restrained_jobs",
-                                      "Training jobs the ladder throttles or suspends",
+                                      "Training jobs the ladder throttles, suspends or "
+                                      "host-limits",
                                       labels=["state"])
         for state, n in sorted(st.restrained.items()):
             held_back.add_metric([state], float(n))

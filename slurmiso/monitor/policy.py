@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.config.model import LADDER_STEPS, Config, JobClass, Ladder
 from slurmiso.monitor.admission_state import Cap, Gate, Hold, Loan
-from slurmiso.monitor.ladder_state import Restraint, Rung
+from slurmiso.monitor.ladder_state import HostLimited, HostRung, Restraint, Rung
 from slurmiso.restraints import OnBound
 
 #: How new training is kept away from hot GPUs: per node (ExcNodeList), held, or QoS-capped.
@@ -61,6 +61,26 @@ _LADDER = Ladder()
 
 
 @dataclass(frozen=True)
+class HostRungPolicy:
+    """The host rung (issue 36): how many levels the nodes define
+    (``monitor.ladder.host_limit.levels``; 0, the default: the rung never acts), the dwell
+    before each level and before stepping back, its budgets and its bound."""
+
+    levels: int = 0
+    after_s: float = float(_LADDER.host_limit.after_s)
+    release_after_s: float = float(_LADDER.host_limit.release_after_s)
+    per_job: int = _LADDER.host_limit.per_job
+    per_hour: int = _LADDER.host_limit.per_hour
+    max_s: float = float(_LADDER.host_limit.max_s)
+
+    @classmethod
+    def of(cls, ladder: Ladder) -> HostRungPolicy:
+        h = ladder.host_limit
+        return cls(len(h.levels), float(h.after_s), float(h.release_after_s), h.per_job,
+                   h.per_hour, float(h.max_s))
+
+
+@dataclass(frozen=True)
 class LadderPolicy:
     """The ladder: its steps in order (none: it never acts), hysteresis and signals."""
 
@@ -72,6 +92,8 @@ class LadderPolicy:
     unthrottle_signal: str = _LADDER.unthrottle_signal
     #: How a restraint past its step's ``max_s`` ends.
     on_bound: OnBound = OnBound(_LADDER.on_bound)
+    #: The host rung: off (no levels) unless the nodes define what a level writes.
+    host: HostRungPolicy = HostRungPolicy()
 
     @classmethod
     def of(cls, ladder: Ladder) -> LadderPolicy:
@@ -80,7 +102,8 @@ class LadderPolicy:
                                     st.per_job, st.per_hour, float(st.max_s))
                          for st in ladder.steps),
                    float(ladder.hysteresis_pct), ladder.throttle_signal,
-                   ladder.unthrottle_signal, OnBound(ladder.on_bound))
+                   ladder.unthrottle_signal, OnBound(ladder.on_bound),
+                   HostRungPolicy.of(ladder))
 
     def to_config(self) -> Dict[str, Any]:
         """This ladder as ``monitor.ladder``'s YAML mapping (what ``--set ladder.*`` edits
@@ -340,7 +363,10 @@ def _override_ladder(ladder: LadderPolicy, items: Sequence[Tuple[str, str, str]]
         if step not in names:
             raise UsageError(f"--set {item}: {step!r} is not in ladder.steps "
                              f"({','.join(names) or 'none'})")
-    return LadderPolicy.of(checked)
+    import dataclasses
+
+    # the host rung is not among the knobs: the levels are the nodes' own config
+    return dataclasses.replace(LadderPolicy.of(checked), host=ladder.host)
 
 
 def _scalar(text: str) -> Any:
@@ -440,16 +466,20 @@ class Memory:
     #: "source/reason" -> signals unknown in the last cycle: what ``monitor status`` and
     #: the exported ``unknown_signals`` both show.
     unknown_signals: Dict[str, int] = field(default_factory=dict)
+    #: The host rung (issue 36): node -> its level and timers.
+    host_rungs: Dict[str, HostRung] = field(default_factory=dict)
+    #: Training jobs the host rung limits: job id -> on which node, at which level, why.
+    host_limited: Dict[str, HostLimited] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON for the state file: the records as the dicts they have always been."""
         out: Dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _WRITTEN_WHEN_SET and not value:
+                continue  # a state file the version before wrote saves unchanged
             if f.name in _RECORDS:
                 out[f.name] = {k: r.to_dict() for k, r in value.items()}
-            elif f.name in _WRITTEN_WHEN_SET and not value:
-                continue  # a state file the version before wrote saves unchanged
             else:
                 out[f.name] = copy.deepcopy(value)
         return out
@@ -476,7 +506,8 @@ class Memory:
                       list(self.running_train), list(self.intent), dict(self.requeued),
                       dict(self.unknown_since), dict(self.ladder), dict(self.restrained),
                       list(self.ladder_exempt), dict(self.telemetry_unknown),
-                      dict(self.unknown_signals))
+                      dict(self.unknown_signals), dict(self.host_rungs),
+                      dict(self.host_limited))
 
     def count(self, key: str, now: float) -> int:
         """Events of ``key`` within the hour before ``now`` (older ones are dropped)."""
@@ -492,7 +523,8 @@ class Memory:
 
 
 #: Memory's fields added after the state file's first version: written only when set.
-_WRITTEN_WHEN_SET = ("telemetry_unknown", "unknown_signals")
+_WRITTEN_WHEN_SET = ("telemetry_unknown", "unknown_signals", "host_rungs", "host_limited")
 #: Memory's fields of records, and the record each holds (JSON through to_dict/from_dict).
 _RECORDS: Dict[str, Any] = {"holds": Hold, "gates": Gate, "lent": Loan, "caps": Cap,
-                            "ladder": Rung, "restrained": Restraint}
+                            "ladder": Rung, "restrained": Restraint,
+                            "host_rungs": HostRung, "host_limited": HostLimited}

@@ -151,15 +151,56 @@ def ladder_status(policy: Policy, mem: Memory, now: float) -> Dict[str, Any]:
                      "throttled_s": age(rec.throttled_since),
                      "suspended_s": age(rec.suspended_since),
                      "bound_s": step_bound(policy, step)})
-    return {"steps": list(policy.ladder.names()), "on_bound": policy.ladder.on_bound.value,
-            "gpus": gpus, "restrained": jobs, "exempt": list(mem.ladder_exempt),
-            "last_cycle_s": age(mem.last_ts) if mem.last_ts else None}
+    out: Dict[str, Any] = {"steps": list(policy.ladder.names()),
+                           "on_bound": policy.ladder.on_bound.value,
+                           "gpus": gpus, "restrained": jobs,
+                           "exempt": list(mem.ladder_exempt),
+                           "last_cycle_s": age(mem.last_ts) if mem.last_ts else None}
+    host = policy.ladder.host
+    if host.levels or mem.host_rungs or mem.host_limited:  # absent while off, as before
+        out["host"] = {
+            "levels": host.levels, "bound_s": host.max_s,
+            "nodes": [{"node": node, "level": r.level, "for_s": age(r.since),
+                       "cause": r.cause, "host_cause": r.host_cause, "why": r.why,
+                       "not_hot_s": age(r.not_hot_since), "capped": r.capped}
+                      for node, r in sorted(mem.host_rungs.items())],
+            "limited": [{"job": jid, "node": rec.node, "level": rec.level,
+                         "for_s": age(rec.since), "cause": rec.cause,
+                         "host_cause": rec.host_cause}
+                        for jid, rec in sorted(mem.host_limited.items())]}
+    return out
+
+
+def host_lines(st: Dict[str, Any]) -> List[str]:
+    """The host rung per node and the jobs it limits (none while it is off)."""
+    host = st.get("host")
+    if not host:
+        return []
+    if not host["levels"]:
+        head = "host rung: off (no monitor.ladder.host_limit.levels)"
+    else:
+        head = (f"host rung ({host['levels']} level(s)): {len(host['nodes'])} node(s) at a "
+                f"level, {len(host['limited'])} training job(s) host-limited")
+    lines = [head]
+    for n in host["nodes"][:20]:
+        cool = ("" if n["not_hot_s"] is None else
+                f"; no host cause for {n['not_hot_s']:.0f}s of {host['bound_s']:.0f}s")
+        lines.append(f"  {n['node']}: level {n['level'] or '(breach dwell)'} for "
+                     f"{n['for_s']:.0f}s, {n['why'] or 'cause ' + (n['cause'] or '?')}{cool}"
+                     + (f" ({n['capped']})" if n["capped"] else ""))
+    for j in host["limited"][:50]:
+        over = "  -- PAST ITS BOUND" if j["for_s"] >= host["bound_s"] else ""
+        lines.append(f"  job {j['job']} host-limited (level {j['level']}) on {j['node']} for "
+                     f"{j['for_s']:.0f}s (bound {host['bound_s']:.0f}s), "
+                     f"{j['host_cause'] or 'host'} behind inference job {j['cause'] or '?'}"
+                     f"{over}")
+    return lines
 
 
 def ladder_lines(st: Dict[str, Any]) -> List[str]:
     """``monitor status``'s ladder section: always there, "nothing" when nothing stands."""
     if not st["steps"]:
-        return ["ladder: off (no steps)"]
+        return ["ladder: off (no steps)"] + host_lines(st)
     lines = [f"ladder: {len(st['gpus'])} GPU(s) at a step, {len(st['restrained'])} training "
              f"job(s) restrained (bound ends them: {st['on_bound']})"]
     last = st.get("last_cycle_s")
@@ -181,7 +222,7 @@ def ladder_lines(st: Dict[str, Any]) -> List[str]:
         done = "suspended" if j["step"] == "suspend" else "throttled"
         lines.append(f"  job {j['job']} {done} on {j['gpu']} for {held:.0f}s (bound "
                      f"{j['bound_s']:.0f}s), cause inference job {j['cause'] or '?'}{over}")
-    return lines
+    return lines + host_lines(st)
 
 
 def status_lines(st: Dict[str, Any]) -> List[str]:

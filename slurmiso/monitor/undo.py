@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Optional
 
 from slurmiso.monitor.admission_state import Cap, Hold, Loan
-from slurmiso.monitor.ladder_state import Restraint
+from slurmiso.monitor.ladder_state import HostLimited, Restraint
 
 if TYPE_CHECKING:
     from slurmiso.monitor.action import Action
@@ -87,11 +87,16 @@ def _ladder_before(mem: Memory, act: Action) -> Optional[Restraint]:
     d = act.details
     if "restraint" not in d:
         return None
+    _budget_back(mem, act)
+    return Restraint.from_dict(d["restraint"])
+
+
+def _budget_back(mem: Memory, act: Action) -> None:
+    d = act.details
     for key in d.get("budget_keys", ()):
         stamps = mem.events.get(key, [])
         if stamps and stamps[-1] == d.get("ts"):
             mem.events[key] = stamps[:-1]
-    return Restraint.from_dict(d["restraint"])
 
 
 def _keep(mem: Memory, target: str, rec: Optional[Restraint]) -> None:
@@ -206,3 +211,39 @@ def reconcile_unthrottle(snap: Snapshot, mem: Memory, job: Optional[JobInfo], ta
         base = mem.restrained.get(target) or Restraint(
             live.nodes[0], -1, why="an unthrottle the monitor meant before it stopped")
         mem.restrained[target] = dataclasses.replace(base, throttled_since=snap.ts)
+
+
+# ------------------------------------------------------------------ the host rung's
+def _host_before(mem: Memory, act: Action) -> None:
+    """The job's host limit as it was before ``act`` (``details.host_before``; None: none)."""
+    before = act.details.get("host_before")
+    if before:
+        mem.host_limited[act.target] = HostLimited.from_dict(before)
+    else:
+        mem.host_limited.pop(act.target, None)
+
+
+def host_limit(mem: Memory, act: Action, error: str) -> None:
+    """A note Slurm refused: the budget back and the job's level as it was (tried again)."""
+    if "host_before" in act.details:
+        _budget_back(mem, act)
+        _host_before(mem, act)
+
+
+def host_unlimit(mem: Memory, act: Action, error: str) -> None:
+    """A removal Slurm refused leaves the job limited (retried next cycle), unless the job
+    is gone (an ended job may refuse it: nothing is left to restore)."""
+    if "host_before" in act.details and not act.details.get("gone"):
+        _host_before(mem, act)
+
+
+def reconcile_host_unlimit(snap: Snapshot, mem: Memory, job: Optional[JobInfo], target: str,
+                           op: str, moved: str) -> None:
+    """A removal the monitor meant before it stopped may not have reached Slurm: the job is
+    owned again, so the next cycle removes its note (removing it twice changes nothing)."""
+    live = _live(snap, target)
+    if live is not None and live.state in ("RUNNING", "SUSPENDED") and live.nodes \
+            and target not in mem.host_limited:
+        mem.host_limited[target] = HostLimited(
+            live.nodes[0], 1, snap.ts, why="a host-limit removal the monitor meant before "
+            "it stopped")

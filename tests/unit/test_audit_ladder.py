@@ -457,3 +457,17 @@ def test_the_worked_scenario_matches_golden(fmt, tmp_path, utc, capsys, monkeypa
     text = out if isinstance(out, str) else json.dumps(out, indent=2, sort_keys=True) + "\n"
     check_golden(os.path.join(ROOT, "tests", "golden", "audit", f"ladder-scenario.{fmt}"),
                  text.replace(str(tmp_path), "TMP"))
+
+
+def test_the_host_rungs_lines_are_neither_counted_nor_bad(tmp_path, utc, capsys,  # noqa: F811
+                                                          monkeypatch):
+    """host-limit / host-unlimit lines (issue 36) are the monitor's own: not bad lines, and
+    not counted with the GPU rungs' steps (the audit has no host figures yet)."""
+    good = ladder(tmp_path, capsys, monkeypatch, SCENARIO)["ladder"]
+    host = [act("host-limit", "12", "01:10:00", level=1, from_level=0,
+                host_cause="host-cpu-pressure"),
+            act("host-unlimit", "12", "01:40:00", level=0, from_level=1, limited_s=1800.0)]
+    lad = ladder(tmp_path, capsys, monkeypatch, [*SCENARIO, *host])["ladder"]
+    assert lad["bad_lines"] == 0
+    for key in ("steps", "total", "by_class", "by_pool", "unreleased", "lines"):
+        assert lad[key] == good[key], key

@@ -21,11 +21,13 @@ from slurmiso.monitor.policy import Memory
 from tests.unit.test_monitor_decide import T0, job, snap
 
 #: The journal's names, in the order a cycle applies them (what the journal has always said).
-JOURNAL_ORDER = ["resume", "drain", "requeue", "requeue", "throttle", "suspend", "mig-apply",
-                 "partition-update", "qos-limit", "hold", "exclude", "uncomment", "release",
-                 "begin-now", "resume-job", "unthrottle", "ladder-end", "reconcile"]
+JOURNAL_ORDER = ["resume", "drain", "requeue", "requeue", "throttle", "host-limit", "suspend",
+                 "mig-apply", "partition-update", "qos-limit", "hold", "exclude", "uncomment",
+                 "release", "begin-now", "resume-job", "unthrottle", "host-unlimit",
+                 "ladder-end", "reconcile"]
 LADDER = {ActionKind.THROTTLE, ActionKind.UNTHROTTLE, ActionKind.SUSPEND,
-          ActionKind.RESUME_JOB, ActionKind.LADDER_REQUEUE, ActionKind.LADDER_END}
+          ActionKind.RESUME_JOB, ActionKind.LADDER_REQUEUE, ActionKind.LADDER_END,
+          ActionKind.HOST_LIMIT, ActionKind.HOST_UNLIMIT}
 BATCHED = {ActionKind.HOLD, ActionKind.RELEASE, ActionKind.EXCLUDE, ActionKind.UNCOMMENT,
            ActionKind.BEGIN_NOW}
 
@@ -37,19 +39,19 @@ def test_every_kind_has_one_entry_applied_one_way() -> None:
         assert (spec.batch is not None) == (kind in BATCHED), kind
         assert spec.ladder == (kind in LADDER), kind
     ranked = sorted(KIND.items(), key=lambda kv: kv[1].rank)
-    assert [spec.journal for _, spec in ranked] == JOURNAL_ORDER
-    assert all(spec.journal == kind.value for kind, spec in KIND.items()
+    assert [kind.journal for kind, _ in ranked] == JOURNAL_ORDER
+    assert all(kind.journal == kind.value for kind in KIND
                if kind is not ActionKind.RELAYOUT_REQUEUE)
 
 
 def test_journal_names_that_are_reconciled_name_one_kind() -> None:
-    reconciled = [spec.journal for spec in KIND.values() if spec.reconcile is not None]
+    reconciled = [kind.journal for kind, spec in KIND.items() if spec.reconcile is not None]
     assert len(reconciled) == len(set(reconciled)) == len(RECONCILE_BY_JOURNAL)
 
 
 def test_the_two_requeues_are_kinds_of_their_own_with_one_journal_name() -> None:
     ladder, relayout = KIND[ActionKind.LADDER_REQUEUE], KIND[ActionKind.RELAYOUT_REQUEUE]
-    assert ladder.journal == relayout.journal == "requeue"
+    assert ActionKind.LADDER_REQUEUE.journal == ActionKind.RELAYOUT_REQUEUE.journal == "requeue"
     assert ladder.rank == relayout.rank
     assert ladder.ladder and not relayout.ladder
     assert ladder.call is not relayout.call and ladder.undo is not relayout.undo
@@ -61,12 +63,12 @@ def test_the_two_requeues_are_kinds_of_their_own_with_one_journal_name() -> None
 
 
 def test_a_kinds_value_finds_its_kinds_entry() -> None:
-    assert Action("hold", "1", "x").spec is KIND[ActionKind.HOLD]  # type: ignore[arg-type]
+    assert KIND[Action("hold", "1", "x").kind] is KIND[ActionKind.HOLD]  # type: ignore[arg-type]
     assert Action("requeue", "1", "x").kind == ActionKind.LADDER_REQUEUE  # type: ignore[arg-type]
-    assert Action("requeue", "1", "x").spec.ladder  # type: ignore[arg-type]
+    assert KIND[Action("requeue", "1", "x").kind].ladder  # type: ignore[arg-type]
     assert ActionKind("relayout-requeue") is ActionKind.RELAYOUT_REQUEUE
     with pytest.raises(KeyError):
-        assert Action("nap", "1", "x").spec  # type: ignore[arg-type]
+        assert KIND[Action("nap", "1", "x").kind]  # type: ignore[arg-type]
     assert f"{ActionKind.BEGIN_NOW}" == str(ActionKind.BEGIN_NOW) == "begin-now"
 
 

@@ -34,6 +34,9 @@ _STEP_OF = {"throttle": "throttle", "unthrottle": "unthrottle", "suspend": "susp
 #: that release (``figure_before``: when the job was first restrained, ``figure_after``: now).
 ESCALATIONS = ("throttle", "suspend", "requeue")
 RELEASES = ("unthrottle", "resume", "ended")
+#: The host rung's lines (issue 36): the monitor's, well formed, not counted with the GPU
+#: rungs' steps (nor as bad lines) until the audit has figures of their own for them.
+HOST_RUNG = ("host-limit", "host-unlimit")
 SIGNALS = ("p99_ms", "error_rate")
 UNKNOWN = "unknown"
 
@@ -258,6 +261,8 @@ def _step(action: Any, details: Dict[str, Any]) -> Optional[str]:
     elif action == "requeue":
         if "restraint" not in details:
             return None  # the monitor's requeue of a pending job (begin-now etc.)
+    elif action in HOST_RUNG:
+        return None  # the host rung's: not a GPU rung's step (not counted here yet)
     elif action not in _STEP_OF:
         if "restraint" in details or "step" in details:
             raise BadLine("a ladder line names a step the ladder does not take")
