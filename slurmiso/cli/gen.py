@@ -304,41 +304,39 @@ def _slurm_version(text: Any) -> Any:
     return version
 
 
-def _add_enroot_mounts(sub: Any) -> None:
-    p = sub.add_parser(
-        "enroot-mounts", help="/etc/enroot/mounts.d file binding slurmiso's directories",
-        description="An enroot mounts.d file (pyxis runs containers through enroot) binding "
-        "the MPS pipe root and the checkpoint roots at the same path inside every container.",
-    )
-    _container_args(p)
-    p.set_defaults(func=_gen_enroot_mounts)
+#: The runtimes' bind files: (help, description, the renderer in slurm/containers.py).
+_BIND_FILES = {
+    "enroot-mounts": (
+        "/etc/enroot/mounts.d file binding slurmiso's directories",
+        "An enroot mounts.d file (pyxis runs containers through enroot) binding the MPS pipe "
+        "root and the checkpoint roots at the same path inside every container.",
+        "render_enroot_mounts"),
+    "apptainer-binds": (
+        "apptainer.conf 'bind path' lines (and APPTAINER_BIND)",
+        "'bind path' lines for apptainer.conf binding the MPS pipe root and the checkpoint "
+        "roots at the same path, and the APPTAINER_BIND value doing the same.",
+        "render_apptainer_binds"),
+}
 
 
-def _gen_enroot_mounts(args: argparse.Namespace) -> int:
-    from slurmiso.slurm.containers import CKPT_DEFAULT_NOTE, render_enroot_mounts
+def _bind_file_adder(name: str) -> Any:
+    """The ``gen`` subcommand writing one runtime's bind file (:data:`_BIND_FILES`)."""
+    help_text, description, renderer = _BIND_FILES[name]
 
-    cfg, roots = _bind_roots(args)
-    notes = [] if args.ckpt_root else [CKPT_DEFAULT_NOTE]
-    _write(render_enroot_mounts(roots, cfg.source, notes), args.output)
-    return 0
+    def add(sub: Any) -> None:
+        p = sub.add_parser(name, help=help_text, description=description)
+        _container_args(p)
+        p.set_defaults(func=lambda args: _gen_bind_file(args, renderer))
 
-
-def _add_apptainer_binds(sub: Any) -> None:
-    p = sub.add_parser(
-        "apptainer-binds", help="apptainer.conf 'bind path' lines (and APPTAINER_BIND)",
-        description="'bind path' lines for apptainer.conf binding the MPS pipe root and the "
-        "checkpoint roots at the same path, and the APPTAINER_BIND value doing the same.",
-    )
-    _container_args(p)
-    p.set_defaults(func=_gen_apptainer_binds)
+    return add
 
 
-def _gen_apptainer_binds(args: argparse.Namespace) -> int:
-    from slurmiso.slurm.containers import CKPT_DEFAULT_NOTE, render_apptainer_binds
+def _gen_bind_file(args: argparse.Namespace, renderer: str) -> int:
+    from slurmiso.slurm import containers
 
     cfg, roots = _bind_roots(args)
-    notes = [] if args.ckpt_root else [CKPT_DEFAULT_NOTE]
-    _write(render_apptainer_binds(roots, cfg.source, notes), args.output)
+    notes = [] if args.ckpt_root else [containers.CKPT_DEFAULT_NOTE]
+    _write(getattr(containers, renderer)(roots, cfg.source, notes), args.output)
     return 0
 
 
@@ -481,8 +479,8 @@ TARGETS: Dict[str, Callable[[Any], None]] = {
     "plugstack": _add_plugstack,
     "cgroup-conf": _add_cgroup_conf,
     "oci-conf": _add_oci_conf,
-    "enroot-mounts": _add_enroot_mounts,
-    "apptainer-binds": _add_apptainer_binds,
+    "enroot-mounts": _bind_file_adder("enroot-mounts"),
+    "apptainer-binds": _bind_file_adder("apptainer-binds"),
     "config": _add_config,
     "systemd": _add_systemd,
     "cron": _add_cron,
