@@ -57,7 +57,7 @@ def test_agent_exposition_is_clean(tmp_path: Any) -> None:
 
 def test_agent_job_signals_are_clean() -> None:
     """Per-job latency with its percentiles, the window histograms, ages, unknowns."""
-    from slurmiso.agent.job_signals import JobSignalsCollector, JobSignalsState
+    from slurmiso.agent.job_signals import Budget, JobSignalsCollector, JobSignalsState
     from slurmiso.config.model import SignalSettings
     from slurmiso.state.record import RecordStatus
 
@@ -70,7 +70,10 @@ def test_agent_job_signals_are_clean() -> None:
     clock = [0.0]
     state = JobSignalsState(SignalSettings(), slo_classes=("infer",), training_classes=("train",),
                             fetch=lambda urls, *a: {j: _Body(texts.pop(0)) for j in urls},
-                            listeners=lambda: None, clock=lambda: clock[0])
+                            listeners=lambda: None, clock=lambda: clock[0],
+                            # the exposition is under test, not the CPU budget: a loaded
+                            # machine must not turn the job's latency unknown
+                            budget=Budget(job_cpu_s=60.0, user_cpu_s=60.0))
     recs = {"7": JobRecord("7", RecordStatus.READY, uid=1, job_class="infer", metrics="8000"),
             "8": JobRecord("8", RecordStatus.READY, uid=1, job_class="train")}
     state.refresh(recs)
