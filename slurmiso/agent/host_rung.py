@@ -107,11 +107,11 @@ class HostRung:
         sluids = {str(r.fence.get("sluid")): str(job) for job, r in records.items()
                   if is_sluid(str(getattr(r, "fence", {}).get("sluid") or ""))}
         found = job_cgroups(self.cgroup_root, self.node, sluids)
-        if rec.problems:
-            self._fail_closed(rec, found, now)
-            return self.lines
         wanted = {r.job: r.note for r in book if r.note.step is RestraintStep.HOST_LIMIT}
-        changed = self._end(rec, wanted, found, now)
+        if rec.problems:
+            self._fail_closed(rec, wanted, now)
+            return self.lines
+        changed = self._end(rec, wanted, now)
         changed |= self._start(rec, wanted, records, found, now)
         live = {_key(n, j) for j, n in wanted.items()}
         gone = [k for k in rec.done if k not in live]
@@ -122,12 +122,11 @@ class HostRung:
         return self.lines
 
     # ------------------------------------------------------------------------- the ends
-    def _end(self, rec: HostRecord, wanted: Dict[str, Note], found: Dict[str, JobCgroup],
-             now: float) -> bool:
+    def _end(self, rec: HostRecord, wanted: Dict[str, Note], now: float) -> bool:
         keep: List[Applied] = []
         for a in rec.applied:
             note = wanted.get(a.job)
-            if not self._same_cgroup(a, found.get(a.job)):
+            if not self._same_cgroup(a):
                 self._say(EV_END, a.job, now, True, "the job's cgroup is gone (the job "
                           "ended or was requeued): nothing to restore, record dropped",
                           level=a.level, dirs=list(a.dirs), knobs=list(a.knobs()))
@@ -142,6 +141,8 @@ class HostRung:
                                      "restored", now, note)
                 if left is None:
                     clear_note(self.slurm, a.job)
+            elif a.key() in rec.done:  # its apply failed: the originals go back until sure
+                left = self._restore(a, f"{rec.done[a.key()]}: restored", now, note)
             else:
                 left = a
             if left is not None:
@@ -150,10 +151,13 @@ class HostRung:
         rec.applied = keep
         return changed
 
-    def _same_cgroup(self, a: Applied, cg: Optional[JobCgroup]) -> bool:
-        """The job's cgroup Slurm's layout shows now is the very one the limit went to."""
-        return (cg is not None and cgroup_dirs(cg) == a.dirs
-                and dir_inodes(a.dirs) == a.inodes)
+    @staticmethod
+    def _same_cgroup(a: Applied) -> bool:
+        """The directories the limit went to are still there, the very same ones (their
+        inodes): decided on the record's own paths, never on whether a scan of Slurm's
+        layout found the job again (a duplicate or unreadable entry there must not drop a
+        limit unrestored)."""
+        return dir_inodes(a.dirs) == a.inodes
 
     def _restore(self, a: Applied, why: str, now: float,
                  note: Optional[Note]) -> Optional[Applied]:
@@ -230,8 +234,11 @@ class HostRung:
             return "the record could not be written: not limited"
         try:
             apply_plan(self.writer_for(dirs), plan)
-        except HostLimitError as exc:  # apply_plan put back what it had changed
-            rec.applied.remove(entry)
+        except HostLimitError as exc:
+            # apply_plan tried to put back what it had changed; the entry stays, marked done,
+            # so the next rounds restore the originals until that is sure (a write that
+            # failed both ways must not be left as a limit nobody undoes)
+            rec.done[entry.key()] = f"its apply failed ({exc})"
             return f"not limited: {exc}"
         self._say(EV_APPLY, job, now, True, f"host limit level {note.level} applied",
                   level=note.level, knobs=list(entry.knobs()), dirs=list(dirs), note=note,
@@ -240,13 +247,17 @@ class HostRung:
         return None
 
     # ----------------------------------------------------------------------- fail closed
-    def _fail_closed(self, rec: HostRecord, found: Dict[str, JobCgroup], now: float) -> None:
-        """A record that is not whole: restore every entry that was, apply nothing this
-        round, and move the file aside for a human; the next round starts from Slurm."""
-        for a in rec.applied:
-            if self._same_cgroup(a, found.get(a.job)):
-                self._restore(a, "the record is not whole: restored (fail closed)", now, None)
+    def _fail_closed(self, rec: HostRecord, wanted: Dict[str, Note], now: float) -> None:
+        """A record that is not whole: restore every entry that was, move the file aside for
+        a human, and start a fresh record holding what could not be restored yet (retried)
+        and a tombstone for every host-limit note in force: none is applied again from a
+        baseline an entry lost here may still be limiting."""
+        keep = [left for a in rec.applied if self._same_cgroup(a) and (left := self._restore(
+            a, "the record is not whole: restored (fail closed)", now, None)) is not None]
         moved = quarantine(self.state_dir, now)
+        tombstones = {_key(n, j): "the record was not whole: not applied from a baseline "
+                      "that may still be limited" for j, n in wanted.items()}
+        self._save(HostRecord(applied=keep, done=tombstones))
         self._say(EV_END, "", now, False, "host-limit record not whole: "
                   + "; ".join(rec.problems[:5]) + f"; moved to {moved or '(not moved)'}; "
                   "what it named and could be checked was restored")

@@ -89,9 +89,16 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
         slurm = SlurmCli()
     state_dir = cfg.paths.state_dir_for(node)
     now = clock()
+    from slurmiso.errors import StateError
     from slurmiso.state import NodeState
 
-    records = NodeState(state_dir).jobs()
+    try:
+        records = NodeState(state_dir).jobs()
+    except StateError as exc:
+        # one unreadable job record must not stop the undo: the rung still ends what its
+        # notes, bounds and gone jobs end, and with no records it applies nothing new
+        log.warning("agent: the node's job records cannot be read: %s", exc)
+        records = {}
     held = load_record(state_dir)
     limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
     if not records and not r.load_book(state_dir)["restraints"] and not limited:

@@ -135,7 +135,7 @@ def load_record(state_dir: str) -> HostRecord:
         data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         return rec
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         rec.problems.append(f"{RECORD_FILE} unreadable: {exc}")
         return rec
     if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -148,12 +148,12 @@ def load_record(state_dir: str) -> HostRecord:
     for i, d in enumerate(applied):
         try:
             rec.applied.append(_applied(d))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             rec.problems.append(f"{RECORD_FILE}: applied[{i}]: {exc}")
     for d in done:
         try:
             rec.done[(str(d["job"]), float(d["since"]), int(d["level"]))] = str(d["why"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             rec.problems.append(f"{RECORD_FILE}: a done entry: {exc}")
     return rec
 

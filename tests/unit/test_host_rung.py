@@ -354,7 +354,10 @@ def test_a_knob_swapped_for_a_symlink_is_refused_by_the_real_writer(v2: pathlib.
     assert "not limited" in lines[0] and "symlink" in lines[0], lines
     assert outside.read_text() == "100\n"
     assert (job / "cpu.max").read_text().split() == ["max", "100000"]
-    assert load_record(str(v2 / "state")).applied == []
+    # its undo of the swapped knob was refused too: the entry stays, marked done, so later
+    # rounds keep putting the originals back and the note is never applied again
+    rec = load_record(str(v2 / "state"))
+    assert [a.job for a in rec.applied] == ["4242"] and rec.applied[0].key() in rec.done
     assert _journal(v2)[-1]["event"] == "host-limit-refused"
 
 
@@ -404,9 +407,14 @@ def test_a_record_that_is_not_whole_fails_closed(v2: pathlib.Path) -> None:
     lines = _rung(v2).round(_book(), _records(), NOW + 30)
     assert "restored (fail closed)" in lines[0] and "not whole" in lines[-1]
     assert _tree(v2 / "cg") == before  # what was whole was restored
-    assert not path.exists() and list((v2 / "state").glob("host-limits.json.bad-*"))
-    # the next round starts from Slurm's notes again
-    assert _rung(v2).round(_book(), _records(), NOW + 60) == [
+    assert list((v2 / "state").glob("host-limits.json.bad-*"))
+    fresh = load_record(str(v2 / "state"))  # a fresh record: nothing left, the note barred
+    assert fresh.applied == [] and list(fresh.done) == [("4242", NOW - 100, 1)]
+    # the note in force is never applied again from a baseline a lost entry may limit ...
+    assert _rung(v2).round(_book(), _records(), NOW + 60) == []
+    assert _tree(v2 / "cg") == before
+    # ... a new note (the monitor's next step) is, from the restored baseline
+    assert _rung(v2).round(_book(since=NOW + 70), _records(), NOW + 90) == [
         "job 4242: host-limit: host limit level 1 applied"]
 
 
@@ -472,6 +480,9 @@ def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
     assert lines == ["job 4242: host-limit: host limit level 1 applied"]
     assert (job / "cpu.weight").read_text() == "20"  # the real writer: no newline added
     slurm.rows = []
+    # one unreadable job record on the node must not stop the undo
+    jobs = pathlib.Path(cfg.paths.state_dir_for("node1")) / "jobs"
+    (jobs / "9999.json").write_text("{torn")
     lines = restraint_watch(cfg, "node1", slurm, clock=lambda: NOW + 30, cgroup_root=str(root))
     assert "restored" in lines[0]
     assert {k: v.split() for k, v in _tree(root).items()} == {
@@ -518,3 +529,47 @@ def test_a_failed_restore_is_kept_retried_and_journaled_once(v2: pathlib.Path) -
     broken["on"] = False
     _rung(v2, levels=(soft, LEVEL), writer_for=Flaky).round([], _records(), NOW + 90)
     assert _tree(v2 / "cg") == before and load_record(str(v2 / "state")).applied == []
+
+
+def test_a_duplicate_job_dir_in_the_scan_does_not_drop_a_limit_unrestored(
+        tmp_path: pathlib.Path) -> None:
+    """The scan of Slurm's layout may lose the job (a second job_77 under another uid, an
+    unreadable directory): whether the limit's cgroup is gone is decided on the record's own
+    directories, so the limit is still undone when its note goes."""
+    shutil.copytree(os.path.join(FIX, "v1"), str(tmp_path / "v1"))
+    before = _tree(tmp_path / "v1")
+    recs = {"77": JobRecord("77", job_class="train", uid=1000)}
+    level = (HostLimitLevel(cpu_cores=2.0, cpu_weight=10, io_weight=50),)
+    _rung(tmp_path, "v1", level).round(_book("77"), recs, NOW)
+    cpu = tmp_path / "v1" / "cpu,cpuacct" / "slurm"
+    (cpu / "uid_2000" / "job_77").mkdir(parents=True)
+    _rung(tmp_path, "v1", level).round(_book("77"), recs, NOW + 30)  # still in force
+    assert (cpu / "uid_1000" / "job_77" / "cpu.cfs_quota_us").read_text() == "200000\n"
+    shutil.rmtree(cpu / "uid_2000")
+    _rung(tmp_path, "v1", level).round([], recs, NOW + 60)  # the note went: restored
+    assert _tree(tmp_path / "v1") == before
+
+
+def test_an_apply_that_fails_both_ways_is_kept_and_restored(v2: pathlib.Path) -> None:
+    """apply_plan's own rollback can fail too: the entry stays, marked done, and later
+    rounds put the originals back until that is sure; the note is not applied again."""
+    from slurmiso.errors import HostLimitError
+
+    broken = {"writes": 0, "on": True}
+
+    class Failing(KernelDisk):
+        def write(self, change: CgroupWrite) -> None:
+            broken["writes"] += 1
+            if broken["on"] and broken["writes"] > 1:  # the first write lands, no other
+                raise HostLimitError(f"error writing to {change.path}: device busy")
+            super().write(change)
+
+    before = _tree(v2 / "cg")
+    lines = _rung(v2, writer_for=Failing).round(_book(), _records(), NOW)
+    assert "not limited" in lines[0]
+    assert _tree(v2 / "cg") != before  # the first write is stuck: a partial limit
+    assert [a.job for a in load_record(str(v2 / "state")).applied] == ["4242"]
+    broken["on"] = False
+    lines = _rung(v2, writer_for=Failing).round(_book(), _records(), NOW + 30)
+    assert _tree(v2 / "cg") == before and load_record(str(v2 / "state")).applied == []
+    assert _rung(v2, writer_for=Failing).round(_book(), _records(), NOW + 60) == []
