@@ -86,8 +86,12 @@ class HostRung:
     def __init__(self, state_dir: str, node: str, levels: Sequence[HostLimitLevel],
                  training_classes: Iterable[str], interval_s: float, journal: Any = None,
                  cgroup_root: str = "/sys/fs/cgroup", slurm: Any = None,
-                 writer_for: Callable[[Iterable[str]], CgroupWriter] = FileCgroupWriter) -> None:
+                 writer_for: Callable[[Iterable[str]], CgroupWriter] = FileCgroupWriter,
+                 max_s: float = float("inf")) -> None:
         self.state_dir = state_dir
+        #: The node's own bound (``monitor.ladder.host_limit.max``): a note's is trusted only
+        #: up to it.
+        self.max_s = max_s
         self.node = node
         self.levels = tuple(levels)
         self.training = frozenset(training_classes)
@@ -107,7 +111,8 @@ class HostRung:
         sluids = {str(r.fence.get("sluid")): str(job) for job, r in records.items()
                   if is_sluid(str(getattr(r, "fence", {}).get("sluid") or ""))}
         found = job_cgroups(self.cgroup_root, self.node, sluids)
-        wanted = {r.job: r.note for r in book if r.note.step is RestraintStep.HOST_LIMIT}
+        wanted = {r.job: self._bounded(r.note, now) for r in book
+                  if r.note.step is RestraintStep.HOST_LIMIT}
         if rec.problems:
             self._fail_closed(rec, wanted, now)
             return self.lines
@@ -120,6 +125,14 @@ class HostRung:
         if changed or gone:
             self._save(rec)
         return self.lines
+
+    def _bounded(self, note: Note, now: float) -> Note:
+        """The note as far as the node trusts it: its bound at most the node's own, and a
+        note stamped in the future (beyond a clock skew of an interval) already past it."""
+        bound = min(note.max_s, self.max_s)
+        if note.since > now + max(60.0, self.interval_s):
+            bound = 0.0
+        return note if bound == note.max_s else replace(note, max_s=bound)
 
     # ------------------------------------------------------------------------- the ends
     def _end(self, rec: HostRecord, wanted: Dict[str, Note], now: float) -> bool:

@@ -118,7 +118,8 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
 
         rung = HostRung(state_dir, node, cfg.monitor.ladder.host_limit.levels,
                         (c.name for c in cfg.classes if c.preemptible), cfg.monitor.interval_s,
-                        journal, cgroup_root, slurm)
+                        journal, cgroup_root, slurm,
+                        max_s=float(cfg.monitor.ladder.host_limit.max_s))
         lines += rung.round(book["restraints"], records, now)
     return lines
 

@@ -285,6 +285,27 @@ def test_bound_passed_with_a_stale_heartbeat_restores_and_clears_the_note(
     assert WRITES == []
 
 
+def test_the_node_trusts_a_notes_bound_only_up_to_its_own(v2: pathlib.Path) -> None:
+    """A note may say max=999999999; the node ends it at its own host_limit.max, and a note
+    stamped far in the future is already past its bound."""
+    before = _tree(v2 / "cg")
+    state = str(v2 / "state")
+    write_heartbeat(state, NOW)
+    long = Note(RestraintStep.HOST_LIMIT, NOW - 100, "n1", 0, "4711", 999_999_999,
+                OnBound.RESUME, 1)
+    _rung(v2, max_s=3600).round([NodeRestraint("4242", "RUNNING", long)], _records(), NOW)
+    assert _tree(v2 / "cg") != before
+    later = NOW + 3600 + 700  # past the node's bound, no scrape for 700 s
+    lines = _rung(v2, max_s=3600, slurm=NoteSlurm()).round(
+        [NodeRestraint("4242", "RUNNING", long)], _records(), later)
+    assert "past its bound (3600s" in lines[0] and _tree(v2 / "cg") == before
+    future = Note(RestraintStep.HOST_LIMIT, later + 86400, "n1", 0, "4711", 3600,
+                  OnBound.RESUME, 1)
+    lines = _rung(v2, max_s=3600).round([NodeRestraint("4242", "RUNNING", future)],
+                                        _records(), later + 30)
+    assert "past its bound" in lines[0] and _tree(v2 / "cg") == before
+
+
 def test_an_inference_job_is_refused_and_journaled_once(v2: pathlib.Path) -> None:
     before = _tree(v2 / "cg")
     lines = _rung(v2).round(_book(), _records(cls="infer"), NOW)
