@@ -19,17 +19,15 @@ batches of 1,024 of them, one figure family after the other. It replaced a secon
 hand-inlined reader (the old ``read/fold.py``, lexing rows straight into a 17-argument closure)
 tuned for 1.23x. Instructions (valgrind, the fold alone, 20,000 rows of this dump, exact
 where a loaded box's timings are not): 1.74 G, of which the reader 0.96 G and the kernel
-0.79 G; the fused fold before it 1.00 G; the csv pass 0.64 G. Whole runs on a loaded 2-core
-box, best of 3 against the csv pass in the same run: the default command 2.33x and 2.58x
-(2 processes), serial 3.88x and 3.99x, in two runs; main's fused fold in the same sitting
-1.39x / 1.98x (csv pass 2.99 s). The target is MISSED here by the cost of the readable
-design (about 1.75x main's instructions); each part's CPU time is about half the file's,
-but on 2 busy CPUs the two parts share what the neighbours leave (one run: 7.3 CPU-s in
-13.7 s of wall time each), so the parallel speed-up needs free cores.
+0.79 G; the fused fold before it 1.00 G; the csv pass 0.64 G. On this 2-core box with
+nothing else running (session 20, csv pass 2.88 s): the default command 2.23x (2
+processes), serial 4.79x; the fused fold measured 1.39x / 1.98x in a loaded run. The
+target is MISSED by the cost of the readable design (about 1.75x the fused fold's
+instructions), not by the parallel split (2 processes: 2.15x faster than serial here).
 
 (b) A year of a large cluster: 50 M rows, projected from the default command's rows per
 second on this dump (the same file, the same run). Target: <= 30 minutes on one node.
-Measured: 143,000-152,000 rows/s, 5.5-5.8 min (the csv pass: 2.3-2.4 min).
+Measured: 155,897 rows/s, 5.3 min (the csv pass: 2.4 min), quiet box.
 
 (c) Memory. The audit streams, so its peak RSS must not grow with the rows where the
 distinct (user, account, class, pool) and time buckets do not: two dumps of 250,000 and
