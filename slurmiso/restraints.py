@@ -8,9 +8,10 @@ site keeps in it::
 
     slurmiso-restraint:step=suspend,since=1733460000,gpu=n3/0,cause=4711,max=1800,on=resume
 
-``step`` is the rung the job is at (``throttle``, ``suspend`` or ``host-limit``), ``since``
-when it was taken (the monitor's clock), ``cause`` the inference job behind it, ``max`` the
-step's bound (``monitor.ladder.<step>.max``) and ``on`` how the bound ends it (``on_bound``).
+``step`` is the rung the job is at (``throttle``, ``suspend``, ``host-limit`` or ``park``),
+``since`` when it was taken (the monitor's clock), ``cause`` the inference job behind it,
+``max`` the step's bound (``monitor.ladder.<step>.max``) and ``on`` how the bound ends it
+(``on_bound``). A ``park`` token has the same fields as ``throttle`` and ``suspend``.
 A ``host-limit`` token also names the level the node applies (``lvl=1``..``lvl=9``, a level
 of the node's own ``monitor.ladder.host_limit``) and is always ``on=resume``: the node ends it
 by restoring the job's cgroup (:mod:`slurmiso.agent.host_rung`, docs/host-contention.md):
@@ -66,6 +67,9 @@ class RestraintStep(str, enum.Enum):
     SUSPEND = "suspend"
     #: The host rung: the node rate-limits the job's cgroup (slurmiso/agent/host_rung.py).
     HOST_LIMIT = "host-limit"
+    #: The park rung: the node checkpoints the job's CUDA processes to host memory with
+    #: cuda-checkpoint (slurmiso/agent/park_rung.py, docs/park.md).
+    PARK = "park"
 
 
 class OnBound(str, enum.Enum):
@@ -76,8 +80,8 @@ class OnBound(str, enum.Enum):
 
 
 _TOKEN = re.compile(
-    re.escape(PREFIX) + r"step=(?P<step>throttle|suspend|host-limit),since=(?P<since>[0-9]{1,12}),"
-    r"gpu=(?P<node>[A-Za-z0-9._-]{1,64})/(?P<gpu>[0-9]{1,3}),cause=(?P<cause>[A-Za-z0-9_+]{0,24}),"
+    re.escape(PREFIX) + r"step=(?P<step>throttle|suspend|host-limit|park),"
+    r"since=(?P<since>[0-9]{1,12}),gpu=(?P<node>[A-Za-z0-9._-]{1,64})/(?P<gpu>[0-9]{1,3}),cause=(?P<cause>[A-Za-z0-9_+]{0,24}),"
     r"max=(?P<max>[0-9]{1,9}),on=(?P<on>resume|requeue)(?:,lvl=(?P<lvl>[1-9]))?(?=\s|$)")
 #: The host rung's levels: ``lvl=1``..``lvl=9`` (``monitor.ladder.host_limit.levels``).
 MAX_HOST_LEVEL = 9
@@ -348,8 +352,8 @@ def end_over_bound(slurm: Any, state_dir: str, found: Sequence[NodeRestraint], n
     silent = "never" if age is None else f"{age:.0f}s ago"
     lines = []
     for r in found:
-        if not r.note.over_bound(now) or r.note.step is RestraintStep.HOST_LIMIT:
-            continue  # a host limit is the node's own cgroup write: slurmiso/agent/host_rung.py
+        if not r.note.over_bound(now) or r.note.step in _NODE_STEPS:
+            continue  # the node's own rungs end these: slurmiso/agent/host_rung.py, park_rung.py
         how = _how(r)
         line = (f"job {r.job}: {r.note.step.value} by the ladder for {r.note.age(now):.0f}s "
                 f"(bound {r.note.max_s:.0f}s, cause inference job {r.note.cause or '?'}), "
@@ -368,6 +372,10 @@ def end_over_bound(slurm: Any, state_dir: str, found: Sequence[NodeRestraint], n
         clear_note(slurm, r.job)
         _journal(journal, r, now, how, ok=True, note=said)
     return lines
+
+
+#: The rungs the node itself applies and ends (its own record, not ``end_over_bound``).
+_NODE_STEPS = frozenset({RestraintStep.HOST_LIMIT, RestraintStep.PARK})
 
 
 def _how(r: NodeRestraint) -> str:
@@ -448,8 +456,8 @@ def node_view(state_dir: str, node: str, interval_s: float, now: float,
 
 def describe(r: Dict[str, Any]) -> str:
     """One restraint as an admin reads it: what, how long against its bound, and why."""
-    what = {"suspend": "suspended", "host-limit": f"host-limited (level {r.get('level')})"
-            }.get(r["step"], "throttled")
+    what = {"suspend": "suspended", "park": "parked (GPU memory to host)",
+            "host-limit": f"host-limited (level {r.get('level')})"}.get(r["step"], "throttled")
     over = "  -- PAST ITS BOUND" if r["over_bound"] else ""
     return (f"{what} by the ladder for {r['age_s']:.0f}s (bound {r['max_s']:.0f}s, then "
             f"{r['on_bound']}): inference job {r['cause'] or '?'} on {r['node']} GPU "
