@@ -56,6 +56,8 @@ M_RESTRAINT_BOUND = "slurmiso_job_restraint_bound_seconds"
 M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
 #: Per knob of a host limit the node applied (slurmiso/agent/host_rung.py): seconds in force.
 M_HOST_LIMIT = "slurmiso_job_host_limit_seconds"
+#: Per park the node made (slurmiso/agent/park_rung.py): seconds the job has been parked.
+M_PARK = "slurmiso_job_park_seconds"
 #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
 ADMIN_COMMENT_WIDTH = 1024  # SlurmCli.ADMIN_COMMENT_WIDTH
 

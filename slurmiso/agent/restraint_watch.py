@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
 
 from slurmiso.exposition import job_series as sig
 
@@ -56,6 +56,7 @@ class RestraintCollector:
         yield held
         yield bound
         yield self._host_limits(now)
+        yield self._parks(now)
 
     def _host_limits(self, now: float) -> Any:
         """Each knob of each host limit the node applied (root's record), seconds in force."""
@@ -74,12 +75,30 @@ class RestraintCollector:
         return fam
 
 
+    def _parks(self, now: float) -> Any:
+        """Each park the node made and finished (root's record), seconds in force."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from slurmiso import restraints as r
+        from slurmiso.agent.park_record import load_record
+
+        fam = GaugeMetricFamily(r.M_PARK, "Seconds a training job's CUDA processes have been "
+                                "parked by the ladder's park rung (GPU memory to host)",
+                                labels=[sig.L_JOB, "step", "processes"])
+        for p in load_record(self.state_dir).parked:
+            if p.whole:
+                fam.add_metric([p.job, r.RestraintStep.PARK.value, str(len(p.procs))],
+                               max(0.0, now - p.at))
+        return fam
+
+
 def restraint_watch(cfg: Config, node: str, slurm: Any = None,
                     clock: Callable[[], float] = time.time,
                     cgroup_root: str = "/sys/fs/cgroup") -> List[str]:
     """One round of the agent's restraint watch: read the node's restraints from Slurm
     into root's record, end those past their bound while no monitor is alive, and run the
-    host rung (:mod:`slurmiso.agent.host_rung`) on the host-limit notes."""
+    host rung (:mod:`slurmiso.agent.host_rung`) on the host-limit notes and the park rung
+    (:mod:`slurmiso.agent.park_rung`) on the park notes."""
     from slurmiso import restraints as r
     from slurmiso.host.limit_record import load_record
 
@@ -101,7 +120,11 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
         records = {}
     held = load_record(state_dir)
     limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
-    if not records and not r.load_book(state_dir)["restraints"] and not limited:
+    from slurmiso.agent import park_record
+
+    parks = park_record.load_record(state_dir)
+    parked = bool(parks.parked or parks.problems)  # parks to release, or a record to fix
+    if not records and not r.load_book(state_dir)["restraints"] and not (limited or parked):
         return []  # no job here and none restrained: nothing to ask slurmctld about
     book = r.refresh(slurm, state_dir, node, now)
     from slurmiso.state import Journal
@@ -121,7 +144,59 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
                         journal, cgroup_root, slurm,
                         max_s=float(cfg.monitor.ladder.host_limit.max_s))
         lines += rung.round(book["restraints"], records, now)
+    if parked or any(x.note.step is r.RestraintStep.PARK for x in book["restraints"]):
+        lines += _park_round(cfg, node, slurm, journal, book["restraints"], records, now)
     return lines
+
+
+def _park_round(cfg: Config, node: str, slurm: Any, journal: Any, book: Any,
+                records: Any, now: float) -> List[str]:
+    """The park rung (:mod:`slurmiso.agent.park_rung`) over the node's GPU backend: the real
+    cuda-checkpoint, or its simulation on the simulated node."""
+    from slurmiso.agent.park_rung import ParkRung
+    from slurmiso.errors import SlurmisoError
+    from slurmiso.gpu import open_backend
+    from slurmiso.gpu.cuda_checkpoint import CliTool, SimTool
+    from slurmiso.gpu.sim import SimBackend
+
+    backend: Any = None
+    try:
+        backend = open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node)
+    except SlurmisoError as exc:
+        tool: Any = _NoTool(f"the node's GPUs cannot be opened: {exc}")
+    else:
+        tool = SimTool(backend) if isinstance(backend, SimBackend) else CliTool()
+    rung = ParkRung(cfg.paths.state_dir_for(node), node,
+                    (c.name for c in cfg.classes if c.preemptible), cfg.monitor.interval_s,
+                    journal, slurm, tool=tool,
+                    processes=backend.processes if backend is not None else tool.processes)
+    try:
+        return rung.round(book, records, now)
+    finally:
+        if backend is not None:
+            backend.close()
+
+
+class _NoTool:
+    """cuda-checkpoint where the node's GPUs cannot be opened: unusable, every act refused
+    (a release is retried next round), and no process listed."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def unusable(self) -> Optional[str]:
+        return self.why
+
+    def state(self, pid: int) -> Any:
+        from slurmiso.errors import CheckpointRefused
+
+        raise CheckpointRefused(f"pid {pid}: {self.why}")
+
+    def act(self, pid: int, action: Any, timeout_ms: int = 0) -> None:
+        self.state(pid)
+
+    def processes(self) -> List[Any]:
+        return []
 
 
 def watch_forever(cfg: Config, node: str, every_s: float) -> None:
