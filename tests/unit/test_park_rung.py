@@ -305,3 +305,26 @@ def test_a_note_for_another_node_is_not_parked(node: Node) -> None:
     assert [sim.cuda_state(p) for p in pids] == [CudaState.RUNNING] * 2
     (e,) = _events(tmp)
     assert "not here" in e["reason"] and FALLBACK not in e["reason"]
+
+
+def test_the_watch_runs_the_park_rung_over_the_sim_backend(tmp_path: Path) -> None:
+    """The agent's round hands a park note to the rung with SimTool over the configured sim
+    backend: a job with no CUDA process here is refused, journaled once, never retried."""
+    from slurmiso.agent.restraint_watch import restraint_watch
+    from slurmiso.config import load_config
+    from slurmiso.state import NodeState
+    from tests.hookctx import write_config
+
+    cfg = load_config(write_config(str(tmp_path), "mps"))
+    NodeState(cfg.paths.state_dir_for("node1")).write_job("41", JobRecord(
+        "41", job_class="train"))
+    note = Note(RestraintStep.PARK, NOW - 60, "node1", 0, "4711", 1800, OnBound.RESUME)
+
+    class Squeue:
+        def run(self, cmd: str, args: List[str], *a: Any, **k: Any) -> str:
+            return f"{'41':<40}{'RUNNING':<24}{note.text()}\n"
+
+    lines = restraint_watch(cfg, "node1", Squeue(), clock=lambda: NOW)
+    assert lines == ["job 41: park-refused: the job has no CUDA process on this node to park; "
+                     f"the monitor {FALLBACK}"]
+    assert restraint_watch(cfg, "node1", Squeue(), clock=lambda: NOW + 30) == []
