@@ -46,6 +46,7 @@ EV_END = "park-end"
 EV_REFUSED = "park-refused"
 #: Said on every refusal of a note this node was asked to park.
 FALLBACK = "falls back to suspend"
+_AT_BOUND = "ended at its bound by the node"
 
 
 def _key(note: Note, job: str) -> Key:
@@ -142,16 +143,17 @@ class ParkRung:
             return self._release(p, live, "its note was removed or changed (the monitor "
                                  "released it): released", now, note)
         if node_ends(self.state_dir, note, self.interval_s, now):
-            rec.done[p.key()] = "ended at its bound by the node"
+            rec.done[p.key()] = _AT_BOUND
             left = self._release(p, live, f"past its bound ({note.max_s:.0f}s, "
                                  f"{note.age(now):.0f}s old) with no live monitor: released",
                                  now, note)
-            if left is None:
-                self._after_bound(p.job, note)
-            return left
-        if p.key() in rec.done:  # an earlier release failed: retried until sure
-            return self._release(p, live, f"{rec.done[p.key()]}: released", now, note)
-        return p
+        elif p.key() in rec.done:  # an earlier release failed: retried until sure
+            left = self._release(p, live, f"{rec.done[p.key()]}: released", now, note)
+        else:
+            return p
+        if left is None and rec.done.get(p.key()) == _AT_BOUND:
+            self._after_bound(p.job, note)  # once the processes are back, however late
+        return left
 
     def _after_bound(self, job: str, note: Note) -> None:
         """The note's own ending once the processes are back: requeue (the job checkpoints

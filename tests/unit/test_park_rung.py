@@ -328,3 +328,19 @@ def test_the_watch_runs_the_park_rung_over_the_sim_backend(tmp_path: Path) -> No
     assert lines == ["job 41: park-refused: the job has no CUDA process on this node to park; "
                      f"the monitor {FALLBACK}"]
     assert restraint_watch(cfg, "node1", Squeue(), clock=lambda: NOW + 30) == []
+
+
+def test_a_release_at_the_bound_that_failed_clears_the_note_once_it_succeeds(
+        node: Node) -> None:
+    sim, pids, tmp = node
+    tool, slurm = BreaksOnRelease(sim), FakeSlurm()
+    _rung(sim, pids, tmp, tool=tool, slurm=slurm).round(_book(), _records(), NOW)
+    tool.broken = True
+    late = NOW + 2000  # no heartbeat at all: the monitor is not alive
+    _rung(sim, pids, tmp, tool=tool, slurm=slurm).round(_book(), _records(), late)
+    assert slurm.notes == {}  # not released yet: the note stays
+    tool.broken = False
+    write_heartbeat(str(tmp / "state"), late + 20)  # the monitor is back meanwhile
+    _rung(sim, pids, tmp, tool=tool, slurm=slurm).round(_book(), _records(), late + 30)
+    assert [sim.cuda_state(p) for p in pids] == [CudaState.RUNNING] * 2
+    assert slurm.notes == {"41": None}
