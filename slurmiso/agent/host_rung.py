@@ -31,6 +31,7 @@ from typing import (
     Tuple,
 )
 
+from slurmiso.agent.node_journal import say
 from slurmiso.errors import HostLimitError
 from slurmiso.host.cgroup_figures import CgroupVersion
 from slurmiso.host.cgroup_writer import CgroupWriter, FileCgroupWriter, apply_plan, restore_plan
@@ -286,19 +287,4 @@ class HostRung:
 
     def _say(self, event: str, job: str, now: float, ok: bool, why: str,
              note: Optional[Note] = None, **details: Any) -> None:
-        line = f"job {job}: {event}: {why}" if job else f"{event}: {why}"
-        self.lines.append(line)
-        if self.journal is None:
-            return
-        from slurmiso.state.journal import MONITOR_SOURCE
-
-        details.update({"by": "node", "node": self.node, "ts": now})
-        if note is not None:
-            details.update(cause=note.cause, gpu=f"{note.node}/{note.gpu}",
-                           bound={"max_s": note.max_s, "on_bound": note.on_bound.value},
-                           restraint=note.to_dict())
-        try:
-            self.journal.append(event, source=MONITOR_SOURCE, target=job, reason=why, ok=ok,
-                                dry_run=False, details=details)
-        except OSError as exc:
-            log.warning("host rung: cannot write the journal: %s", exc)
+        say(self.lines, self.journal, self.node, event, job, now, ok, why, note, **details)

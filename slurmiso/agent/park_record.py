@@ -18,16 +18,16 @@ Everything read back is checked as if hostile; a file that is not whole is
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from slurmiso.state import node_record
+
 #: In the node's state dir: the parks the node made and must release.
 RECORD_FILE = "parks.json"
 VERSION = 1
-_MAX_BYTES = 1 << 20
 _JOB = re.compile(r"[0-9]{1,12}(_[0-9]{1,10})?(\+[0-9]{1,4})?")
 #: (job, note's since)
 Key = Tuple[str, float]
@@ -91,60 +91,31 @@ def _parked(d: Any) -> Parked:
     return Parked(job, float(d["since"]), tuple(procs), float(d["at"]), whole, failed)
 
 
+def _done_key(d: Any) -> Tuple[Key, str]:
+    return (str(d["job"]), float(d["since"])), str(d["why"])
+
+
 def load_record(state_dir: str) -> ParkRecord:
     """The record (empty when there is none); never raises. Each entry that is not whole is
     one line of :attr:`ParkRecord.problems` (and left out)."""
     rec = ParkRecord()
-    try:
-        with open(record_path(state_dir), "rb") as f:
-            raw = f.read(_MAX_BYTES + 1)
-        if len(raw) > _MAX_BYTES:
-            raise ValueError(f"over {_MAX_BYTES} bytes")
-        data = json.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        return rec
-    except (OSError, ValueError, RecursionError) as exc:
-        rec.problems.append(f"{RECORD_FILE} unreadable: {exc}")
-        return rec
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        rec.problems.append(f"{RECORD_FILE}: not a version {VERSION} record")
-        return rec
-    parked, done = data.get("parked"), data.get("done", [])
-    if not isinstance(parked, list) or not isinstance(done, list):
-        rec.problems.append(f"{RECORD_FILE}: parked or done is not a list")
-        parked, done = (parked if isinstance(parked, list) else []), []
-    for i, d in enumerate(parked):
-        try:
-            rec.parked.append(_parked(d))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            rec.problems.append(f"{RECORD_FILE}: parked[{i}]: {exc}")
-    for d in done:
-        try:
-            rec.done[(str(d["job"]), float(d["since"]))] = str(d["why"])
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            rec.problems.append(f"{RECORD_FILE}: a done entry: {exc}")
+    entries, done = node_record.read(record_path(state_dir), VERSION, "parked", rec.problems)
+    rec.parked = node_record.parse_each(entries, _parked, f"{RECORD_FILE}: parked",
+                                        rec.problems)
+    rec.done = dict(node_record.parse_each(done, _done_key, f"{RECORD_FILE}: done",
+                                           rec.problems))
     return rec
 
 
 def save_record(state_dir: str, rec: ParkRecord) -> None:
     """Replace the record atomically (root's file); OSError is the caller's to report."""
-    from slurmiso.atomic import write_atomic
-
-    os.makedirs(state_dir, exist_ok=True)
-    data = {"version": VERSION, "parked": [p.to_dict() for p in rec.parked],
-            "done": [{"job": k[0], "since": k[1], "why": why}
-                     for k, why in sorted(rec.done.items())]}
-    write_atomic(record_path(state_dir), json.dumps(data, sort_keys=True) + "\n", mode=0o644)
+    node_record.write(record_path(state_dir), VERSION, "parked",
+                      [p.to_dict() for p in rec.parked],
+                      [{"job": k[0], "since": k[1], "why": why}
+                       for k, why in sorted(rec.done.items())])
 
 
 def quarantine(state_dir: str, now: float) -> Optional[str]:
     """Move a record that was not whole aside for a human (``parks.json.bad-<ts>``); where
     it went, or None if it could not be moved."""
-    from slurmiso.atomic import move_aside
-
-    target = f"{record_path(state_dir)}.bad-{int(now)}"
-    try:
-        move_aside(record_path(state_dir), target)
-    except OSError:
-        return None
-    return target
+    return node_record.quarantine(record_path(state_dir), now)

@@ -23,6 +23,7 @@ import logging
 from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from slurmiso.agent.node_journal import say
 from slurmiso.agent.park_record import (
     Key,
     Parked,
@@ -293,19 +294,4 @@ class ParkRung:
 
     def _say(self, event: str, job: str, now: float, ok: bool, why: str,
              note: Optional[Note] = None, **details: Any) -> None:
-        line = f"job {job}: {event}: {why}" if job else f"{event}: {why}"
-        self.lines.append(line)
-        if self.journal is None:
-            return
-        from slurmiso.state.journal import MONITOR_SOURCE
-
-        details.update({"by": "node", "node": self.node, "ts": now})
-        if note is not None:
-            details.update(cause=note.cause, gpu=f"{note.node}/{note.gpu}",
-                           bound={"max_s": note.max_s, "on_bound": note.on_bound.value},
-                           restraint=note.to_dict())
-        try:
-            self.journal.append(event, source=MONITOR_SOURCE, target=job, reason=why, ok=ok,
-                                dry_run=False, details=details)
-        except OSError as exc:
-            log.warning("park rung: cannot write the journal: %s", exc)
+        say(self.lines, self.journal, self.node, event, job, now, ok, why, note, **details)

@@ -18,19 +18,18 @@ so the caller can restore what it can (fail closed).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.host.rate_limit import WRITABLE, CgroupWrite, Plan, Step
+from slurmiso.state import node_record
 
 #: In the node's state dir: the host limits the node applied and must undo.
 RECORD_FILE = "host-limits.json"
 VERSION = 1
 _VALUE = re.compile(r"[A-Za-z0-9 :=._-]{1,128}")
-_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -123,60 +122,31 @@ def _applied(d: Any) -> Applied:
                    float(d["at"]), int(d.get("failed", 0)))
 
 
+def _done_key(d: Any) -> Tuple[Tuple[str, float, int], str]:
+    return (str(d["job"]), float(d["since"]), int(d["level"])), str(d["why"])
+
+
 def load_record(state_dir: str) -> HostRecord:
     """The record (empty when there is none); never raises. Each entry that is not whole is
     one line of :attr:`HostRecord.problems` (and left out)."""
     rec = HostRecord()
-    try:
-        with open(record_path(state_dir), "rb") as f:
-            raw = f.read(_MAX_BYTES + 1)
-        if len(raw) > _MAX_BYTES:
-            raise ValueError(f"over {_MAX_BYTES} bytes")
-        data = json.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        return rec
-    except (OSError, ValueError, RecursionError) as exc:
-        rec.problems.append(f"{RECORD_FILE} unreadable: {exc}")
-        return rec
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        rec.problems.append(f"{RECORD_FILE}: not a version {VERSION} record")
-        return rec
-    applied, done = data.get("applied"), data.get("done", [])
-    if not isinstance(applied, list) or not isinstance(done, list):
-        rec.problems.append(f"{RECORD_FILE}: applied or done is not a list")
-        applied, done = (applied if isinstance(applied, list) else []), []
-    for i, d in enumerate(applied):
-        try:
-            rec.applied.append(_applied(d))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            rec.problems.append(f"{RECORD_FILE}: applied[{i}]: {exc}")
-    for d in done:
-        try:
-            rec.done[(str(d["job"]), float(d["since"]), int(d["level"]))] = str(d["why"])
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            rec.problems.append(f"{RECORD_FILE}: a done entry: {exc}")
+    entries, done = node_record.read(record_path(state_dir), VERSION, "applied", rec.problems)
+    rec.applied = node_record.parse_each(entries, _applied, f"{RECORD_FILE}: applied",
+                                         rec.problems)
+    rec.done = dict(node_record.parse_each(done, _done_key, f"{RECORD_FILE}: done",
+                                           rec.problems))
     return rec
 
 
 def save_record(state_dir: str, rec: HostRecord) -> None:
     """Replace the record atomically (root's file); OSError is the caller's to report."""
-    from slurmiso.atomic import write_atomic
-
-    os.makedirs(state_dir, exist_ok=True)
-    data = {"version": VERSION, "applied": [a.to_dict() for a in rec.applied],
-            "done": [{"job": k[0], "since": k[1], "level": k[2], "why": why}
-                     for k, why in sorted(rec.done.items())]}
-    write_atomic(record_path(state_dir), json.dumps(data, sort_keys=True) + "\n", mode=0o644)
+    node_record.write(record_path(state_dir), VERSION, "applied",
+                      [a.to_dict() for a in rec.applied],
+                      [{"job": k[0], "since": k[1], "level": k[2], "why": why}
+                       for k, why in sorted(rec.done.items())])
 
 
 def quarantine(state_dir: str, now: float) -> Optional[str]:
     """Move a record that was not whole aside for a human (``host-limits.json.bad-<ts>``);
     where it went, or None if it could not be moved."""
-    from slurmiso.atomic import move_aside
-
-    target = f"{record_path(state_dir)}.bad-{int(now)}"
-    try:
-        move_aside(record_path(state_dir), target)
-    except OSError:
-        return None
-    return target
+    return node_record.quarantine(record_path(state_dir), now)
