@@ -295,9 +295,9 @@ class JobSignalsState:
                 out[job] = (res.reason, res.detail)
             else:
                 by_user.setdefault(uids.get(job, -1), []).append(job)
-        self.turn += 1
+        self.turn += 1  # (answers arrive in the order the fetches end: sorted, so turns move)
         users = _rotated(sorted(by_user), self.turn)
-        queues = [_rotated(by_user[u], self.turn) for u in users]
+        queues = [_rotated(sorted(by_user[u]), self.turn) for u in users]
         spent = dict.fromkeys(users, 0.0)
         for turn in itertools.zip_longest(*queues):
             for user, job in zip(users, turn):

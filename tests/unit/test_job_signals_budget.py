@@ -178,3 +178,22 @@ def test_one_users_answers_together_are_cut_at_their_memory_budget(server: Serve
     over = [j for j in "123" if got[j].unknown == (f"latency:{sig.R_OVER_BUDGET}",)]
     assert len(over) >= 2
     assert got["9"].unknown == ("latency:first-sample",), "B's answer is read"
+
+
+@pytest.mark.parametrize("order", [["1", "2", "3", "4"], ["4", "2", "1", "3"], ["3", "4", "1", "2"]])
+def test_a_users_turn_does_not_depend_on_which_answer_came_first(order: List[str]) -> None:
+    """Answers arrive in the order their fetches end. The jobs left over budget in a refresh
+    are the same whatever that order, and they move on the next refresh."""
+    from types import SimpleNamespace
+
+    body = vllm(cum(1, 2, 3, 4), stop=4)
+    ticks = iter([0.3 * i for i in range(1000)])
+    st = state(Clock(), cpu=lambda: next(ticks), budget=Budget(job_cpu_s=1.0, user_cpu_s=0.5))
+    got = {j: SimpleNamespace(body=body, reason="", detail="") for j in order}
+    uids = dict.fromkeys(order, A)
+    overs = []
+    for _ in range(2):
+        out, _heavy = st._parse_all(got, uids)
+        overs.append({j for j, res in out.items()
+                      if isinstance(res, tuple) and res[0] == sig.R_OVER_BUDGET})
+    assert overs == [{"4", "1"}, {"1", "2"}]
