@@ -86,6 +86,8 @@ class SandboxNode:
     mig_enabled: bool = False
     mig_slots: Tuple[MigSlot, ...] = ()
     mig_layout: str = ""
+    #: The pool's GPU time slice (``timeslice:``; timeslice pools only; "": none).
+    timeslice: str = ""
     default_partition: bool = False
     #: The MIG devices Slurm is told about (gres.conf, ``Gres=``): the simulated GPUs' live
     #: instances once they exist, so a re-laid node is scheduled as it is; None: ``mig_slots``.
@@ -115,7 +117,7 @@ NODES: Tuple[SandboxNode, ...] = (
     SandboxNode("n4", 16824, "migd", "mig-dynamic", "migd", "H100-80GB", "h100",
                 shards_per_gpu=7, mig_enabled=True),
     SandboxNode("n5", 16825, "tslice", "timeslice", "tslice", "A100-80GB", "a100",
-                shards_per_gpu=4),
+                shards_per_gpu=4, timeslice="short"),
 )
 
 
@@ -611,6 +613,8 @@ def _pool_yaml(n: SandboxNode) -> List[str]:
         out.append(f"    mig_layout: {n.mig_layout}")
     if n.shards_per_gpu:
         out.append(f"    shards_per_gpu: {n.shards_per_gpu}")
+    if n.timeslice:
+        out.append(f"    timeslice: {n.timeslice}")
     return out
 
 

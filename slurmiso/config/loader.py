@@ -21,6 +21,7 @@ from slurmiso.config.model import (
     SEVERITIES,
     SIGNALS,
     THROTTLE_SIGNALS,
+    TIMESLICES,
     AuditSettings,
     Checkpoint,
     Config,
@@ -284,7 +285,11 @@ def _read_pool(s: Section) -> Pool:
         mig_layout=s.text("mig_layout", ""),
         mps_shares_per_gpu=s.integer("mps_shares_per_gpu", 100, 1, 10_000),
         shards_per_gpu=s.integer("shards_per_gpu", 7, 1, 1_000),
+        timeslice=s.text("timeslice", "", allowed=TIMESLICES if "timeslice" in s.data else ()),
     )
+    if pool.timeslice and pool.mode != "timeslice":
+        s.p.add(s.key("timeslice"), f"only a timeslice pool's GPUs take turns by time slice "
+                f"(pool {pool.name} is {pool.mode}): remove it, or set mode: timeslice")
     if pool.mode in MIG_MODES:
         _check_mig_model(s, pool, model)
     s.done()

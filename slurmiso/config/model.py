@@ -16,6 +16,8 @@ from slurmiso.values import Value
 ISOLATIONS = ("exclusive", "mig", "mps", "timeslice")
 POOL_MODES = ("exclusive", "mig-static", "mig-dynamic", "mps", "timeslice")
 #: Pool modes whose GPUs several jobs share: their load can hurt inference.
+#: ``nvidia-smi compute-policy --set-timeslice`` 0..3 by name (slurmiso.gpu.timeslice).
+TIMESLICES = ("default", "short", "medium", "long")
 SHARED_MODES = ("mps", "timeslice", "mig-static", "mig-dynamic")
 #: How strong each class isolation is; a class may land only on a pool at least as strong.
 ISOLATION_STRENGTH = {"timeslice": 0, "mps": 1, "mig": 2, "exclusive": 3}
@@ -106,6 +108,8 @@ class Pool(Value):
     mig_layout: str = ""
     mps_shares_per_gpu: int = 100
     shards_per_gpu: int = 7
+    #: The GPUs' compute time slice on a timeslice pool (TIMESLICES; "": as the driver has it).
+    timeslice: str = ""
 
 
 class MigGroup(Value):

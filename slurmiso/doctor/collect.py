@@ -93,6 +93,11 @@ def _gpu_node(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
     out["holders_unreadable"] = found.unreadable
     if pool.mode == "mps":
         out["mps_clients"] = _mps_clients(cfg, node)
+    if pool.timeslice:
+        from slurmiso.gpu.timeslice import boot_id, read_record
+
+        out["timeslice"] = {"record": read_record(cfg.paths.state_dir_for(node)),
+                            "boot": boot_id()}
     return out
 
 

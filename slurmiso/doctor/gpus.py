@@ -159,4 +159,26 @@ def check_mps_users(snap: Snapshot, cfg: Config) -> List[Finding]:
     return out
 
 
-CHECKS: List[Check] = [check_gpu_model, check_mps_memory, check_mig_mode, check_mps_users]
+def check_timeslice(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """A timeslice pool's configured time slice is what the prolog set on each GPU of the
+    inspected node this boot (NVML cannot read it back: the hooks' record is the evidence)."""
+    from slurmiso.gpu.timeslice import Timeslice, stale
+
+    gpu, pool = _node(snap, cfg)
+    if pool is None or not pool.timeslice or "timeslice" not in gpu:
+        return []
+    uuids = {int(d["index"]): str(d.get("uuid", "")) for d in gpu.get("devices", [])}
+    want = Timeslice.parse(pool.timeslice)
+    off = stale(gpu["timeslice"]["record"], uuids, want, gpu["timeslice"]["boot"])
+    if not off:
+        return []
+    where = "; ".join(f"GPU {i}: {why}" for i, why in off.items())
+    return [Finding("info", "timeslice", f"node {gpu.get('node')}: pool {pool.name} wants "
+                    f"the {want.value} time slice, not set by slurmiso this boot ({where})",
+                    "the next job's prolog on each of those GPUs sets it (once a boot: NVML "
+                    "cannot read it back, so the hooks' record is what doctor checks)",
+                    subjects=(str(gpu.get("node", "")),))]
+
+
+CHECKS: List[Check] = [check_gpu_model, check_mps_memory, check_mig_mode, check_mps_users,
+                       check_timeslice]

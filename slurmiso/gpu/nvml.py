@@ -19,7 +19,7 @@ import math
 import re
 import sys
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Set, Tuple, Type
 
 from slurmiso.errors import (
     GpuError,
@@ -33,6 +33,9 @@ from slurmiso.errors import (
 from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import GpuModel, MigProfile
+
+if TYPE_CHECKING:
+    from slurmiso.gpu.timeslice import Timeslice
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +226,12 @@ class NvmlBackend:
 
     def _indices(self, index: Optional[int]) -> List[int]:
         return [index] if index is not None else list(range(self._count()))
+
+    def set_compute_timeslice(self, index: int, value: Timeslice) -> None:
+        """NVML has no call for it: ``nvidia-smi compute-policy`` on the GPU's UUID."""
+        from slurmiso.gpu.timeslice import SmiTimeslice
+
+        SmiTimeslice(lambda i: self.device(i).uuid).set_compute_timeslice(index, value)
 
     # --------------------------------------------------------------------- devices
     def devices(self) -> List[DeviceInfo]:

@@ -13,6 +13,7 @@ from typing import List, Optional, Protocol, Tuple, TypeVar, runtime_checkable
 
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
 from slurmiso.gpu.profiles import MigProfile
+from slurmiso.gpu.timeslice import TimesliceSetter
 
 _B = TypeVar("_B")
 
@@ -89,6 +90,6 @@ class GpuTelemetry(Protocol):
 
 
 @runtime_checkable
-class GpuBackend(GpuInventory, MigControl, GpuTelemetry, Protocol):
+class GpuBackend(GpuInventory, MigControl, GpuTelemetry, TimesliceSetter, Protocol):
     """A node's GPUs: inventory, MIG and telemetry, what :func:`slurmiso.gpu.open_backend`
     returns. Code that needs one concern takes the narrow protocol."""

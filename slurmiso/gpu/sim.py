@@ -58,6 +58,7 @@ from slurmiso.pids import pid_alive, start_ticks
 
 if TYPE_CHECKING:
     from slurmiso.gpu.cuda_checkpoint import Action, CudaState
+    from slurmiso.gpu.timeslice import Timeslice
 from slurmiso.state.lock import FileLock, LockTimeout
 
 log = logging.getLogger(__name__)
@@ -637,6 +638,16 @@ class SimBackend:
             if busy:
                 raise GpuInUse(f"cannot change MIG mode of GPU {index}: {busy}")
             gpu["mig_enabled"] = bool(enabled)
+
+    def set_compute_timeslice(self, index: int, value: Timeslice) -> None:
+        """``nvidia-smi compute-policy --set-timeslice``: the GPU keeps it until reset."""
+        with self._store.transaction("set_compute_timeslice") as state:
+            _gpu(state, index)["timeslice"] = value.value
+
+    def compute_timeslice(self, index: int) -> str:
+        """The time slice last set (``default`` as the driver starts); the sim only: NVML
+        has no call to read it."""
+        return str(_gpu(self._store.snapshot(), index).get("timeslice", "default"))
 
     def set_lost(self, index: int, lost: bool) -> None:
         """Make a GPU fall off the bus (or come back): every call touching it then raises."""

@@ -35,6 +35,8 @@ class TimesliceIsolation:
             resources.append(Resource("shared-gpu", ResourceState.READY, gpu=g, uuid=dev.uuid))
         ctx.record.resources = resources
         ctx.record.isolation_note = "timeslice: shared GPU, no compute or memory fencing"
+        if ctx.pool.timeslice:
+            _set_timeslice(ctx, gpus)
 
     def teardown(self, ctx: Context) -> None:
         gpus = [r.gpu for r in ctx.record.of_kind("shared-gpu") if r.gpu is not None]
@@ -44,6 +46,24 @@ class TimesliceIsolation:
 
     def reconcile(self, ctx: ReconcileContext) -> List[str]:
         return []
+
+
+def _set_timeslice(ctx: Context, gpus: List[int]) -> None:
+    """The pool's time slice on the job's GPUs, once a boot (:mod:`slurmiso.gpu.timeslice`).
+    A failure is a warning, not a refusal: the slice is a tuning of a pool that fences
+    nothing, and refusing the job would take its GPU from everyone for no isolation."""
+    from slurmiso.errors import GpuError
+    from slurmiso.gpu.timeslice import Timeslice, boot_id, ensure
+
+    want = Timeslice.parse(ctx.pool.timeslice)
+    try:
+        done = ensure(ctx.backend, ctx.state.state_dir, gpus,
+                      lambda i: ctx.backend.device(i).uuid, want, boot_id())
+    except GpuError as exc:
+        ctx.warn(f"the GPU time slice stays as it was, not {want.value}: {exc}")
+        return
+    if done:
+        ctx.journal.append("timeslice-set", job=ctx.job_id, gpus=done, value=want.value)
 
 
 HANDLER = TimesliceIsolation()

@@ -204,6 +204,12 @@ def stage_preflight(ctx: Ctx) -> None:
     found = shutil.which("nvidia-cuda-mps-control")
     c.add("nvidia-cuda-mps-control", "pass" if found else "fail",
           found or "not on PATH: the MPS checks cannot run")
+    # read-only: what the driver prints for its compute policies (the time slice slurmiso
+    # sets on timeslice pools; NVML cannot read it), kept so a check can parse it later
+    code, out, err = run_bounded(["nvidia-smi", "compute-policy", "-l"], c.left(15))
+    c.add("compute-policy list", "pass" if code == 0 else "skip",
+          "recorded (read-only)" if code == 0 else (err.strip() or "timed out")[-200:],
+          output=out[-2000:])
 
 
 def stage_nvml(ctx: Ctx) -> None:

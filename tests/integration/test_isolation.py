@@ -294,6 +294,41 @@ def test_class_needing_stronger_isolation_is_refused_node_stays_up(
     assert sandbox.node_states()["n5"] == "idle"
 
 
+def test_timeslice_pool_gets_its_time_slice_from_the_prolog(
+        sandbox: Any, submit: Any, wait_for: Any, job_output: Any) -> None:
+    """n5's pool says ``timeslice: short``: a job on both its GPUs leaves both at short (the
+    simulated ``nvidia-smi compute-policy``), root's record for this boot says so, every
+    ``timeslice-set`` line says short, and doctor on n5 finds nothing to say about it."""
+    from slurmiso.gpu.timeslice import boot_id, read_record
+
+    job = submit(ENV_DUMP, "-p", "tslice", "--gres=gpu:2", "--qos=train")
+    assert wait_for(job) == "COMPLETED"
+    assert env_of(job_output(job))["SLURMISO_CLASS"] == "train"
+    node = sim(sandbox, "n5")
+    assert [node.compute_timeslice(g) for g in (0, 1)] == ["short", "short"]
+    uuids = [d.uuid for d in node.devices()]
+    record = read_record(sandbox.path("state", "n5"))
+    assert {u: record.get(u) for u in uuids} == dict.fromkeys(
+        uuids, {"value": "short", "boot": boot_id()})
+    sets = [e for e in Journal(sandbox.path("log", "journal-n5.jsonl")).read()
+            if e.get("event") == "timeslice-set"]
+    assert sets and {e["value"] for e in sets} == {"short"}
+
+    def said() -> List[str]:
+        doctor = json.loads(sandbox.node_slurmiso("doctor", "--node", "n5", "--json").stdout)
+        return [f["message"] for f in doctor["findings"] if f["code"] == "timeslice"]
+
+    assert said() == []
+    path = sandbox.path("state", "n5", "timeslice.json")
+    os.replace(path, path + ".aside")  # as after a reboot that cleared /run: not set yet
+    try:
+        (message,) = said()
+    finally:
+        os.replace(path + ".aside", path)
+    assert "wants the short time slice" in message
+    assert "GPU 0: never set by slurmiso; GPU 1: never set by slurmiso" in message
+
+
 def test_gpu_off_the_bus_drains_the_node_with_the_reason(sandbox: Any, submit: Any,
                                                          wait_for: Any) -> None:
     node_sim = sim(sandbox, "n1")
