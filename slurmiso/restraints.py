@@ -58,6 +58,9 @@ M_HEARTBEAT = "slurmiso_monitor_heartbeat_age_seconds"
 M_HOST_LIMIT = "slurmiso_job_host_limit_seconds"
 #: Per park the node made (slurmiso/agent/park_rung.py): seconds the job has been parked.
 M_PARK = "slurmiso_job_park_seconds"
+#: Per park note the node will not park (refused, cut short, ended at its bound), by the
+#: note's ``since``: the monitor lets suspend stand in for it.
+M_PARK_REFUSED = "slurmiso_job_park_refused"
 #: The longest ``AdminComment`` squeue is asked to print (the site's own text included).
 ADMIN_COMMENT_WIDTH = 1024  # SlurmCli.ADMIN_COMMENT_WIDTH
 

@@ -33,7 +33,8 @@ from slurmiso_sandbox.scenes import monitor_config, record_gpu
 
 SLO_MS = 250
 CALM_MS, HOT_MS = 40, 400
-LADDER_KINDS = ("throttle", "unthrottle", "suspend", "resume-job", "requeue", "ladder-end")
+LADDER_KINDS = ("throttle", "unthrottle", "park", "unpark", "suspend", "resume-job", "requeue",
+                "ladder-end")
 
 
 def free_port() -> int:
@@ -156,6 +157,26 @@ class Ladder:
         sbx.wait_for(self.train, {"RUNNING"}, timeout=60)
         wait_until("the training job to make progress",
                    lambda: len(self.steps()) >= 20, timeout=120)
+
+    def sim_path(self) -> str:
+        """The simulated GPUs of the scene's node (its state file)."""
+        return self.sbx.path("sim", f"{self.node}.json")
+
+    def hold_sim_gpu(self, memory_mb: int = 4000) -> int:
+        """Register the training program as a CUDA process on its simulated GPU (what the
+        driver would list for it, and what the park rung finds through its cgroup); its
+        pid. Start the program with ``--sim-cuda`` (:meth:`sim_path`) so it waits while
+        parked."""
+        from slurmiso.gpu.sim import SimBackend
+
+        found = re.findall(r"^# start at=\d+ restart=\d+ pid=(\d+)", read_text(self.train_log),
+                           re.M)
+        if not found:
+            raise SandboxError(f"training job {self.train} logged no pid")
+        pid = int(found[-1])
+        gpu = record_gpu(self.sbx, self.node, self.train)
+        SimBackend(self.sim_path()).add_process(gpu, pid, memory_mb, name="train_counter")
+        return pid
 
     def gpus(self, node: str = "n2") -> Dict[str, int]:
         return {job: record_gpu(self.sbx, node, job) for job in (self.infer, self.train)}

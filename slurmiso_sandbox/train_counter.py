@@ -11,7 +11,11 @@ Misbehaviours for the tests: ``--ignore-signal`` (never checks the request),
 ``--slow-checkpoint S`` (takes S seconds to save), ``--fail-at N`` (exits 3 at step N);
 ``--misbehave-on-restart R`` limits those to the run with that restart count.
 Optionally it holds a simulated GPU (``--sim-gpu``: reads ``CUDA_VISIBLE_DEVICES`` and logs
-it, as a real program would pick its device).
+it, as a real program would pick its device). With ``--sim-cuda STATE`` (a simulated node's
+state file) each step first asks the simulated driver for its own CUDA state, as each CUDA
+call of a real program would: while cuda-checkpoint has it locked or checkpointed (parked),
+it waits there, logging ``# parked before step N`` once and ``# unparked`` after; a process
+the driver left ``failed`` ends (exit 4), as its next CUDA call would fail.
 
 Beside the monitor's ladder: while ``slurmiso.checkpoint.throttled()`` says the monitor asked it
 to slow down, each step takes twice as long and its line ends `` throttled=1``;
@@ -87,6 +91,7 @@ def main() -> int:
     p.add_argument("--fail-at", type=int, default=0)
     p.add_argument("--misbehave-on-restart", type=int, default=-1)
     p.add_argument("--sim-gpu", action="store_true")
+    p.add_argument("--sim-cuda", default="", help="a simulated node's state file")
     p.add_argument("--report-steps", action="store_true")
     p.add_argument("--stop-file", default="")
     args = p.parse_args()
@@ -107,6 +112,8 @@ def main() -> int:
 
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         for step in range(start + 1, args.steps + 1):
+            if args.sim_cuda:
+                wait_while_parked(args.sim_cuda, args.log, step)
             slow = throttled()
             time.sleep(args.step_time * (2 if slow else 1))
             if step == args.fail_at:
@@ -125,6 +132,32 @@ def main() -> int:
                 return 0
     log_line(args.log, f"# finished steps={args.steps}")
     return 0
+
+
+def wait_while_parked(state: str, log: str, step: int) -> None:
+    """Block as a CUDA call blocks while the process is locked or checkpointed (a process
+    the simulated driver does not know runs on: it holds no simulated GPU)."""
+    from slurmiso.errors import SlurmisoError
+    from slurmiso.gpu.sim import SimBackend
+
+    sim, said = SimBackend(state), False
+    while True:
+        try:
+            state = sim.cuda_state(os.getpid()).value
+        except SlurmisoError:
+            state = "running"
+        if state == "failed":  # as a real program's next CUDA call fails
+            log_line(log, f"# cuda failed before step {step}")
+            raise SystemExit(4)
+        parked = state != "running"
+        if not parked:
+            if said:
+                log_line(log, f"# unparked at={time.time():.3f}")
+            return
+        if not said:
+            log_line(log, f"# parked before step {step} at={time.time():.3f}")
+            said = True
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ class RestraintCollector:
         yield held
         yield bound
         yield self._host_limits(now)
-        yield self._parks(now)
+        yield from self._parks(now)
 
     def _host_limits(self, now: float) -> Any:
         """Each knob of each host limit the node applied (root's record), seconds in force."""
@@ -75,21 +75,30 @@ class RestraintCollector:
         return fam
 
 
-    def _parks(self, now: float) -> Any:
-        """Each park the node made and finished (root's record), seconds in force."""
+    def _parks(self, now: float) -> Iterator[Any]:
+        """Each park the node made and finished (root's record), seconds in force; and each
+        park note it will not park, by the note's ``since`` (the monitor's fallback)."""
         from prometheus_client.core import GaugeMetricFamily
 
         from slurmiso import restraints as r
         from slurmiso.agent.park_record import load_record
 
+        rec = load_record(self.state_dir)
         fam = GaugeMetricFamily(r.M_PARK, "Seconds a training job's CUDA processes have been "
                                 "parked by the ladder's park rung (GPU memory to host)",
                                 labels=[sig.L_JOB, "step", "processes"])
-        for p in load_record(self.state_dir).parked:
+        for p in rec.parked:
             if p.whole:
                 fam.add_metric([p.job, r.RestraintStep.PARK.value, str(len(p.procs))],
                                max(0.0, now - p.at))
-        return fam
+        yield fam
+        refused = GaugeMetricFamily(r.M_PARK_REFUSED, "1 per park note this node will not "
+                                    "park (refused, cut short or ended at its bound; the "
+                                    "node's journal says why), by the note's since",
+                                    labels=[sig.L_JOB, "since"])
+        for job, since in sorted(rec.done):
+            refused.add_metric([job, f"{since:.0f}"], 1.0)
+        yield refused
 
 
 def restraint_watch(cfg: Config, node: str, slurm: Any = None,

@@ -13,6 +13,7 @@ import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from slurmiso.config.model import (
+    DEFAULT_LADDER_STEPS,
     ISOLATIONS,
     LADDER_STEPS,
     LATENCY_SIGNALS,
@@ -527,8 +528,8 @@ def throttle_signal_problems(classes: Sequence[JobClass],
 
 def _read_ladder(s: Section) -> Ladder:
     """``monitor.ladder``: which steps, in order, and each one's dwell and budget."""
-    base = {st.name: st for st in Ladder.steps}
-    raw = s.raw("steps", list(LADDER_STEPS))
+    base = {st.name: st for st in Ladder.steps + (Ladder.park,)}
+    raw = s.raw("steps", list(DEFAULT_LADDER_STEPS))
     names: List[str] = []
     if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
         s.p.add(s.key("steps"), f"expected a list of steps ({', '.join(LADDER_STEPS)}), "

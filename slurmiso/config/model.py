@@ -31,14 +31,18 @@ MODE_ISOLATION = {
 }
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT")
 #: The monitor's ladder on running training, soft to hard (docs/monitor.md).
-LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
+LADDER_STEPS = ("hold", "throttle", "park", "suspend", "requeue")
+#: The steps a config that names none gets: ``park`` needs cuda-checkpoint on the nodes, so a
+#: site asks for it (docs/park.md).
+DEFAULT_LADDER_STEPS = ("hold", "throttle", "suspend", "requeue")
 #: What ends a restraint that reached its step's ``max_s`` without a hot cause or without a
 #: live monitor (``monitor.ladder.on_bound``): give the job back as it was, or checkpoint and
 #: requeue it. Both are safe for the job; neither keeps it stopped.
 ON_BOUND = ("resume", "requeue")
 #: Each step's default bound (``max_s``): how long a rung may stand without a hot cause, and a
 #: restraint without a live monitor.
-DEFAULT_MAX_S = {"hold": 3600, "throttle": 3600, "suspend": 1800, "requeue": 3600}
+DEFAULT_MAX_S = {"hold": 3600, "throttle": 3600, "park": 1800, "suspend": 1800,
+                 "requeue": 3600}
 #: Signals the throttle may use: ignored by default by every process (a program that does not
 #: know them is not hurt) and not meaning checkpoint, preempt or job control.
 THROTTLE_SIGNALS = ("URG", "WINCH")
@@ -275,6 +279,8 @@ class Ladder(Value):
         LadderStep("suspend", 180, 300, 3, 30, DEFAULT_MAX_S["suspend"]),
         LadderStep("requeue", 600, 300, 1, 10, DEFAULT_MAX_S["requeue"]),
     )
+    #: ``park``'s settings where a config lists it without its own (it is not a default step).
+    park: LadderStep = LadderStep("park", 120, 300, 3, 30, DEFAULT_MAX_S["park"])
     #: Calm = this many percent below the SLO (latency, error rate).
     hysteresis_pct: int = 10
     #: Sent to every process of the job (``SlurmCli.signal_job``): slow down / back to full speed.

@@ -31,6 +31,9 @@ class ActionKind(str, enum.Enum):
     BEGIN_NOW = "begin-now"
     RESUME_JOB = "resume-job"  # a suspended job's
     UNTHROTTLE = "unthrottle"
+    #: The park rung (issue 35): a note the node turns into cuda-checkpoint, and its removal.
+    PARK = "park"
+    UNPARK = "unpark"
     #: The host rung (issue 36): a note the node turns into a cgroup limit, and its removal.
     HOST_LIMIT = "host-limit"
     HOST_UNLIMIT = "host-unlimit"

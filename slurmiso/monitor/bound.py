@@ -91,7 +91,11 @@ def _end_gpu(mem: Memory, key: str, rung: Rung, kind: str, lasted: float, bound:
         base = {"gpu": key, "node": rec.node, "cause": rec.cause, "signal": rec.signal,
                 "figure_before": rec.figure, "restraint": rec.to_dict(), "ts": now,
                 "bound": facts}
-        if policy.ladder.on_bound is OnBound.REQUEUE:
+        if rec.parked_since is not None:
+            out.append(Action(ActionKind.UNPARK, jid, f"training unparked: {why}"[:300],
+                              dict(base, step="unpark",
+                                   parked_s=_since(rec.parked_since, now))))
+        if policy.ladder.on_bound is OnBound.REQUEUE and rec.parked_since is None:
             out.append(Action(ActionKind.LADDER_REQUEUE, jid,
                               f"training requeued (checkpoint): {why}"[:300],
                               dict(base, step="requeue", suspended=suspended,
@@ -142,6 +146,8 @@ def _left(rec: Optional[Restraint], policy: Policy) -> Optional[Dict[str, Any]]:
         return None
     if rec.suspended_since is not None:
         step, since = "suspend", rec.suspended_since
+    elif rec.parked_since is not None:
+        step, since = "park", rec.parked_since
     elif rec.throttled_since is not None:
         step, since = "throttle", rec.throttled_since
     else:

@@ -106,8 +106,8 @@ def requeue_job(ap: ApplierPort, act: Action) -> str:
 
 
 def note_only(ap: ApplierPort, act: Action) -> str:
-    """The host rung's: the note in the job's AdminComment is the whole action (the node
-    applies or restores the limit), so a note Slurm refuses fails the action."""
+    """The host rung's and the park rung's: the note in the job's AdminComment is the whole
+    action (the node applies or undoes it), so a note Slurm refuses fails the action."""
     ap.write_restraint(act)
     return "noted"
 

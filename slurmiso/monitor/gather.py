@@ -76,7 +76,7 @@ def live_snapshot(
     return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
                     reading.latency_age_s, True, tuple(reading.errors), unknown,
                     dict(reading.job_signals), dict(reading.node_unknown),
-                    dict(reading.host_nodes), dict(reading.host_jobs))
+                    dict(reading.host_nodes), dict(reading.host_jobs), dict(reading.parks))
 
 
 def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:

@@ -50,7 +50,7 @@ from slurmiso.monitor.policy import (
     StepPolicy,
 )
 from slurmiso.monitor.slo_share import Verdict, judge
-from slurmiso.monitor.snapshot import JobInfo, NodeInfo, Snapshot
+from slurmiso.monitor.snapshot import JobInfo, NodeInfo, ParkSeen, Snapshot
 
 HOT, CALM, BETWEEN, UNKNOWN = "hot", "calm", "between", "unknown"
 #: A GPU whose rung has no cause left: every inference job behind it has ended or left the
@@ -195,10 +195,11 @@ def worst(verdicts: List[Breach]) -> Breach:
 
 
 def node_steps(policy: Policy, node: Optional[NodeInfo]) -> Tuple[StepPolicy, ...]:
-    """The steps that apply on ``node``: suspend only where GPUs are shared by SMs."""
+    """The steps that apply on ``node``: park and suspend only where GPUs are shared by SMs
+    (on MIG the training job's memory and SMs are its own instance's)."""
     mode = node.mode if node is not None else ""
     return tuple(st for st in policy.ladder.steps
-                 if st.name != "suspend" or mode in SUSPEND_MODES)
+                 if st.name not in ("park", "suspend") or mode in SUSPEND_MODES)
 
 
 def _index(steps: Tuple[StepPolicy, ...], name: str) -> int:
@@ -327,10 +328,17 @@ def _held_nodes(policy: Policy, mem: Memory) -> Dict[str, str]:
 
 
 def _applied(rec: Optional[Restraint], step: str) -> bool:
+    """Whether ``step`` holds for the job: a park the node refused is held by the suspend
+    standing in for it, and a parked job needs no suspend (its GPU work is stopped)."""
+    if rec is None:
+        return step == "hold"
     if step == "throttle":
-        return rec is not None and rec.throttled_since is not None
+        return rec.throttled_since is not None
+    if step == "park":
+        return rec.parked_since is not None or (
+            bool(rec.park_refused) and rec.suspended_since is not None)
     if step == "suspend":
-        return rec is not None and rec.suspended_since is not None
+        return rec.suspended_since is not None or rec.parked_since is not None
     return step == "hold"
 
 
@@ -515,8 +523,9 @@ def _restrain(snap: Snapshot, policy: Policy, mem: Memory, who: Attribution,
             actions += settled
             continue
         turn = _Turn.of(jid, rec, key, level, verdicts, nodes, policy, mem, now,
-                        who.live[jid].state == "SUSPENDED")
+                        who.live[jid].state == "SUSPENDED", snap.parks.get(jid))
         if not turn.requeue():
+            turn.park_or_unpark()
             turn.throttle_or_unthrottle(resumed_now=turn.suspend_or_resume())
             turn.keep()
         actions += turn.actions
@@ -561,12 +570,15 @@ class _Turn:
     now: float
     policy: Policy
     mem: Memory
+    #: What the job's node says of its park (None: nothing, or its agent unread).
+    seen: Optional[ParkSeen] = None
     actions: List[Action] = field(default_factory=list)
 
     @classmethod
     def of(cls, jid: str, rec: Optional[Restraint], key: str, level: int,
            verdicts: Dict[str, Tuple[Breach, str, int]], nodes: Dict[str, NodeInfo],
-           policy: Policy, mem: Memory, now: float, suspended_now: bool) -> _Turn:
+           policy: Policy, mem: Memory, now: float, suspended_now: bool,
+           seen: Optional[ParkSeen] = None) -> _Turn:
         node_name, _, index = key.rpartition("/")
         steps = {st.name: st for st in node_steps(policy, nodes.get(node_name))}
         v = verdicts.get(key, (Breach(UNKNOWN), node_name, 0))[0]
@@ -577,13 +589,17 @@ class _Turn:
                 v = Breach(GONE, rec.cause, why=rec.gone)
         rung = mem.ladder.get(key)
         hot = v.kind == HOT
-        wanted: Set[str] = {n for n in ("throttle", "suspend", "requeue")
+        wanted: Set[str] = {n for n in ("throttle", "park", "suspend", "requeue")
                             if n in steps and level >= LADDER_STEPS.index(n)}
         rec = rec or Restraint(node_name, int(index), v.job or (rung.cause if rung else ""),
                                rung.why if rung else v.why, v.signal or
                                (rung.signal if rung else ""),
                                v.figure if hot else (rung.figure if rung else None))
-        return cls(jid, rec, v, key, steps, wanted, suspended_now, now, policy, mem)
+        if "park" not in wanted and rec.park_refused and rec.parked_since is None:
+            rec = dataclasses.replace(rec, park_refused="")  # stepped back: tried afresh
+        if "park" in wanted and rec.park_refused and "suspend" in steps:
+            wanted.add("suspend")  # the node would not park it: suspend stands in
+        return cls(jid, rec, v, key, steps, wanted, suspended_now, now, policy, mem, seen)
 
     @property
     def hot(self) -> bool:
@@ -601,9 +617,18 @@ class _Turn:
         self.actions.append(_act(kind, self.jid, self.rec, self.v, self.now, note, keys, extra))
 
     def requeue(self) -> bool:
-        """The last step, where wanted and hot: True once the job is requeued."""
+        """The last step, where wanted and hot: True once the job is requeued, or while its
+        park is being released first (a parked program cannot write its checkpoint)."""
         if "requeue" not in self.wanted or not self.hot:
             return False
+        if self.rec.parked_since is not None:
+            self._unpark("released before its requeue: a parked program cannot checkpoint")
+            self.keep()
+            return True
+        if self.seen is not None and self.seen.parked:
+            _cap(self.mem, self.key, f"requeue waits: job {self.jid}'s processes are still "
+                 "parked on its node")
+            return True
         ok, note, keys = self._spend("requeue")
         if not ok:
             return False
@@ -615,11 +640,43 @@ class _Turn:
             "suspended_s": _since(rec.suspended_since, self.now)})
         return True
 
+    def park_or_unpark(self) -> None:
+        """Park (a note the node turns into cuda-checkpoint) or release the park; a park the
+        node refused is released and remembered, and suspend stands in for it."""
+        rec = self.rec
+        if rec.parked_since is not None and self.seen is not None \
+                and self.seen.refuses(rec.parked_since):
+            self._unpark("its node would not park it (the node's journal says why); "
+                         "suspend stands in", refused=True)
+            if "suspend" in self.steps:
+                self.wanted.add("suspend")
+        elif "park" in self.wanted and rec.parked_since is None and not rec.park_refused \
+                and self.hot and not self.suspended_now:
+            ok, note, keys = self._spend("park")
+            if ok:
+                self._take(ActionKind.PARK, note, keys, {})
+                self.rec = dataclasses.replace(rec, parked_since=self.now)
+        elif "park" not in self.wanted and rec.parked_since is not None:
+            self._unpark("")
+
+    def _unpark(self, why: str, refused: bool = False) -> None:
+        rec = self.rec
+        act = _release(ActionKind.UNPARK, self.jid, rec, self.v, self.now, "parked_s",
+                       rec.parked_since or self.now)
+        if why:
+            act = Action(act.kind, act.target, f"training unparked: {why}"[:300],
+                         dict(act.details, refused=refused) if refused else act.details)
+        self.actions.append(act)
+        self.rec = dataclasses.replace(rec, parked_since=None, park_refused=(
+            "refused by its node" if refused else rec.park_refused))
+
     def suspend_or_resume(self) -> bool:
         """Suspend (throttled first, where wanted) or resume; True when resumed now (a step
-        Slurm resumes still refuses signals for a moment)."""
+        Slurm resumes still refuses signals for a moment). A parked job is not suspended:
+        its GPU work is already stopped and its memory free."""
         rec, now = self.rec, self.now
-        if "suspend" in self.wanted and rec.suspended_since is None and self.hot:
+        if "suspend" in self.wanted and rec.suspended_since is None and self.hot \
+                and rec.parked_since is None:
             ok, note, keys = self._spend("suspend")
             if not ok:
                 return False
@@ -631,7 +688,8 @@ class _Turn:
                     self._take(ActionKind.THROTTLE, note2, keys2,
                                {"sends": self.policy.ladder.throttle_signal})
                     self.rec = dataclasses.replace(self.rec, throttled_since=now)
-            self._take(ActionKind.SUSPEND, note, keys, {})
+            self._take(ActionKind.SUSPEND, note, keys,
+                       {"instead_of": "park"} if rec.park_refused else {})
             self.rec = dataclasses.replace(self.rec, suspended_since=now)
             return False
         if "suspend" not in self.wanted and rec.suspended_since is not None:
@@ -663,7 +721,7 @@ class _Turn:
     def keep(self) -> None:
         """The restraint the job is left with, in memory."""
         rec = self.rec
-        if rec.throttled_since is None and rec.suspended_since is None:
+        if not rec.held():
             self.mem.restrained.pop(self.jid, None)
         elif self.mem.restrained.get(self.jid) != rec:
             self.mem.restrained[self.jid] = rec
@@ -707,6 +765,7 @@ def _prune_events(mem: Memory, now: float) -> None:
 
 
 _VERB = {ActionKind.THROTTLE: "throttled: asked to slow down",
+         ActionKind.PARK: "parked: its CUDA processes' GPU memory to host (cuda-checkpoint)",
          ActionKind.SUSPEND: "suspended",
          ActionKind.LADDER_REQUEUE: "requeued: checkpoints, then starts again off this node"}
 
@@ -735,7 +794,8 @@ def _act(kind: ActionKind, jid: str, rec: Restraint, v: Breach, now: float, budg
 
 def _release(kind: ActionKind, jid: str, rec: Restraint, v: Breach, now: float, what: str,
              since: float, sends: str = "") -> Action:
-    how = "resumed" if kind is ActionKind.RESUME_JOB else "back to full speed"
+    how = {ActionKind.RESUME_JOB: "resumed", ActionKind.UNPARK: "unparked"}.get(
+        kind, "back to full speed")
     figure = "" if v.figure is None else f" ({_text(v.signal, v.figure, v.limit or 0)})"
     if v.kind == GONE:  # no figure to quote: the job it would be of is gone
         reason = (f"training {how} after {now - since:.0f}s on {rec.node} GPU {rec.gpu}: "
@@ -761,4 +821,6 @@ def _end(jid: str, rec: Restraint, now: float, why: str,
     return Action(ActionKind.LADDER_END, jid, f"training restraint over: {why}",
                   dict(_facts(rec, v), restraint=rec.to_dict(), ts=now,
                        figure_after=v.figure, throttled_s=_since(rec.throttled_since, now),
-                       suspended_s=_since(rec.suspended_since, now)))
+                       suspended_s=_since(rec.suspended_since, now),
+                       **({} if rec.parked_since is None else
+                          {"parked_s": _since(rec.parked_since, now)})))

@@ -86,12 +86,22 @@ class Restraint:
     #: Why its cause is gone, while a release it began (resume) ends a cycle later
     #: (unthrottle): the words of that later line.
     gone: str = ""
+    #: Since when its CUDA processes are parked (the ``park`` step's note; the node parks).
+    parked_since: Optional[float] = None
+    #: Why the node would not park it (its agent said so): suspend stands in for park.
+    park_refused: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         out = asdict(self)
-        if not self.gone:
-            del out["gone"]  # the journal's and the state file's words as they were
+        for name in ("gone", "parked_since", "park_refused"):
+            if not out[name]:
+                del out[name]  # the journal's and the state file's words as they were
         return out
+
+    def held(self) -> bool:
+        """Whether the ladder holds the job in any way (throttled, parked or suspended)."""
+        return not (self.throttled_since is None and self.suspended_since is None
+                    and self.parked_since is None)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Restraint:

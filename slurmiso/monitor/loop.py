@@ -305,6 +305,9 @@ class Monitor:
                              if r.throttled_since is not None),
             "suspended": sum(1 for r in self.memory.restrained.values()
                              if r.suspended_since is not None)}
+        parked = sum(1 for r in self.memory.restrained.values() if r.parked_since is not None)
+        if parked:  # the park rung's, only where it parks (issue 35)
+            st.restrained["parked"] = parked
         if self.memory.host_limited:  # the host rung's, only where it limits (issue 36)
             st.restrained["host-limited"] = len(self.memory.host_limited)
         stamps = [h.ts for h in self.memory.holds.values()]

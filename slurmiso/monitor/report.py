@@ -145,11 +145,15 @@ def ladder_status(policy: Policy, mem: Memory, now: float) -> Dict[str, Any]:
             for key, r in sorted(mem.ladder.items())]
     jobs = []
     for jid, rec in sorted(mem.restrained.items()):
-        step = "suspend" if rec.suspended_since is not None else "throttle"
+        step = "suspend" if rec.suspended_since is not None else (
+            "park" if rec.parked_since is not None else "throttle")
         jobs.append({"job": jid, "gpu": f"{rec.node}/{rec.gpu}", "step": step,
                      "cause": rec.cause, "why": rec.why,
                      "throttled_s": age(rec.throttled_since),
                      "suspended_s": age(rec.suspended_since),
+                     **({"parked_s": age(rec.parked_since)}
+                        if rec.parked_since is not None else {}),
+                     **({"park_refused": rec.park_refused} if rec.park_refused else {}),
                      "bound_s": step_bound(policy, step)})
     out: Dict[str, Any] = {"steps": list(policy.ladder.names()),
                            "on_bound": policy.ladder.on_bound.value,

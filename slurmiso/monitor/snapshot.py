@@ -174,6 +174,27 @@ class JobInfo:
                    float(g("begin", 0.0)), g("comment", ""))
 
 
+@dataclass(frozen=True)
+class ParkSeen:
+    """What a node's agent says of one job's park (issue 35): its CUDA processes parked
+    now, and the park notes (by their ``since``) the node will not park."""
+
+    parked: bool = False
+    refused: Tuple[float, ...] = ()
+
+    def refuses(self, since: float) -> bool:
+        """Whether the note the monitor wrote at ``since`` is one the node refused (the note
+        carries whole seconds)."""
+        return any(abs(s - since) < 1.0 for s in self.refused)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"parked": self.parked, "refused": list(self.refused)}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> ParkSeen:
+        return cls(bool(d.get("parked")), tuple(float(x) for x in d.get("refused") or ()))
+
+
 @dataclass
 class Snapshot:
     """Everything one decision cycle looks at, taken at ``ts`` (Unix seconds)."""
@@ -200,6 +221,8 @@ class Snapshot:
     #: the first node's); empty where no agent exports them (then no diagnosis is made).
     host_nodes: Dict[str, NodeHostFigures] = field(default_factory=dict)
     host_jobs: Dict[str, JobHostFigures] = field(default_factory=dict)
+    #: What the agents say of each job's park (job -> ParkSeen); empty without parks.
+    parks: Dict[str, ParkSeen] = field(default_factory=dict)
 
     def node(self, name: str) -> Optional[NodeInfo]:
         for n in self.nodes:
@@ -221,7 +244,9 @@ class Snapshot:
                 **({"host_nodes": [n.to_dict() for _, n in sorted(self.host_nodes.items())]}
                    if self.host_nodes else {}),
                 **({"host_jobs": [j.to_dict() for _, j in sorted(self.host_jobs.items())]}
-                   if self.host_jobs else {})}
+                   if self.host_jobs else {}),
+                **({"parks": {j: p.to_dict() for j, p in sorted(self.parks.items())}}
+                   if self.parks else {})}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
@@ -245,6 +270,7 @@ class Snapshot:
             {str(k): str(v) for k, v in (g("telemetry_unknown") or {}).items()},
             {n.node: n for n in (NodeHostFigures.from_dict(x) for x in g("host_nodes") or ())},
             {j.job: j for j in (JobHostFigures.from_dict(x) for x in g("host_jobs") or ())},
+            {str(k): ParkSeen.from_dict(v) for k, v in (g("parks") or {}).items()},
         )
 
 

@@ -31,6 +31,7 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
+    Set,
     Tuple,
 )
 
@@ -54,7 +55,7 @@ from slurmiso.exposition.job_series import JobSignals
 from slurmiso.exposition.text import BadData, Sample, parse_prometheus_text
 from slurmiso.monitor import host_view
 from slurmiso.monitor.host_view import JobHostFigures, NodeHostFigures
-from slurmiso.monitor.snapshot import GpuSample
+from slurmiso.monitor.snapshot import GpuSample, ParkSeen
 from slurmiso.restraints import HEARTBEAT_HEADER, heartbeat_credential
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class Reading:
     #: The agents' host figures (issue 36): per node, and per job (the first node's).
     host_nodes: Dict[str, NodeHostFigures] = field(default_factory=dict)
     host_jobs: Dict[str, JobHostFigures] = field(default_factory=dict)
+    #: What the agents say of each job's park (issue 35): job -> ParkSeen.
+    parks: Dict[str, ParkSeen] = field(default_factory=dict)
 
     def miss(self, source: str, reason: str, line: str, node: str = "") -> None:
         """Count an unknown signal and keep one line about it (the first 200 only); with
@@ -220,10 +223,34 @@ class AgentSource:
             for jid, js in jobs.items():
                 reading.job_signals.setdefault(jid, js)
             host_figures(reading, samples, node, now, self._host_before)
+            for jid, seen in park_view(samples).items():
+                reading.parks.setdefault(jid, seen)
             if age is not None:  # no age: unknown, and gather treats it so
                 reading.ages[node] = age
         self._host_before = (dict(reading.host_nodes), dict(reading.host_jobs))
         return reading
+
+
+def park_view(samples: List[Sample]) -> Dict[str, ParkSeen]:
+    """Each job's park as one agent's answer gives it: parked now (its seconds series) and
+    the notes it will not park (by ``since``); samples that do not parse are skipped."""
+    from slurmiso.restraints import M_PARK, M_PARK_REFUSED
+
+    parked: Set[str] = set()
+    refused: Dict[str, List[float]] = {}
+    for s in samples:
+        job = s.labels.get("job", "")
+        if not job:
+            continue
+        if s.name == M_PARK:
+            parked.add(job)
+        elif s.name == M_PARK_REFUSED and s.value >= 1:
+            try:
+                refused.setdefault(job, []).append(float(s.labels.get("since", "")))
+            except ValueError:
+                continue
+    return {j: ParkSeen(j in parked, tuple(sorted(refused.get(j, ()))))
+            for j in sorted(parked | set(refused))}
 
 
 def host_figures(reading: Reading, samples: List[Sample], node: str, now: float,

@@ -100,7 +100,7 @@ def _budget_back(mem: Memory, act: Action) -> None:
 
 
 def _keep(mem: Memory, target: str, rec: Optional[Restraint]) -> None:
-    if rec is None or (rec.throttled_since is None and rec.suspended_since is None):
+    if rec is None or not rec.held():
         mem.restrained.pop(target, None)
     else:
         mem.restrained[target] = rec
@@ -122,6 +122,22 @@ def suspend(mem: Memory, act: Action, error: str) -> None:
     if _ladder_before(mem, act) is not None:
         cur = mem.restrained.get(act.target)
         _keep(mem, act.target, cur and dataclasses.replace(cur, suspended_since=None))
+
+
+def park(mem: Memory, act: Action, error: str) -> None:
+    """A park note Slurm refused: the budget back, the job not parked (tried again)."""
+    if _ladder_before(mem, act) is not None:
+        cur = mem.restrained.get(act.target)
+        _keep(mem, act.target, cur and dataclasses.replace(cur, parked_since=None))
+
+
+def unpark(mem: Memory, act: Action, error: str) -> None:
+    """A release Slurm refused leaves the job parked (retried next cycle; a job that ended
+    meanwhile leaves the ladder with its ``ladder-end``)."""
+    before = _ladder_before(mem, act)
+    if before is not None:
+        cur = mem.restrained.get(act.target) or before
+        _keep(mem, act.target, dataclasses.replace(cur, parked_since=before.parked_since))
 
 
 def unthrottle(mem: Memory, act: Action, error: str) -> None:

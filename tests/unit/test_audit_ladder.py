@@ -111,6 +111,34 @@ def ladder(tmp_path: Any, capsys: Any, monkeypatch: Any, events: List[Dict[str, 
     return r
 
 
+def test_the_park_rung_is_counted_and_listed_where_it_acted(  # noqa: F811
+        tmp_path, utc, capsys, monkeypatch):  # noqa: F811
+    """Issue 35: park and unpark lines are the ladder's steps (never bad lines); a park with
+    no release is unreleased; the text report lists their rows only where they acted."""
+    events = [prolog("11", "gpu001", [0]), prolog("12", "gpu001", [1]),
+              act("throttle", "11", "01:00:00", figure=400.0, figure_before=400.0),
+              act("park", "11", "01:02:00", figure=420.0, figure_before=400.0),
+              act("unpark", "11", "01:20:00", figure=200.0, figure_before=400.0,
+                  figure_after=200.0, parked_s=1080.0),
+              act("park", "12", "02:00:00", figure=410.0, figure_before=410.0)]
+    r = ladder(tmp_path, capsys, monkeypatch, events)
+    lad = r["ladder"]
+    assert lad["bad_lines"] == 0 and lad["lines"] == 4
+    assert lad["steps"]["park"]["taken"] == 2 and lad["steps"]["unpark"]["taken"] == 1
+    assert lad["steps"]["unpark"]["slo"]["p99_ms"]["pairs"] == 1
+    assert lad["unreleased"] == {"throttled": 1, "suspended": 0, "parked": 1}
+    from slurmiso.audit.render.text import ladder_tables
+
+    (title, _, rows), _ = ladder_tables(r)
+    assert sorted(row[0] for row in rows) == sorted(["hold", "throttle", "unthrottle", "park",
+                                                     "unpark", "suspend", "resume",
+                                                     "requeue", "ended"])
+    (tmp_path / "quiet").mkdir()
+    quiet = ladder(tmp_path / "quiet", capsys, monkeypatch, SCENARIO)
+    (_, _, rows), _ = ladder_tables(quiet)
+    assert "park" not in [row[0] for row in rows]
+
+
 def test_the_worked_scenario(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
     r = ladder(tmp_path, capsys, monkeypatch, SCENARIO)
     lad = r["ladder"]
@@ -118,8 +146,8 @@ def test_the_worked_scenario(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
     # 10 lines counted: 8 taken, a dry run, a failure
     assert lad["lines"] == 10
     taken = {s: v["taken"] for s, v in lad["steps"].items()}
-    assert taken == {"hold": 1, "throttle": 3, "unthrottle": 1, "suspend": 1, "resume": 1,
-                     "requeue": 1, "ended": 0}
+    assert taken == {"hold": 1, "throttle": 3, "unthrottle": 1, "park": 0, "unpark": 0,
+                     "suspend": 1, "resume": 1, "requeue": 1, "ended": 0}
     assert lad["steps"]["throttle"]["dry_run"] == 1
     assert lad["steps"]["suspend"]["failed"] == 1
     total = lad["total"]
@@ -135,7 +163,7 @@ def test_the_worked_scenario(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
     assert total["requeue_lost_gpu_hours"] == pytest.approx(1.5)
     assert total["requeue_lost_gpu_hours_estimated"] == 0.0
     # 13's throttle was never released in the window; its time is not counted
-    assert lad["unreleased"] == {"throttled": 1, "suspended": 0}
+    assert lad["unreleased"] == {"throttled": 1, "suspended": 0, "parked": 0}
     # per pool (from the line's node) and per class (the prolog's class)
     assert lad["by_pool"]["serve"]["taken"]["throttle"] == 2
     assert lad["by_pool"]["serve"]["taken"]["hold"] == 1
@@ -446,7 +474,7 @@ def test_the_monitors_own_lines_read_back_whole(calm_from, admission, want, tmp_
     if want.get("unthrottle"):
         pair = out["steps"]["unthrottle"]["slo"]["p99_ms"]
         assert (pair["before_mean"], pair["after_mean"]) == (BREACH_MS, CALM_MS)
-    assert out["unreleased"] == {"throttled": 0, "suspended": 0}
+    assert out["unreleased"] == {"throttled": 0, "suspended": 0, "parked": 0}
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "html", "md", "csv"])

@@ -21,13 +21,13 @@ from slurmiso.monitor.policy import Memory
 from tests.unit.test_monitor_decide import T0, job, snap
 
 #: The journal's names, in the order a cycle applies them (what the journal has always said).
-JOURNAL_ORDER = ["resume", "drain", "requeue", "requeue", "throttle", "host-limit", "suspend",
-                 "mig-apply", "partition-update", "qos-limit", "hold", "exclude", "uncomment",
-                 "release", "begin-now", "resume-job", "unthrottle", "host-unlimit",
-                 "ladder-end", "reconcile"]
+JOURNAL_ORDER = ["resume", "drain", "requeue", "requeue", "throttle", "host-limit", "park",
+                 "suspend", "mig-apply", "partition-update", "qos-limit", "hold", "exclude",
+                 "uncomment", "release", "begin-now", "resume-job", "unpark", "unthrottle",
+                 "host-unlimit", "ladder-end", "reconcile"]
 LADDER = {ActionKind.THROTTLE, ActionKind.UNTHROTTLE, ActionKind.SUSPEND,
           ActionKind.RESUME_JOB, ActionKind.LADDER_REQUEUE, ActionKind.LADDER_END,
-          ActionKind.HOST_LIMIT, ActionKind.HOST_UNLIMIT}
+          ActionKind.HOST_LIMIT, ActionKind.HOST_UNLIMIT, ActionKind.PARK, ActionKind.UNPARK}
 BATCHED = {ActionKind.HOLD, ActionKind.RELEASE, ActionKind.EXCLUDE, ActionKind.UNCOMMENT,
            ActionKind.BEGIN_NOW}
 

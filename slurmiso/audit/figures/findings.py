@@ -363,7 +363,7 @@ def _ladder_findings(cfg: Any, digest: JournalDigest,
     return out
 
 
-_DONE = {"throttle": "throttled", "suspend": "suspended"}
+_DONE = {"throttle": "throttled", "suspend": "suspended", "park": "parked"}
 
 
 def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:

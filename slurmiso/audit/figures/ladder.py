@@ -73,7 +73,8 @@ def ladder_section(agg: Aggregator, digest: JournalDigest) -> Dict[str, Any]:
                                holds_seen)
                      for g in groups}
     out["unreleased"] = {"throttled": len(log.open_throttled),
-                         "suspended": len(log.open_suspended)}
+                         "suspended": len(log.open_suspended),
+                         "parked": len(log.open_parked)}
     return out
 
 

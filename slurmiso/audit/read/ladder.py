@@ -27,13 +27,17 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 #: The ladder's steps as the audit names them, in the order a report lists them; the
 #: monitor's action names map onto them (``resume-job`` resumes a suspended job,
 #: ``ladder-end`` is a restraint that ended without the ladder: job gone, resumed by others).
-STEPS = ("hold", "throttle", "unthrottle", "suspend", "resume", "requeue", "ended")
+STEPS = ("hold", "throttle", "unthrottle", "park", "unpark", "suspend", "resume", "requeue",
+         "ended")
 _STEP_OF = {"throttle": "throttle", "unthrottle": "unthrottle", "suspend": "suspend",
-            "resume-job": "resume", "ladder-end": "ended", "requeue": "requeue", "hold": "hold"}
+            "resume-job": "resume", "ladder-end": "ended", "requeue": "requeue", "hold": "hold",
+            "park": "park", "unpark": "unpark"}
+#: The park rung's steps (issue 35): a report lists them where a window has any.
+PARK_STEPS = ("park", "unpark")
 #: Steps that restrain (their line's ``figure`` is the SLO figure at the step) and those
 #: that release (``figure_before``: when the job was first restrained, ``figure_after``: now).
-ESCALATIONS = ("throttle", "suspend", "requeue")
-RELEASES = ("unthrottle", "resume", "ended")
+ESCALATIONS = ("throttle", "park", "suspend", "requeue")
+RELEASES = ("unthrottle", "unpark", "resume", "ended")
 #: The host rung's lines (issue 36): the monitor's, well formed, not counted with the GPU
 #: rungs' steps (nor as bad lines) until the audit has figures of their own for them.
 HOST_RUNG = ("host-limit", "host-unlimit")
@@ -112,6 +116,7 @@ class LadderLog:
     #: jobs throttled / suspended in the window with no release read yet
     open_throttled: Set[str] = field(default_factory=set)
     open_suspended: Set[str] = field(default_factory=set)
+    open_parked: Set[str] = field(default_factory=set)
     #: job -> (its hardest open step, when it was taken) while unreleased: the finding's
     #: job ids and ages (issue 33)
     open_since: Dict[str, Tuple[str, float]] = field(default_factory=dict)
@@ -171,8 +176,8 @@ class LadderLog:
         if step == "throttle":
             self.open_throttled.add(job)
             self.open_since.setdefault(job, (step, when))
-        elif step == "suspend":
-            self.open_suspended.add(job)
+        elif step in ("park", "suspend"):
+            (self.open_parked if step == "park" else self.open_suspended).add(job)
             self.open_since[job] = (step, when)
         elif step == "requeue":
             bisect.insort(self.requeued_at.setdefault(job, []), when)
@@ -180,10 +185,14 @@ class LadderLog:
             self.open_throttled.discard(job)
         if step in ("resume", "requeue", "ended"):
             self.open_suspended.discard(job)
-        if job not in self.open_throttled and job not in self.open_suspended:
+        if step in ("unpark", "requeue", "ended"):
+            self.open_parked.discard(job)
+        if job not in self.open_throttled | self.open_suspended | self.open_parked:
             self.open_since.pop(job, None)
-        elif step == "resume" and job in self.open_since:  # still throttled
-            self.open_since[job] = ("throttle", self.open_since[job][1])
+        elif step in ("resume", "unpark") and job in self.open_since:  # still restrained
+            self.open_since[job] = ("suspend" if job in self.open_suspended else "park"
+                                    if job in self.open_parked else "throttle",
+                                    self.open_since[job][1])
 
     def _restrained(self, cls: str, node: str, gpus: Optional[int], d: Dict[str, Any],
                     when: float, since: Optional[float]) -> None:

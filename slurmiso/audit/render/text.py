@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from slurmiso.audit.read.ladder import PARK_STEPS
+
 CLASS_COLUMNS = ["CLASS", "JOBS", "ATTEMPTS", "REQUEUES", "PREEMPTED", "WAIT P50", "P95", "P99",
                  "GPU-H", "LOST GPU-H", "LOST (EST.)"]
 
@@ -151,9 +153,11 @@ def ladder_lines(report: Dict[str, Any]) -> List[str]:
     if lad["status"] != "active" or not total:
         return lines
     open_ = lad["unreleased"]
-    if open_["throttled"] or open_["suspended"]:
+    if open_["throttled"] or open_["suspended"] or open_.get("parked"):
+        parked = f", {open_['parked']} parked" if open_.get("parked") else ""
         lines.append(f"not released in the window: {open_['throttled']} throttled, "
-                     f"{open_['suspended']} suspended job(s); their time is not counted")
+                     f"{open_['suspended']} suspended{parked} job(s); their time is not "
+                     "counted")
     if total["gpus_unknown"]:
         lines.append(f"{total['gpus_unknown']} restraint(s) of jobs whose GPUs no prolog line "
                      "gave: their GPU-hours are unknown")
@@ -175,6 +179,8 @@ def ladder_tables(report: Dict[str, Any]) -> List[Tuple[str, List[str], List[Lis
         return []
     steps = []
     for step, st in lad["steps"].items():
+        if step in PARK_STEPS and not (st["taken"] or st["dry_run"] or st["failed"]):
+            continue  # the park rung is optional: its rows where it acted
         at, pairs = [], []
         for signal, t in st["slo"].items():
             name = _SIGNAL_TEXT.get(signal, signal)
