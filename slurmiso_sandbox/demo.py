@@ -453,11 +453,12 @@ def step_pernode(sbx: SandboxClient) -> str:
 
 
 def step_protect(sbx: SandboxClient) -> str:
-    """An inference job's latency over its SLO: the ladder throttles and then suspends the
-    training job on its GPU, and resumes it once calm (slurmiso_sandbox.protect)."""
+    """An inference job's latency over its SLO: the ladder throttles and then parks the
+    training job on its GPU (the simulated cuda-checkpoint: its GPU memory to host, its
+    processes kept), and restores it once calm (slurmiso_sandbox.protect)."""
     from slurmiso_sandbox import protect
 
-    r = protect.protect_scenario(sbx)
+    r = protect.protect_scenario(sbx, ("hold", "throttle", "park", "suspend"))
     _say(f"  ladder on training job {r['train']}: {' -> '.join(r['all_kinds'])}")
     _say(f"  inference job {r['infer']}: P99 {r['calm_p99_ms']} ms calm, {r['hot_p99_ms']} ms "
          f"driven; state {r['infer_state_while_hot']} throughout")
@@ -475,7 +476,7 @@ STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("per-node admission: a hot node takes no new training, a calm one in the same "
      "partition does", step_pernode),
     ("running inference is protected: over its SLO, the training on its GPU is throttled, "
-     "suspended, then resumed", step_protect),
+     "parked (its GPU memory to host, its processes kept), then restored", step_protect),
 ]
 
 

@@ -442,14 +442,17 @@ def contiguous(steps: List[int]) -> bool:
 def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "throttle", "suspend"),
                      ) -> Dict[str, Any]:
     """Drive the inference job's P99 over the SLO until the ladder has taken its last step
-    (suspend or requeue), hold it there, then let it calm until training runs at full speed
-    again; returns what each side saw."""
-    top = steps[-1]
+    (suspend or requeue; park, where the steps have it, stands for suspend), hold it there,
+    then let it calm until training runs at full speed again; returns what each side saw."""
+    parks = "park" in steps
+    top = "park" if parks else steps[-1]
     lad = Ladder(sbx, steps)
     out: Dict[str, Any] = {"steps": list(steps), "work": lad.work}
     probe = ""
     try:
-        lad.start_jobs()
+        lad.start_jobs(train_args=f"--sim-cuda {lad.sim_path()}" if parks else "")
+        if parks:  # the program on its simulated GPU, as the park rung finds a CUDA process
+            out["pid"] = lad.hold_sim_gpu()
         out["infer"], out["train"] = lad.infer, lad.train
         out["gpus"] = lad.gpus()
         if len(set(out["gpus"].values())) != 1:
@@ -473,7 +476,19 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
                                   "reason": probe_f.get("Reason", ""),
                                   "comment": sbx.cmd("squeue", "-h", "-j", probe, "-o", "%k",
                                                      check=False).strip()}
-        if top == "suspend":
+        if top == "park":
+            from slurmiso.gpu.sim import SimBackend
+
+            sim = SimBackend(lad.sim_path())
+            wait_until("the node to park the training program",
+                       lambda: sim.cuda_state(out["pid"]).value == "checkpointed", timeout=60)
+            out["gpu_processes_parked"] = [p.pid for p in sim.processes()
+                                           if p.pid == out["pid"]]
+            before = len(lad.steps())
+            lad.wait_cycles(4)  # past the suspend step's dwell: a parked program takes no step
+            out["steps_while_parked"] = len(lad.steps()) - before
+            out["state_while_parked"] = sbx.job_state(lad.train)
+        elif top == "suspend":
             wait_until("the suspend", lambda: sbx.job_state(lad.train) == "SUSPENDED", timeout=30)
             before = len(lad.steps())
             time.sleep(3.0)  # a stopped program counts no step, however long it is stopped
@@ -485,7 +500,7 @@ def protect_scenario(sbx: SandboxClient, steps: Sequence[str] = ("hold", "thrott
         out["infer_state_while_hot"] = sbx.job_state(lad.infer)
         lad.set_latency(CALM_MS)
         back = {"suspend": ["resume-job", "unthrottle"], "requeue": [],
-                "throttle": ["unthrottle"]}[top]
+                "throttle": ["unthrottle"], "park": ["unpark", "unthrottle"]}[top]
         if back:
             lad.wait_kinds(lad.train, back, timeout=90)
         wait_until("the training job to run again",
@@ -535,11 +550,12 @@ def journal_events(sbx: SandboxClient, job: str) -> List[str]:
 
 def check(r: Dict[str, Any]) -> str:
     """What the demo step asserts; raises SandboxError naming what did not hold."""
-    top = r["steps"][-1]
+    top = "park" if "park" in r["steps"] else r["steps"][-1]
     if r["calm_actions"]:
         raise SandboxError(f"the monitor acted while the SLO held: {r['calm_actions']}")
     order = {"suspend": ["throttle", "suspend", "resume-job", "unthrottle"],
-             "requeue": ["throttle", "requeue"], "throttle": ["throttle", "unthrottle"]}[top]
+             "requeue": ["throttle", "requeue"], "throttle": ["throttle", "unthrottle"],
+             "park": ["throttle", "park", "unpark", "unthrottle"]}[top]
     kinds = [k for k in r["all_kinds"] if k != "ladder-end"]
     if kinds != order:
         raise SandboxError(f"the ladder's steps on training job {r['train']} were {kinds}, "
@@ -548,6 +564,11 @@ def check(r: Dict[str, Any]) -> str:
         raise SandboxError("the training program never saw the throttle (no throttled step)")
     if top == "suspend" and r["steps_while_suspended"] != 0:
         raise SandboxError(f"{r['steps_while_suspended']} steps were counted while suspended")
+    if top == "park" and (r["steps_while_parked"] != 0 or r["state_while_parked"] != "RUNNING"
+                          or r["gpu_processes_parked"]):
+        raise SandboxError(f"parked, training took {r['steps_while_parked']} steps, Slurm "
+                           f"showed it {r['state_while_parked']}, its GPU listed "
+                           f"{r['gpu_processes_parked']}")
     if top == "requeue" and r["restarts"] in ("", "0"):
         raise SandboxError("the requeued training job did not start again")
     if not contiguous(r["step_log"]) or not r["finished"]:
@@ -566,8 +587,9 @@ def check(r: Dict[str, Any]) -> str:
     return (f"P99 {r['calm_p99_ms']} -> {r['hot_p99_ms']} ms (SLO {SLO_MS}): training "
             f"{r['train']} on the same GPU {' -> '.join(kinds)}; "
             f"{len(r['throttled_steps'])} steps taken throttled"
-            + (", none while suspended" if top == "suspend" else
-               f", restarted {r['restarts']}x from its checkpoint")
+            + {"suspend": ", none while suspended",
+               "park": ", none while parked (its GPU memory on the host, Slurm showing it "
+                       "RUNNING)"}.get(top, f", restarted {r['restarts']}x from its checkpoint")
             + f"; all {len(r['step_log'])} steps counted once; a training job arriving while "
             f"hot kept off n2, then ran; inference {r['infer']} untouched "
             f"({r['served_during']} requests served meanwhile)")
