@@ -14,6 +14,12 @@ checkpoint taken and its epilog done). Baselines, in the issue's words: the moni
 training class's checkpoint grace time (what the requeue may take at most). Then the latency
 calms and the requeued job starts again for the next round.
 
+The park rung (issue 35) in a second scene on the same GPU: ``hold, throttle, park`` with
+every dwell at 0, the training program registered on its simulated GPU. The clock runs from
+the latency switch to the simulated driver showing the program ``checkpointed`` (its GPU
+memory and SMs yielded, its processes kept), against the issue's target: one agent refresh
+(the scene's ``signals.refresh``, 1 s) + 2 s.
+
 Skipped, with the reason, when this is not root or no sandbox is up. ``SLURMISO_BENCH_ROUNDS``
 (2) and ``SLURMISO_BENCH_INTERVAL`` (1 s) change the rounds and the monitor interval.
 """
@@ -115,6 +121,51 @@ def measure(rounds: int, interval_s: float) -> Dict[str, Any]:
     return out
 
 
+def measure_park(rounds: int, interval_s: float) -> Dict[str, Any]:
+    """Latency switch -> the training program parked, and calm -> restored, per round."""
+    sys.path.insert(0, ROOT)
+    from slurmiso.gpu.sim import SimBackend
+    from slurmiso_sandbox.client import SandboxClient, session_lock
+    from slurmiso_sandbox.protect import CALM_MS, HOT_MS, Ladder
+
+    out: Dict[str, Any] = {"parked": [], "restored": []}
+    with session_lock(SANDBOX_DIR):
+        jobs = tempfile.mkdtemp(prefix="slurmiso-bench-jobs-")
+        os.chmod(jobs, 0o1777)
+        sbx = SandboxClient(SANDBOX_DIR, jobs)
+        sbx.clear_queue()
+        lad = Ladder(sbx, ("hold", "throttle", "park"), dwell_s=0, window_s=4,
+                     budgets={"throttle": "per_job: 20, per_hour: 120"},
+                     interval_s=interval_s)
+        try:
+            lad.start_jobs(train_args=f"--sim-cuda {lad.sim_path()}")
+            pid = lad.hold_sim_gpu()
+            sim = SimBackend(lad.sim_path())
+            lad.start_daemons()
+
+            def cuda() -> str:
+                return sim.cuda_state(pid).value
+
+            for n in range(rounds):
+                _until(lambda: cuda() == "running" and not lad.memory().get("ladder"),
+                       "the scene to be calm with training running", every=0.3)
+                lad.set_latency(HOT_MS)
+                t_set = time.monotonic()
+                t_park = _until(lambda: cuda() == "checkpointed", "the park", every=0.02)
+                lad.set_latency(CALM_MS)
+                t_calm = time.monotonic()
+                t_back = _until(lambda: cuda() == "running", "the release", every=0.02)
+                out["parked"].append(t_park - t_set)
+                out["restored"].append(t_back - t_calm)
+                print(f"  park round {n + 1}: parked {t_park - t_set:.2f} s after the switch, "
+                      f"restored {t_back - t_calm:.2f} s after calm")
+            out["actions"] = lad.ladder_kinds(lad.train)
+        finally:
+            lad.stop()
+            sbx.clear_queue()
+    return out
+
+
 def main() -> bool:
     why = skip_reason()
     if why:
@@ -133,6 +184,12 @@ def main() -> bool:
     if r["grace_s"]:
         report("breach -> training off the GPU (PENDING)", f"{off:.2f} s (n={n})",
                off / r["grace_s"], f"vs checkpoint grace {r['grace_s']:g} s")
+    p = measure_park(rounds, interval)
+    parked = statistics.median(p["parked"])
+    print(f"  park scene's actions on the training job: {' -> '.join(p['actions'])}")
+    report("latency switch -> training parked (GPU yielded)",
+           f"{parked:.2f} s (n={len(p['parked'])})", parked / (1.0 + 2.0),
+           "vs target: one agent refresh (1 s) + 2 s")
     agent = statistics.median(r["agent"])
     print(f"  (latency switched -> agent shows it: {agent:.2f} s median; calm -> requeued job "
           f"running again: {statistics.median(r['restarted']):.1f} s, Slurm's BeginTime "

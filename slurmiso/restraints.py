@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: The header the monitor sends when it scrapes an agent: the node's proof that it lives.
 HEARTBEAT_HEADER = "X-Slurmiso-Monitor"
+#: Beside the monitor's credential: read the node's restraints from Slurm now (a note the
+#: node acts on was just written); the agent's watch runs at once, at most once a second.
+WAKE_HEADER = "X-Slurmiso-Wake"
+WAKE_RESTRAINTS = "restraints"
 #: In the node's state dir: the last time the monitor scraped the agent (root writes it).
 HEARTBEAT_FILE = "monitor-heartbeat"
 #: In the node's state dir: the restraints the node last read from Slurm.

@@ -10,6 +10,7 @@ agent's server.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
 
@@ -208,11 +209,16 @@ class _NoTool:
         return []
 
 
-def watch_forever(cfg: Config, node: str, every_s: float) -> None:
+def watch_forever(cfg: Config, node: str, every_s: float,
+                  woken: Optional[threading.Event] = None) -> None:
+    """A round every ``every_s``, or at once when ``woken`` is set (the monitor's nudge:
+    a note this node acts on was just written)."""
+    woken = woken or threading.Event()
     while True:
+        woken.clear()
         try:
             for line in restraint_watch(cfg, node):
                 log.warning("agent: %s", line)
         except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
             log.warning("agent: restraint watch failed: %s", exc)
-        time.sleep(every_s)
+        woken.wait(every_s)

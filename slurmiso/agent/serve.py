@@ -81,7 +81,8 @@ class _Heartbeat:
 
     def __init__(self, state_dir: str, node: str, every_s: float = 5.0,
                  clock: Callable[[], float] = time.time,
-                 vouch: Optional[Callable[[str, str], Optional[str]]] = None) -> None:
+                 vouch: Optional[Callable[[str, str], Optional[str]]] = None,
+                 wake: Optional[Callable[[], None]] = None, wake_every_s: float = 1.0) -> None:
         from slurmiso.restraints import heartbeat_vouched
 
         self.state_dir = state_dir
@@ -91,12 +92,18 @@ class _Heartbeat:
         self.vouch = vouch or heartbeat_vouched
         self.last = 0.0
         self.warned = 0.0
+        #: Wakes the restraint watch; a monitor's nudge (WAKE_HEADER) calls it, vouched, at
+        #: most once every ``wake_every_s`` (each is one read of Slurm).
+        self.wake = wake
+        self.wake_every_s = wake_every_s
+        self.woken = 0.0
 
-    def seen(self, value: str) -> None:
+    def seen(self, value: str, wake: bool = False) -> None:
         from slurmiso.restraints import write_heartbeat
 
         now = self.clock()
-        if now - self.last < self.every_s:
+        wake = wake and self.wake is not None and now - self.woken >= self.wake_every_s
+        if now - self.last < self.every_s and not wake:
             return
         why = self.vouch(value, self.node)
         if why is not None:
@@ -106,6 +113,9 @@ class _Heartbeat:
                             "not stamped", why)
             return
         self.last = now
+        if wake and self.wake is not None:
+            self.woken = now
+            self.wake()
         try:
             write_heartbeat(self.state_dir, now)
         except OSError as exc:
@@ -113,14 +123,22 @@ class _Heartbeat:
 
 
 def _stamp(head: bytes, heartbeat: _Heartbeat) -> None:
-    """Hand the monitor's header of a scrape's request head, if any, to ``heartbeat``."""
-    from slurmiso.restraints import HEARTBEAT_HEADER
+    """Hand the monitor's header of a scrape's request head, if any, to ``heartbeat``, with
+    whether the scrape asks the restraint watch to wake (a nudge)."""
+    from slurmiso.restraints import HEARTBEAT_HEADER, WAKE_HEADER, WAKE_RESTRAINTS
 
     name = HEARTBEAT_HEADER.lower().encode() + b":"
+    wake_name = WAKE_HEADER.lower().encode() + b":"
+    value: Optional[str] = None
+    wake = False
     for line in head.split(b"\n")[1:]:
-        if line.lower().startswith(name):
-            heartbeat.seen(line[len(name):].strip().decode("ascii", "replace"))
-            return
+        low = line.lower()
+        if low.startswith(name) and value is None:
+            value = line[len(name):].strip().decode("ascii", "replace")
+        elif low.startswith(wake_name):
+            wake = line[len(wake_name):].strip().decode("ascii", "replace") == WAKE_RESTRAINTS
+    if value is not None:
+        heartbeat.seen(value, wake)
 
 
 def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
@@ -140,7 +158,8 @@ def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
     where = addr or cfg.monitor.telemetry.agent_addr
     refresher = signals_for(cfg, node).start()
     registry = registry_for(cfg, node, refresher.state)
-    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node), node)
+    woken = threading.Event()
+    heartbeat = _Heartbeat(cfg.paths.state_dir_for(node), node, wake=woken.set)
     try:
         server = AgentServer(lambda: bytes(generate_latest(registry)), where, port,
                              on_scrape=lambda head: _stamp(head, heartbeat))
@@ -149,7 +168,8 @@ def serve(cfg: Config, node: str, port: int, addr: str = "") -> None:
                          hint="pick another --port or --addr, or stop what holds it") from None
     registry.register(HttpStatsCollector(server))
     server.start()
-    threading.Thread(target=watch_forever, args=(cfg, node, max(30.0, cfg.monitor.interval_s)),
+    threading.Thread(target=watch_forever,
+                     args=(cfg, node, max(30.0, cfg.monitor.interval_s), woken),
                      daemon=True, name="restraint-watch").start()
     log.info("agent for node %s serving on %s:%d (at most %d connections)", node, where, port,
              server.cap)

@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
     mon = Monitor(policy, snapshot_fn, applier, state_path,
                   args.lock or os.path.join(base, "leader.lock"),
                   args.interval or cfg.monitor.interval_s, dry_run,
-                  sleep=(lambda s: None) if replay else time.sleep)
+                  sleep=(lambda s: None) if replay else time.sleep,
+                  nudge=None if args.snapshot else getattr(source, "nudge", None))
     signal.signal(signal.SIGTERM, lambda *_: mon.request_stop())
     if args.metrics_port:
         _serve_metrics(mon, args.metrics_port, args.metrics_addr)

@@ -64,6 +64,9 @@ class KindSpec:
     #: A ladder action: it carries the job's ``restraint``, its budget, and the note the
     #: applier leaves in the job's AdminComment.
     ladder: bool = False
+    #: The node turns the note into the action (park, host limit): its agent is nudged to
+    #: read its restraints from Slurm at once instead of at its next round.
+    node_acts: bool = False
 
 
 K = ActionKind
@@ -75,8 +78,10 @@ KIND: Dict[ActionKind, KindSpec] = {
     K.LADDER_REQUEUE: KindSpec(2, calls.requeue_job, undo=undo.ladder_requeue,
                                overlay=calls.overlay_requeue, ladder=True),
     K.THROTTLE: KindSpec(3, calls.throttle, undo=undo.throttle, ladder=True),
-    K.HOST_LIMIT: KindSpec(3, calls.note_only, undo=undo.host_limit, ladder=True),
-    K.PARK: KindSpec(4, calls.note_only, undo=undo.park, ladder=True),
+    K.HOST_LIMIT: KindSpec(3, calls.note_only, undo=undo.host_limit, ladder=True,
+                           node_acts=True),
+    K.PARK: KindSpec(4, calls.note_only, undo=undo.park, ladder=True,
+                     node_acts=True),
     K.SUSPEND: KindSpec(4, calls.suspend, undo=undo.suspend,
                         reconcile=undo.reconcile_suspend, overlay=calls.overlay_suspend,
                         ladder=True),
@@ -100,11 +105,12 @@ KIND: Dict[ActionKind, KindSpec] = {
     K.RESUME_JOB: KindSpec(13, calls.resume_job, undo=undo.resume_job,
                            reconcile=undo.reconcile_resume_job, overlay=calls.overlay_resume_job,
                            ladder=True),
-    K.UNPARK: KindSpec(13, calls.note_only, undo=undo.unpark, ladder=True),
+    K.UNPARK: KindSpec(13, calls.note_only, undo=undo.unpark, ladder=True,
+                       node_acts=True),
     K.UNTHROTTLE: KindSpec(14, calls.unthrottle, undo=undo.unthrottle,
                            reconcile=undo.reconcile_unthrottle, ladder=True),
     K.HOST_UNLIMIT: KindSpec(14, calls.note_only, undo=undo.host_unlimit,
-                             reconcile=undo.reconcile_host_unlimit, ladder=True),
+                             reconcile=undo.reconcile_host_unlimit, ladder=True, node_acts=True),
     K.LADDER_END: KindSpec(15, calls.journal_only, ladder=True),
     K.RECONCILE: KindSpec(16, calls.reconcile),
 }

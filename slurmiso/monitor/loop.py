@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.errors import StateError
@@ -137,6 +137,7 @@ class Monitor:
         interval_s: float,
         dry_run: bool = False,
         sleep: Callable[[float], None] = time.sleep,
+        nudge: Optional[Callable[[Mapping[str, str]], None]] = None,
     ) -> None:
         self.policy = policy
         self.snapshot_fn = snapshot_fn
@@ -146,6 +147,9 @@ class Monitor:
         self.interval_s = interval_s
         self.dry_run = dry_run
         self.sleep = sleep
+        #: Tells nodes (name -> address) to read their restraints from Slurm now: where a
+        #: note is the action (park, host limit), the node acts this second, not at its round.
+        self.nudge = nudge
         self.stats = Stats()
         self.memory = self.load_memory()
         self.stop_requested = False
@@ -203,6 +207,8 @@ class Monitor:
         for out in outcomes:
             if not out.ok:
                 memory = failed(memory, out.action, out.error)
+        if not self.dry_run:
+            self._nudge(snap, outcomes)
         memory.intent = []
         if self.overlay is not None:
             self.overlay.record(outcomes)
@@ -219,6 +225,24 @@ class Monitor:
             self.save_memory()
         self._count(snap, outcomes, time.monotonic() - started)
         return outcomes
+
+    def _nudge(self, snap: Snapshot, outcomes: List[Outcome]) -> None:
+        """Nudge the nodes whose notes changed and that act on them themselves."""
+        from slurmiso.monitor.actions import KIND
+
+        if self.nudge is None:
+            return
+        nodes: Dict[str, str] = {}
+        for out in outcomes:
+            node = str(out.action.details.get("node") or "")
+            if out.ok and node and KIND[out.action.kind].node_acts:
+                info = snap.node(node)
+                nodes[node] = info.addr if info is not None else ""
+        if nodes:
+            try:
+                self.nudge(nodes)
+            except Exception as exc:  # noqa: BLE001 - a nudge only hastens: the round comes
+                log.warning("monitor: could not nudge %s: %s", ", ".join(sorted(nodes)), exc)
 
     def _telemetry_changes(self, snap: Snapshot, memory: Memory) -> None:
         """A WARNING when nodes' telemetry turns unknown (an agent stops answering) and a

@@ -189,6 +189,20 @@ class AgentSource:
     def url_for(self, node: str, addr: str) -> str:
         return self.urls.get(node) or f"http://{addr or node}:{self.port}/metrics"
 
+    def nudge(self, nodes: Mapping[str, str]) -> None:
+        """Ask each node's agent (name -> address) to read its restraints from Slurm now: a
+        scrape carrying the monitor's credential and :data:`~slurmiso.restraints.WAKE_HEADER`
+        (the agent wakes its restraint watch only for a credential munged vouches for)."""
+        from slurmiso.restraints import WAKE_HEADER, WAKE_RESTRAINTS
+
+        wanted = [n for n in nodes if n in self.urls] if self.urls else list(nodes)
+        heads = {n: {HEARTBEAT_HEADER: c, WAKE_HEADER: WAKE_RESTRAINTS} for n in wanted
+                 if (c := heartbeat_credential(n)) is not None}
+        urls = {n: self.url_for(n, nodes[n]) for n in heads}
+        if urls:
+            scrape.fetch_all(urls, min(2.0, self.deadline_s), max(1, self.workers),
+                             min(self.timeout, 2.0), key_headers=heads)
+
     def read(self, nodes: Mapping[str, str], now: float) -> Reading:
         reading = Reading()
         # Explicit URLs name the only agents there are (several nodes on one host share an

@@ -212,3 +212,69 @@ def test_the_config_takes_park_between_throttle_and_suspend(tmp_path) -> None:  
             in str(exc)
     else:
         raise AssertionError("park after suspend was accepted")
+
+
+def test_the_monitor_nudges_the_node_of_each_note_it_acts_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """After a cycle that wrote a park note (or released one), the node's agent is told to
+    read its restraints now; a throttle (Slurm acts on it) nudges nobody, nor a dry run."""
+    from slurmiso.monitor.apply import Applier
+    from slurmiso.monitor.loop import Monitor
+
+    def run(dry: bool) -> List[Tuple[str, ...]]:
+        c = Node()
+        ticks = iter(range(100))
+        nudged: List[Tuple[str, ...]] = []
+
+        def world(i: int) -> None:
+            c.p99["i1"] = BREACH_MS if i < 6 else CALM_MS
+
+        def snap() -> Snapshot:
+            i = next(ticks)
+            world(i)
+            return c.snapshot(T0 + i * DT)
+
+        mon = Monitor(POL, snap, Applier(None, c), str(tmp_path / f"s{dry}.json"),
+                      str(tmp_path / f"l{dry}"), 30, dry_run=dry, sleep=lambda s: None,
+                      nudge=lambda nodes: nudged.append(tuple(sorted(nodes))))
+        kinds = [[str(o.action.kind) for o in outs] for outs in mon.run(cycles=14)]
+        mon.close()
+        flat = [k for ks in kinds for k in ks]
+        assert dry or ("park" in flat and "unpark" in flat)
+        return nudged
+
+    assert run(False) == [("n1",), ("n1",)], "the park's cycle and the unpark's"
+    assert run(True) == []
+
+
+def test_the_nudge_is_a_scrape_with_the_credential_and_the_wake_header(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import http.server
+    import threading
+
+    from slurmiso.monitor import telemetry
+
+    heads: List[Dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            heads.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        monkeypatch.setattr(telemetry, "heartbeat_credential", lambda node: f"cred-{node}")
+        src = telemetry.AgentSource(9, {"n1": url})
+        src.nudge({"n1": "", "n9": ""})  # n9: no agent URL of its own, not guessed
+        assert heads == [dict(heads[0], **{"x-slurmiso-monitor": "cred-n1",
+                                           "x-slurmiso-wake": "restraints"})]
+        monkeypatch.setattr(telemetry, "heartbeat_credential", lambda node: None)
+        src.nudge({"n1": ""})
+        assert len(heads) == 1, "no credential (no munged): nothing the agent would believe"
+    finally:
+        server.shutdown()

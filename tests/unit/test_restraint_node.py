@@ -14,6 +14,7 @@ import pytest
 from slurmiso import restraints as r
 from slurmiso.restraints import Note, OnBound, RestraintStep
 from slurmiso.state import Journal
+from tests import waiting
 from tests.audit_helpers import utc  # noqa: F401
 
 NOW = 1_800_000_000.0
@@ -504,3 +505,57 @@ def test_status_names_a_host_limited_job_so(tmp_path: Any, capsys: Any) -> None:
     assert status.run(args) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["jobs"][0]["status"] == "host-limited"
+
+
+def test_a_vouched_nudge_wakes_the_restraint_watch_at_most_once_a_second(
+        tmp_path: Any) -> None:
+    """The monitor's nudge (X-Slurmiso-Wake: restraints beside its credential) wakes the
+    watch at once; a forged credential, a nudge without one, or a second within the second,
+    does not (each wake is one read of Slurm)."""
+    from slurmiso.agent.serve import _Heartbeat, _stamp
+
+    now = [NOW]
+    wakes: List[float] = []
+    beat = _Heartbeat(str(tmp_path), "n3", every_s=5.0, clock=lambda: now[0],
+                      vouch=lambda v, n: None if v.startswith("root") else "bad-cred",
+                      wake=lambda: wakes.append(now[0]))
+
+    def nudge(cred: str) -> None:
+        _stamp(f"GET /metrics HTTP/1.1\r\nX-Slurmiso-Monitor: {cred}\r\n"
+               "X-Slurmiso-Wake: restraints\r\n\r\n".encode(), beat)
+
+    _stamp(b"GET /metrics HTTP/1.1\r\nX-Slurmiso-Wake: restraints\r\n\r\n", beat)
+    nudge("forged")
+    assert wakes == []
+    nudge("root-1")
+    _stamp(b"GET /metrics HTTP/1.1\r\nX-Slurmiso-Monitor: root-2\r\n\r\n", beat)  # no nudge
+    now[0] += 0.5
+    nudge("root-3")
+    assert wakes == [NOW], "once, and not again within the second"
+    now[0] += 0.6
+    nudge("root-4")
+    assert wakes == [NOW, NOW + 1.1]
+
+
+def test_the_watch_runs_a_round_when_woken_not_only_at_its_interval(
+        monkeypatch: Any) -> None:
+    import threading
+
+    from slurmiso.agent import restraint_watch as rw
+
+    rounds: List[float] = []
+    done = threading.Event()
+
+    def one_round(cfg: Any, node: str) -> List[str]:
+        rounds.append(1.0)
+        if len(rounds) == 2:
+            done.set()
+        return []
+
+    monkeypatch.setattr(rw, "restraint_watch", one_round)
+    woken = threading.Event()
+    threading.Thread(target=rw.watch_forever, args=(None, "n3", 3600.0, woken),
+                     daemon=True).start()
+    waiting.wait_for(lambda: len(rounds) >= 1, "the first round")
+    woken.set()
+    assert done.wait(30), "a woken watch runs its next round at once, not in an hour"
