@@ -178,6 +178,21 @@ def _duration(text: str) -> int:
     return int(parse_duration(text))
 
 
+def _limit_text(share: MpsShare, limit_mb: int) -> str:
+    return (f"{share.memory_limit_pct}% ({limit_mb} MiB)" if share.memory_limit_pct
+            else f"{limit_mb} MiB")
+
+
+def _share_pct(s: Section, name: str, raw: str) -> int:
+    """``45%``: a whole percentage of the GPU's memory, 1 to 100."""
+    text = raw.strip()[:-1].strip()
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        s.p.add(s.key(name), f"{raw!r} is not a share of the GPU's memory (a whole "
+                "percentage from 1% to 100%, e.g. 45%)")
+        return 0
+    return int(text)
+
+
 def _size(text: str) -> int:
     from slurmiso.units import parse_size
 
@@ -210,9 +225,13 @@ def _read_class(s: Section) -> JobClass:
     else:
         s.p.add(s.key("mig_profile"), "expected a profile name or a mapping GPU model -> profile")
     mps_s = s.section("mps")
+    raw_limit = mps_s.raw("memory_limit", 0)
+    share = isinstance(raw_limit, str) and raw_limit.strip().endswith("%")
     mps = MpsShare(
         thread_percentage=mps_s.integer("thread_percentage", 100, 1, 100),
-        memory_limit_mb=mps_s.converted("memory_limit", 0, _size, "memory size (e.g. 20G)"),
+        memory_limit_mb=0 if share else mps_s.converted(
+            "memory_limit", 0, _size, "memory size (e.g. 20G, or a share of the GPU: 45%)"),
+        memory_limit_pct=_share_pct(mps_s, "memory_limit", raw_limit) if share else 0,
     )
     mps_s.done()
     preemptible = s.flag("preemptible", False)
@@ -791,16 +810,17 @@ def _check(cfg: Config, p: _Problems) -> None:
                         f"allowed: {', '.join(model.profile_names)})",
                     )
             headroom = model.memory_mb * c.memory_headroom_pct // 100
-            if pool.mode == "mps" and c.mps.memory_limit_mb > model.memory_mb:
+            limit = c.mps.limit_mb(model.memory_mb)
+            if pool.mode == "mps" and limit > model.memory_mb:
                 p.add(
                     f"{key}.mps.memory_limit",
-                    f"{c.mps.memory_limit_mb} MiB is more than a {model.name} has "
+                    f"{limit} MiB is more than a {model.name} has "
                     f"({model.memory_mb} MiB, pool {pool.name!r})",
                 )
-            elif pool.mode == "mps" and c.mps.memory_limit_mb + headroom > model.memory_mb:
+            elif pool.mode == "mps" and limit + headroom > model.memory_mb:
                 p.add(
                     f"{key}.mps.memory_limit",
-                    f"{c.mps.memory_limit_mb} MiB plus the class's {c.memory_headroom_pct}% "
+                    f"{_limit_text(c.mps, limit)} plus the class's {c.memory_headroom_pct}% "
                     f"headroom ({headroom} MiB) is more than a {model.name} has "
                     f"({model.memory_mb} MiB, pool {pool.name!r}): no job of it could start",
                 )

@@ -61,6 +61,16 @@ class Match(Value):
 class MpsShare(Value):
     thread_percentage: int = 100
     memory_limit_mb: int = 0  # 0 = no pinned-memory limit
+    #: The limit as a share of the GPU's memory (``memory_limit: 45%``), so one class fits
+    #: pools of different GPU models; 0: none (or ``memory_limit_mb`` gives it in MiB).
+    memory_limit_pct: int = 0
+
+    def limit_mb(self, gpu_total_mb: Optional[int]) -> int:
+        """The pinned-memory limit in MiB on a GPU of ``gpu_total_mb`` (0: none; a share of
+        a GPU whose memory is unknown is 0 too, and said so by whoever asks)."""
+        if self.memory_limit_mb or not self.memory_limit_pct:
+            return self.memory_limit_mb
+        return int(gpu_total_mb or 0) * self.memory_limit_pct // 100
 
 
 class Checkpoint(Value):

@@ -87,7 +87,7 @@ def check_mps_memory(snap: Snapshot, cfg: Config) -> List[Finding]:
     total = min(int(d.get("memory_total_mb", 0)) for d in gpu["devices"])
     out: List[Finding] = []
     for c in pool_classes(cfg, pool):
-        limit = c.mps.memory_limit_mb
+        limit = c.mps.limit_mb(total)
         headroom = total * c.memory_headroom_pct // 100
         if limit and limit + headroom > total:
             out.append(Finding(

@@ -222,7 +222,8 @@ class MpsIsolation:
         dev = ctx.backend.device(gpu)
         share = ctx.job_class.mps if ctx.job_class else MpsShare()
         headroom_pct = ctx.job_class.memory_headroom_pct if ctx.job_class else 0
-        limit = resolve_memory_limit(share.memory_limit_mb, ctx.env.spank.get("iso_mps_mem", ""))
+        limit = resolve_memory_limit(share.limit_mb(dev.memory_total_mb),
+                                     ctx.env.spank.get("iso_mps_mem", ""))
         others = live_clients(ctx.state, gpu, exclude=ctx.job_id)
         check_headroom(gpu, dev.memory_total_mb, others, limit, headroom_pct)
 

@@ -107,14 +107,15 @@ def _start_daemon(control: object, state_dir: str, gpu: DeviceInfo, pct: int,
     return paths
 
 
-def _client_env(paths: Dict[str, str], c: JobClass, simulated: bool,
+def _client_env(paths: Dict[str, str], c: JobClass, simulated: bool, gpu_total_mb: int,
                 priority: str = "") -> Dict[str, str]:
     """What the prolog exports to an MPS job (see MpsIsolation.setup)."""
     env = {"CUDA_MPS_PIPE_DIRECTORY": paths["pipe"], "CUDA_MPS_LOG_DIRECTORY": paths["log"],
            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(c.mps.thread_percentage),
            "CUDA_VISIBLE_DEVICES": "0", "SLURMISO_CLASS": c.name}
-    if c.mps.memory_limit_mb:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={c.mps.memory_limit_mb}M"
+    limit = c.mps.limit_mb(gpu_total_mb)
+    if limit:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
     if priority:
         env["CUDA_MPS_CLIENT_PRIORITY"] = priority
     if simulated:
@@ -186,15 +187,15 @@ def _mps(mode: str, gpus: LocalGpus, gpu: DeviceInfo, pair: Pair,
         envs = {}
         for role, c in (("infer", pair.infer), ("train", pair.train)):
             paths = _start_daemon(control, state_dir, gpu, c.mps.thread_percentage,
-                                  c.mps.memory_limit_mb)
+                                  c.mps.limit_mb(gpu.memory_total_mb))
             cleanup.callback(stop, paths)
-            envs[role] = _client_env(paths, c, gpus.simulated)
+            envs[role] = _client_env(paths, c, gpus.simulated, gpu.memory_total_mb)
         return envs
     # mps-priority: one server for both (client priority only orders clients of one server);
     # the classes' limits come from their variables, which can only narrow the daemon's.
     paths = _start_daemon(control, state_dir, gpu, 100, 0)
     cleanup.callback(stop, paths)
-    return {role: _client_env(paths, c, gpus.simulated, PRIORITY[role])
+    return {role: _client_env(paths, c, gpus.simulated, gpu.memory_total_mb, PRIORITY[role])
             for role, c in (("infer", pair.infer), ("train", pair.train))}
 
 

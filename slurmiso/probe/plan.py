@@ -129,8 +129,8 @@ def sbatch_args(pool: Pool, pair: Pair, role: str) -> List[str]:
 def memory_limit_mb(mode: str, pool_model: str, c: JobClass,
                     gpu_total_mb: Optional[int] = None) -> Optional[int]:
     """The GPU memory the class may use in ``mode`` (for the training peak's headroom)."""
-    if mode in ("mps", "mps-priority") and c.mps.memory_limit_mb:
-        return c.mps.memory_limit_mb
+    if mode in ("mps", "mps-priority") and c.mps.limit_mb(gpu_total_mb):
+        return c.mps.limit_mb(gpu_total_mb)
     if mode.startswith("mig"):
         try:
             return mig_profile(pool_model, c)[2]
