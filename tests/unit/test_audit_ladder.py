@@ -126,7 +126,7 @@ def test_the_park_rung_is_counted_and_listed_where_it_acted(  # noqa: F811
     assert lad["bad_lines"] == 0 and lad["lines"] == 4
     assert lad["steps"]["park"]["taken"] == 2 and lad["steps"]["unpark"]["taken"] == 1
     assert lad["steps"]["unpark"]["slo"]["p99_ms"]["pairs"] == 1
-    assert lad["unreleased"] == {"throttled": 1, "suspended": 0, "parked": 1}
+    assert lad["unreleased"] == {"throttled": 1, "suspended": 0, "parked": 1, "host_limited": 0}
     from slurmiso.audit.render.text import ladder_tables
 
     (title, _, rows), _ = ladder_tables(r)
@@ -147,7 +147,8 @@ def test_the_worked_scenario(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
     assert lad["lines"] == 10
     taken = {s: v["taken"] for s, v in lad["steps"].items()}
     assert taken == {"hold": 1, "throttle": 3, "unthrottle": 1, "park": 0, "unpark": 0,
-                     "suspend": 1, "resume": 1, "requeue": 1, "ended": 0}
+                     "suspend": 1, "resume": 1, "requeue": 1, "ended": 0,
+                     "host-limit": 0, "host-unlimit": 0}
     assert lad["steps"]["throttle"]["dry_run"] == 1
     assert lad["steps"]["suspend"]["failed"] == 1
     total = lad["total"]
@@ -163,7 +164,7 @@ def test_the_worked_scenario(tmp_path, utc, capsys, monkeypatch):  # noqa: F811
     assert total["requeue_lost_gpu_hours"] == pytest.approx(1.5)
     assert total["requeue_lost_gpu_hours_estimated"] == 0.0
     # 13's throttle was never released in the window; its time is not counted
-    assert lad["unreleased"] == {"throttled": 1, "suspended": 0, "parked": 0}
+    assert lad["unreleased"] == {"throttled": 1, "suspended": 0, "parked": 0, "host_limited": 0}
     # per pool (from the line's node) and per class (the prolog's class)
     assert lad["by_pool"]["serve"]["taken"]["throttle"] == 2
     assert lad["by_pool"]["serve"]["taken"]["hold"] == 1
@@ -474,7 +475,7 @@ def test_the_monitors_own_lines_read_back_whole(calm_from, admission, want, tmp_
     if want.get("unthrottle"):
         pair = out["steps"]["unthrottle"]["slo"]["p99_ms"]
         assert (pair["before_mean"], pair["after_mean"]) == (BREACH_MS, CALM_MS)
-    assert out["unreleased"] == {"throttled": 0, "suspended": 0, "parked": 0}
+    assert out["unreleased"] == {"throttled": 0, "suspended": 0, "parked": 0, "host_limited": 0}
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "html", "md", "csv"])
@@ -487,15 +488,28 @@ def test_the_worked_scenario_matches_golden(fmt, tmp_path, utc, capsys, monkeypa
                  text.replace(str(tmp_path), "TMP"))
 
 
-def test_the_host_rungs_lines_are_neither_counted_nor_bad(tmp_path, utc, capsys,  # noqa: F811
-                                                          monkeypatch):
-    """host-limit / host-unlimit lines (issue 36) are the monitor's own: not bad lines, and
-    not counted with the GPU rungs' steps (the audit has no host figures yet)."""
+def test_the_host_rungs_lines_are_counted_as_its_own_steps(tmp_path, utc, capsys,  # noqa: F811
+                                                            monkeypatch):
+    """host-limit / host-unlimit lines (issue 36) are the host rung's steps: counted beside
+    the GPU rungs' (theirs unchanged), an easing (level > 0) releases nothing, only level 0
+    does, and a limit never lifted is unreleased; a level that is not one is a bad line."""
     good = ladder(tmp_path, capsys, monkeypatch, SCENARIO)["ladder"]
     host = [act("host-limit", "12", "01:10:00", level=1, from_level=0,
-                host_cause="host-cpu-pressure"),
-            act("host-unlimit", "12", "01:40:00", level=0, from_level=1, limited_s=1800.0)]
+                host_cause="host-cpu-pressure", signal=None, limit=None),
+            act("host-limit", "12", "01:20:00", level=2, from_level=1, signal=None, limit=None),
+            act("host-unlimit", "12", "01:30:00", level=1, from_level=2, limited_s=600.0,
+                signal=None, limit=None),
+            act("host-unlimit", "12", "01:40:00", level=0, from_level=1, limited_s=600.0,
+                signal=None, limit=None),
+            act("host-limit", "11", "05:00:00", level=1, from_level=0, signal=None, limit=None)]
     lad = ladder(tmp_path, capsys, monkeypatch, [*SCENARIO, *host])["ladder"]
-    assert lad["bad_lines"] == 0
-    for key in ("steps", "total", "by_class", "by_pool", "unreleased", "lines"):
-        assert lad[key] == good[key], key
+    assert lad["bad_lines"] == 0 and lad["lines"] == good["lines"] + 5
+    assert lad["steps"]["host-limit"]["taken"] == 3
+    assert lad["steps"]["host-unlimit"]["taken"] == 2
+    for step in ("throttle", "suspend", "resume", "requeue", "unthrottle"):
+        assert lad["steps"][step] == good["steps"][step], step
+    assert lad["unreleased"] == dict(good["unreleased"], host_limited=1)
+    bad = ladder(tmp_path, capsys, monkeypatch,
+                 [*SCENARIO, act("host-limit", "12", "01:10:00", level="high", signal=None, limit=None)])
+    assert bad["ladder"]["bad_lines"] == 1
+    assert "details.level is not a host rung's level" in bad["ladder"]["bad_samples"]

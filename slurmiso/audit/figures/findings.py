@@ -338,6 +338,7 @@ def _ladder_findings(cfg: Any, digest: JournalDigest,
     if not log.open_since:
         return []
     bounds = {st.name: st.max_s for st in cfg.monitor.ladder.steps}
+    bounds["host-limit"] = cfg.monitor.ladder.host_limit.max_s
     end = until if until is not None else (log.last_ts or 0.0)
     past: List[Tuple[str, str]] = []
     within: List[Tuple[str, str]] = []
@@ -363,7 +364,8 @@ def _ladder_findings(cfg: Any, digest: JournalDigest,
     return out
 
 
-_DONE = {"throttle": "throttled", "suspend": "suspended", "park": "parked"}
+_DONE = {"throttle": "throttled", "suspend": "suspended", "park": "parked",
+         "host-limit": "host-limited"}
 
 
 def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:

@@ -74,7 +74,8 @@ def ladder_section(agg: Aggregator, digest: JournalDigest) -> Dict[str, Any]:
                      for g in groups}
     out["unreleased"] = {"throttled": len(log.open_throttled),
                          "suspended": len(log.open_suspended),
-                         "parked": len(log.open_parked)}
+                         "parked": len(log.open_parked),
+                         "host_limited": len(log.open_host_limited)}
     return out
 
 

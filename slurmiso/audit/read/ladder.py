@@ -28,19 +28,20 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 #: monitor's action names map onto them (``resume-job`` resumes a suspended job,
 #: ``ladder-end`` is a restraint that ended without the ladder: job gone, resumed by others).
 STEPS = ("hold", "throttle", "unthrottle", "park", "unpark", "suspend", "resume", "requeue",
-         "ended")
+         "ended", "host-limit", "host-unlimit")
 _STEP_OF = {"throttle": "throttle", "unthrottle": "unthrottle", "suspend": "suspend",
             "resume-job": "resume", "ladder-end": "ended", "requeue": "requeue", "hold": "hold",
-            "park": "park", "unpark": "unpark"}
-#: The park rung's steps (issue 35): a report lists them where a window has any.
-PARK_STEPS = ("park", "unpark")
+            "park": "park", "unpark": "unpark", "host-limit": "host-limit",
+            "host-unlimit": "host-unlimit"}
+#: The optional rungs' steps (park, issue 35; the host rung, issue 36): a report lists their
+#: rows where a window has any.
+PARK_STEPS = ("park", "unpark", "host-limit", "host-unlimit")
 #: Steps that restrain (their line's ``figure`` is the SLO figure at the step) and those
 #: that release (``figure_before``: when the job was first restrained, ``figure_after``: now).
 ESCALATIONS = ("throttle", "park", "suspend", "requeue")
 RELEASES = ("unthrottle", "unpark", "resume", "ended")
-#: The host rung's lines (issue 36): the monitor's, well formed, not counted with the GPU
-#: rungs' steps (nor as bad lines) until the audit has figures of their own for them.
-HOST_RUNG = ("host-limit", "host-unlimit")
+#: A host-unlimit line eases a limit to ``details.level``; only level 0 releases it.
+_MAX_LEVEL = 100
 SIGNALS = ("p99_ms", "error_rate")
 UNKNOWN = "unknown"
 
@@ -117,6 +118,7 @@ class LadderLog:
     open_throttled: Set[str] = field(default_factory=set)
     open_suspended: Set[str] = field(default_factory=set)
     open_parked: Set[str] = field(default_factory=set)
+    open_host_limited: Set[str] = field(default_factory=set)
     #: job -> (its hardest open step, when it was taken) while unreleased: the finding's
     #: job ids and ages (issue 33)
     open_since: Dict[str, Tuple[str, float]] = field(default_factory=dict)
@@ -151,7 +153,7 @@ class LadderLog:
         self.taken[(step, cls, node)] += 1
         if d["signal"]:
             self._slo(step, d)
-        self._track(step, job, when)
+        self._track(step, job, when, d["level"])
         if d["throttled_s"] is not None or d["suspended_s"] is not None:
             self._restrained(cls, node, _gpus(job_gpus.get(job)), d, when, since)
 
@@ -171,7 +173,7 @@ class LadderLog:
             tally.before += before
             tally.after += after
 
-    def _track(self, step: str, job: str, when: float) -> None:
+    def _track(self, step: str, job: str, when: float, level: int = 0) -> None:
         """Which jobs are restrained now, since when, and when the ladder requeued one."""
         if step == "throttle":
             self.open_throttled.add(job)
@@ -181,18 +183,31 @@ class LadderLog:
             self.open_since[job] = (step, when)
         elif step == "requeue":
             bisect.insort(self.requeued_at.setdefault(job, []), when)
+        elif step == "host-limit":
+            self.open_host_limited.add(job)
+            self.open_since.setdefault(job, (step, when))
+        elif step == "host-unlimit" and level == 0:
+            self.open_host_limited.discard(job)
         if step in ("unthrottle", "requeue", "ended"):
             self.open_throttled.discard(job)
         if step in ("resume", "requeue", "ended"):
             self.open_suspended.discard(job)
         if step in ("unpark", "requeue", "ended"):
             self.open_parked.discard(job)
-        if job not in self.open_throttled | self.open_suspended | self.open_parked:
+        if job not in (self.open_throttled | self.open_suspended | self.open_parked
+                       | self.open_host_limited):
             self.open_since.pop(job, None)
-        elif step in ("resume", "unpark") and job in self.open_since:  # still restrained
-            self.open_since[job] = ("suspend" if job in self.open_suspended else "park"
-                                    if job in self.open_parked else "throttle",
-                                    self.open_since[job][1])
+        elif step in ("resume", "unpark", "unthrottle") and job in self.open_since:
+            self.open_since[job] = (self._hardest(job), self.open_since[job][1])
+
+    def _hardest(self, job: str) -> str:
+        """The hardest restraint still open on ``job`` (it still restrained)."""
+        for step, open_ in (("suspend", self.open_suspended), ("park", self.open_parked),
+                            ("throttle", self.open_throttled),
+                            ("host-limit", self.open_host_limited)):
+            if job in open_:
+                return step
+        return "throttle"
 
     def _restrained(self, cls: str, node: str, gpus: Optional[int], d: Dict[str, Any],
                     when: float, since: Optional[float]) -> None:
@@ -270,8 +285,6 @@ def _step(action: Any, details: Dict[str, Any]) -> Optional[str]:
     elif action == "requeue":
         if "restraint" not in details:
             return None  # the monitor's requeue of a pending job (begin-now etc.)
-    elif action in HOST_RUNG:
-        return None  # the host rung's: not a GPU rung's step (not counted here yet)
     elif action not in _STEP_OF:
         if "restraint" in details or "step" in details:
             raise BadLine("a ladder line names a step the ladder does not take")
@@ -294,6 +307,11 @@ def _facts(rec: Dict[str, Any], details: Dict[str, Any], step: str) -> Dict[str,
     # signal; the line's own signal may be another by now (the one nearest its limit)
     first = _signal((restraint or {}).get("signal")) or signal
     facts["signal"] = signal
+    level = details.get("level", 0)
+    if step in ("host-limit", "host-unlimit") and (
+            isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= _MAX_LEVEL):
+        raise BadLine("details.level is not a host rung's level")
+    facts["level"] = level if step in ("host-limit", "host-unlimit") else 0
     for name in ("figure", "figure_after", "limit"):
         facts[name] = _figure(details.get(name), signal, name)
     facts["figure_before"] = _figure(details.get("figure_before"), first, "figure_before")

@@ -153,8 +153,10 @@ def ladder_lines(report: Dict[str, Any]) -> List[str]:
     if lad["status"] != "active" or not total:
         return lines
     open_ = lad["unreleased"]
-    if open_["throttled"] or open_["suspended"] or open_.get("parked"):
-        parked = f", {open_['parked']} parked" if open_.get("parked") else ""
+    if open_["throttled"] or open_["suspended"] or open_.get("parked") or \
+            open_.get("host_limited"):
+        parked = (f", {open_['parked']} parked" if open_.get("parked") else "") + (
+            f", {open_['host_limited']} host-limited" if open_.get("host_limited") else "")
         lines.append(f"not released in the window: {open_['throttled']} throttled, "
                      f"{open_['suspended']} suspended{parked} job(s); their time is not "
                      "counted")
