@@ -17,6 +17,15 @@ Before that, issue 36's host figures: the CPU time and memory one scrape of the 
 costs at 16 jobs (a recorded cgroup v2 tree, every figure present), against a bare read of the
 same files in the same run (the system calls alone, nothing parsed): what parsing, checking
 and rendering add. ``python3 bench/bench_agent.py host`` runs that part alone.
+
+And the agent's whole scrape, as issue 36 asks: 8 GPUs and 16 jobs (two MPS jobs of each
+GPU, each with a registered process holding memory, the host figures of the same 16 jobs'
+recorded cgroups): the CPU time and peak allocation of one ``/metrics`` render of the agent's
+own registry (GPU series, per-job GPU memory, host figures, restraints) against a bare read of
+the same 8 GPUs through the GPU backend (device, telemetry, processes) in the same run. The
+GPUs are the simulated backend's here (no GPU on the build box): on a node the bare read is
+NVML's, whose calls cost more than the simulated node's one JSON read, so the ratio printed
+is an upper bound of the agent's overhead.
 """
 
 from __future__ import annotations
@@ -260,10 +269,100 @@ def host_cost() -> bool:
     return True
 
 
+AGENT_GPUS = 8
+
+
+def _agent_node(tmp: str, cgroup_root: str) -> Tuple[object, object, str]:
+    """A config, 8 simulated H100s with two MPS jobs each (their records, their processes)
+    and the job ids of the recorded cgroups: (config, backend, node)."""
+    import yaml
+
+    from slurmiso.config import load_config
+    from slurmiso.gpu.sim import SimBackend, init_state
+    from slurmiso.state import NodeState
+    from slurmiso.state.record import JobRecord
+
+    node, sim = "n1", os.path.join(tmp, "sim.json")
+    init_state(sim, "H100-80GB", AGENT_GPUS, node=node, force=True)
+    data = {"version": 1,
+            "paths": {"state_dir": f"{tmp}/state", "journal": f"{tmp}/journal.jsonl"},
+            "gpu": {"backend": "sim", "sim_state": sim},
+            "classes": [{"name": "infer", "match": {"qos": ["infer"]}, "isolation": "mps"},
+                        {"name": "train", "match": {"qos": ["train"]}, "isolation": "mps",
+                         "preemptible": True}],
+            "pools": [{"name": "p", "nodes": node, "partition": "part",
+                       "gpu_model": "H100-80GB", "gpus_per_node": AGENT_GPUS,
+                       "mode": "mps"}]}
+    path = os.path.join(tmp, "slurmiso.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(data, fh)
+    cfg = load_config(path)
+    state = NodeState(cfg.paths.state_dir)
+    state.ensure()
+    backend = SimBackend(sim)
+    for j in range(HOST_JOBS):
+        job, gpu = str(1000 + j), j // 2
+        state.write_job(job, JobRecord.from_dict({
+            "job_id": job, "uid": 1001, "user": "u", "node": node, "pool": "p", "mode": "mps",
+            "class": "infer" if j % 2 == 0 else "train", "status": "ready",
+            "resources": [{"kind": "mps", "state": "ready", "gpu": gpu}]}))
+        backend.add_process(gpu, 400_000 + j, 8_000 + j, name="python")
+    return cfg, backend, node
+
+
+def agent_cost() -> bool:
+    """One whole ``/metrics`` render at 8 GPUs and 16 jobs against a bare GPU read."""
+    import tracemalloc
+
+    from prometheus_client import generate_latest
+
+    from slurmiso.agent.serve import registry_for
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root, _ = _host_tree(tmp)
+        cfg, backend, node = _agent_node(tmp, root)
+        registry = registry_for(cfg, node, cgroup_root=root)  # type: ignore[arg-type]
+        text = generate_latest(registry).decode()
+        assert text.count("slurmiso_job_cpu_seconds_total{") == HOST_JOBS, "host premise"
+        assert text.count("slurmiso_gpu_memory_used_bytes{") >= AGENT_GPUS, "GPU premise"
+
+        def bare() -> None:
+            for i in range(AGENT_GPUS):
+                backend.device(i)  # type: ignore[attr-defined]
+                backend.telemetry(i)  # type: ignore[attr-defined]
+            backend.processes()  # type: ignore[attr-defined]
+
+        def scrape() -> None:
+            generate_latest(registry)
+
+        rounds, best = 50, {}
+        for name, fn in (("bare", bare), ("agent", scrape)) * 3:  # interleaved, best of 3
+            t0 = time.process_time()
+            for _ in range(rounds):
+                fn()
+            cpu = (time.process_time() - t0) / rounds
+            best[name] = min(best.get(name, cpu), cpu)
+        tracemalloc.start()
+        scrape()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    print(f"bare read of the same {AGENT_GPUS} GPUs (simulated backend): "
+          f"{1e3 * best['bare']:.2f} ms CPU")
+    report(f"agent scrape, {AGENT_GPUS} GPUs + {HOST_JOBS} jobs (CPU a scrape)",
+           f"{1e3 * best['agent']:.2f} ms", best["agent"] / best["bare"],
+           "of a bare GPU read")
+    print(f"agent scrape, {AGENT_GPUS} GPUs + {HOST_JOBS} jobs: {peak / 1024:.0f} KiB "
+          "allocated at peak")
+    return True
+
+
 def main() -> bool:
     sys.path.insert(0, ROOT)
     host_cost()
     if sys.argv[1:] == ["host"]:
+        return True
+    agent_cost()
+    if sys.argv[1:] == ["scrape"]:
         return True
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < 4 * IDLE_CONNS:
