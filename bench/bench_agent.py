@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from common import ROOT, python_env, report
 
@@ -221,10 +221,28 @@ def _host_tree(tmp: str) -> Tuple[str, List[str]]:
     return root, files
 
 
-def host_cost() -> bool:
-    """One host-collector scrape at HOST_JOBS jobs against a bare read of its files."""
+def cpu_and_peak(fns: Dict[str, Callable[[], None]], rounds: int,
+                 traced: str) -> Tuple[Dict[str, float], int]:
+    """Each function's CPU seconds a call (interleaved, best of three runs of ``rounds``) and
+    the peak bytes one call of ``traced`` allocates."""
     import tracemalloc
 
+    best: Dict[str, float] = {}
+    for name, fn in list(fns.items()) * 3:
+        t0 = time.process_time()
+        for _ in range(rounds):
+            fn()
+        cpu = (time.process_time() - t0) / rounds
+        best[name] = min(best.get(name, cpu), cpu)
+    tracemalloc.start()
+    fns[traced]()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return best, peak
+
+
+def host_cost() -> bool:
+    """One host-collector scrape at HOST_JOBS jobs against a bare read of its files."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from slurmiso.agent.host_figures import HostCollector, gather_host
@@ -251,17 +269,7 @@ def host_cost() -> bool:
         def host() -> None:
             generate_latest(registry)
 
-        best = {}
-        for name, fn in (("bare", bare), ("host", host)) * 3:  # interleaved, best of three
-            t0 = time.process_time()
-            for _ in range(HOST_ROUNDS):
-                fn()
-            cpu = (time.process_time() - t0) / HOST_ROUNDS
-            best[name] = min(best.get(name, cpu), cpu)
-        tracemalloc.start()
-        host()
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        best, peak = cpu_and_peak({"bare": bare, "host": host}, HOST_ROUNDS, "host")
     print(f"bare read of the same {len(files)} files: {1e6 * best['bare']:.0f} us CPU a scrape")
     report(f"host figures, {HOST_JOBS} jobs (CPU a scrape)", f"{1e3 * best['host']:.2f} ms",
            best["host"] / best["bare"], "of a bare read")
@@ -312,8 +320,6 @@ def _agent_node(tmp: str, cgroup_root: str) -> Tuple[object, object, str]:
 
 def agent_cost() -> bool:
     """One whole ``/metrics`` render at 8 GPUs and 16 jobs against a bare GPU read."""
-    import tracemalloc
-
     from prometheus_client import generate_latest
 
     from slurmiso.agent.serve import registry_for
@@ -335,17 +341,7 @@ def agent_cost() -> bool:
         def scrape() -> None:
             generate_latest(registry)
 
-        rounds, best = 50, {}
-        for name, fn in (("bare", bare), ("agent", scrape)) * 3:  # interleaved, best of 3
-            t0 = time.process_time()
-            for _ in range(rounds):
-                fn()
-            cpu = (time.process_time() - t0) / rounds
-            best[name] = min(best.get(name, cpu), cpu)
-        tracemalloc.start()
-        scrape()
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        best, peak = cpu_and_peak({"bare": bare, "agent": scrape}, 50, "agent")
     print(f"bare read of the same {AGENT_GPUS} GPUs (simulated backend): "
           f"{1e3 * best['bare']:.2f} ms CPU")
     report(f"agent scrape, {AGENT_GPUS} GPUs + {HOST_JOBS} jobs (CPU a scrape)",
