@@ -229,6 +229,18 @@ def reconcile_unthrottle(snap: Snapshot, mem: Memory, job: Optional[JobInfo], ta
         mem.restrained[target] = dataclasses.replace(base, throttled_since=snap.ts)
 
 
+def reconcile_unpark(snap: Snapshot, mem: Memory, job: Optional[JobInfo], target: str,
+                     op: str, moved: str) -> None:
+    """A release of a park the monitor meant before it stopped may not have reached Slurm:
+    the job is owned as parked again, so the next cycle releases it (removing a note twice
+    changes nothing); never left parked with nobody to release it."""
+    live = _live(snap, target)
+    if live is not None and live.state in ("RUNNING", "SUSPENDED") and live.nodes:
+        base = mem.restrained.get(target) or Restraint(
+            live.nodes[0], -1, why="an unpark the monitor meant before it stopped")
+        mem.restrained[target] = dataclasses.replace(base, parked_since=snap.ts)
+
+
 # ------------------------------------------------------------------ the host rung's
 def _host_before(mem: Memory, act: Action) -> None:
     """The job's host limit as it was before ``act`` (``details.host_before``; None: none)."""

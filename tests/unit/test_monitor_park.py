@@ -278,3 +278,17 @@ def test_the_nudge_is_a_scrape_with_the_credential_and_the_wake_header(monkeypat
         assert len(heads) == 1, "no credential (no munged): nothing the agent would believe"
     finally:
         server.shutdown()
+
+
+def test_a_restart_owns_again_an_unpark_that_may_not_have_happened() -> None:
+    """The monitor stopped between its intent to unpark and the note's removal: on restart
+    the job is parked again in its memory, so the next calm cycle releases it."""
+    from slurmiso.monitor.decide import reconcile_intent
+
+    c = Node()
+    mem = Memory(intent=[["unpark", "t1", "", ""]])
+    reconcile_intent(c.snapshot(T0), mem)
+    assert mem.restrained["t1"].parked_since == T0
+    c.p99["i1"] = CALM_MS
+    steps, after = drive(c, 4, POL, mem=mem, start=T0 + DT)
+    assert [k for _, k in kinds(steps)] == ["unpark"] and "t1" not in after.restrained
