@@ -148,6 +148,13 @@ class Note:
     def over_bound(self, now: float) -> bool:
         return self.age(now) >= self.max_s
 
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> Note:
+        """:meth:`to_dict`'s reverse (a saved snapshot's notes)."""
+        return cls(RestraintStep(d["step"]), float(d["since"]), str(d["node"]), int(d["gpu"]),
+                   str(d.get("cause") or ""), float(d["max_s"]), OnBound(d["on_bound"]),
+                   int(d.get("level") or 0))
+
     def to_dict(self) -> Dict[str, Any]:
         out = {"step": self.step.value, "since": self.since, "node": self.node,
                "gpu": self.gpu, "cause": self.cause, "max_s": self.max_s,
@@ -291,6 +298,14 @@ def parse_squeue(out: str) -> List[NodeRestraint]:
         if note is not None:
             found.append(NodeRestraint(parts[0], parts[1].upper(), note))
     return found
+
+
+def read_slurm_all(run: Callable[..., str]) -> List[NodeRestraint]:
+    """The restraints Slurm shows on every node now: the monitor's read (its memory may have
+    lost some: slurmiso/monitor/adopt.py)."""
+    out = run("squeue", ["-h", "-t", "RUNNING,SUSPENDED", "-O",
+                         f"JobID:40,State:24,admin_comment:{ADMIN_COMMENT_WIDTH}"])
+    return parse_squeue(out)
 
 
 def read_slurm(run: Callable[..., str], node: str) -> List[NodeRestraint]:

@@ -22,7 +22,7 @@ SQUEUE_LETTERS = {"i": "id", "A": "id", "T": "state", "P": "partition", "q": "qo
 SQUEUE_NAMES = {"JobID": "id", "State": "state", "QOS": "qos", "Partition": "partition",
                 "Account": "account", "StartTime": "start", "PreemptTime": "preempt_time",
                 "RestartCnt": "restarts", "Requeue": "requeue", "Comment": "comment",
-                "Name": "name"}
+                "Name": "name", "admin_comment": "admin_comment"}
 _STATE_CODES = {"PENDING": "PD", "RUNNING": "R", "SUSPENDED": "S", "COMPLETED": "CD",
                 "COMPLETING": "CG", "CONFIGURING": "CF", "CANCELLED": "CA"}
 
@@ -36,7 +36,8 @@ def job(jid: str, state: str = "PENDING", **fields: Any) -> Job:
                 else "None", "nodes": "n1" if state != "PENDING" else "", "gres": "gres:gpu:1",
                 "account": "acct", "priority": "100", "exc_nodes": "", "num_nodes": "1",
                 "start": "N/A", "comment": None, "name": "wrap", "workdir": "/home/u",
-                "preempt_time": "None", "restarts": "0", "requeue": "1"}
+                "preempt_time": "None", "restarts": "0", "requeue": "1",
+                "admin_comment": None}
     out.update(fields)
     return out
 

@@ -30,6 +30,7 @@ from slurmiso.monitor.action import Action, ActionKind
 from slurmiso.monitor.actions import KIND, RECONCILE_BY_JOURNAL
 from slurmiso.monitor.admission import admission
 from slurmiso.monitor.admission_state import Loan
+from slurmiso.monitor.adopt import adopt_notes
 from slurmiso.monitor.attribution import Attribution
 from slurmiso.monitor.host_ladder import host_ladder
 from slurmiso.monitor.ladder import ladder
@@ -49,6 +50,7 @@ def decide(snap: Snapshot, policy: Policy, memory: Memory) -> Tuple[List[Action]
         return [], mem
     if mem.intent:
         reconcile_intent(snap, mem)
+    adopt_notes(snap, mem)
     track_unknown(snap, policy, mem)
     running = jobs_by_node(list(snap.jobs))
     actions = relayout(snap, policy, mem, running)

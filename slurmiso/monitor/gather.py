@@ -16,6 +16,7 @@ from slurmiso.errors import SlurmError, SlurmisoError
 from slurmiso.hostlist import expand
 from slurmiso.monitor.snapshot import GpuSample, JobInfo, NodeInfo, Snapshot
 from slurmiso.monitor.telemetry import Reading, TelemetrySource
+from slurmiso.restraints import Note
 from slurmiso.slurm.rows import NO_COMMENT, RowCounts
 
 if TYPE_CHECKING:
@@ -76,7 +77,23 @@ def live_snapshot(
     return Snapshot(now, tuple(nodes), partitions, tuple(jobs), dict(reading.latency_p99_ms),
                     reading.latency_age_s, True, tuple(reading.errors), unknown,
                     dict(reading.job_signals), dict(reading.node_unknown),
-                    dict(reading.host_nodes), dict(reading.host_jobs), dict(reading.parks))
+                    dict(reading.host_nodes), dict(reading.host_jobs), dict(reading.parks),
+                    _notes(slurm))
+
+
+def _notes(slurm: Any) -> Optional[Dict[str, Note]]:
+    """Each running or suspended job's restraint note (None: not read this cycle; then
+    nothing is adopted)."""
+    from slurmiso.restraints import read_slurm_all
+
+    run = getattr(slurm, "run", None)
+    if run is None:
+        return None  # a stand-in without the CLI
+    try:
+        return {r.job: r.note for r in read_slurm_all(run)}
+    except SlurmError as exc:
+        log.warning("monitor: could not read the restraint notes: %s", exc)
+        return None
 
 
 def parse_queue(cfg: Config, rows: List[Dict[str, str]]) -> List[JobInfo]:

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurmiso.exposition.job_series import JobSignals
 from slurmiso.monitor.host_view import JobHostFigures, NodeHostFigures
+from slurmiso.restraints import Note
 
 SNAPSHOT_VERSION = 2
 #: Versions that still load: 1 had no per-job signals (read as none reported).
@@ -223,6 +224,10 @@ class Snapshot:
     host_jobs: Dict[str, JobHostFigures] = field(default_factory=dict)
     #: What the agents say of each job's park (job -> ParkSeen); empty without parks.
     parks: Dict[str, ParkSeen] = field(default_factory=dict)
+    #: The restraint note in each running or suspended job's ``AdminComment`` (job -> Note;
+    #: None: not read, e.g. a replayed snapshot or Slurm refused): what adopt.py squares
+    #: with the memory.
+    notes: Optional[Dict[str, Note]] = None
 
     def node(self, name: str) -> Optional[NodeInfo]:
         for n in self.nodes:
@@ -246,7 +251,9 @@ class Snapshot:
                 **({"host_jobs": [j.to_dict() for _, j in sorted(self.host_jobs.items())]}
                    if self.host_jobs else {}),
                 **({"parks": {j: p.to_dict() for j, p in sorted(self.parks.items())}}
-                   if self.parks else {})}
+                   if self.parks else {}),
+                **({"notes": {j: n.to_dict() for j, n in sorted(self.notes.items())}}
+                   if self.notes is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> Snapshot:
@@ -271,7 +278,12 @@ class Snapshot:
             {n.node: n for n in (NodeHostFigures.from_dict(x) for x in g("host_nodes") or ())},
             {j.job: j for j in (JobHostFigures.from_dict(x) for x in g("host_jobs") or ())},
             {str(k): ParkSeen.from_dict(v) for k, v in (g("parks") or {}).items()},
+            _notes(g("notes")),
         )
+
+
+def _notes(raw: Any) -> Optional[Dict[str, Note]]:
+    return None if raw is None else {str(k): Note.from_dict(v) for k, v in raw.items()}
 
 
 def dumps(snap: Snapshot) -> str:
