@@ -23,7 +23,8 @@ PYEOF
 
 mkdir -p "$DEST/usr/bin"
 for spec in slurmiso:slurmiso.cli.main slurmiso-prolog:slurmiso.hooks.prolog \
-            slurmiso-epilog:slurmiso.hooks.epilog slurmiso-task-prolog:slurmiso.hooks.task_prolog; do
+            slurmiso-epilog:slurmiso.hooks.epilog slurmiso-task-prolog:slurmiso.hooks.task_prolog \
+            slurmiso-oci-gate:slurmiso.hooks.oci_gate; do
     name=${spec%%:*}; mod=${spec#*:}
     cat > "$DEST/usr/bin/$name" <<LAUNCH
 #!/usr/bin/python3 -I

@@ -23,7 +23,8 @@ PACKAGE_BINDIR = "/usr/bin"
 PACKAGE_SPANK_PLUGIN = "/usr/lib/slurmiso/slurmiso.so"
 PACKAGE_FENCE_PLUGIN = "/usr/lib/slurmiso/slurmiso_fence.so"
 #: The scripts a generated config names; all of them sit in one directory.
-SCRIPTS = ("slurmiso", "slurmiso-prolog", "slurmiso-epilog", "slurmiso-task-prolog")
+SCRIPTS = ("slurmiso", "slurmiso-prolog", "slurmiso-epilog", "slurmiso-task-prolog",
+           "slurmiso-oci-gate")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -160,6 +160,19 @@ def with_plain_gpu(nodes: Sequence[SandboxNode], spec: str) -> Tuple[SandboxNode
                  for n in nodes)
 
 
+#: Run by the host's sh in a fresh mount namespace: make ``$1`` the namespace's root as
+#: runc does (pivot_root onto itself, then detach the old root from under it).
+PIVOT_SCRIPT = """set -e
+mount --rbind "$1" "$1"
+cd "$1"
+pivot_root . .
+umount -l .
+cd /
+shift
+exec "$@"
+"""
+
+
 @dataclass(frozen=True)
 class Site:
     """Where the sandbox lives on this machine: the inputs every rendered file depends on.
@@ -208,6 +221,17 @@ class Site:
     def exe(self, *argv: str) -> List[str]:
         """``argv`` as this site runs it: inside its root when it has one."""
         return ["/usr/sbin/chroot", self.chroot, *argv] if self.chroot else list(argv)
+
+    def pivoted(self, *argv: str) -> List[str]:
+        """``argv`` with its root as the root of a mount namespace of its own, not a chroot.
+
+        The kernel refuses a new user namespace to a chrooted process (user_namespaces(7),
+        EPERM), so slurmstepd's rootless OCI runtime (``srun --container``) needs slurmd
+        pivoted into the root; everything else keeps :meth:`exe`."""
+        if not self.chroot:
+            return list(argv)
+        return ["/usr/bin/unshare", "--mount", "--propagation", "slave", "--", "/bin/sh",
+                "-c", PIVOT_SCRIPT, "slurmiso-pivot", self.chroot, *argv]
 
     def port(self, default: int) -> int:
         """One of the default ports above, moved by this site's port base."""

@@ -97,13 +97,15 @@ def cgroup_ns_service(site: layout.Site) -> Service:
         (f"slurmiso-cgroup-ns {site.root}",))
 
 
-def _daemon(site: layout.Site, *argv: str, shim: bool = False) -> Tuple[str, ...]:
-    """A Slurm daemon's argv in this site: in its root, and with the hybrid-host shim
-    (hybrid_shim.c) preloaded where ``shim`` and the site needs it (``env`` inside the root:
-    the shim is built against the root's C library, not the host's)."""
-    if shim and site.hybrid_shim:
-        return tuple(site.exe(ENV, f"LD_PRELOAD={site.hybrid_shim}", *argv))
-    return tuple(site.exe(*argv))
+def _daemon(site: layout.Site, *argv: str, node: bool = False) -> Tuple[str, ...]:
+    """A Slurm daemon's argv in this site: in its root, and for a ``node`` (slurmd) with the
+    hybrid-host shim (hybrid_shim.c) preloaded where the site needs it (``env`` inside the
+    root: the shim is built against the root's C library, not the host's). A slurmd is
+    pivoted into the root, not chrooted, so its jobs' containers can run rootless."""
+    enter = site.pivoted if node else site.exe
+    if node and site.hybrid_shim:
+        return tuple(enter(ENV, f"LD_PRELOAD={site.hybrid_shim}", *argv))
+    return tuple(enter(*argv))
 
 
 def daemons(site: layout.Site) -> List[Service]:
@@ -124,7 +126,7 @@ def daemons(site: layout.Site) -> List[Service]:
     for n in site.nodes:
         out.append(Service(
             f"slurmd-{n.name}",
-            _daemon(site, SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name, shim=True),
+            _daemon(site, SLURMD, "-D", "-f", site.slurm_conf, "-N", n.name, node=True),
             p("run", f"slurmd-{n.name}.pid"), p("log", f"slurmd-{n.name}.log"), ("slurmd",),
             (site.slurm_conf, f"-N {n.name}"), n.port, ns=ns,
         ))

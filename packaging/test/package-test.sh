@@ -133,6 +133,7 @@ for suite in $SUITES; do
     check "slurmiso-prolog --help" sh -c 'slurmiso-prolog --help | grep -q "Slurm Prolog"'
     check "slurmiso-epilog --help" sh -c 'slurmiso-epilog --help | grep -q "Slurm Epilog"'
     check "slurmiso-task-prolog --help" slurmiso-task-prolog --help
+    check "slurmiso-oci-gate --help" sh -c 'slurmiso-oci-gate --help | grep -q RunTimeRun'
     check "hook without SLURM_JOB_ID exits 2" sh -c 'slurmiso-prolog; test $? -eq 2'
     check "man 8 slurmiso-prolog" sh -c 'man 8 slurmiso-prolog | grep -q "FAILURE SEMANTICS"'
     check "man slurmiso (every command)" sh -c 'man slurmiso | grep -q "slurmiso gen systemd"'

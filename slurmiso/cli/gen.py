@@ -250,7 +250,7 @@ def _bind_roots(args: argparse.Namespace) -> Any:
 
 
 def _add_oci_conf(sub: Any) -> None:
-    from slurmiso.slurm.ociconf import RUNTIMES
+    from slurmiso.slurm.ociconf import GATE, RUNTIMES
 
     p = sub.add_parser(
         "oci-conf", help="oci.conf for Slurm's --container, each line with its reason",
@@ -265,6 +265,9 @@ def _add_oci_conf(sub: Any) -> None:
                    "refused: its containers never see slurmiso's environment")
     p.add_argument("--config-json", action="store_true",
                    help="print only the config.json 'mounts' entries, as JSON")
+    p.add_argument("--gate", default=GATE, metavar="PATH",
+                   help=f"slurmiso-oci-gate as installed on the nodes (default {GATE}); "
+                   "RunTimeRun runs through it")
     _container_args(p)
     p.set_defaults(func=_gen_oci_conf)
 
@@ -286,7 +289,8 @@ def _gen_oci_conf(args: argparse.Namespace) -> int:
             "slurmiso's MPS variables never reach the container",
             hint="run isolated GPU jobs with --container on Slurm 23.02 or later")
     notes = [] if args.ckpt_root else [CKPT_DEFAULT_NOTE]
-    _write(ociconf.render_oci_conf(roots, args.runtime, cfg.source, notes), args.output)
+    _write(ociconf.render_oci_conf(roots, args.runtime, cfg.source, notes,
+                                            gate=args.gate), args.output)
     return 0
 
 

@@ -252,7 +252,8 @@ def slurmiso_prolog_8() -> str:
     from slurmiso.hooks.prolog import USAGE
 
     lines = _header("slurmiso-prolog", "8", "slurmiso manual")
-    lines += [".SH NAME", "slurmiso\\-prolog, slurmiso\\-epilog, slurmiso\\-task\\-prolog \\- "
+    lines += [".SH NAME", "slurmiso\\-prolog, slurmiso\\-epilog, slurmiso\\-task\\-prolog, "
+              "slurmiso\\-oci\\-gate \\- "
               "slurmiso's Slurm hooks", ".SH SYNOPSIS",
               "In slurm.conf(5):", ".nf", "Prolog=/usr/bin/slurmiso\\-prolog",
               "Epilog=/usr/bin/slurmiso\\-epilog", "TaskProlog=/usr/bin/slurmiso\\-task\\-prolog",
@@ -266,6 +267,13 @@ def slurmiso_prolog_8() -> str:
         "lines (MIG UUID in CUDA_VISIBLE_DEVICES, MPS pipe directory, limits) that slurmd "
         "puts into the task's environment; for a refused job it hides the GPUs and prints "
         "why, so the job fails alone and the node stays up.")]
+    lines += [".SH OCI GATE", ".PP", roff(
+        "slurmiso-oci-gate NODE BUNDLE RUNTIME... stands in front of the OCI runtime in "
+        "oci.conf's RunTimeRun (slurmiso gen oci-conf writes the line). As the job's user it "
+        "reads the config.json slurmstepd wrote for the step and refuses, with one line on "
+        "the task's stderr, a container whose environment lacks the TaskProlog's verdict or "
+        "whose MPS pipe directory is not bound from the same host path; otherwise it execs "
+        "the runtime.")]
     lines += [".SH FAILURE SEMANTICS", ".PP", roff(
         "Slurm drains a node whose Prolog or Epilog exits non-zero. slurmiso exits non-zero "
         "only for a node fault (NVML unreachable, GPU lost, MIG state not as recorded, a broken "
@@ -285,6 +293,7 @@ def all_pages() -> Dict[str, str]:
         "slurmiso-prolog.8": slurmiso_prolog_8(),
         "slurmiso-epilog.8": ".so man8/slurmiso-prolog.8\n",
         "slurmiso-task-prolog.8": ".so man8/slurmiso-prolog.8\n",
+        "slurmiso-oci-gate.8": ".so man8/slurmiso-prolog.8\n",
     }
 
 
@@ -323,5 +332,5 @@ _slurmiso() {{
     COMPREPLY=($(compgen -W "$words" -- "$cur"))
 }}
 complete -o default -F _slurmiso slurmiso
-complete -W "--help" slurmiso-prolog slurmiso-epilog slurmiso-task-prolog
+complete -W "--help" slurmiso-prolog slurmiso-epilog slurmiso-task-prolog slurmiso-oci-gate
 """

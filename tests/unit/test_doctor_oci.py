@@ -24,7 +24,7 @@ EXAMPLE = os.path.join(HERE, "..", "..", "etc", "slurmiso.yaml")
 GENERATED = os.path.join(HERE, "..", "golden", "containers", "oci.conf")
 PATH = "/etc/slurm/oci.conf"
 
-CRUN_RUN = """\
+GUIDE_CRUN = """\
 EnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="
 RunTimeEnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="
 RunTimeQuery="crun --rootless=true --root=/run/user/%U/ state %n.%u.%j.%s.%t"
@@ -32,6 +32,8 @@ RunTimeKill="crun --rootless=true --root=/run/user/%U/ kill -a %n.%u.%j.%s.%t"
 RunTimeDelete="crun --rootless=true --root=/run/user/%U/ delete --force %n.%u.%j.%s.%t"
 RunTimeRun="crun --rootless=true --root=/run/user/%U/ run --bundle %b %n.%u.%j.%s.%t"
 """
+#: The guide's file with the run command put behind slurmiso's gate, as a site would.
+CRUN_RUN = GUIDE_CRUN.replace('RunTimeRun="crun', 'RunTimeRun="/opt/slurmiso/bin/slurmiso-oci-gate %n %b crun')
 RUNC_CREATE_START = """\
 # runc, create/start
 runtimequery="runc --rootless=true --root=/run/user/%U/ state %n.%u.%j.%s.%t"
@@ -59,7 +61,7 @@ def generated() -> str:
         return fh.read()
 
 
-@pytest.mark.parametrize("text", [CRUN_RUN, RUNC_CREATE_START, "generated"])
+@pytest.mark.parametrize("text", [CRUN_RUN, "generated"])
 @pytest.mark.parametrize("version", ["23.02.0", "24.11.5", "26.05.5"])
 def test_good_files_have_no_problem(text: str, version: str) -> None:
     out = findings(generated() if text == "generated" else text, version)
@@ -67,11 +69,22 @@ def test_good_files_have_no_problem(text: str, version: str) -> None:
     assert "/run/slurmiso/mps" in out[0].message and "--config-json" in out[0].fix
 
 
+@pytest.mark.parametrize("text", [GUIDE_CRUN, RUNC_CREATE_START, CRUN_RUN.replace(" %n %b", "")],
+                         ids=["guide-crun", "runc-create-start", "gate-without-bundle"])
+def test_run_line_not_behind_the_gate_is_one_error_naming_it(text: str) -> None:
+    """Slurm's guide's own files run the runtime directly: nothing would refuse a bundle
+    that cannot reach its MPS pipe directory."""
+    (err,) = errors(text)
+    assert err.code == "oci-conf-gate" and err.severity == "error"
+    assert 'RunTimeRun="/usr/bin/slurmiso-oci-gate %n %b ' in err.message
+    assert "MPS pipe directory" in err.message
+
+
 def test_missing_run_line_is_one_error_naming_it() -> None:
     text = "\n".join(ln for ln in CRUN_RUN.splitlines() if not ln.startswith("RunTimeRun"))
     (err,) = errors(text)
     assert err.code == "oci-conf-line" and err.severity == "error"
-    assert 'RunTimeRun="crun --rootless=true' in err.message
+    assert 'RunTimeRun="/usr/bin/slurmiso-oci-gate %n %b crun --rootless=true' in err.message
     assert "slurmiso gen oci-conf" in err.fix and PATH in err.fix
 
 
