@@ -29,6 +29,7 @@ from slurmiso_sandbox import (
     guard,
     layout,
     munge,
+    oci,
     packages,
     roots,
     services,
@@ -141,6 +142,9 @@ def _up(site: layout.Site, record_host: Callable[[], List[str]] = lambda: []) ->
         site = report.site = files.with_live_slots(site)
         changed = files.write_files(site)
         s.detail = f"{len(changed)} changed" if changed else "unchanged"
+    if oci.supported(site):
+        with _step(report, "oci bundle") as s:
+            s.detail = oci.ensure_bundle(site)
     with _step(report, "munge") as s:
         s.detail = munge.ensure_munge(site)
         made = record_host()

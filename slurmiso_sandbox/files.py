@@ -18,7 +18,8 @@ from slurmiso_sandbox.procs import run
 
 MAKE = "/usr/bin/make"
 #: Files whose change needs the daemons restarted (slurmd reads them at start).
-SLURMD_CONFS = {"etc/slurm.conf", "etc/gres.conf", "etc/cgroup.conf", "etc/plugstack.conf"}
+SLURMD_CONFS = {"etc/slurm.conf", "etc/gres.conf", "etc/cgroup.conf", "etc/plugstack.conf",
+                "etc/oci.conf"}
 
 
 def write_files(site: layout.Site) -> List[str]:

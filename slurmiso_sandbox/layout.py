@@ -595,6 +595,8 @@ def hook_wrappers(site: Site) -> Dict[str, str]:
             "slurmiso-epilog": render_hook_wrapper(site, [site.epilog]),
             "slurmiso-task-prolog": render_hook_wrapper(
                 site, [os.path.join(os.path.dirname(site.prolog), "slurmiso-task-prolog")]),
+            "slurmiso-oci-gate": render_hook_wrapper(
+                site, [os.path.join(os.path.dirname(site.prolog), "slurmiso-oci-gate")]),
         }
     return {
         "slurmiso-prolog": render_hook_wrapper(site, [site.python, site.prolog]),
@@ -604,6 +606,9 @@ def hook_wrappers(site: Site) -> Dict[str, str]:
         "slurmiso-task-prolog": render_hook_wrapper(
             site, [site.task_python or site.python, "-m", "slurmiso.hooks.task_prolog"]
         ),
+        # oci.conf's RunTimeRun, as the job's user in front of crun (slurmiso_sandbox/oci.py)
+        "slurmiso-oci-gate": render_hook_wrapper(
+            site, [site.task_python or site.python, "-m", "slurmiso.hooks.oci_gate"]),
     }
 
 
@@ -814,6 +819,10 @@ def rendered_files(site: Site) -> Dict[str, str]:
         "etc/slurmiso.yaml": render_slurmiso_yaml(site),
         **render_submit_files(site),
     }
+    if site.chroot:  # containers: oci.py says why only the roots run them
+        from slurmiso_sandbox import oci
+
+        files["etc/oci.conf"] = oci.render_oci_conf(site)
     for name, text in hook_wrappers(site).items():
         files[f"bin/{name}"] = text
     return files

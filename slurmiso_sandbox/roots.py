@@ -51,6 +51,7 @@ PACKAGES: Tuple[str, ...] = (
     "slurmctld", "slurmd", "slurmdbd", "slurm-client", "slurm-wlm-mysql-plugin", "munge",
     "mariadb-server", "mariadb-client", "python3", "python3-yaml", "python3-psutil",
     "python3-prometheus-client", "libslurm-dev", "gcc", "make", "libc6-dev", "procps",
+    "crun",  # srun --container (slurmiso_sandbox/oci.py)
 )
 
 #: The clients slurmiso and the tests call, plus runuser: the tests submit as the test user

@@ -41,8 +41,11 @@ for p in paths:
         os.close(os.open(p, os.O_RDONLY)); out[p] = "OPEN"
     except OSError as e:
         out[p] = errno.errorcode.get(e.errno, str(e.errno))
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
 print("PROBE " + json.dumps({{"uid": os.getuid(), "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                             "open": out}}))
+                             "open": out, "host": os.uname().nodename, "pipe": pipe,
+                             "pipe_seen": bool(pipe) and os.path.isdir(pipe),
+                             "uid_map": open("/proc/self/uid_map").read().split()}}))
 EOF
 sleep 2
 """
@@ -118,6 +121,13 @@ def test_two_jobs_of_one_user_reach_exactly_their_share(
     assert all(p["uid"] != 0 for p in probes.values())
     # they ran together: each saw the other's marker before probing
     assert len([f for f in os.listdir(sandbox.jobs_dir) if f.startswith(os.path.basename(tag))]) == 2
+    assert_exact_shares(sandbox, partition, node, probes)
+
+
+def assert_exact_shares(sandbox: Any, partition: str, node: str,
+                        probes: Dict[str, Dict[str, Any]]) -> None:
+    """Each of two jobs of one user reached exactly its own share of ``node`` (also used by
+    test_containers.py, with the probes run inside containers)."""
     node_gpus = {sandbox.path("dev", node, f"nvidia{g}") for g in range(2)}
     statics = _static_instances(sandbox, node)
     for job, probe in probes.items():

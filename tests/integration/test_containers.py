@@ -1,0 +1,116 @@
+"""Jobs in Slurm's OCI containers keep their share (issue 37): ``srun --container`` with crun.
+
+The sandbox's Debian roots (Slurm 26.05 in CI) run containers: oci.conf from ``slurmiso gen
+oci-conf``'s own renderer, RunTimeRun through slurmiso-oci-gate, and a bundle made from the
+root by its own ``crun spec`` (slurmiso_sandbox/oci.py). The host's 22.05 cannot carry the
+TaskProlog's exports into a container (docs/admin-guide.md, "Containers"); there the gate's
+refusal of such a config.json is covered by tests/unit/test_oci_gate.py.
+
+Each pool mode runs the fence probe of test_fences.py inside a container, two jobs of one
+user at once: each reaches exactly its share, as bare jobs do, because the container's
+processes stay in the step's task cgroup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import uuid
+from typing import Any, Dict
+
+import pytest
+
+from slurmiso_sandbox import layout as L
+from tests.integration.test_fences import (
+    FENCED,
+    POOLS,
+    PROBE,
+    _probe,
+    _reached,
+    assert_exact_shares,
+)
+
+
+@pytest.fixture
+def bundle(sandbox: Any) -> str:
+    path = sandbox.path("oci", "bundle")
+    if not os.path.exists(sandbox.path("etc", "oci.conf")):
+        pytest.skip("containers run on the sandbox's Debian roots (Slurm 23.02 and later, "
+                    "make integration SLURM=26.05 CGROUP=v2, as CI does); the host's 22.05 "
+                    "writes config.json before the TaskProlog")
+    return path
+
+
+def _in_container(bundle: str) -> str:
+    return f"srun --container={bundle} "
+
+
+@pytest.mark.parametrize("partition,node,gres,qos", POOLS, ids=[p[0] for p in POOLS])
+def test_two_containerised_jobs_of_one_user_reach_exactly_their_share(
+    sandbox: Any, submit: Any, wait_for: Any, job_output: Any, bundle: str,
+    partition: str, node: str, gres: str, qos: str,
+) -> None:
+    tag = os.path.join(sandbox.jobs_dir, f"oci-{uuid.uuid4().hex[:8]}")
+    script = PROBE.format(tag=tag, python="/usr/bin/python3", dev=sandbox.path("dev", node),
+                          srun=_in_container(bundle))
+    jobs = [submit(script, "-p", partition, gres, f"--qos={qos}", user=L.TEST_USER)
+            for _ in range(2)]
+    for job in jobs:
+        wait_for(job, timeout=90)
+    probes = {job: _probe(sandbox, job_output, job) for job in jobs}
+    assert {p["host"] for p in probes.values()} == {"sbx-container"}  # ran inside
+    # root of a user namespace that maps it to the test user alone: no privilege on the host
+    user_uid = pwd.getpwnam(L.TEST_USER).pw_uid
+    assert all(p["uid_map"] == ["0", str(user_uid), "1"] for p in probes.values()), probes
+    assert_exact_shares(sandbox, partition, node, probes)
+    if partition == "mps":  # the client sees its daemon's pipe directory inside
+        assert all(p["pipe"] and p["pipe_seen"] for p in probes.values()), probes
+
+
+def _hiding_bundle(sandbox: Any, bundle: str) -> str:
+    """The sandbox bundle with a tmpfs over the nodes' state dirs, where the MPS pipe root
+    lies: what a user's image that never bound it looks like."""
+    with open(os.path.join(bundle, "config.json"), encoding="utf-8") as fh:
+        cfg: Dict[str, Any] = json.load(fh)
+    cfg["mounts"].append({"destination": sandbox.path("state"), "type": "tmpfs",
+                          "source": "tmpfs", "options": ["nosuid", "nodev"]})
+    out = os.path.join(sandbox.jobs_dir, f"bundle-{uuid.uuid4().hex[:8]}")
+    os.makedirs(out)
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(cfg, fh)
+    os.chmod(out, 0o755)
+    return out
+
+
+def test_mps_container_that_cannot_reach_its_pipe_is_refused_with_the_reason(
+    sandbox: Any, submit: Any, wait_for: Any, job_output: Any, bundle: str,
+) -> None:
+    hiding = _hiding_bundle(sandbox, bundle)
+    ran = os.path.join(sandbox.jobs_dir, f"ran-{uuid.uuid4().hex[:8]}")
+    script = f"#!/bin/bash\n{_in_container(hiding)}/bin/touch {ran}\necho srun-rc=$?\n"
+    job = submit(script, "-p", "mps", "--gres=mps:50", "--qos=infer", user=L.TEST_USER)
+    wait_for(job, timeout=90)
+    out = job_output(job)
+    assert "slurmiso: container refused: MPS pipe directory" in out, out
+    assert "mounts a tmpfs" in out and "slurmiso gen oci-conf --config-json" in out, out
+    assert "srun-rc=0" not in out, out
+    assert not os.path.exists(ran)  # the program never started
+
+
+def test_refused_job_reaches_no_gpu_inside_its_container_either(
+    sandbox: Any, submit: Any, wait_for: Any, job_output: Any, bundle: str,
+) -> None:
+    """The prolog refuses class debug on the timeslice pool: its container runs (the
+    TaskProlog's refusal reached it) and every GPU stays fenced inside."""
+    tag = os.path.join(sandbox.jobs_dir, f"oci-refused-{uuid.uuid4().hex[:8]}")
+    script = ("#!/bin/bash\n" + PROBE.format(
+        tag=tag, python="/usr/bin/python3", dev=sandbox.path("dev", "n5"),
+        srun=_in_container(bundle))
+        .replace("#!/bin/bash\n", "").replace("-ge 2", "-ge 1"))
+    job = submit(script, "-p", "tslice", "--gres=shard:1", "--qos=debug", user=L.TEST_USER)
+    wait_for(job, timeout=90)
+    probe = _probe(sandbox, job_output, job)
+    assert probe["host"] == "sbx-container" and probe["cvd"] == ""  # the TaskProlog's refusal
+    assert _reached(probe) == set(), sorted(_reached(probe))
+    assert probe["open"] and all(r in FENCED for r in probe["open"].values())
