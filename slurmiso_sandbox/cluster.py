@@ -144,7 +144,7 @@ def _up(site: layout.Site, record_host: Callable[[], List[str]] = lambda: []) ->
         s.detail = f"{len(changed)} changed" if changed else "unchanged"
     if oci.supported(site):
         with _step(report, "oci bundle") as s:
-            s.detail = oci.ensure_bundle(site)
+            s.detail = files.write_bundle(site)
     with _step(report, "munge") as s:
         s.detail = munge.ensure_munge(site)
         made = record_host()

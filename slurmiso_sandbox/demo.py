@@ -140,10 +140,11 @@ def step_refusal(sbx: SandboxClient) -> str:
 
 
 def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float = 0.05,
-                        preemptions: int = 3) -> Dict[str, Any]:
+                        preemptions: int = 3, container: str = "") -> Dict[str, Any]:
     """A ``train`` job counting steps under ``srun slurmiso run`` on both GPUs of n1, preempted
     ``preemptions`` times by ``infer`` jobs; returns what happened (steps logged, restarts,
-    checkpoint records, how long each inference job waited to start)."""
+    checkpoint records, how long each inference job waited to start). With ``container`` (an
+    OCI bundle) the step runs in it (``srun --container``), ``slurmiso run`` as its program."""
     import re
 
     work = tempfile.mkdtemp(prefix="wrapper-", dir=sbx.jobs_dir)
@@ -173,7 +174,8 @@ def preemption_scenario(sbx: SandboxClient, steps: int = 480, step_time: float =
     script = (
         "#!/bin/bash\n"
         f"export PYTHONPATH={repo}\n"
-        f"srun {py} -m slurmiso run --ckpt-dir {work}/ckpt -- "
+        f"srun {f'--container={container} ' if container else ''}"
+        f"{py} -m slurmiso run --ckpt-dir {work}/ckpt -- "
         f"{py} {workload} --steps {steps} --step-time {step_time} --log {log}\n"
     )
     job = sbx.submit(script, "--qos=train", "--requeue", "-p", "gpu", "--gres=gpu:2",

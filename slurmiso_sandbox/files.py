@@ -7,13 +7,14 @@ GPU state and the SPANK plugins. Each is written only when it differs (assert, t
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import List
 
-from slurmiso_sandbox import layout
+from slurmiso_sandbox import layout, oci
 from slurmiso_sandbox.procs import run
 
 MAKE = "/usr/bin/make"
@@ -30,13 +31,25 @@ def write_files(site: layout.Site) -> List[str]:
         os.makedirs(site.path("state", n.name), exist_ok=True)
     os.chmod(site.root, 0o755)
     changed = [d.path for d in layout.device_nodes(site) if _mknod(d)]
-    for rel, text in layout.rendered_files(site).items():
+    rendered = layout.rendered_files(site)
+    if oci.supported(site):
+        rendered["etc/oci.conf"] = oci.render_oci_conf(site)
+    for rel, text in rendered.items():
         mode = 0o755 if rel.startswith("bin/") else 0o600 if rel.endswith("dbd.conf") else 0o644
         if write_if_changed(site.path(*rel.split("/")), text, mode):
             changed.append(rel)
     for stale in set(os.listdir(site.path("bin"))) - set(layout.hook_wrappers(site)):
         os.unlink(site.path("bin", stale))  # hooks removed from the repo: drop wrappers
     return changed
+
+
+def write_bundle(site: layout.Site) -> str:
+    """The sandbox's OCI bundle (oci.py): rootfs skeleton, config.json, state root."""
+    rootfs = oci.prepare_dirs(site)
+    text = json.dumps(oci.bundle_config(site, oci.crun_spec(site)), indent=1) + "\n"
+    path = os.path.join(os.path.dirname(rootfs), "config.json")
+    return f"bundle {os.path.dirname(rootfs)} " + (
+        "written" if write_if_changed(path, text, 0o644) else "unchanged")
 
 
 def write_if_changed(path: str, text: str, mode: int) -> bool:

@@ -819,10 +819,6 @@ def rendered_files(site: Site) -> Dict[str, str]:
         "etc/slurmiso.yaml": render_slurmiso_yaml(site),
         **render_submit_files(site),
     }
-    if site.chroot:  # containers: oci.py says why only the roots run them
-        from slurmiso_sandbox import oci
-
-        files["etc/oci.conf"] = oci.render_oci_conf(site)
     for name, text in hook_wrappers(site).items():
         files[f"bin/{name}"] = text
     return files

@@ -3,7 +3,7 @@ own generator, and one bundle made of the root itself (no registry, no network).
 
     if oci.supported(site):
         files["etc/oci.conf"] = oci.render_oci_conf(site)
-        oci.ensure_bundle(site)      # <dir>/oci/bundle: config.json from 'crun spec'
+        cfg = oci.bundle_config(site, oci.crun_spec(site))  # files.write_bundle writes it
 
 Only root sites run containers: Slurm 22.05 writes a container's config.json before the
 TaskProlog (docs/admin-guide.md, "Containers"), and its slurmds are the host's. The bundle's
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 from slurmiso_sandbox.procs import run
 
-if TYPE_CHECKING:  # layout renders oci.conf through this module: no import back
+if TYPE_CHECKING:
     from slurmiso_sandbox import layout
 
 CRUN = "/usr/bin/crun"
@@ -82,7 +82,7 @@ def bundle_config(site: layout.Site, spec: Dict[str, Any]) -> Dict[str, Any]:
     return cfg
 
 
-def _crun_spec(site: layout.Site) -> Dict[str, Any]:
+def crun_spec(site: layout.Site) -> Dict[str, Any]:
     """What the root's crun writes as its default rootless config.json."""
     work = site.path("oci", "spec")
     os.makedirs(work, exist_ok=True)
@@ -95,10 +95,8 @@ def _crun_spec(site: layout.Site) -> Dict[str, Any]:
     return spec
 
 
-def ensure_bundle(site: layout.Site) -> str:
-    """The rootfs skeleton, config.json and the runtime's state root; what changed."""
-    from slurmiso_sandbox.files import write_if_changed
-
+def prepare_dirs(site: layout.Site) -> str:
+    """The rootfs skeleton and the runtime's state root; returns the rootfs."""
     rootfs = os.path.join(bundle_dir(site), "rootfs")
     for d in ROOTFS_DIRS + (site.root.lstrip("/"),):
         os.makedirs(os.path.join(rootfs, d), exist_ok=True)
@@ -109,6 +107,4 @@ def ensure_bundle(site: layout.Site) -> str:
     os.chmod(site.path("oci", "run"), 0o1777)  # crun makes each user's <uid> dir itself
     for d in (site.path("oci"), bundle_dir(site)):
         os.chmod(d, 0o755)
-    text = json.dumps(bundle_config(site, _crun_spec(site)), indent=1) + "\n"
-    changed = write_if_changed(os.path.join(bundle_dir(site), "config.json"), text, 0o644)
-    return f"bundle {bundle_dir(site)}" + (" written" if changed else " unchanged")
+    return rootfs

@@ -17,6 +17,17 @@ unchanged or exits 1 with one line saying why, so the program never starts:
   host path (:func:`slurmiso.slurm.ocispec.pipe_reachable`), or CUDA would not use the job's
   daemon and its limits.
 
+Before it execs the runtime it makes the runtime ignore the signals a preemptible class's
+``slurmiso run`` waits for (SIGTERM and the class's checkpoint signal). Slurm signals every
+process of the step's cgroup (proctrack), the runtime included: ``crun run`` forwards none
+and dies of SIGTERM or SIGUSR2 (measured, crun 1.28), ending the step before the program
+inside could checkpoint. The runtime resets them to default for the program (measured).
+
+A requeued job runs again under the same container name (``%n.%u.%j.%s.%t`` holds no
+restart count), and a runtime killed with SIGKILL (a preemption whose grace ran out) leaves
+its state behind: the next attempt would fail with "container already exists". The gate
+deletes such a stopped container of the same name first, and says so.
+
 The config.json is the user's file: anything unreadable is a refusal. The gate catches a
 bundle that would silently run unisolated; the device cgroup, which a container's processes
 stay in, is still what a hostile job cannot undo (docs/admin-guide.md, "Containers").
@@ -72,6 +83,55 @@ def refusal(config: Any, managed: bool) -> Optional[str]:
     return None
 
 
+def _signal_number(name: str) -> int:
+    import signal
+
+    return int(getattr(signal, f"SIG{name}"))
+
+
+def kept_signals(env: Mapping[str, str], managed: bool) -> List[int]:
+    """The signals the runtime must survive so the program inside receives them: SIGTERM
+    and the checkpoint signal of a preemptible class (a class without checkpointing, and a
+    node in no pool, keep the runtime's defaults)."""
+    name = env.get("SLURMISO_CLASS", "")
+    if not managed or not name:
+        return []
+    try:
+        from slurmiso.config import load_config
+
+        job_class = load_config().job_class(name)
+    except Exception:  # noqa: BLE001 - unknown class: leave the runtime's defaults
+        return []
+    if job_class is None or not job_class.preemptible or job_class.checkpoint is None:
+        return []
+    return sorted({_signal_number("TERM"), _signal_number(job_class.checkpoint.signal)})
+
+
+def clear_stale(runtime: Sequence[str], timeout: float = 10.0) -> str:
+    """Delete a *stopped* container left under this run's name ("" if none): ``runtime`` is
+    ``RT [GLOBAL...] run [OPTS...] NAME``; its state and delete commands take the same global
+    options. A running one is left alone (the runtime then refuses the run itself)."""
+    import json
+    import subprocess
+
+    if "run" not in runtime[1:-1]:
+        return ""
+    base, name = list(runtime[:runtime.index("run", 1)]), runtime[-1]
+    try:
+        cp = subprocess.run(base + ["state", name], capture_output=True, text=True,
+                            timeout=timeout, check=False)
+        if cp.returncode != 0:
+            return ""  # no such container: the usual case
+        status = json.loads(cp.stdout).get("status", "")
+        if status == "running":
+            return ""
+        subprocess.run(base + ["delete", "--force", name], capture_output=True,
+                       timeout=timeout, check=True)
+    except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
+        return ""  # the run itself will say what is wrong
+    return f"removed the {status or 'stale'} container {name} an earlier attempt left"
+
+
 def read_config(bundle: str, limit: int = 1 << 20) -> Any:
     """The bundle's config.json, parsed; Unreadable if missing, too large or not JSON."""
     import json
@@ -111,15 +171,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     node, bundle, runtime = args[0], args[1], args[2:]
+    kept: List[int] = []
     try:
         config = read_config(bundle)
     except Unreadable as exc:
         reason: Optional[str] = f"cannot read the container's config.json: {exc}"
     else:
-        reason = refusal(config, node_managed(node))
+        managed = node_managed(node)
+        reason = refusal(config, managed)
+        if not reason:
+            kept = kept_signals(container_env(config), managed)
     if reason:
         print(f"slurmiso: container refused: {' '.join(reason.split())}", file=sys.stderr)
         return 1
+    import signal
+
+    for signum in kept:
+        signal.signal(signum, signal.SIG_IGN)  # inherited across exec by the runtime
+    cleared = clear_stale(runtime)
+    if cleared:
+        print(f"slurmiso: {cleared}", file=sys.stderr)
     try:
         os.execvp(runtime[0], runtime)
     except OSError as exc:

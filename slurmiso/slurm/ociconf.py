@@ -178,10 +178,12 @@ def runtime_lines(runtime: str, gate: str = GATE, state_root: str = STATE_ROOT) 
         OciLine("RunTimeQuery", f"{base} state {name}", why),
         OciLine("RunTimeKill", f"{base} kill -a {name}", why),
         OciLine("RunTimeDelete", f"{base} delete --force {name}", why),
-        OciLine("RunTimeRun", f"{gate} %n %b {base} run --bundle %b {name}",
+        OciLine("RunTimeRun", f"exec {gate} %n %b {base} run --bundle %b {name}",
                 "slurmiso-oci-gate reads the step's final config.json first and refuses a "
                 "container that lacks the TaskProlog's verdict or cannot reach its MPS pipe "
-                "directory; otherwise it execs the runtime"),
+                "directory; otherwise it execs the runtime. 'exec': slurmstepd runs the line "
+                "with /bin/sh -c, and a shell left waiting would die of the preemption's "
+                "SIGTERM and end the step before the program could checkpoint"),
     ]
 
 
@@ -227,10 +229,11 @@ def _excluded(pattern: str) -> Tuple[List[str], bool]:
 
 
 def _gated(run: str) -> bool:
-    """RunTimeRun's first word is the gate, given the node and the bundle (``%n %b``)."""
+    """RunTimeRun execs the gate, given the node and the bundle (``exec GATE %n %b ...``):
+    without ``exec`` the shell slurmstepd runs it with stays the task, and dies of SIGTERM."""
     words = run.split()
-    return len(words) > 3 and words[0].endswith("/slurmiso-oci-gate") \
-        and words[1:3] == ["%n", "%b"]
+    return len(words) > 4 and words[0] == "exec" and \
+        words[1].endswith("/slurmiso-oci-gate") and words[2:4] == ["%n", "%b"]
 
 
 def problems(conf: OciConf, version: Optional[Version], needs_mps: bool,

@@ -114,3 +114,47 @@ def test_refused_job_reaches_no_gpu_inside_its_container_either(
     assert probe["host"] == "sbx-container" and probe["cvd"] == ""  # the TaskProlog's refusal
     assert _reached(probe) == set(), sorted(_reached(probe))
     assert probe["open"] and all(r in FENCED for r in probe["open"].values())
+
+
+def test_slurmiso_run_in_a_container_preempted_three_times_loses_nothing(
+    sandbox: Any, bundle: str,
+) -> None:
+    """``slurmiso run`` as the container's program (Python and slurmiso bound from the host):
+    each preemption's SIGTERM reaches it through the runtime the gate keeps alive, it
+    checkpoints, Slurm requeues, and every step is counted once."""
+    from collections import Counter
+
+    from slurmiso_sandbox.demo import preemption_scenario
+    from tests.integration.test_wrapper_sandbox import STEP_TIME, STEPS
+
+    r = preemption_scenario(sandbox, steps=STEPS, step_time=STEP_TIME, container=bundle)
+    assert sorted(r["steps"]) == list(range(1, STEPS + 1)), "a step was lost or counted twice"
+    assert not [s for s, c in Counter(r["steps"]).items() if c > 1]
+    assert r["restarts"] == "3" and r["finished"] and r["exit_code"] == "0:0", r
+    ends = [e for e in r["events"] if e["event"] == "checkpoint-end"]
+    assert len(ends) == 3 and all(e["ok"] for e in ends), ends
+
+
+def test_a_requeued_job_runs_again_after_its_runtime_was_killed(
+    sandbox: Any, submit: Any, wait_for: Any, bundle: str,
+) -> None:
+    """The first attempt's program ignores SIGTERM (pid 1 without a handler), so Slurm's
+    SIGKILL ends the runtime and leaves its state under the step's container name; the
+    requeued attempt, same name, still starts (the gate removes the stopped container)."""
+    import time
+
+    tag = os.path.join(sandbox.jobs_dir, f"oci-again-{uuid.uuid4().hex[:8]}")
+    program = (f"if [ -e {tag}.first ]; then echo again > {tag}.second; "
+               f"else touch {tag}.first; exec sleep 300; fi")
+    script = f"#!/bin/bash\n{_in_container(bundle)}/bin/sh -c '{program}'\n"
+    job = submit(script, "-p", "gpu", "--gres=gpu:1", "--qos=train", "--requeue",
+                 user=L.TEST_USER)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{tag}.first"):
+        assert time.monotonic() < deadline, "the first attempt never started"
+        time.sleep(0.2)
+    sandbox.cmd("scontrol", "requeue", job)
+    wait_for(job, timeout=120)
+    with open(f"{tag}.second", encoding="utf-8") as fh:
+        assert fh.read().strip() == "again"
+    assert sandbox.job_fields(job).get("Restarts") == "1"

@@ -139,7 +139,8 @@ def test_a_monitor_killed_with_training_suspended(sandbox: Any) -> None:
         for code in ("ladder-restraint-over-bound", "ladder-monitor-silent"):
             assert codes[code]["severity"] == "warning"
             assert lad.train in codes[code]["subjects"], codes[code]
-        assert time.time() - killed >= 59, "the heartbeat's limit held the monitor alive"
+        assert time.time() - killed >= 59, ("the heartbeat's limit held the monitor alive",
+                                            codes["ladder-monitor-silent"]["message"])
 
         # -- the bound ends it on the node, journaled --------------------------------------
         def ended() -> bool:

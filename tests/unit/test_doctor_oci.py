@@ -33,7 +33,8 @@ RunTimeDelete="crun --rootless=true --root=/run/user/%U/ delete --force %n.%u.%j
 RunTimeRun="crun --rootless=true --root=/run/user/%U/ run --bundle %b %n.%u.%j.%s.%t"
 """
 #: The guide's file with the run command put behind slurmiso's gate, as a site would.
-CRUN_RUN = GUIDE_CRUN.replace('RunTimeRun="crun', 'RunTimeRun="/opt/slurmiso/bin/slurmiso-oci-gate %n %b crun')
+CRUN_RUN = GUIDE_CRUN.replace('RunTimeRun="crun',
+                              'RunTimeRun="exec /opt/slurmiso/bin/slurmiso-oci-gate %n %b crun')
 RUNC_CREATE_START = """\
 # runc, create/start
 runtimequery="runc --rootless=true --root=/run/user/%U/ state %n.%u.%j.%s.%t"
@@ -69,14 +70,16 @@ def test_good_files_have_no_problem(text: str, version: str) -> None:
     assert "/run/slurmiso/mps" in out[0].message and "--config-json" in out[0].fix
 
 
-@pytest.mark.parametrize("text", [GUIDE_CRUN, RUNC_CREATE_START, CRUN_RUN.replace(" %n %b", "")],
-                         ids=["guide-crun", "runc-create-start", "gate-without-bundle"])
+@pytest.mark.parametrize("text", [GUIDE_CRUN, RUNC_CREATE_START, CRUN_RUN.replace(" %n %b", ""),
+                                  CRUN_RUN.replace('"exec ', '"')],
+                         ids=["guide-crun", "runc-create-start", "gate-without-bundle",
+                              "gate-without-exec"])
 def test_run_line_not_behind_the_gate_is_one_error_naming_it(text: str) -> None:
     """Slurm's guide's own files run the runtime directly: nothing would refuse a bundle
     that cannot reach its MPS pipe directory."""
     (err,) = errors(text)
     assert err.code == "oci-conf-gate" and err.severity == "error"
-    assert 'RunTimeRun="/usr/bin/slurmiso-oci-gate %n %b ' in err.message
+    assert 'RunTimeRun="exec /usr/bin/slurmiso-oci-gate %n %b ' in err.message
     assert "MPS pipe directory" in err.message
 
 
@@ -84,7 +87,7 @@ def test_missing_run_line_is_one_error_naming_it() -> None:
     text = "\n".join(ln for ln in CRUN_RUN.splitlines() if not ln.startswith("RunTimeRun"))
     (err,) = errors(text)
     assert err.code == "oci-conf-line" and err.severity == "error"
-    assert 'RunTimeRun="/usr/bin/slurmiso-oci-gate %n %b crun --rootless=true' in err.message
+    assert 'RunTimeRun="exec /usr/bin/slurmiso-oci-gate %n %b crun --rootless=true' in err.message
     assert "slurmiso gen oci-conf" in err.fix and PATH in err.fix
 
 

@@ -150,3 +150,71 @@ def test_unknown_config_counts_as_a_managed_node(tmp_path: Any, monkeypatch: Any
 def test_usage_errors_exit_2(argv: List[str], capsys: Any) -> None:
     assert oci_gate.main(argv) == 2
     assert "RunTimeRun" in capsys.readouterr().err
+
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
+
+
+def test_a_preemptible_class_keeps_its_runtime_alive_through_term_and_its_checkpoint_signal(
+        monkeypatch: Any) -> None:
+    import signal
+
+    monkeypatch.setenv("SLURMISO_CONFIG", EXAMPLE)  # train: preemptible, checkpoint USR2
+    assert oci_gate.kept_signals({"SLURMISO_CLASS": "train"}, managed=True) == sorted(
+        [signal.SIGTERM, signal.SIGUSR2])
+    assert oci_gate.kept_signals({"SLURMISO_CLASS": "infer"}, managed=True) == []
+    assert oci_gate.kept_signals({"SLURMISO_CLASS": "train"}, managed=False) == []
+    assert oci_gate.kept_signals({"SLURMISO_CLASS": "no-such"}, managed=True) == []
+    assert oci_gate.kept_signals({}, managed=True) == []
+
+
+def test_the_runtime_inherits_the_ignored_signals(tmp_path: Any) -> None:
+    """The exec'd runtime starts with SIGTERM and SIGUSR2 ignored (its SigIgn mask)."""
+    import signal
+    import subprocess
+    import sys
+
+    env_list = MPS_ENV[:-1] + ["SLURMISO_CLASS=train"]
+    bundle = _bundle(tmp_path, config(env_list, bind(MPS_ROOT)))
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(f"#!/bin/sh\ngrep ^SigIgn: /proc/self/status > {tmp_path}/ign\n")
+    runtime.chmod(0o755)
+    env = dict(os.environ, SLURMISO_CONFIG=EXAMPLE)
+    cp = subprocess.run([sys.executable, "-m", "slurmiso.hooks.oci_gate", "gpu001",
+                         bundle, str(runtime)], env=env, capture_output=True, text=True,
+                        timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    mask = int((tmp_path / "ign").read_text().split()[1], 16)
+    for sig in (signal.SIGTERM, signal.SIGUSR2):
+        assert mask & (1 << (sig - 1)), hex(mask)
+
+
+def _fake_runtime(tmp_path: Any, status: str) -> List[str]:
+    """A runtime stand-in with crun's state/delete/run commands: state prints ``status``
+    (``absent``: exits 1 as crun does for an unknown name); every call is logged."""
+    log = tmp_path / "calls"
+    script = tmp_path / "rt"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        'for a; do case "$a" in state) '
+        f'[ {status} = absent ] && exit 1; echo \'{{"id": "x", "status": "{status}"}}\'; exit 0;; '
+        "esac; done\n")
+    script.chmod(0o755)
+    return [str(script), "--root=/run/user/1000/", "run", "--bundle", "/b", "n1.u.42.0.0"]
+
+
+@pytest.mark.parametrize("status, deleted", [("stopped", True), ("running", False),
+                                             ("absent", False)])
+def test_a_stopped_container_of_the_same_name_is_deleted_first(
+        tmp_path: Any, status: str, deleted: bool) -> None:
+    """A requeued attempt reuses %n.%u.%j.%s.%t: a runtime SIGKILLed at the end of a
+    preemption's grace left its state, and the run would fail "already exists"."""
+    said = oci_gate.clear_stale(_fake_runtime(tmp_path, status))
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == "--root=/run/user/1000/ state n1.u.42.0.0"
+    if deleted:
+        assert calls[1:] == ["--root=/run/user/1000/ delete --force n1.u.42.0.0"]
+        assert "n1.u.42.0.0" in said and "stopped" in said
+    else:
+        assert calls[1:] == [] and said == ""

@@ -46,8 +46,12 @@ def test_daemons_enter_the_namespace_and_slurmd_gets_the_shim():
     assert not svcs["mariadb"].ns
     for name in ("slurmdbd", "slurmctld", "slurmd-n1", "slurmd-n5"):
         assert svcs[name].ns, name
-    assert svcs["slurmd-n1"].argv[:4] == ("/usr/sbin/chroot", "/roots/sid", services.ENV,
-                                          f"LD_PRELOAD={V2.hybrid_shim}")
+    # slurmd is pivoted into its root, not chrooted: its containers need a user namespace
+    argv = svcs["slurmd-n1"].argv
+    assert argv[:4] == (services.UNSHARE, "--mount", "--propagation", "slave")
+    assert argv[argv.index("slurmiso-pivot") + 1:][:3] == ("/roots/sid", services.ENV,
+                                                           f"LD_PRELOAD={V2.hybrid_shim}")
+    assert svcs["slurmctld"].argv[:2] == ("/usr/sbin/chroot", "/roots/sid")
     assert services.ENV not in svcs["slurmctld"].argv  # only slurmd (and its slurmstepds) read it
     assert "cgroup-ns" not in {s.name for s in services.daemons(replace(V2, cgroup_ns=False))}
 

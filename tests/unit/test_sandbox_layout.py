@@ -49,7 +49,8 @@ def test_rendered_file_matches_golden(name, render, site):
 
 def test_hook_wrappers_match_golden():
     wrappers = L.hook_wrappers(HOOKED)
-    assert sorted(wrappers) == ["slurmiso-epilog", "slurmiso-prolog", "slurmiso-task-prolog"]
+    assert sorted(wrappers) == ["slurmiso-epilog", "slurmiso-oci-gate", "slurmiso-prolog",
+                               "slurmiso-task-prolog"]
     for name, text in wrappers.items():
         check_golden(name, text)
 

@@ -1,0 +1,51 @@
+"""The sandbox's OCI bundle: crun's own default spec, made to show the sandbox's paths.
+
+The input is a real ``crun spec --rootless`` output (tests/fixtures/oci/README.md). What the
+bundle must hold is what slurmiso-oci-gate demands of any bundle, so the test asks the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+from slurmiso.hooks.oci_gate import refusal
+from slurmiso_sandbox import oci
+from tests.unit.test_sandbox_cgroup_v2 import V2
+
+SPEC = os.path.join(os.path.dirname(__file__), "..", "fixtures", "oci",
+                    "crun-1.28-spec-rootless.json")
+
+
+def _bundle() -> dict:
+    with open(SPEC, encoding="utf-8") as fh:
+        return oci.bundle_config(V2, json.load(fh))
+
+
+def test_bundle_passes_the_gate_for_an_mps_job_of_the_sandbox() -> None:
+    cfg = _bundle()
+    pipe = os.path.join(V2.path("state", "n2"), "mps", "gpu0", "u1001-t50-m0", "pipe")
+    cfg["process"]["env"] += [f"CUDA_MPS_PIPE_DIRECTORY={pipe}", "SLURMISO_CLASS=infer"]
+    assert refusal(cfg, managed=True) is None
+
+
+def test_bundle_keeps_the_step_cgroup_and_the_nodes_network() -> None:
+    cfg = _bundle()
+    kinds = [n["type"] for n in cfg["linux"]["namespaces"]]
+    assert "user" in kinds and "mount" in kinds and "network" not in kinds
+    assert "resources" not in cfg["linux"]  # the step's cgroup holds the limits
+    assert all(m["destination"] != "/sys/fs/cgroup" for m in cfg["mounts"])
+    assert cfg["root"]["path"] == os.path.join(V2.path("oci", "bundle"), "rootfs")
+
+
+def test_device_stand_ins_stay_usable_and_system_dirs_read_only() -> None:
+    binds = {m["destination"]: m["options"] for m in _bundle()["mounts"] if m["type"] == "bind"}
+    assert "nodev" not in binds[V2.root]  # the GPU stand-ins: the device cgroup fences them
+    assert {"ro", "nodev"} <= set(binds["/usr"]) and {"ro", "nodev"} <= set(binds["/etc"])
+
+
+def test_only_the_debian_roots_run_containers() -> None:
+    assert oci.supported(V2) and not oci.supported(replace(V2, chroot=""))
+    text = oci.render_oci_conf(V2)
+    assert f'RunTimeRun="exec {V2.path("bin", "slurmiso-oci-gate")} %n %b crun' in text
