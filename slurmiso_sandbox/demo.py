@@ -127,6 +127,44 @@ def step_mps(sbx: SandboxClient) -> str:
             "daemons stopped after")
 
 
+class Skipped(SandboxError):
+    """A step this sandbox cannot run, with the reason and where it runs."""
+
+
+def step_container(sbx: SandboxClient) -> str:
+    """An inference job in an OCI container (``srun --container``, crun, the gate) beside a
+    bare training job on one MPS GPU: each gets its own class's daemon and limits, and the
+    container reaches its daemon's pipe directory."""
+    bundle = sbx.path("oci", "bundle")
+    if not os.path.exists(sbx.path("etc", "oci.conf")):
+        raise Skipped("containers run on the Debian roots (Slurm 23.02+): make demo "
+                      "SLURM=26.05 CGROUP=v2")
+    look = ("import os; e = os.environ; p = e.get('CUDA_MPS_PIPE_DIRECTORY', ''); "
+            "[print(k + '=' + e[k]) for k in sorted(e) if k.startswith(('CUDA_', "
+            "'SLURMISO_CLASS'))]; print('CONTAINER=' + os.uname().nodename); "
+            "print('PIPE_SEEN=' + str(bool(p) and os.path.isdir(p)))")
+    infer = sbx.submit(f'#!/bin/bash\nsrun --container={bundle} /usr/bin/python3 -c "{look}"\n'
+                       "sleep 4\n", "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
+    train = sbx.submit(_script(4), "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2")
+    for job in (infer, train):
+        sbx.wait_for(job, timeout=90)
+    e1 = _show_job(sbx, infer, "qos infer, in a container")
+    e2 = _show_job(sbx, train, "qos train, bare")
+    _wait_released(sbx, "n2", [infer, train])
+    if e1.get("CONTAINER") != "sbx-container" or e1.get("PIPE_SEEN") != "True":
+        raise SandboxError("the inference job did not run in its container with its MPS "
+                           f"pipe directory in sight ({e1})")
+    pipes = [e1.get("CUDA_MPS_PIPE_DIRECTORY") or "", e2.get("CUDA_MPS_PIPE_DIRECTORY") or ""]
+    if not all(pipes) or pipes[0] == pipes[1] or \
+            e1.get("CUDA_VISIBLE_DEVICES") != e2.get("CUDA_VISIBLE_DEVICES"):
+        raise SandboxError(f"the two jobs did not share one GPU through their own MPS daemons "
+                           f"(pipes {pipes})")
+    return (f"one GPU: infer in a container at {e1.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% "
+            f"of the SMs, {e1.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}; train bare at "
+            f"{e2.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%, "
+            f"{e2.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}; limits on each class's daemon")
+
+
 def step_refusal(sbx: SandboxClient) -> str:
     job = sbx.submit(_script(), "-p", "tslice", "--gres=shard:1", "--qos=debug")
     sbx.wait_for(job)
@@ -472,6 +510,8 @@ STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("a job on a simulated GPU", step_exclusive),
     ("inference + training share one GPU through MIG", step_mig_dynamic),
     ("inference + training share one GPU through MPS", step_mps),
+    ("a containerised inference job and a training job share one MPS GPU, each held to its "
+     "class", step_container),
     ("a job slurmiso cannot isolate is refused, the node is not", step_refusal),
     ("training preempted three times by inference loses nothing", step_preemption),
     ("the monitor holds training while a GPU runs hot, releases it when calm", step_monitor),
@@ -480,6 +520,10 @@ STEPS: List[Tuple[str, Callable[[SandboxClient], str]]] = [
     ("running inference is protected: over its SLO, the training on its GPU is throttled, "
      "parked (its GPU memory to host, its processes kept), then restored", step_protect),
 ]
+
+
+def _verdict(ok: bool, skipped: bool) -> str:
+    return "SKIPPED" if skipped else "OK" if ok else "FAILED"
 
 
 def run_demo(root: str, as_json: bool = False) -> int:
@@ -497,19 +541,23 @@ def run_demo(root: str, as_json: bool = False) -> int:
             for n, (title, step) in enumerate(STEPS, 1):
                 _say(f"\n== {n}. {title}")
                 started = time.monotonic()
+                skipped = False
                 try:
                     detail, ok = step(sbx), True
+                except Skipped as exc:
+                    detail, ok, skipped = str(exc), True, True
                 except SandboxError as exc:
                     detail, ok = str(exc), False
                 secs = round(time.monotonic() - started, 1)
-                results.append({"step": title, "ok": ok, "detail": detail, "seconds": secs})
-                _say(f"  -> {'OK' if ok else 'FAILED'}: {detail} ({secs}s)")
+                results.append({"step": title, "ok": ok, "detail": detail, "seconds": secs,
+                                "skipped": skipped})
+                _say(f"  -> {_verdict(ok, skipped)}: {detail} ({secs}s)")
         finally:
             sbx.clear_queue()
             shutil.rmtree(jobs_dir, ignore_errors=True)
     _say("\n== summary")
     for r in results:
-        _say(f"  {'OK    ' if r['ok'] else 'FAILED'} {r['step']}: {r['detail']}")
+        _say(f"  {_verdict(r['ok'], r['skipped']):<7}{r['step']}: {r['detail']}")
     if as_json:
         print(json.dumps(results, indent=2))
     return 0 if all(r["ok"] for r in results) else 1

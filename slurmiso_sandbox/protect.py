@@ -134,12 +134,15 @@ class Ladder:
         os.chmod(tmp, 0o644)
         os.replace(tmp, self.control)
 
-    def start_jobs(self, node: str = "n2", train_args: str = "") -> None:
+    def start_jobs(self, node: str = "n2", train_args: str = "", container: str = "") -> None:
+        """The stand-in server and the training job; with ``container`` (an OCI bundle)
+        each runs in it (``srun --container``)."""
         sbx = self.sbx
+        inside = f"srun --container={container} " if container else ""
         py, path = sbx.job_python, sbx.job_pythonpath
         here = os.path.join(path, "slurmiso_sandbox")
         self.infer = sbx.submit(
-            f"#!/bin/bash\nexec {py} {here}/latency_server.py --port {self.port} "
+            f"#!/bin/bash\n{inside or 'exec '}{py} {here}/latency_server.py --port {self.port} "
             f"--control {self.control} --log {self.infer_log}\n",
             "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", node, "-J", "infer-standin",
             f"--iso-metrics={self.port}")
@@ -149,7 +152,7 @@ class Ladder:
         self.train = sbx.submit(
             "#!/bin/bash\n"
             f"export PYTHONPATH={path}\n"
-            f"srun {py} -m slurmiso run --ckpt-dir {self.work}/ckpt -- "
+            f"{inside or 'srun '}{py} -m slurmiso run --ckpt-dir {self.work}/ckpt -- "
             f"{py} {here}/train_counter.py --steps 100000 --step-time 0.05 --report-steps "
             f"--stop-file {self.stop_file} --log {self.train_log} {train_args}\n",
             "-p", "mps", "--qos=train", "--gres=mps:50", "-w", node, "--requeue",

@@ -17,11 +17,10 @@ unchanged or exits 1 with one line saying why, so the program never starts:
   host path (:func:`slurmiso.slurm.ocispec.pipe_reachable`), or CUDA would not use the job's
   daemon and its limits.
 
-Before it execs the runtime it makes the runtime ignore the signals a preemptible class's
-``slurmiso run`` waits for (SIGTERM and the class's checkpoint signal). Slurm signals every
-process of the step's cgroup (proctrack), the runtime included: ``crun run`` forwards none
-and dies of SIGTERM or SIGUSR2 (measured, crun 1.28), ending the step before the program
-inside could checkpoint. The runtime resets them to default for the program (measured).
+Slurm signals the step's task, the runtime, which forwards them to the program inside
+(crun: measured for SIGTERM, SIGUSR2, SIGURG) but not SIGWINCH, the ladder's unthrottle. For
+a class the ladder throttles the gate therefore stays as the runtime's parent and relays
+(:mod:`slurmiso.hooks.oci_relay`); for the others it execs the runtime in its place.
 
 A requeued job runs again under the same container name (``%n.%u.%j.%s.%t`` holds no
 restart count), and a runtime killed with SIGKILL (a preemption whose grace ran out) leaves
@@ -83,28 +82,19 @@ def refusal(config: Any, managed: bool) -> Optional[str]:
     return None
 
 
-def _signal_number(name: str) -> int:
-    import signal
-
-    return int(getattr(signal, f"SIG{name}"))
-
-
-def kept_signals(env: Mapping[str, str], managed: bool) -> List[int]:
-    """The signals the runtime must survive so the program inside receives them: SIGTERM
-    and the checkpoint signal of a preemptible class (a class without checkpointing, and a
-    node in no pool, keep the runtime's defaults)."""
+def relayed(env: Mapping[str, str], managed: bool) -> bool:
+    """Whether the job's class may be throttled by the ladder (preemptible), so the gate
+    must relay SIGWINCH to its container; unknown class or node: exec the runtime."""
     name = env.get("SLURMISO_CLASS", "")
     if not managed or not name:
-        return []
+        return False
     try:
         from slurmiso.config import load_config
 
         job_class = load_config().job_class(name)
-    except Exception:  # noqa: BLE001 - unknown class: leave the runtime's defaults
-        return []
-    if job_class is None or not job_class.preemptible or job_class.checkpoint is None:
-        return []
-    return sorted({_signal_number("TERM"), _signal_number(job_class.checkpoint.signal)})
+    except Exception:  # noqa: BLE001 - unknown class: the runtime alone, as on any node
+        return False
+    return job_class is not None and job_class.preemptible
 
 
 def clear_stale(runtime: Sequence[str], timeout: float = 10.0) -> str:
@@ -171,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     node, bundle, runtime = args[0], args[1], args[2:]
-    kept: List[int] = []
+    relay = False
     try:
         config = read_config(bundle)
     except Unreadable as exc:
@@ -180,18 +170,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         managed = node_managed(node)
         reason = refusal(config, managed)
         if not reason:
-            kept = kept_signals(container_env(config), managed)
+            relay = relayed(container_env(config), managed)
     if reason:
         print(f"slurmiso: container refused: {' '.join(reason.split())}", file=sys.stderr)
         return 1
-    import signal
-
-    for signum in kept:
-        signal.signal(signum, signal.SIG_IGN)  # inherited across exec by the runtime
     cleared = clear_stale(runtime)
     if cleared:
         print(f"slurmiso: {cleared}", file=sys.stderr)
     try:
+        if relay:
+            from slurmiso.hooks import oci_relay
+
+            return oci_relay.run(runtime)
         os.execvp(runtime[0], runtime)
     except OSError as exc:
         print(f"slurmiso: cannot run the container runtime {runtime[0]!r}: {exc.strerror}",

@@ -158,3 +158,37 @@ def test_a_requeued_job_runs_again_after_its_runtime_was_killed(
     with open(f"{tag}.second", encoding="utf-8") as fh:
         assert fh.read().strip() == "again"
     assert sandbox.job_fields(job).get("Restarts") == "1"
+
+
+def test_the_ladder_protects_a_containerised_server_from_containerised_training(
+    sandbox: Any, bundle: str,
+) -> None:
+    """The stand-in server (``--iso-metrics``) and ``slurmiso run`` training, each in a
+    container on one MPS GPU: the agent reads the server inside (its listener's owner
+    checked: the node's network), the monitor throttles training over the SLO, the throttle
+    signal reaches the wrapper inside (its throttle file), and calm releases it."""
+    import functools
+
+    from slurmiso.wrapper.throttle import throttle_path
+    from slurmiso_sandbox.protect import CALM_MS, HOT_MS, Ladder
+    from tests import waiting
+
+    until = functools.partial(waiting.wait_for, every=0.3, timeout=120)
+    lad = Ladder(sandbox, ("hold", "throttle"), dwell_s=2, window_s=4)
+    throttled = functools.partial(os.path.lexists,
+                                  throttle_path(os.path.join(lad.work, "ckpt")))
+    try:
+        lad.start_jobs(container=bundle)
+        assert len(set(lad.gpus().values())) == 1, lad.gpus()
+        lad.start_daemons()
+        until(lambda: lad.job_p99() is not None, "the agent to read the containerised server")
+        lad.set_latency(HOT_MS)
+        until(lambda: "throttle" in lad.ladder_kinds(lad.train), "a throttle on training")
+        until(throttled, "the wrapper inside its container to create the throttle file")
+        lad.set_latency(CALM_MS)
+        until(lambda: "unthrottle" in lad.ladder_kinds(lad.train), "the unthrottle")
+        until(lambda: not throttled(), "the throttle file to go")
+        assert [e for e in lad.actions() if e.get("target") == lad.infer] == []
+        assert sandbox.job_fields(lad.infer).get("JobState") == "RUNNING"
+    finally:
+        lad.stop()

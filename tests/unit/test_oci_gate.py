@@ -155,38 +155,13 @@ def test_usage_errors_exit_2(argv: List[str], capsys: Any) -> None:
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
 
 
-def test_a_preemptible_class_keeps_its_runtime_alive_through_term_and_its_checkpoint_signal(
-        monkeypatch: Any) -> None:
-    import signal
-
-    monkeypatch.setenv("SLURMISO_CONFIG", EXAMPLE)  # train: preemptible, checkpoint USR2
-    assert oci_gate.kept_signals({"SLURMISO_CLASS": "train"}, managed=True) == sorted(
-        [signal.SIGTERM, signal.SIGUSR2])
-    assert oci_gate.kept_signals({"SLURMISO_CLASS": "infer"}, managed=True) == []
-    assert oci_gate.kept_signals({"SLURMISO_CLASS": "train"}, managed=False) == []
-    assert oci_gate.kept_signals({"SLURMISO_CLASS": "no-such"}, managed=True) == []
-    assert oci_gate.kept_signals({}, managed=True) == []
-
-
-def test_the_runtime_inherits_the_ignored_signals(tmp_path: Any) -> None:
-    """The exec'd runtime starts with SIGTERM and SIGUSR2 ignored (its SigIgn mask)."""
-    import signal
-    import subprocess
-    import sys
-
-    env_list = MPS_ENV[:-1] + ["SLURMISO_CLASS=train"]
-    bundle = _bundle(tmp_path, config(env_list, bind(MPS_ROOT)))
-    runtime = tmp_path / "runtime.sh"
-    runtime.write_text(f"#!/bin/sh\ngrep ^SigIgn: /proc/self/status > {tmp_path}/ign\n")
-    runtime.chmod(0o755)
-    env = dict(os.environ, SLURMISO_CONFIG=EXAMPLE)
-    cp = subprocess.run([sys.executable, "-m", "slurmiso.hooks.oci_gate", "gpu001",
-                         bundle, str(runtime)], env=env, capture_output=True, text=True,
-                        timeout=60)
-    assert cp.returncode == 0, cp.stderr
-    mask = int((tmp_path / "ign").read_text().split()[1], 16)
-    for sig in (signal.SIGTERM, signal.SIGUSR2):
-        assert mask & (1 << (sig - 1)), hex(mask)
+def test_only_a_class_the_ladder_throttles_gets_the_relay(monkeypatch: Any) -> None:
+    monkeypatch.setenv("SLURMISO_CONFIG", EXAMPLE)  # train: preemptible; infer: not
+    assert oci_gate.relayed({"SLURMISO_CLASS": "train"}, managed=True) is True
+    assert oci_gate.relayed({"SLURMISO_CLASS": "infer"}, managed=True) is False
+    assert oci_gate.relayed({"SLURMISO_CLASS": "train"}, managed=False) is False
+    assert oci_gate.relayed({"SLURMISO_CLASS": "no-such"}, managed=True) is False
+    assert oci_gate.relayed({}, managed=True) is False
 
 
 def _fake_runtime(tmp_path: Any, status: str) -> List[str]:
