@@ -103,22 +103,30 @@ def step_mig_dynamic(sbx: SandboxClient) -> str:
     return "infer (3g.40gb) and train (4g.40gb) shared an H100 through MIG; GPU clean after"
 
 
-def step_mps(sbx: SandboxClient) -> str:
-    before = _gpu_state(sbx, "n2")
-    infer = sbx.submit(_script(4), "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
+def _mps_pair(sbx: SandboxClient, infer_script: str, labels: Tuple[str, str]
+              ) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """An infer and a train job on n2's MPS pool at once; what each saw. One GPU, each class
+    through its own MPS daemon, whose limits the job cannot undo (docs/security.md, MPS):
+    two pipe directories under the same GPU."""
+    infer = sbx.submit(infer_script, "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
     train = sbx.submit(_script(4), "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2")
     for job in (infer, train):
-        sbx.wait_for(job, timeout=60)
-    e1 = _show_job(sbx, infer, "qos infer on the MPS pool")
-    e2 = _show_job(sbx, train, "qos train on the MPS pool")
+        sbx.wait_for(job, timeout=90)
+    e1 = _show_job(sbx, infer, labels[0])
+    e2 = _show_job(sbx, train, labels[1])
     _wait_released(sbx, "n2", [infer, train])
-    # one GPU, each class through its own MPS daemon, whose limits the job cannot undo
-    # (docs/security.md, MPS): two pipe directories under the same GPU
     pipes = [e1.get("CUDA_MPS_PIPE_DIRECTORY") or "", e2.get("CUDA_MPS_PIPE_DIRECTORY") or ""]
     gpus = {e1.get("CUDA_VISIBLE_DEVICES"), e2.get("CUDA_VISIBLE_DEVICES")}
     if not all(pipes) or pipes[0] == pipes[1] or len(gpus) != 1:
         raise SandboxError(f"the two jobs did not share one GPU through their own MPS daemons "
                            f"(GPUs {sorted(map(str, gpus))}, pipes {pipes})")
+    return e1, e2
+
+
+def step_mps(sbx: SandboxClient) -> str:
+    before = _gpu_state(sbx, "n2")
+    e1, e2 = _mps_pair(sbx, _script(4), ("qos infer on the MPS pool",
+                                         "qos train on the MPS pool"))
     if _gpu_state(sbx, "n2") != before:
         raise SandboxError("n2's GPUs changed after the MPS jobs ended")
     return (f"one GPU, a daemon per class: infer at "
@@ -143,22 +151,12 @@ def step_container(sbx: SandboxClient) -> str:
             "[print(k + '=' + e[k]) for k in sorted(e) if k.startswith(('CUDA_', "
             "'SLURMISO_CLASS'))]; print('CONTAINER=' + os.uname().nodename); "
             "print('PIPE_SEEN=' + str(bool(p) and os.path.isdir(p)))")
-    infer = sbx.submit(f'#!/bin/bash\nsrun --container={bundle} /usr/bin/python3 -c "{look}"\n'
-                       "sleep 4\n", "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
-    train = sbx.submit(_script(4), "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2")
-    for job in (infer, train):
-        sbx.wait_for(job, timeout=90)
-    e1 = _show_job(sbx, infer, "qos infer, in a container")
-    e2 = _show_job(sbx, train, "qos train, bare")
-    _wait_released(sbx, "n2", [infer, train])
+    e1, e2 = _mps_pair(
+        sbx, f'#!/bin/bash\nsrun --container={bundle} /usr/bin/python3 -c "{look}"\nsleep 4\n',
+        ("qos infer, in a container", "qos train, bare"))
     if e1.get("CONTAINER") != "sbx-container" or e1.get("PIPE_SEEN") != "True":
         raise SandboxError("the inference job did not run in its container with its MPS "
                            f"pipe directory in sight ({e1})")
-    pipes = [e1.get("CUDA_MPS_PIPE_DIRECTORY") or "", e2.get("CUDA_MPS_PIPE_DIRECTORY") or ""]
-    if not all(pipes) or pipes[0] == pipes[1] or \
-            e1.get("CUDA_VISIBLE_DEVICES") != e2.get("CUDA_VISIBLE_DEVICES"):
-        raise SandboxError(f"the two jobs did not share one GPU through their own MPS daemons "
-                           f"(pipes {pipes})")
     return (f"one GPU: infer in a container at {e1.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}% "
             f"of the SMs, {e1.get('CUDA_MPS_PINNED_DEVICE_MEM_LIMIT')}; train bare at "
             f"{e2.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE')}%, "
