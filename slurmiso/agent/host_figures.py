@@ -68,13 +68,17 @@ def _read(cg: JobCgroup) -> Optional[CgroupFigures]:
     return read_v1(cg.v1) if cg.v1 is not None else None
 
 
+def record_sluids(records: Dict[str, Any]) -> Dict[str, str]:
+    """SLUID -> job id, from the records (26.05 names job cgroups by SLUID)."""
+    return {str(rec.fence.get("sluid")): str(job) for job, rec in records.items()
+            if is_sluid(str(getattr(rec, "fence", {}).get("sluid") or ""))}
+
+
 def gather_host(records: Dict[str, Any], node: str, cgroup_root: str = "/sys/fs/cgroup",
                 proc_root: str = "/proc", sys_root: str = "/sys") -> HostReport:
     """Every job Slurm made a cgroup for on ``node`` and every recorded job, with its figures;
     the node's PSI and NIC counters beside them."""
-    sluids = {str(rec.fence.get("sluid")): str(job) for job, rec in records.items()
-              if is_sluid(str(getattr(rec, "fence", {}).get("sluid") or ""))}
-    found = job_cgroups(cgroup_root, node, sluids)
+    found = job_cgroups(cgroup_root, node, record_sluids(records))
     report = HostReport(node)
     for job in sorted(set(found) | {str(j) for j in records}, key=lambda j: (len(j), j)):
         rec = records.get(job)

@@ -185,6 +185,7 @@ class JobSignalsState:
         steps: Optional[Callable[..., StepFigures]] = None,
         clock: Callable[[], float] = time.time, budget: Budget = Budget(),
         cpu: Callable[[], float] = time.thread_time,
+        elsewhere: Optional[Callable[[List[str]], Set[str]]] = None,
     ) -> None:
         from slurmiso.agent import port_owners, stepfile
         from slurmiso.exposition import scrape
@@ -199,6 +200,8 @@ class JobSignalsState:
         self.clock = clock
         self.budget = budget
         self.cpu = cpu
+        #: jobs -> those in another network namespace (slurmiso.agent.netns); None: not asked
+        self.elsewhere = elsewhere
         self.turn = 0  # which user, and which of a user's jobs, is parsed first
         self.jobs: Dict[str, _Job] = {}
         self.step_figures: Dict[str, StepFigures] = {}
@@ -267,11 +270,15 @@ class JobSignalsState:
                 held.skip -= 1  # (only this thread writes it)
                 refused[job] = sig.R_OVER_BUDGET
             elif uids is not None and not uids:
-                refused[job] = "unreachable"  # nothing listens there: nothing to connect to
+                refused[job] = sig.R_UNREACHABLE  # nothing listens there: nothing to connect to
             elif uids is not None and rec.uid >= 0 and uids != {rec.uid}:
                 refused[job] = sig.R_PORT_NOT_OWNED
             else:  # (no /proc/net: the uid check is not possible; the read still is)
                 urls[job] = f"http://127.0.0.1:{port}{path}"
+        unreached = sorted(j for j, why in refused.items() if why == sig.R_UNREACHABLE)
+        if unreached and self.elsewhere is not None:
+            for job in self.elsewhere(unreached):  # say why nothing listens, where it can
+                refused[job] = sig.R_OTHER_NETNS
         return urls, refused
 
     def _job(self, job: str) -> _Job:

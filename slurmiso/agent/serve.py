@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
 
 from slurmiso.agent.gpus import NodeCollector, gather_node
 from slurmiso.agent.restraint_watch import RestraintCollector, watch_forever
@@ -52,11 +52,16 @@ def registry_for(cfg: Config, node: str, signals: Any = None, host: bool = True,
 
 def signals_for(cfg: Config, node: str) -> Any:
     """The jobs' signals of ``node`` and their background reader (not started)."""
+    from slurmiso.agent import netns
+    from slurmiso.agent.host_figures import record_sluids
     from slurmiso.agent.job_signals import JobSignalsState, Refresher
+
+    def elsewhere(jobs: List[str]) -> Set[str]:
+        return netns.elsewhere(jobs, record_sluids(_records(cfg, node)), node)
 
     state = JobSignalsState(
         cfg.monitor.signals, tuple(s.class_name for s in cfg.monitor.slo),
-        tuple(c.name for c in cfg.classes if c.preemptible))
+        tuple(c.name for c in cfg.classes if c.preemptible), elsewhere=elsewhere)
 
     return Refresher(state, lambda: _records(cfg, node), cfg.monitor.signals.refresh_s)
 

@@ -98,6 +98,7 @@ CLASS_UNRECORDED = "unrecorded"
 #: Why a signal is unknown (the ``reason`` label). Transport reasons are the scraper's
 #: (:mod:`slurmiso.exposition.scrape`): unreachable, timeout, deadline, not-http, http-status,
 #: truncated, too-large.
+R_UNREACHABLE = "unreachable"  # nothing listens on the port (the scrape's own reason too)
 R_NO_ENDPOINT = "no-endpoint"  # an SLO class's job that declared no --iso-metrics
 R_PORT_NOT_OWNED = "port-not-owned"  # the port's listener is not the job's user
 R_NO_SERIES = "no-known-series"  # the answer has none of the configured latency series
@@ -113,6 +114,9 @@ R_NO_ERRORS = "no-error-series"  # latency known, failures not
 #: The answer cost the agent more than its budget (lines, series, CPU; the job's or its
 #: user's per refresh): unknown, and read again only after a backoff.
 R_OVER_BUDGET = "over-budget"
+#: Nothing listens on the node's loopback and the job has processes in another network
+#: namespace (a container with its own network): its endpoint is out of the agent's reach.
+R_OTHER_NETNS = "other-netns"
 
 
 #: One window histogram: (signal, model, ((edge in seconds, requests at or under it), ...)).

@@ -192,3 +192,41 @@ def test_the_ladder_protects_a_containerised_server_from_containerised_training(
         assert sandbox.job_fields(lad.infer).get("JobState") == "RUNNING"
     finally:
         lad.stop()
+
+
+def test_a_server_in_a_container_with_its_own_network_is_named_not_read(
+    sandbox: Any, bundle: str,
+) -> None:
+    """Its listener is on the container's loopback, which the node's does not reach: the
+    agent reports the latency unknown, saying why (``other-netns``), never calm."""
+    import re
+
+    from slurmiso_sandbox.protect import Ladder, read_text
+    from tests import waiting
+
+    with open(os.path.join(bundle, "config.json"), encoding="utf-8") as fh:
+        cfg: Dict[str, Any] = json.load(fh)
+    cfg["linux"]["namespaces"].append({"type": "network"})
+    netns_bundle = os.path.join(sandbox.jobs_dir, f"bundle-net-{uuid.uuid4().hex[:8]}")
+    os.makedirs(netns_bundle)
+    with open(os.path.join(netns_bundle, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(cfg, fh)
+    os.chmod(netns_bundle, 0o755)
+    lad = Ladder(sandbox, ("hold", "throttle"), dwell_s=2, window_s=4)
+    try:
+        py, here = sandbox.job_python, os.path.join(sandbox.job_pythonpath, "slurmiso_sandbox")
+        lad.infer = sandbox.submit(
+            f"#!/bin/bash\nsrun --container={netns_bundle} {py} {here}/latency_server.py "
+            f"--port {lad.port} --control {lad.control} --log {lad.infer_log}\n",
+            "-p", "mps", "--qos=infer", "--gres=mps:50", "-w", "n2",
+            f"--iso-metrics={lad.port}", user=L.TEST_USER)
+        waiting.wait_for(lambda: "# listening" in read_text(lad.infer_log),
+                         "the server to listen in its container", timeout=60, every=0.3)
+        lad.start_agent()
+        unknown = re.compile(r'^slurmiso_job_signal_unknown\{[^}]*job="' + lad.infer +
+                             r'"[^}]*reason="other-netns"[^}]*\} 1', re.M)
+        waiting.wait_for(lambda: unknown.search(lad.scrape()), "the agent to name the cause",
+                         timeout=60, every=0.5)
+        assert lad.job_p99() is None
+    finally:
+        lad.stop()

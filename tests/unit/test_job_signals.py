@@ -281,6 +281,24 @@ def test_a_port_another_user_listens_on_is_never_read(server: Server) -> None:
     assert read(st)["41"].unknown == ("latency:unreachable",) and server.hits == []
 
 
+def test_nothing_listening_and_a_process_in_another_network_namespace_says_so() -> None:
+    """A container with its own network listens where the node's loopback cannot reach: the
+    reason names that (asked only for the jobs nothing listens for), latency stays unknown."""
+    asked: List[List[str]] = []
+
+    def elsewhere(jobs: List[str]) -> set:
+        asked.append(list(jobs))
+        return {"41"}
+
+    st = state(Clock(), listeners=lambda: {}, elsewhere=elsewhere)
+    st.refresh({"41": record("41", "8000/metrics"), "42": record("42", "8001/metrics"),
+                "43": record("43", "", cls="debug")})
+    got = read(st)
+    assert got["41"].unknown == ("latency:other-netns",)
+    assert got["42"].unknown == ("latency:unreachable",)
+    assert asked == [["41", "42"]]
+
+
 def test_the_kernel_names_the_test_servers_uid(server: Server) -> None:
     owners = ports.loopback_listeners()
     assert owners is not None and owners.get(server.port) == {os.getuid()}
