@@ -185,7 +185,7 @@ class JobSignalsState:
         steps: Optional[Callable[..., StepFigures]] = None,
         clock: Callable[[], float] = time.time, budget: Budget = Budget(),
         cpu: Callable[[], float] = time.thread_time,
-        elsewhere: Optional[Callable[[List[str]], Set[str]]] = None,
+        elsewhere: Optional[Callable[[List[str], Mapping[str, Any]], Set[str]]] = None,
     ) -> None:
         from slurmiso.agent import port_owners, stepfile
         from slurmiso.exposition import scrape
@@ -200,7 +200,7 @@ class JobSignalsState:
         self.clock = clock
         self.budget = budget
         self.cpu = cpu
-        #: jobs -> those in another network namespace (slurmiso.agent.netns); None: not asked
+        #: (jobs, their records) -> those in another network namespace (slurmiso.agent.netns)
         self.elsewhere = elsewhere
         self.turn = 0  # which user, and which of a user's jobs, is parsed first
         self.jobs: Dict[str, _Job] = {}
@@ -276,10 +276,20 @@ class JobSignalsState:
             else:  # (no /proc/net: the uid check is not possible; the read still is)
                 urls[job] = f"http://127.0.0.1:{port}{path}"
         unreached = sorted(j for j, why in refused.items() if why == sig.R_UNREACHABLE)
-        if unreached and self.elsewhere is not None:
-            for job in self.elsewhere(unreached):  # say why nothing listens, where it can
-                refused[job] = sig.R_OTHER_NETNS
+        for job in self._elsewhere(unreached, live):  # say why nothing listens, where it can
+            refused[job] = sig.R_OTHER_NETNS
         return urls, refused
+
+    def _elsewhere(self, jobs: List[str], live: Mapping[str, Any]) -> Set[str]:
+        """Only a finer reason: a failure to find it leaves them "unreachable"."""
+        if not jobs or self.elsewhere is None:
+            return set()
+        try:
+            return self.elsewhere(jobs, live)
+        except Exception:  # noqa: BLE001 - the refresh must go on
+            log.warning("cannot tell which jobs listen in another network namespace",
+                        exc_info=True)
+            return set()
 
     def _job(self, job: str) -> _Job:
         j = self.jobs.get(job)

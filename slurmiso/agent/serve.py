@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Set
 
 from slurmiso.agent.gpus import NodeCollector, gather_node
 from slurmiso.agent.restraint_watch import RestraintCollector, watch_forever
@@ -56,8 +56,8 @@ def signals_for(cfg: Config, node: str) -> Any:
     from slurmiso.agent.host_figures import record_sluids
     from slurmiso.agent.job_signals import JobSignalsState, Refresher
 
-    def elsewhere(jobs: List[str]) -> Set[str]:
-        return netns.elsewhere(jobs, record_sluids(_records(cfg, node)), node)
+    def elsewhere(jobs: List[str], records: Mapping[str, Any]) -> Set[str]:
+        return netns.elsewhere(jobs, record_sluids(dict(records)), node)
 
     state = JobSignalsState(
         cfg.monitor.signals, tuple(s.class_name for s in cfg.monitor.slo),

@@ -35,7 +35,9 @@ stay in, is still what a hostile job cannot undo (docs/admin-guide.md, "Containe
 from __future__ import annotations
 
 import os
+import stat
 import sys
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 USAGE = "usage: slurmiso-oci-gate NODE BUNDLE RUNTIME [ARG...]  (oci.conf's RunTimeRun)"
@@ -60,9 +62,12 @@ def container_env(config: Any) -> Dict[str, str]:
     return out
 
 
-def refusal(config: Any, managed: bool) -> Optional[str]:
+def refusal(config: Any, managed: bool,
+            expected: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Why this container must not start, or None (pure: unit-tested with config.json
-    fixtures)."""
+    fixtures). ``expected``: what the TaskProlog exported for the job (its record's
+    environment), every name of which the container must carry unchanged; None when the
+    record could not be read."""
     from slurmiso.slurm.ocispec import pipe_reachable
 
     try:
@@ -74,6 +79,14 @@ def refusal(config: Any, managed: bool) -> Optional[str]:
                 "(Slurm 22.05 writes config.json before the TaskProlog runs; on 23.02 and "
                 "later an oci.conf EnvExclude may drop them), so its GPU share would not "
                 "hold inside: run it on Slurm 23.02 or later with 'slurmiso gen oci-conf'")
+    if managed and "SLURMISO_CLASS" in env:
+        if expected is None:
+            return "cannot read this job's isolation record to check the container against it"
+        lost = sorted(k for k, v in expected.items() if env.get(k) != v)
+        if lost:
+            return (f"the container's environment lacks or changes {', '.join(lost)} as the "
+                    "TaskProlog set them (an oci.conf EnvExclude?), so its GPU share would "
+                    "not hold inside: 'slurmiso doctor' checks oci.conf")
     pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
     if pipe:
         verdict = pipe_reachable(config, pipe)
@@ -82,19 +95,42 @@ def refusal(config: Any, managed: bool) -> Optional[str]:
     return None
 
 
-def relayed(env: Mapping[str, str], managed: bool) -> bool:
-    """Whether the job's class may be throttled by the ladder (preemptible), so the gate
-    must relay SIGWINCH to its container; unknown class or node: exec the runtime."""
-    name = env.get("SLURMISO_CLASS", "")
-    if not managed or not name:
-        return False
+@dataclass(frozen=True)
+class Job:
+    """What the node's config and records say of the container's job."""
+
+    managed: bool  # the node is in a slurmiso pool (or the config is unreadable)
+    relay: bool  # its class may be throttled by the ladder (preemptible)
+    expected: Optional[Dict[str, str]]  # what the TaskProlog exported; None: unread
+
+
+def read_job(node: str, env: Mapping[str, str]) -> Job:
+    """The job as root's record has it: read as the TaskProlog reads it, as the job's user,
+    and only a record of this user's job. Unknown (no readable config) is a managed node:
+    the gate is only installed on slurmiso's nodes, and unknown is never calm."""
+    from slurmiso.hooks.task_prolog import exported
+
     try:
         from slurmiso.config import load_config
 
-        job_class = load_config().job_class(name)
-    except Exception:  # noqa: BLE001 - unknown class: the runtime alone, as on any node
-        return False
-    return job_class is not None and job_class.preemptible
+        cfg = load_config()
+    except Exception:  # noqa: BLE001 - any config failure: judge the container strictly
+        return Job(True, False, None)
+    if cfg.pool_for_node(node) is None:
+        return Job(False, False, None)
+    job_class = cfg.job_class(env.get("SLURMISO_CLASS", ""))
+    relay = job_class is not None and job_class.preemptible
+    try:
+        from slurmiso.slurm.jobenv import JobEnvironment
+        from slurmiso.state import NodeState
+
+        job = JobEnvironment.from_env(env)
+        rec = NodeState(cfg.paths.state_dir_for(node)).read_job(job.job_id)
+    except Exception:  # noqa: BLE001 - unreadable: refused if the job claims a class
+        return Job(True, relay, None)
+    if rec is None or rec.uid != os.getuid():
+        return Job(True, relay, None)
+    return Job(True, relay, exported(rec))
 
 
 def clear_stale(runtime: Sequence[str], timeout: float = 10.0) -> str:
@@ -113,13 +149,13 @@ def clear_stale(runtime: Sequence[str], timeout: float = 10.0) -> str:
         if cp.returncode != 0:
             return ""  # no such container: the usual case
         status = json.loads(cp.stdout).get("status", "")
-        if status == "running":
-            return ""
+        if status != "stopped":
+            return ""  # running, paused, created: the runtime refuses the run itself
         subprocess.run(base + ["delete", "--force", name], capture_output=True,
                        timeout=timeout, check=True)
     except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
         return ""  # the run itself will say what is wrong
-    return f"removed the {status or 'stale'} container {name} an earlier attempt left"
+    return f"removed the stopped container {name} an earlier attempt left"
 
 
 def read_config(bundle: str, limit: int = 1 << 20) -> Any:
@@ -129,10 +165,15 @@ def read_config(bundle: str, limit: int = 1 << 20) -> Any:
     path = os.path.join(bundle, "config.json")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(limit + 1)
     except OSError as exc:
         raise Unreadable(f"cannot open {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise Unreadable(f"{path} is not a regular file")
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise Unreadable(f"cannot read {path}: {exc.strerror}") from exc
     if len(data) > limit:
         raise Unreadable(f"{path} is over {limit} bytes; not read")
     try:
@@ -141,15 +182,24 @@ def read_config(bundle: str, limit: int = 1 << 20) -> Any:
         raise Unreadable(f"{path} is not JSON ({str(exc)[:80]})") from exc
 
 
-def node_managed(node: str) -> bool:
-    """Is ``node`` in a slurmiso pool? Unknown (no readable config) counts as yes: the gate
-    is only installed on slurmiso's nodes, and unknown is never calm."""
+def verdict(node: str, bundle: str) -> Job:
+    """Read the step's config.json and the job's record; the refusal, if any, is printed."""
     try:
-        from slurmiso.config import load_config
+        config = read_config(bundle)
+        env = container_env(config)
+    except Unreadable as exc:
+        _refuse(f"cannot read the container's config.json: {exc}")
+        raise
+    job = read_job(node, env)
+    reason = refusal(config, job.managed, job.expected)
+    if reason:
+        _refuse(reason)
+        raise Unreadable(reason)
+    return job
 
-        return load_config().pool_for_node(node) is not None
-    except Exception:  # noqa: BLE001 - any config failure: judge the container strictly
-        return True
+
+def _refuse(reason: str) -> None:
+    print(f"slurmiso: container refused: {' '.join(reason.split())}", file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -161,27 +211,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     node, bundle, runtime = args[0], args[1], args[2:]
-    relay = False
     try:
-        config = read_config(bundle)
-    except Unreadable as exc:
-        reason: Optional[str] = f"cannot read the container's config.json: {exc}"
-    else:
-        managed = node_managed(node)
-        reason = refusal(config, managed)
-        if not reason:
-            relay = relayed(container_env(config), managed)
-    if reason:
-        print(f"slurmiso: container refused: {' '.join(reason.split())}", file=sys.stderr)
+        job = verdict(node, bundle)
+    except Unreadable:
         return 1
     cleared = clear_stale(runtime)
     if cleared:
         print(f"slurmiso: {cleared}", file=sys.stderr)
     try:
-        if relay:
+        if job.relay:
             from slurmiso.hooks import oci_relay
 
             return oci_relay.run(runtime)
+        import signal
+
+        for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores them; the runtime must not
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
         os.execvp(runtime[0], runtime)
     except OSError as exc:
         print(f"slurmiso: cannot run the container runtime {runtime[0]!r}: {exc.strerror}",

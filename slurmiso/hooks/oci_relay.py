@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 #: What Slurm, the ladder and ``scancel --signal`` may send a step (SIGKILL and SIGSTOP
 #: cannot be caught: Slurm sends those to the step's whole cgroup).
@@ -34,40 +34,102 @@ def state_command(runtime: Sequence[str]) -> List[str]:
     return [*runtime[:list(runtime).index("run", 1)], "state", runtime[-1]]
 
 
-def container_pid(runtime: Sequence[str], timeout: float = 5.0) -> int:
-    """The container's first process as the host sees it (0 if the runtime cannot say)."""
+#: Linux's largest pid (pid_max can be at most 2**22).
+PID_MAX = 1 << 22
+#: Signals whose default action dumps core: the relay reports them as an exit status
+#: rather than dump its own core.
+CORE = ("QUIT", "ILL", "ABRT", "FPE", "SEGV", "BUS", "SYS", "TRAP", "XCPU", "XFSZ")
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name[3:]
+    except ValueError:
+        return ""
+
+
+def _parent(pid: int, proc: str = "/proc") -> int:
+    """``pid``'s parent (0 if unreadable): the field after the state in /proc/PID/stat."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def container_pid(runtime: Sequence[str], runtime_pid: int, timeout: float = 2.0) -> int:
+    """The container's first process as the host sees it, if the runtime says it runs and
+    it is the runtime's own child (the state file is the user's: its pid is checked); 0
+    otherwise."""
     import json
 
     try:
         cp = subprocess.run(state_command(runtime), capture_output=True, text=True,
                             timeout=timeout, check=False)
-        pid = json.loads(cp.stdout).get("pid", 0) if cp.returncode == 0 else 0
+        state = json.loads(cp.stdout) if cp.returncode == 0 else {}
+        pid, status = state.get("pid"), state.get("status")
     except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
         return 0
-    return pid if isinstance(pid, int) and pid > 0 else 0
+    if type(pid) is not int or not 0 < pid < PID_MAX or status != "running":
+        return 0
+    return pid if _parent(pid) == runtime_pid else 0
+
+
+class _Relay:
+    """The signal handler: signals that arrive before the runtime started wait for it; the
+    container's pid is looked up once, at the first signal that needs it."""
+
+    def __init__(self, runtime: Sequence[str]) -> None:
+        self.runtime = list(runtime)
+        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.pending: List[int] = []
+        self.inner = 0
+        self.direct = {_number(n) for n in DIRECT}
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.child is None:
+            self.pending.append(signum)
+            return
+        try:
+            self._send(signum)
+        except Exception:  # noqa: BLE001 - a handler must never end the relay
+            pass
+
+    def _send(self, signum: int) -> None:
+        assert self.child is not None
+        if signum not in self.direct:
+            self.child.send_signal(signum)
+            return
+        if not self.inner:
+            self.inner = container_pid(self.runtime, self.child.pid)
+        if self.inner:
+            os.kill(self.inner, signum)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.child = subprocess.Popen(self.runtime)
+        for signum in self.pending:
+            self(signum, None)
+        self.pending = []
+        return self.child
 
 
 def run(runtime: Sequence[str]) -> int:
     """Run ``runtime`` and relay signals to it until it ends; its exit status."""
-    child = subprocess.Popen(list(runtime))
-    direct = {_number(n) for n in DIRECT}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        target = container_pid(runtime) if signum in direct else child.pid
-        if target > 0 and child.poll() is None:
-            try:
-                os.kill(target, signum)
-            except OSError:
-                pass  # it just ended: the wait below reports how
-
-    for name in RELAYED:
-        signal.signal(_number(name), on_signal)
-    status = child.wait()
-    if status < 0:  # killed by a signal: end the same way, so Slurm reports it as such
-        try:
+    relay = _Relay(runtime)
+    for name in RELAYED:  # before the runtime starts: no signal finds the default action
+        signal.signal(_number(name), relay)
+    child = relay.start()
+    try:
+        status = child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    if status < 0 and _name(-status) not in CORE:
+        try:  # killed by a signal: end the same way, so Slurm reports it as such
             signal.signal(-status, signal.SIG_DFL)
         except (OSError, ValueError):
             pass  # SIGKILL and SIGSTOP keep their default
         os.kill(os.getpid(), -status)
-        return 128 - status
-    return status
+    return 128 - status if status < 0 else status

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, List, Mapping, Optional, TextIO
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, TextIO
 
 if TYPE_CHECKING:
     from slurmiso.state.record import JobRecord
@@ -31,6 +31,16 @@ def refusal_lines(job_id: str, reason: str) -> List[str]:
     ]
 
 
+def exported(record: JobRecord) -> Dict[str, str]:
+    """The variables a ready record's task prolog exports (slurmiso-oci-gate checks a
+    container's environment against them)."""
+    out = {name: value for name, value in record.env.items()
+           if set(name) <= _SAFE and "\n" not in value}
+    if record.job_class:
+        out["SLURMISO_CLASS"] = record.job_class
+    return out
+
+
 def lines_for(record: Optional[JobRecord], job_id: str) -> List[str]:
     """The TaskProlog output lines for a job record (pure, so it is unit-tested).
 
@@ -42,12 +52,9 @@ def lines_for(record: Optional[JobRecord], job_id: str) -> List[str]:
     if record.status != "ready":
         reason = record.reason or f"isolation is {record.status.value!r}"
         return refusal_lines(job_id, reason)
-    out = []
-    for name, value in sorted(record.env.items()):
-        if set(name) <= _SAFE and "\n" not in value:
-            out.append(f"export {name}={value}")
-    if record.job_class:
-        out.append(f"export SLURMISO_CLASS={record.job_class}")
+    env = exported(record)
+    last = {"SLURMISO_CLASS": env.pop("SLURMISO_CLASS")} if record.job_class else {}
+    out = [f"export {name}={value}" for name, value in [*sorted(env.items()), *last.items()]]
     for w in record.warnings:
         out.append(f"print slurmiso: warning: {' '.join(w.split())}")
     return out

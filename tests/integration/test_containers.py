@@ -136,7 +136,7 @@ def test_slurmiso_run_in_a_container_preempted_three_times_loses_nothing(
 
 
 def test_a_requeued_job_runs_again_after_its_runtime_was_killed(
-    sandbox: Any, submit: Any, wait_for: Any, bundle: str,
+    sandbox: Any, submit: Any, wait_for: Any, job_output: Any, bundle: str,
 ) -> None:
     """The first attempt's program ignores SIGTERM (pid 1 without a handler), so Slurm's
     SIGKILL ends the runtime and leaves its state under the step's container name; the
@@ -158,6 +158,7 @@ def test_a_requeued_job_runs_again_after_its_runtime_was_killed(
     with open(f"{tag}.second", encoding="utf-8") as fh:
         assert fh.read().strip() == "again"
     assert sandbox.job_fields(job).get("Restarts") == "1"
+    assert "slurmiso: removed the stopped container" in job_output(job), job_output(job)
 
 
 def test_the_ladder_protects_a_containerised_server_from_containerised_training(

@@ -286,8 +286,9 @@ def test_nothing_listening_and_a_process_in_another_network_namespace_says_so() 
     reason names that (asked only for the jobs nothing listens for), latency stays unknown."""
     asked: List[List[str]] = []
 
-    def elsewhere(jobs: List[str]) -> set:
+    def elsewhere(jobs: List[str], records: Any) -> set:
         asked.append(list(jobs))
+        assert set(records) == {"41", "42", "43"}  # the refresh's own records
         return {"41"}
 
     st = state(Clock(), listeners=lambda: {}, elsewhere=elsewhere)
@@ -297,6 +298,15 @@ def test_nothing_listening_and_a_process_in_another_network_namespace_says_so() 
     assert got["41"].unknown == ("latency:other-netns",)
     assert got["42"].unknown == ("latency:unreachable",)
     assert asked == [["41", "42"]]
+
+
+def test_a_failing_namespace_lookup_leaves_the_reason_unreachable() -> None:
+    def elsewhere(jobs: List[str], records: Any) -> set:
+        raise PermissionError("state dir")
+
+    st = state(Clock(), listeners=lambda: {}, elsewhere=elsewhere)
+    st.refresh({"41": record("41", "8000/metrics")})
+    assert read(st)["41"].unknown == ("latency:unreachable",)
 
 
 def test_the_kernel_names_the_test_servers_uid(server: Server) -> None:

@@ -20,6 +20,10 @@ from slurmiso.hooks import oci_gate
 from tests.unit.test_ocispec_pipe import BASE, MPS_ROOT, PIPE, bind
 
 MPS_ENV = [f"CUDA_MPS_PIPE_DIRECTORY={PIPE}", "CUDA_VISIBLE_DEVICES=0", "SLURMISO_CLASS=infer"]
+#: What the TaskProlog exported for the job (its record): the container must carry it.
+EXPECTED = dict(e.split("=", 1) for e in MPS_ENV)
+#: The node and record as read_job finds them for a ready MPS job.
+READY = oci_gate.Job(managed=True, relay=False, expected=EXPECTED)
 
 
 def config(env: List[str], *mounts: Dict[str, Any]) -> Dict[str, Any]:
@@ -34,7 +38,7 @@ def config(env: List[str], *mounts: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def test_mps_job_whose_bundle_binds_the_pipe_root_runs() -> None:
-    assert oci_gate.refusal(config(MPS_ENV, bind(MPS_ROOT)), managed=True) is None
+    assert oci_gate.refusal(config(MPS_ENV, bind(MPS_ROOT)), True, EXPECTED) is None
 
 
 @pytest.mark.parametrize("mounts, says", [
@@ -45,7 +49,7 @@ def test_mps_job_whose_bundle_binds_the_pipe_root_runs() -> None:
 ])
 def test_mps_job_that_cannot_reach_its_pipe_is_refused_with_the_reason(
         mounts: Any, says: str) -> None:
-    reason = oci_gate.refusal(config(MPS_ENV, *mounts), managed=True)
+    reason = oci_gate.refusal(config(MPS_ENV, *mounts), True, EXPECTED)
     assert reason is not None and says in reason, reason
     assert PIPE in reason and "slurmiso gen oci-conf --config-json" in reason
 
@@ -58,6 +62,23 @@ def test_container_without_the_task_prologs_verdict_is_refused_on_a_managed_node
     assert oci_gate.refusal(cfg, managed=False) is None  # a node in no slurmiso pool
 
 
+@pytest.mark.parametrize("env, lost", [
+    ([e for e in MPS_ENV if not e.startswith("CUDA_MPS_")], "CUDA_MPS_PIPE_DIRECTORY"),
+    (MPS_ENV + ["CUDA_VISIBLE_DEVICES=0,1"], "CUDA_VISIBLE_DEVICES"),
+], ids=["mps-dropped", "gpus-changed"])
+def test_a_container_without_the_task_prologs_exports_unchanged_is_refused(
+        env: List[str], lost: str) -> None:
+    """An EnvExclude that drops CUDA_MPS_* leaves no pipe directory to check: the record
+    says which variables the container must carry, and the gate asks for each."""
+    reason = oci_gate.refusal(config(env, bind(MPS_ROOT)), True, EXPECTED)
+    assert reason is not None and f"lacks or changes {lost}" in reason, reason
+
+
+def test_a_classed_container_whose_record_cannot_be_read_is_refused() -> None:
+    reason = oci_gate.refusal(config(MPS_ENV, bind(MPS_ROOT)), True, None)
+    assert reason is not None and "isolation record" in reason
+
+
 def test_refused_job_runs_without_gpus_as_it_would_bare() -> None:
     """The TaskProlog's refusal (empty CUDA_VISIBLE_DEVICES) reached the container: the
     device cgroup keeps the GPUs closed, as for a bare job."""
@@ -67,7 +88,8 @@ def test_refused_job_runs_without_gpus_as_it_would_bare() -> None:
 
 def test_last_entry_of_a_name_wins_as_in_the_runtime() -> None:
     env = MPS_ENV + ["CUDA_MPS_PIPE_DIRECTORY=/elsewhere/pipe"]
-    reason = oci_gate.refusal(config(env, bind(MPS_ROOT)), managed=True)
+    reason = oci_gate.refusal(config(env, bind(MPS_ROOT)), True,
+                              dict(EXPECTED, CUDA_MPS_PIPE_DIRECTORY="/elsewhere/pipe"))
     assert reason is not None and "/elsewhere/pipe" in reason
 
 
@@ -79,8 +101,8 @@ def test_last_entry_of_a_name_wins_as_in_the_runtime() -> None:
     {"process": {"env": MPS_ENV}, "mounts": {"destination": MPS_ROOT}},
 ])
 def test_unreadable_config_is_a_refusal(bad: Any) -> None:
-    reason = oci_gate.refusal(bad, managed=True)
-    assert reason is not None and ("cannot read" in reason or "config.json" in reason), reason
+    reason = oci_gate.refusal(bad, True, EXPECTED)
+    assert reason is not None and "cannot read the container's config.json" in reason, reason
 
 
 def _bundle(tmp_path: Any, cfg: Any) -> str:
@@ -99,7 +121,7 @@ def _runtime(tmp_path: Any) -> List[str]:
 
 def test_main_refuses_with_one_line_and_never_starts_the_runtime(
         tmp_path: Any, capsys: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(oci_gate, "node_managed", lambda node: True)
+    monkeypatch.setattr(oci_gate, "read_job", lambda node, env: READY)
     bundle = _bundle(tmp_path, config(MPS_ENV))
     assert oci_gate.main(["n2", bundle, *_runtime(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -110,16 +132,16 @@ def test_main_refuses_with_one_line_and_never_starts_the_runtime(
 @pytest.mark.parametrize("text, says", [
     ("{not json", "is not JSON"),
     ("x" * ((1 << 20) + 2), "over 1048576 bytes"),
-])
+], ids=["not-json", "too-large"])
 def test_main_refuses_a_file_it_cannot_read(tmp_path: Any, capsys: Any, monkeypatch: Any,
                                             text: str, says: str) -> None:
-    monkeypatch.setattr(oci_gate, "node_managed", lambda node: True)
+    monkeypatch.setattr(oci_gate, "read_job", lambda node, env: READY)
     assert oci_gate.main(["n2", _bundle(tmp_path, text), *_runtime(tmp_path)]) == 1
     assert says in capsys.readouterr().err
 
 
 def test_main_refuses_a_symlinked_config(tmp_path: Any, capsys: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(oci_gate, "node_managed", lambda node: True)
+    monkeypatch.setattr(oci_gate, "read_job", lambda node, env: READY)
     real = tmp_path / "real.json"
     real.write_text(json.dumps(config(MPS_ENV, bind(MPS_ROOT))))
     os.symlink(real, tmp_path / "config.json")
@@ -127,12 +149,20 @@ def test_main_refuses_a_symlinked_config(tmp_path: Any, capsys: Any, monkeypatch
     assert "cannot open" in capsys.readouterr().err
 
 
+def test_main_refuses_a_fifo_in_one_line(tmp_path: Any, capsys: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(oci_gate, "read_job", lambda node, env: READY)
+    os.mkfifo(tmp_path / "config.json")
+    assert oci_gate.main(["n2", str(tmp_path), *_runtime(tmp_path)]) == 1
+    assert "is not a regular file" in capsys.readouterr().err
+
+
 def test_main_execs_the_runtime_unchanged_when_the_share_holds(tmp_path: Any) -> None:
-    """Run in a child: a passing gate replaces its process with the runtime."""
+    """Run in a child: a passing gate replaces its process with the runtime (a job the
+    TaskProlog refused: no record to check, GPUs closed by the device cgroup)."""
     import subprocess
     import sys
 
-    bundle = _bundle(tmp_path, config(MPS_ENV, bind(MPS_ROOT)))
+    bundle = _bundle(tmp_path, config(["CUDA_VISIBLE_DEVICES=", "SLURMISO_REFUSED=x"]))
     runtime = _runtime(tmp_path)
     env = dict(os.environ, SLURMISO_CONFIG=str(tmp_path / "absent.yaml"))  # unknown: strict
     cp = subprocess.run([sys.executable, "-m", "slurmiso.hooks.oci_gate", "n2", bundle,
@@ -143,7 +173,7 @@ def test_main_execs_the_runtime_unchanged_when_the_share_holds(tmp_path: Any) ->
 
 def test_unknown_config_counts_as_a_managed_node(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("SLURMISO_CONFIG", str(tmp_path / "absent.yaml"))
-    assert oci_gate.node_managed("n2") is True
+    assert oci_gate.read_job("n2", {"SLURMISO_CLASS": "train"}) == oci_gate.Job(True, False, None)
 
 
 @pytest.mark.parametrize("argv", [[], ["n2"], ["n2", "/b"], ["--node", "n2", "/b", "crun"]])
@@ -155,13 +185,60 @@ def test_usage_errors_exit_2(argv: List[str], capsys: Any) -> None:
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "etc", "slurmiso.yaml")
 
 
-def test_only_a_class_the_ladder_throttles_gets_the_relay(monkeypatch: Any) -> None:
-    monkeypatch.setenv("SLURMISO_CONFIG", EXAMPLE)  # train: preemptible; infer: not
-    assert oci_gate.relayed({"SLURMISO_CLASS": "train"}, managed=True) is True
-    assert oci_gate.relayed({"SLURMISO_CLASS": "infer"}, managed=True) is False
-    assert oci_gate.relayed({"SLURMISO_CLASS": "train"}, managed=False) is False
-    assert oci_gate.relayed({"SLURMISO_CLASS": "no-such"}, managed=True) is False
-    assert oci_gate.relayed({}, managed=True) is False
+def _node_with_record(tmp_path: Any, monkeypatch: Any, uid: int) -> None:
+    """The example config with its state dir in ``tmp_path``, and a ready record of job 42
+    for ``uid`` on gpu001 (a node of the example's pools)."""
+    from slurmiso.config import load_config
+    from slurmiso.state import NodeState
+    from slurmiso.state.record import JobRecord, RecordStatus
+
+    with open(EXAMPLE, encoding="utf-8") as fh:
+        text = fh.read().replace("state_dir: /run/slurmiso ", f"state_dir: {tmp_path} ", 1)
+    (tmp_path / "slurmiso.yaml").write_text(text)
+    monkeypatch.setenv("SLURMISO_CONFIG", str(tmp_path / "slurmiso.yaml"))
+    cfg = load_config()
+    assert cfg.paths.state_dir == str(tmp_path)
+    rec = JobRecord("42", RecordStatus.READY, uid=uid, job_class="train",
+                    env={"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PIPE_DIRECTORY": PIPE})
+    NodeState(cfg.paths.state_dir_for("gpu001")).write_job("42", rec)
+
+
+JOB_ENV = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "gpu001", "SLURMISO_CLASS": "train"}
+
+
+def test_the_record_of_the_users_own_job_gives_what_the_container_must_carry(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    _node_with_record(tmp_path, monkeypatch, os.getuid())
+    job = oci_gate.read_job("gpu001", JOB_ENV)
+    assert job.managed and job.relay  # train: preemptible, throttled by the ladder
+    assert job.expected == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PIPE_DIRECTORY": PIPE,
+                            "SLURMISO_CLASS": "train"}
+    assert oci_gate.read_job("gpu001", dict(JOB_ENV, SLURMISO_CLASS="infer")).relay is False
+    assert oci_gate.read_job("login1", JOB_ENV) == oci_gate.Job(False, False, None)
+
+
+def test_another_users_record_is_not_the_containers(tmp_path: Any, monkeypatch: Any) -> None:
+    """A container claiming another user's job id reads no record: refused if classed."""
+    _node_with_record(tmp_path, monkeypatch, os.getuid() + 1)
+    assert oci_gate.read_job("gpu001", JOB_ENV).expected is None
+
+
+def test_the_runtime_does_not_inherit_pythons_ignored_sigpipe(tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    bundle = _bundle(tmp_path, config(["CUDA_VISIBLE_DEVICES=", "SLURMISO_REFUSED=x"]))
+    runtime = tmp_path / "runtime.sh"
+    runtime.write_text(f"#!/bin/sh\ngrep ^SigIgn: /proc/self/status > {tmp_path}/ign\n")
+    runtime.chmod(0o755)
+    env = dict(os.environ, SLURMISO_CONFIG=EXAMPLE)
+    cp = subprocess.run([sys.executable, "-m", "slurmiso.hooks.oci_gate", "gpu001",
+                         bundle, str(runtime)], env=env, capture_output=True, text=True,
+                        timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    mask = int((tmp_path / "ign").read_text().split()[1], 16)
+    assert not mask & (1 << (signal.SIGPIPE - 1)), hex(mask)
 
 
 def _fake_runtime(tmp_path: Any, status: str) -> List[str]:
@@ -180,6 +257,7 @@ def _fake_runtime(tmp_path: Any, status: str) -> List[str]:
 
 
 @pytest.mark.parametrize("status, deleted", [("stopped", True), ("running", False),
+                                             ("paused", False), ("created", False),
                                              ("absent", False)])
 def test_a_stopped_container_of_the_same_name_is_deleted_first(
         tmp_path: Any, status: str, deleted: bool) -> None:

@@ -8,10 +8,13 @@ it except SIGWINCH; as ``state`` it prints the container's pid the way crun does
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from typing import Any, List
+
+import pytest
 
 from tests import waiting
 
@@ -85,3 +88,42 @@ def test_a_runtime_killed_by_a_signal_ends_the_relay_the_same_way(tmp_path: Any)
             "sys.exit(run(['sh', '-c', 'kill -KILL $$', 'run', 'x']))")
     cp = subprocess.run([sys.executable, "-c", code], timeout=30)
     assert cp.returncode == -signal.SIGKILL
+
+
+def _state_runtime(tmp_path: Any, state: str) -> List[str]:
+    """A runtime whose ``state`` prints ``state`` (the user's file: anything may be there)."""
+    rt = tmp_path / "rt.sh"
+    rt.write_text(f"#!/bin/sh\ncat <<'EOF'\n{state}\nEOF\n")
+    rt.chmod(0o755)
+    return [str(rt), "--root=/r", "run", "--bundle", "/b", "n.u.1.0.0"]
+
+
+@pytest.mark.parametrize("state", [
+    '{"pid": true, "status": "running"}',
+    '{"pid": 1099511627776, "status": "running"}',
+    '{"pid": -5, "status": "running"}',
+    '{"pid": "1", "status": "running"}',
+    '{"status": "running"}',
+    'not json',
+    '[1, 2]',
+], ids=["bool", "huge", "negative", "string", "none", "not-json", "list"])
+def test_an_odd_state_names_no_process(tmp_path: Any, state: str) -> None:
+    from slurmiso.hooks.oci_relay import container_pid
+
+    assert container_pid(_state_runtime(tmp_path, state), os.getpid()) == 0
+
+
+def test_only_a_running_child_of_the_runtime_is_the_container(tmp_path: Any) -> None:
+    """A pid the state names must be the runtime's own child, and running."""
+    from slurmiso.hooks.oci_relay import container_pid
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        running = _state_runtime(tmp_path, f'{{"pid": {child.pid}, "status": "running"}}')
+        assert container_pid(running, os.getpid()) == child.pid
+        assert container_pid(running, os.getpid() + 1) == 0  # not that runtime's child
+        stopped = _state_runtime(tmp_path, f'{{"pid": {child.pid}, "status": "stopped"}}')
+        assert container_pid(stopped, os.getpid()) == 0
+    finally:
+        child.kill()
+        child.wait()

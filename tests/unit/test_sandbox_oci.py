@@ -26,8 +26,9 @@ def _bundle() -> dict:
 def test_bundle_passes_the_gate_for_an_mps_job_of_the_sandbox() -> None:
     cfg = _bundle()
     pipe = os.path.join(V2.path("state", "n2"), "mps", "gpu0", "u1001-t50-m0", "pipe")
-    cfg["process"]["env"] += [f"CUDA_MPS_PIPE_DIRECTORY={pipe}", "SLURMISO_CLASS=infer"]
-    assert refusal(cfg, managed=True) is None
+    exports = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "SLURMISO_CLASS": "infer"}
+    cfg["process"]["env"] += [f"{k}={v}" for k, v in exports.items()]
+    assert refusal(cfg, True, exports) is None
 
 
 def test_bundle_keeps_the_step_cgroup_and_the_nodes_network() -> None:
