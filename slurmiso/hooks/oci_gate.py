@@ -10,9 +10,11 @@ the bundle's mounts followed by Slurm's, and the step's environment after GRES a
 TaskProlog. The gate reads that file as the job's user and either execs the runtime
 unchanged or exits 1 with one line saying why, so the program never starts:
 
-- on a node of a slurmiso pool, the TaskProlog's verdict (``SLURMISO_CLASS`` or
-  ``SLURMISO_REFUSED``) must be in the container's environment: Slurm 22.05 writes
-  config.json before the TaskProlog runs, and an ``EnvExclude`` can drop it;
+- on a node of a slurmiso pool, everything the TaskProlog exported for the job (read from
+  the job's record, ready or refused) must be in the container's environment unchanged,
+  whatever that environment claims; where the record cannot be read, only a container
+  that says it was refused (no GPU) runs. Slurm 22.05 writes config.json before the
+  TaskProlog runs, and an ``EnvExclude`` can drop its exports;
 - an MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set) must see that directory bound from the same
   host path (:func:`slurmiso.slurm.ocispec.pipe_reachable`), or CUDA would not use the job's
   daemon and its limits.
@@ -40,12 +42,18 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from slurmiso.errors import SlurmisoError
+
 USAGE = "usage: slurmiso-oci-gate NODE BUNDLE RUNTIME [ARG...]  (oci.conf's RunTimeRun)"
 FIX = "add the mounts 'slurmiso gen oci-conf --config-json' prints to the bundle's config.json"
 
 
 class Unreadable(ValueError):
     """The config.json cannot be read as the runtime spec says."""
+
+
+class Refused(SlurmisoError):
+    """The container must not start; the message says why."""
 
 
 def container_env(config: Any) -> Dict[str, str]:
@@ -65,34 +73,45 @@ def container_env(config: Any) -> Dict[str, str]:
 def refusal(config: Any, managed: bool,
             expected: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Why this container must not start, or None (pure: unit-tested with config.json
-    fixtures). ``expected``: what the TaskProlog exported for the job (its record's
-    environment), every name of which the container must carry unchanged; None when the
-    record could not be read."""
+    fixtures). ``expected``: what the TaskProlog exported for the job, every name of which
+    the container must carry unchanged, whatever its environment claims; None when the
+    record could not be read, where only a container that says it was refused may run."""
     from slurmiso.slurm.ocispec import pipe_reachable
 
     try:
         env = container_env(config)
     except Unreadable as exc:
         return f"cannot read the container's config.json: {exc}"
-    if managed and "SLURMISO_CLASS" not in env and "SLURMISO_REFUSED" not in env:
-        return ("slurmiso's TaskProlog exports are not in the container's environment "
-                "(Slurm 22.05 writes config.json before the TaskProlog runs; on 23.02 and "
-                "later an oci.conf EnvExclude may drop them), so its GPU share would not "
-                "hold inside: run it on Slurm 23.02 or later with 'slurmiso gen oci-conf'")
-    if managed and "SLURMISO_CLASS" in env:
-        if expected is None:
-            return "cannot read this job's isolation record to check the container against it"
-        lost = sorted(k for k, v in expected.items() if env.get(k) != v)
-        if lost:
-            return (f"the container's environment lacks or changes {', '.join(lost)} as the "
-                    "TaskProlog set them (an oci.conf EnvExclude?), so its GPU share would "
-                    "not hold inside: 'slurmiso doctor' checks oci.conf")
+    if managed:
+        reason = _lost_exports(env, expected)
+        if reason:
+            return reason
     pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", "")
     if pipe:
         verdict = pipe_reachable(config, pipe)
         if not verdict.reachable:
             return f"{verdict.reason}; CUDA would not use the job's MPS daemon: {FIX}"
     return None
+
+
+def _lost_exports(env: Mapping[str, str], expected: Optional[Mapping[str, str]]) -> str:
+    """Why the container's environment is not the one the TaskProlog gave the job ("")."""
+    if expected is not None:
+        lost = sorted(k for k, v in expected.items() if env.get(k) != v)
+        if not lost:
+            return ""
+        return (f"the container's environment lacks or changes {', '.join(lost)} as the "
+                "TaskProlog set them (Slurm 22.05 writes config.json before the TaskProlog "
+                "runs; on 23.02 and later an oci.conf EnvExclude may drop them), so its GPU "
+                "share would not hold inside: 'slurmiso doctor' checks oci.conf")
+    if "SLURMISO_REFUSED" in env and "SLURMISO_CLASS" not in env:
+        return ""  # refused: its device cgroup holds no GPU, nothing inside to protect
+    if "SLURMISO_CLASS" in env:
+        return "cannot read this job's isolation record to check the container against it"
+    return ("slurmiso's TaskProlog exports are not in the container's environment (Slurm "
+            "22.05 writes config.json before the TaskProlog runs; on 23.02 and later an "
+            "oci.conf EnvExclude may drop them), so its GPU share would not hold inside: run "
+            "it on Slurm 23.02 or later with 'slurmiso gen oci-conf'")
 
 
 @dataclass(frozen=True)
@@ -106,9 +125,10 @@ class Job:
 
 def read_job(node: str, env: Mapping[str, str]) -> Job:
     """The job as root's record has it: read as the TaskProlog reads it, as the job's user,
-    and only a record of this user's job. Unknown (no readable config) is a managed node:
-    the gate is only installed on slurmiso's nodes, and unknown is never calm."""
-    from slurmiso.hooks.task_prolog import exported
+    and only a record of this user's job (no record: what the TaskProlog then exported, a
+    refusal). Unknown (no readable config) is a managed node: the gate is only installed on
+    slurmiso's nodes, and unknown is never calm. ``relay`` follows the record's class."""
+    from slurmiso.hooks.task_prolog import exports_of
 
     try:
         from slurmiso.config import load_config
@@ -118,19 +138,19 @@ def read_job(node: str, env: Mapping[str, str]) -> Job:
         return Job(True, False, None)
     if cfg.pool_for_node(node) is None:
         return Job(False, False, None)
-    job_class = cfg.job_class(env.get("SLURMISO_CLASS", ""))
-    relay = job_class is not None and job_class.preemptible
     try:
         from slurmiso.slurm.jobenv import JobEnvironment
         from slurmiso.state import NodeState
 
         job = JobEnvironment.from_env(env)
         rec = NodeState(cfg.paths.state_dir_for(node)).read_job(job.job_id)
-    except Exception:  # noqa: BLE001 - unreadable: refused if the job claims a class
-        return Job(True, relay, None)
-    if rec is None or rec.uid != os.getuid():
-        return Job(True, relay, None)
-    return Job(True, relay, exported(rec))
+    except Exception:  # noqa: BLE001 - unreadable: only a refused container runs
+        return Job(True, False, None)
+    if rec is not None and rec.uid != os.getuid():
+        return Job(True, False, None)
+    expected = exports_of(rec, job.job_id)
+    job_class = cfg.job_class(expected.get("SLURMISO_CLASS", ""))
+    return Job(True, job_class is not None and job_class.preemptible, expected)
 
 
 def clear_stale(runtime: Sequence[str], timeout: float = 10.0) -> str:
@@ -140,22 +160,21 @@ def clear_stale(runtime: Sequence[str], timeout: float = 10.0) -> str:
     import json
     import subprocess
 
-    if "run" not in runtime[1:-1]:
-        return ""
-    base, name = list(runtime[:runtime.index("run", 1)]), runtime[-1]
+    from slurmiso.hooks.oci_relay import runtime_command
+
     try:
-        cp = subprocess.run(base + ["state", name], capture_output=True, text=True,
-                            timeout=timeout, check=False)
+        cp = subprocess.run(runtime_command(runtime, "state"), capture_output=True,
+                            text=True, timeout=timeout, check=False)
         if cp.returncode != 0:
             return ""  # no such container: the usual case
         status = json.loads(cp.stdout).get("status", "")
         if status != "stopped":
             return ""  # running, paused, created: the runtime refuses the run itself
-        subprocess.run(base + ["delete", "--force", name], capture_output=True,
+        subprocess.run(runtime_command(runtime, "delete", "--force"), capture_output=True,
                        timeout=timeout, check=True)
     except (OSError, ValueError, AttributeError, subprocess.SubprocessError):
-        return ""  # the run itself will say what is wrong
-    return f"removed the stopped container {name} an earlier attempt left"
+        return ""  # no "run" verb, or the run itself will say what is wrong
+    return f"removed the stopped container {runtime[-1]} an earlier attempt left"
 
 
 def read_config(bundle: str, limit: int = 1 << 20) -> Any:
@@ -183,23 +202,17 @@ def read_config(bundle: str, limit: int = 1 << 20) -> Any:
 
 
 def verdict(node: str, bundle: str) -> Job:
-    """Read the step's config.json and the job's record; the refusal, if any, is printed."""
+    """Read the step's config.json and the job's record: the job, or Refused saying why."""
     try:
         config = read_config(bundle)
         env = container_env(config)
     except Unreadable as exc:
-        _refuse(f"cannot read the container's config.json: {exc}")
-        raise
+        raise Refused(f"cannot read the container's config.json: {exc}") from None
     job = read_job(node, env)
     reason = refusal(config, job.managed, job.expected)
     if reason:
-        _refuse(reason)
-        raise Unreadable(reason)
+        raise Refused(reason)
     return job
-
-
-def _refuse(reason: str) -> None:
-    print(f"slurmiso: container refused: {' '.join(reason.split())}", file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -213,7 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     node, bundle, runtime = args[0], args[1], args[2:]
     try:
         job = verdict(node, bundle)
-    except Unreadable:
+    except Refused as exc:
+        print(f"slurmiso: container refused: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     cleared = clear_stale(runtime)
     if cleared:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
+import time
 from typing import Any, List, Optional, Sequence
 
 #: What Slurm, the ladder and ``scancel --signal`` may send a step (SIGKILL and SIGSTOP
@@ -29,9 +31,10 @@ def _number(name: str) -> int:
     return int(getattr(signal, f"SIG{name}"))
 
 
-def state_command(runtime: Sequence[str]) -> List[str]:
-    """``RT [GLOBAL...] state NAME`` for a ``RT [GLOBAL...] run [OPTS...] NAME`` command."""
-    return [*runtime[:list(runtime).index("run", 1)], "state", runtime[-1]]
+def runtime_command(runtime: Sequence[str], verb: str, *opts: str) -> List[str]:
+    """``RT [GLOBAL...] VERB [OPTS...] NAME`` for a ``RT [GLOBAL...] run [...] NAME`` command
+    (ValueError if it has no ``run``): the runtime's other verbs take the same globals."""
+    return [*runtime[:list(runtime[:-1]).index("run", 1)], verb, *opts, runtime[-1]]
 
 
 #: Linux's largest pid (pid_max can be at most 2**22).
@@ -65,7 +68,7 @@ def container_pid(runtime: Sequence[str], runtime_pid: int, timeout: float = 2.0
     import json
 
     try:
-        cp = subprocess.run(state_command(runtime), capture_output=True, text=True,
+        cp = subprocess.run(runtime_command(runtime, "state"), capture_output=True, text=True,
                             timeout=timeout, check=False)
         state = json.loads(cp.stdout) if cp.returncode == 0 else {}
         pid, status = state.get("pid"), state.get("status")
@@ -77,13 +80,17 @@ def container_pid(runtime: Sequence[str], runtime_pid: int, timeout: float = 2.0
 
 
 class _Relay:
-    """The signal handler: signals that arrive before the runtime started wait for it; the
-    container's pid is looked up once, at the first signal that needs it."""
+    """The signal handler: signals that arrive before the runtime started wait for it; a
+    signal for the container's process that arrives before the runtime says it runs waits
+    in a thread that looks again until it runs or the runtime ends (never dropped)."""
 
-    def __init__(self, runtime: Sequence[str]) -> None:
+    def __init__(self, runtime: Sequence[str], retry: float = 0.1) -> None:
         self.runtime = list(runtime)
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.pending: List[int] = []
+        self.deferred: List[int] = []
+        self.waiter: Optional[threading.Thread] = None
+        self.retry = retry
         self.inner = 0
         self.direct = {_number(n) for n in DIRECT}
 
@@ -105,6 +112,26 @@ class _Relay:
             self.inner = container_pid(self.runtime, self.child.pid)
         if self.inner:
             os.kill(self.inner, signum)
+            return
+        self.deferred.append(signum)
+        if self.waiter is None or not self.waiter.is_alive():
+            self.waiter = threading.Thread(target=self._deliver_later, daemon=True)
+            self.waiter.start()
+
+    def _deliver_later(self) -> None:
+        """Look for the container's process until it runs (then send what waited) or the
+        runtime ends (nothing left to signal)."""
+        assert self.child is not None
+        while self.child.poll() is None:
+            self.inner = self.inner or container_pid(self.runtime, self.child.pid)
+            if self.inner:
+                while self.deferred:
+                    try:
+                        os.kill(self.inner, self.deferred.pop(0))
+                    except OSError:
+                        return  # it ended meanwhile
+                return
+            time.sleep(self.retry)
 
     def start(self) -> subprocess.Popen[bytes]:
         self.child = subprocess.Popen(self.runtime)

@@ -60,6 +60,17 @@ def lines_for(record: Optional[JobRecord], job_id: str) -> List[str]:
     return out
 
 
+def exports_of(record: Optional[JobRecord], job_id: str) -> Dict[str, str]:
+    """Every variable the task prolog exports for this record, ready or refused, as the
+    job's tasks (and slurmiso-oci-gate's check of a container) see them."""
+    out: Dict[str, str] = {}
+    for line in lines_for(record, job_id):
+        name, sep, value = line[len("export "):].partition("=")
+        if line.startswith("export ") and sep:
+            out[name] = value
+    return out
+
+
 class NotManaged(Exception):
     """This node is in no slurmiso pool: the task prolog has nothing to say."""
 

@@ -86,6 +86,28 @@ def test_refused_job_runs_without_gpus_as_it_would_bare() -> None:
     assert oci_gate.refusal(cfg, managed=True) is None
 
 
+def test_a_container_that_claims_a_refusal_its_ready_record_did_not_make_is_refused() -> None:
+    """The record is read whatever the environment claims: a container whose environment
+    says "refused" (so no pipe to check) while the job holds a share must carry the share's
+    exports, or not run."""
+    cfg = config(["CUDA_VISIBLE_DEVICES=", "SLURMISO_REFUSED=x"])
+    reason = oci_gate.refusal(cfg, True, EXPECTED)
+    assert reason is not None and "CUDA_MPS_PIPE_DIRECTORY" in reason, reason
+    assert "SLURMISO_CLASS" in reason
+
+
+def test_without_a_record_the_container_must_carry_the_task_prologs_refusal() -> None:
+    from slurmiso.hooks.task_prolog import exports_of
+
+    expected = exports_of(None, "42")
+    assert expected["CUDA_VISIBLE_DEVICES"] == "" and "no isolation record" in \
+        expected["SLURMISO_REFUSED"]
+    refused = config([f"{k}={v}" for k, v in expected.items()])
+    assert oci_gate.refusal(refused, True, expected) is None
+    reason = oci_gate.refusal(config(MPS_ENV, bind(MPS_ROOT)), True, expected)
+    assert reason is not None and "SLURMISO_REFUSED" in reason, reason
+
+
 def test_last_entry_of_a_name_wins_as_in_the_runtime() -> None:
     env = MPS_ENV + ["CUDA_MPS_PIPE_DIRECTORY=/elsewhere/pipe"]
     reason = oci_gate.refusal(config(env, bind(MPS_ROOT)), True,
@@ -213,7 +235,8 @@ def test_the_record_of_the_users_own_job_gives_what_the_container_must_carry(
     assert job.managed and job.relay  # train: preemptible, throttled by the ladder
     assert job.expected == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PIPE_DIRECTORY": PIPE,
                             "SLURMISO_CLASS": "train"}
-    assert oci_gate.read_job("gpu001", dict(JOB_ENV, SLURMISO_CLASS="infer")).relay is False
+    # the record's class decides, not what the environment claims
+    assert oci_gate.read_job("gpu001", dict(JOB_ENV, SLURMISO_CLASS="infer")).relay is True
     assert oci_gate.read_job("login1", JOB_ENV) == oci_gate.Job(False, False, None)
 
 
@@ -221,6 +244,15 @@ def test_another_users_record_is_not_the_containers(tmp_path: Any, monkeypatch: 
     """A container claiming another user's job id reads no record: refused if classed."""
     _node_with_record(tmp_path, monkeypatch, os.getuid() + 1)
     assert oci_gate.read_job("gpu001", JOB_ENV).expected is None
+
+
+def test_a_job_with_no_record_is_expected_to_carry_its_refusal(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    _node_with_record(tmp_path, monkeypatch, os.getuid())
+    job = oci_gate.read_job("gpu001", dict(JOB_ENV, SLURM_JOB_ID="43"))
+    assert job.managed and not job.relay
+    assert job.expected is not None and job.expected["CUDA_VISIBLE_DEVICES"] == ""
+    assert "SLURMISO_CLASS" not in job.expected and "SLURMISO_REFUSED" in job.expected
 
 
 def test_the_runtime_does_not_inherit_pythons_ignored_sigpipe(tmp_path: Any) -> None:

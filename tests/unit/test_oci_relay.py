@@ -25,6 +25,7 @@ if sys.argv[2] == "state":
     print(json.dumps({"id": sys.argv[3], "status": "running",
                       "pid": int(open(work + "/pid").read())}))
     sys.exit(0)
+open(work + "/started", "w").close()
 inner = subprocess.Popen([sys.executable, "-c", """
 import os, signal, sys, time
 log = open(sys.argv[1] + '/got', 'a')
@@ -32,6 +33,7 @@ def h(s, f):
     log.write(signal.Signals(s).name + chr(10)); log.flush()
     if s == signal.SIGTERM: sys.exit(7)
 for s in (signal.SIGWINCH, signal.SIGUSR2, signal.SIGURG, signal.SIGTERM): signal.signal(s, h)
+while not os.path.exists(sys.argv[1] + '/go'): time.sleep(0.02)
 open(sys.argv[1] + '/pid.tmp', 'w').write(str(os.getpid())); os.rename(sys.argv[1] + '/pid.tmp', sys.argv[1] + '/pid')
 while True: time.sleep(0.05)
 """, work])
@@ -43,7 +45,11 @@ sys.exit(inner.wait())
 '''
 
 
-def _start(tmp_path: Any) -> subprocess.Popen:
+def _start(tmp_path: Any, go: bool = True) -> subprocess.Popen:
+    """The relay over the stand-in; ``go=False``: its container does not run (no pid in
+    its state) until the test writes ``go``."""
+    if go:
+        (tmp_path / "go").touch()
     rt = tmp_path / "rt.py"
     rt.write_text(RUNTIME)
     runtime = [sys.executable, str(rt), f"--root={tmp_path}", "run", "--bundle", "/b", "n.u.1.0.0"]
@@ -75,12 +81,33 @@ def test_winch_reaches_the_container_the_runtime_would_drop_it(tmp_path: Any) ->
     assert _got(tmp_path) == ["SIGWINCH", "SIGURG", "SIGUSR2", "SIGTERM"]
 
 
-def test_state_command_keeps_the_global_options() -> None:
-    from slurmiso.hooks.oci_relay import state_command
+def test_a_winch_sent_before_the_container_runs_reaches_it_once_it_runs(
+        tmp_path: Any) -> None:
+    relay = _start(tmp_path, go=False)
+    try:
+        waiting.wait_for(lambda: (tmp_path / "started").exists(), "the runtime to start",
+                         timeout=30, every=0.05)
+        relay.send_signal(signal.SIGWINCH)  # the state names no process yet
+        (tmp_path / "go").touch()
+        waiting.wait_for(lambda: "SIGWINCH" in _got(tmp_path), "SIGWINCH inside",
+                         timeout=30, every=0.05)
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=30) == 7
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    assert _got(tmp_path) == ["SIGWINCH", "SIGTERM"]
 
-    assert state_command(["crun", "--root=/r", "--rootless=true", "run", "--bundle", "/b",
-                          "n1.u.2.0.0"]) == ["crun", "--root=/r", "--rootless=true", "state",
+
+def test_the_runtimes_other_verbs_keep_the_global_options() -> None:
+    from slurmiso.hooks.oci_relay import runtime_command
+
+    run = ["crun", "--root=/r", "--rootless=true", "run", "--bundle", "/b", "n1.u.2.0.0"]
+    assert runtime_command(run, "state") == ["crun", "--root=/r", "--rootless=true", "state",
                                              "n1.u.2.0.0"]
+    assert runtime_command(run, "delete", "--force")[3:] == ["delete", "--force", "n1.u.2.0.0"]
+    with pytest.raises(ValueError):
+        runtime_command(["crun", "state", "run"], "delete")  # "run" only as the name
 
 
 def test_a_runtime_killed_by_a_signal_ends_the_relay_the_same_way(tmp_path: Any) -> None:
