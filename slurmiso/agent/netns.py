@@ -31,7 +31,8 @@ def netns_of(pid: str, proc: str = "/proc") -> Optional[int]:
         return None
 
 
-def _v2_pids(top: str) -> List[str]:
+def _walk_pids(top: str) -> List[str]:
+    """The pids in ``top`` and the cgroups under it, bounded (a job makes its own cgroups)."""
     pids: List[str] = []
     for n, (path, dirs, _) in enumerate(os.walk(top)):
         dirs.sort()
@@ -50,7 +51,7 @@ def _v2_pids(top: str) -> List[str]:
 def cgroup_pids(cg: JobCgroup) -> List[str]:
     """The processes in a job's cgroup and the cgroups under it (v1: its memory hierarchy)."""
     top = cg.v2 if cg.v2 is not None else (cg.v1.memory if cg.v1 is not None else None)
-    return _v2_pids(top) if top else []
+    return _walk_pids(top) if top else []
 
 
 def elsewhere(jobs: Iterable[str], sluids: Mapping[str, str], node: str,
