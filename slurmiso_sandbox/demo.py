@@ -144,9 +144,12 @@ def step_container(sbx: SandboxClient) -> str:
     bare training job on one MPS GPU: each gets its own class's daemon and limits, and the
     container reaches its daemon's pipe directory."""
     bundle = sbx.path("oci", "bundle")
-    if not os.path.exists(sbx.path("etc", "oci.conf")):
-        raise Skipped("containers run on the Debian roots (Slurm 23.02+): make demo "
-                      "SLURM=26.05 CGROUP=v2")
+    from slurmiso.slurm.ociconf import env_after_task_prolog
+
+    if not os.path.exists(sbx.path("etc", "oci.conf")) or \
+            not env_after_task_prolog(sbx.slurm_version()):
+        raise Skipped("containers keep their share on Slurm 23.02+ (22.05's gate refuses "
+                      "them all): make demo SLURM=26.05 CGROUP=v2")
     look = ("import os; e = os.environ; p = e.get('CUDA_MPS_PIPE_DIRECTORY', ''); "
             "[print(k + '=' + e[k]) for k in sorted(e) if k.startswith(('CUDA_', "
             "'SLURMISO_CLASS'))]; print('CONTAINER=' + os.uname().nodename); "

@@ -33,7 +33,7 @@ def write_files(site: layout.Site) -> List[str]:
     changed = [d.path for d in layout.device_nodes(site) if _mknod(d)]
     rendered = layout.rendered_files(site)
     if oci.supported(site):
-        rendered["etc/oci.conf"] = oci.render_oci_conf(site)
+        rendered["etc/oci.conf"] = oci.render_oci_conf(site, oci.slurm_version(site))
     for rel, text in rendered.items():
         mode = 0o755 if rel.startswith("bin/") else 0o600 if rel.endswith("dbd.conf") else 0o644
         if write_if_changed(site.path(*rel.split("/")), text, mode):

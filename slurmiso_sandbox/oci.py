@@ -2,12 +2,15 @@
 own generator, and one bundle made of the root itself (no registry, no network).
 
     if oci.supported(site):
-        files["etc/oci.conf"] = oci.render_oci_conf(site)
+        files["etc/oci.conf"] = oci.render_oci_conf(site, oci.slurm_version(site))
         cfg = oci.bundle_config(site, oci.crun_spec(site))  # files.write_bundle writes it
 
-Only root sites run containers: Slurm 22.05 writes a container's config.json before the
-TaskProlog (docs/admin-guide.md, "Containers"), and its slurmds are the host's. The bundle's
-config.json starts as what the root's own ``crun spec --rootless`` writes, so its shape is
+Every site runs them: the roots' crun, or the host's (Debian's package, installed with
+Slurm). On the host's Slurm 22.05, which writes a container's config.json before the
+TaskProlog (docs/admin-guide.md, "Containers"), oci.conf keeps only the keys 22.05 parses,
+and the gate refuses every container of a managed node: the tests show that refusal there.
+The bundle's config.json starts as what the site's own ``crun spec --rootless`` writes, so
+its shape is
 the runtime's, then binds the root's ``/usr`` and ``/etc`` read-only and the sandbox dir and
 ``/tmp`` at the same paths: the MPS pipe root, the device stand-ins and the jobs' files are
 where the host has them, as ``slurmiso gen oci-conf --config-json`` asks of every bundle.
@@ -17,8 +20,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from slurmiso.slurm.ociconf import env_after_task_prolog
 from slurmiso_sandbox.procs import run
 
 if TYPE_CHECKING:
@@ -34,26 +38,43 @@ DROPPED_MOUNTS = ("/sys/fs/cgroup",)
 
 
 def supported(site: layout.Site) -> bool:
-    """Containers run where slurmstepd carries the TaskProlog's exports (23.02+): the
-    sandbox's Debian roots (24.11, 26.05), not the host's 22.05."""
-    return bool(site.chroot)
+    """Whether this site has a runtime for ``srun --container`` (the roots install crun;
+    the host gets Debian's with Slurm)."""
+    return bool(site.chroot) or os.path.exists(CRUN)
+
+
+def slurm_version(site: layout.Site) -> Optional[Tuple[int, int, int]]:
+    """The site's slurmstepd release (``slurmd -V``); None if it cannot say."""
+    from slurmiso.slurm.client import parse_version
+
+    cp = run(site.exe("slurmd", "-V"), timeout=30, check=False)
+    return parse_version(cp.stdout) if cp.returncode == 0 else None
 
 
 def bundle_dir(site: layout.Site) -> str:
     return site.path("oci", "bundle")
 
 
-def state_root(site: layout.Site) -> str:
-    """Each user's runtime state (``%U``): the roots have no /run/user/<uid> (no logind)."""
-    return site.path("oci", "run") + "/%U/"
+def state_root(site: layout.Site, version: Optional[Tuple[int, int, int]] = None) -> str:
+    """Each user's runtime state: the roots have no /run/user/<uid> (no logind). By uid
+    (``%U``, 23.02+); 22.05's slurmstepd knows only the user's name (``%u``) and dies on
+    ``%U`` (measured: "unexpected replacement character: U")."""
+    return site.path("oci", "run") + ("/%U/" if env_after_task_prolog(version) else "/%u/")
 
 
-def render_oci_conf(site: layout.Site) -> str:
-    """The generator's own oci.conf, with the sandbox's gate wrapper and state root."""
+def render_oci_conf(site: layout.Site, version: Optional[Tuple[int, int, int]]) -> str:
+    """The generator's own oci.conf, with the sandbox's gate wrapper and state root, less
+    the keys ``version``'s slurmstepd would not parse."""
+    from slurmiso.slurm.ociconf import known_keys
     from slurmiso.slurm.ociconf import render_oci_conf as render
 
-    return render((), "crun", site.slurmiso_yaml, gate=site.path("bin", "slurmiso-oci-gate"),
-                  state_root=state_root(site))
+    text = render((), "crun", site.slurmiso_yaml, gate=site.path("bin", "slurmiso-oci-gate"),
+                  state_root=state_root(site, version))
+    keys = {k.lower() for k in known_keys(version)}
+    # 22.05 fails its parse on any key it does not know (IgnoreFileConfigJson, EnvExclude)
+    return "".join(ln for ln in text.splitlines(keepends=True)
+                   if ln.startswith("#") or "=" not in ln
+                   or ln.split("=", 1)[0].strip().lower() in keys)
 
 
 def _bind(path: str, read_only: bool) -> Dict[str, Any]:

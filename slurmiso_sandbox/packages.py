@@ -17,9 +17,9 @@ from slurmiso_sandbox import layout
 from slurmiso_sandbox.procs import environ_with, run
 
 #: lua5.1: the Lua job_submit/lua links (and the unit tests run the generated script with);
-#: gcc, make and libslurm-dev build the SPANK plugin.
+#: gcc, make and libslurm-dev build the SPANK plugin; crun runs ``srun --container`` (oci.py).
 PACKAGES = ("slurm-wlm", "slurmdbd", "munge", "mariadb-server", "libslurm-dev", "lua5.1", "gcc",
-            "make")
+            "make", "crun")
 #: What the system Python needs to run ``slurmiso task-prolog`` when it stands in (make_site).
 TASK_PACKAGES = ("python3-yaml", "python3-psutil")
 SYSTEM_PYTHON = "/usr/bin/python3"

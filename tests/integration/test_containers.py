@@ -3,8 +3,9 @@
 The sandbox's Debian roots (Slurm 26.05 in CI) run containers: oci.conf from ``slurmiso gen
 oci-conf``'s own renderer, RunTimeRun through slurmiso-oci-gate, and a bundle made from the
 root by its own ``crun spec`` (slurmiso_sandbox/oci.py). The host's 22.05 cannot carry the
-TaskProlog's exports into a container (docs/admin-guide.md, "Containers"); there the gate's
-refusal of such a config.json is covered by tests/unit/test_oci_gate.py.
+TaskProlog's exports into a container step that srun does not pass them to
+(docs/admin-guide.md, "Containers"): there one test shows the gate refusing such containers,
+and the rest skip.
 
 Each pool mode runs the fence probe of test_fences.py inside a container, two jobs of one
 user at once: each reaches exactly its share, as bare jobs do, because the container's
@@ -21,6 +22,7 @@ from typing import Any, Dict
 
 import pytest
 
+from slurmiso.slurm.ociconf import env_after_task_prolog
 from slurmiso_sandbox import layout as L
 from tests.integration.test_fences import (
     FENCED,
@@ -32,14 +34,55 @@ from tests.integration.test_fences import (
 )
 
 
+def _oci(sandbox: Any) -> str:
+    """The sandbox's bundle; skipped where the sandbox has no container runtime."""
+    if not os.path.exists(sandbox.path("etc", "oci.conf")):
+        pytest.skip("this sandbox has no oci.conf: 'sandbox up' installs crun and writes it")
+    return str(sandbox.path("oci", "bundle"))
+
+
 @pytest.fixture
 def bundle(sandbox: Any) -> str:
-    path = sandbox.path("oci", "bundle")
-    if not os.path.exists(sandbox.path("etc", "oci.conf")):
-        pytest.skip("containers run on the sandbox's Debian roots (Slurm 23.02 and later, "
-                    "make integration SLURM=26.05 CGROUP=v2, as CI does); the host's 22.05 "
-                    "writes config.json before the TaskProlog")
+    """Where containers keep their share: Slurm 23.02 and later."""
+    path = _oci(sandbox)
+    if not env_after_task_prolog(sandbox.slurm_version()):
+        pytest.skip("Slurm 22.05 writes config.json before the TaskProlog, so the gate "
+                    "refuses a container without its job's exports (test_on_22_05_a_container_without_its_jobs_exports_is_refused); "
+                    "these run on 26.05 (make integration SLURM=26.05 CGROUP=v2, as CI does)")
     return path
+
+
+#: The pools whose record exports what 22.05 sets only after config.json (CUDA_VISIBLE_DEVICES
+#: and the MPS variables). tslice's record exports nothing its container lacks there: the
+#: gate lets it pass, as it should, and the host's crun 1.8.1 then fails on the hybrid cgroup
+#: layout ("cgroups in hybrid mode not supported", measured).
+REFUSED_ON_22_05 = [p for p in POOLS if p[0] != "tslice"]
+
+
+@pytest.mark.parametrize("partition,node,gres,qos", REFUSED_ON_22_05,
+                         ids=[p[0] for p in REFUSED_ON_22_05])
+def test_on_22_05_a_container_without_its_jobs_exports_is_refused(
+    sandbox: Any, submit: Any, wait_for: Any, job_output: Any,
+    partition: str, node: str, gres: str, qos: str,
+) -> None:
+    """22.05 writes config.json before the step's TaskProlog and GRES, so a container step
+    carries the job's exports only as far as srun passes its caller's environment on
+    (measured: a batch script's plain ``srun --container`` does, and the gate lets it run).
+    With ``--export=NONE``, as many sites ask, it lacks them: the gate, reading the job's
+    record, refuses the container, naming what it lacks, and the program never starts."""
+    path = _oci(sandbox)
+    if env_after_task_prolog(sandbox.slurm_version()):
+        pytest.skip("Slurm 23.02 and later carry the TaskProlog's exports into containers")
+    ran = os.path.join(sandbox.jobs_dir, f"ran22-{uuid.uuid4().hex[:8]}")
+    script = (f"#!/bin/bash\nsrun --export=NONE --container={path} /bin/touch {ran}\n"
+              "echo srun-rc=$?\n")
+    job = submit(script, "-p", partition, gres, f"--qos={qos}", user=L.TEST_USER)
+    wait_for(job, timeout=90)
+    out = job_output(job)
+    assert "slurmiso: container refused:" in out and "22.05" in out, out
+    assert "lacks or changes" in out, out  # named from the job's record
+    assert "srun-rc=0" not in out, out
+    assert not os.path.exists(ran)
 
 
 def _in_container(bundle: str) -> str:

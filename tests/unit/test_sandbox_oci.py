@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 
 from slurmiso.hooks.oci_gate import refusal
 from slurmiso_sandbox import oci
@@ -46,7 +45,14 @@ def test_device_stand_ins_stay_usable_and_system_dirs_read_only() -> None:
     assert {"ro", "nodev"} <= set(binds["/usr"]) and {"ro", "nodev"} <= set(binds["/etc"])
 
 
-def test_only_the_debian_roots_run_containers() -> None:
-    assert oci.supported(V2) and not oci.supported(replace(V2, chroot=""))
-    text = oci.render_oci_conf(V2)
-    assert f'RunTimeRun="exec {V2.path("bin", "slurmiso-oci-gate")} %n %b crun' in text
+def test_oci_conf_keeps_only_the_keys_the_sites_slurmstepd_parses() -> None:
+    """22.05 fails its parse on a key it does not know: the host's oci.conf has the gate
+    (which then refuses every container there) and none of 23.02's keys."""
+    gate = f'RunTimeRun="exec {V2.path("bin", "slurmiso-oci-gate")} %n %b crun'
+    new = oci.render_oci_conf(V2, (26, 5, 5))
+    old = oci.render_oci_conf(V2, (22, 5, 8))
+    assert gate in new and gate in old
+    assert "\nEnvExclude=" in new and "\nIgnoreFileConfigJson=" in new
+    assert "\nEnvExclude=" not in old and "\nIgnoreFileConfigJson=" not in old
+    assert "RunTimeQuery=" in old and "RunTimeDelete=" in old
+    assert "/oci/run/%U/" in new and "%U" not in old  # 22.05 dies on %U: the user's name
