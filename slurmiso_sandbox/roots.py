@@ -53,6 +53,13 @@ PACKAGES: Tuple[str, ...] = (
     "python3-prometheus-client", "libslurm-dev", "gcc", "make", "libc6-dev", "procps",
     "crun",  # srun --container (slurmiso_sandbox/oci.py)
 )
+#: What only some suites package: apptainer (tests/integration/test_apptainer.py) is in sid
+#: (1.4.5), not in Debian 12.
+SUITE_PACKAGES: Dict[str, Tuple[str, ...]] = {"sid": ("apptainer",)}
+
+
+def suite_packages(suite: str) -> Tuple[str, ...]:
+    return PACKAGES + SUITE_PACKAGES.get(suite, ())
 
 #: The clients slurmiso and the tests call, plus runuser: the tests submit as the test user
 #: with ``runuser -u sbxuser -- sbatch``, which must happen inside the root too.
@@ -85,7 +92,7 @@ def suite_for(version: str) -> str:
 
 def recipe(suite: str) -> Dict[str, object]:
     """What a root is made of; a cached root with another recipe is stale."""
-    return {"suite": suite, "variant": "minbase", "packages": list(PACKAGES)}
+    return {"suite": suite, "variant": "minbase", "packages": list(suite_packages(suite))}
 
 
 def root_path(version: str) -> str:
@@ -193,7 +200,7 @@ def _install(stage: str, suite: str, logfile: str) -> None:
         _logged([CHROOT, stage, "apt-get", "-o", "Acquire::Check-Valid-Until=false", "update",
                  "-q"], logfile, env=env, timeout=600)
         _logged([CHROOT, stage, "apt-get", "install", "-y", "-q", "--no-install-recommends",
-                 *PACKAGES], logfile, env=env, timeout=1800)
+                 *suite_packages(suite)], logfile, env=env, timeout=1800)
         _logged([CHROOT, stage, "apt-get", "clean"], logfile, env=env, timeout=120)
     finally:
         for dest in reversed(mounted):

@@ -185,6 +185,9 @@ def render_apptainer_binds(roots: Sequence[BindRoot], source: str,
         lines.append(f"bind path = {r.path}")
     if roots:
         lines += comment("the same per job, where apptainer.conf cannot be changed (a "
-                         "user's APPTAINER_BIND adds to it):")
+                         "user's APPTAINER_BIND adds to it), in jobs of the MPS pools only: "
+                         "apptainer refuses a bind whose source is missing (1.4.5: 'mount "
+                         "source ... doesn't exist'), and the MPS root exists once the node "
+                         "has run an MPS job:")
         lines.append("# export APPTAINER_BIND=" + ",".join(r.path for r in roots))
     return "\n".join(lines) + "\n"
