@@ -35,6 +35,15 @@ def check_oci_conf(snap: Snapshot, cfg: Config) -> List[Finding]:
 
     version = parse_version(str(snap.get("slurm_version") or ""))
     if not ociconf.env_after_task_prolog(version):
+        if ociconf.gated(ociconf.parse_oci_conf(str(text)).get("RunTimeRun")):
+            return [Finding("info", "oci-conf-slurm",
+                            f"{path} enables --container on Slurm {snap.get('slurm_version')}, "
+                            "which writes a container's config.json before GRES and the "
+                            "TaskProlog: a container keeps its share only where srun passed "
+                            "the job's exports on (a batch script's plain srun); "
+                            "slurmiso-oci-gate refuses the others",
+                            "upgrade Slurm to 23.02 or later for containers that always get "
+                            "their share")]
         return [Finding("error", "oci-conf-slurm",
                         f"{path} enables --container on Slurm {snap.get('slurm_version')}, which "
                         "writes a container's config.json before GRES and the TaskProlog set the "

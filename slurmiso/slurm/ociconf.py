@@ -228,7 +228,7 @@ def _excluded(pattern: str) -> Tuple[List[str], bool]:
     return [n.name for n in NEEDED_ENV if rx.search(f"{n.name}=0")], True
 
 
-def _gated(run: str) -> bool:
+def gated(run: str) -> bool:
     """RunTimeRun execs the gate, given the node and the bundle (``exec GATE %n %b ...``):
     without ``exec`` the shell slurmstepd runs it with stays the task, and dies of SIGTERM."""
     words = run.split()
@@ -251,7 +251,7 @@ def problems(conf: OciConf, version: Optional[Version], needs_mps: bool,
         out.append(Problem("oci-conf-line", lines["RunTimeRun"].text,
                            "no RunTimeRun or RunTimeCreate: Slurm rejects the file and "
                            "--container runs nothing"))
-    elif not _gated(conf.get("RunTimeRun")):
+    elif not gated(conf.get("RunTimeRun")):
         out.append(Problem("oci-conf-gate", lines["RunTimeRun"].text,
                            "RunTimeRun does not start with slurmiso-oci-gate: a container "
                            "whose bundle cannot reach its MPS pipe directory, or that lost "

@@ -132,8 +132,22 @@ def test_unknown_key_fails_the_file() -> None:
 
 
 def test_slurm_22_05_cannot_carry_the_environment() -> None:
-    (err,) = errors(CRUN_RUN, "22.05.8")
+    """Without the gate in front of the runtime, nothing on 22.05 refuses a container that
+    lacks the job's exports."""
+    (err,) = errors(GUIDE_CRUN, "22.05.8")
     assert err.code == "oci-conf-slurm" and "TaskProlog" in err.message
+
+
+def test_slurm_22_05_behind_the_gate_is_said_not_an_error() -> None:
+    """The gate refuses a 22.05 container without its job's exports (measured on the
+    sandbox): an oci.conf behind it fails closed, so it is no problem there, but said."""
+    gated = ('RunTimeQuery="crun state %n.%u.%j.%s.%t"\n'
+             'RunTimeRun="exec /usr/bin/slurmiso-oci-gate %n %b crun run --bundle %b '
+             '%n.%u.%j.%s.%t"\n')
+    assert errors(gated, "22.05.8") == []
+    (info,) = findings(gated, "22.05.8")
+    assert info.severity == "info" and info.code == "oci-conf-slurm"
+    assert "slurmiso-oci-gate refuses" in info.message
 
 
 def test_absent_file_is_info_only() -> None:
