@@ -130,12 +130,13 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
         records = {}
     held = load_record(state_dir)
     limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
+    quotas = _quota_round(cfg, node, records, {a.job for a in held.applied}, cgroup_root, now)
     from slurmiso.agent import park_record
 
     parks = park_record.load_record(state_dir)
     parked = bool(parks.parked or parks.problems)  # parks to release, or a record to fix
     if not records and not r.load_book(state_dir)["restraints"] and not (limited or parked):
-        return []  # no job here and none restrained: nothing to ask slurmctld about
+        return quotas  # no job here and none restrained: nothing to ask slurmctld about
     book = r.refresh(slurm, state_dir, node, now)
     from slurmiso.state import Journal
 
@@ -156,7 +157,19 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
         lines += rung.round(book["restraints"], records, now)
     if parked or any(x.note.step is r.RestraintStep.PARK for x in book["restraints"]):
         lines += _park_round(cfg, node, slurm, journal, book["restraints"], records, now)
-    return lines
+    return quotas + lines
+
+
+def _quota_round(cfg: Config, node: str, records: Any, limited: Any, cgroup_root: str,
+                 now: float) -> List[str]:
+    """The classes' host quotas (:mod:`slurmiso.agent.host_quota`), where any class has one."""
+    if not records or not any(c.host.any() for c in cfg.classes):
+        return []
+    from slurmiso.agent.host_quota import quota_round
+    from slurmiso.state import Journal
+
+    return quota_round(cfg, node, records, Journal(cfg.paths.journal_for(node)), cgroup_root,
+                       limited, now=now)
 
 
 def _park_round(cfg: Config, node: str, slurm: Any, journal: Any, book: Any,

@@ -29,6 +29,7 @@ from slurmiso.config.model import (
     GpuSettings,
     HostLimit,
     HostLimitLevel,
+    HostQuota,
     JobClass,
     Ladder,
     LadderStep,
@@ -268,9 +269,48 @@ def _read_class(s: Section) -> JobClass:
         preemptible=preemptible,
         checkpoint=ckpt,
         qos=qos,
+        host=_read_host_quota(s.section("host"), name, preemptible),
     )
     s.done()
     return cls
+
+
+def _quota_weight(s: Section, name: str) -> Optional[int]:
+    """1..100 on the cgroup v2 scale: a quota only lowers the default weight (100)."""
+    v = s.raw(name, None)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100:
+        s.p.add(s.key(name), f"expected a weight 1..100 (the cgroup v2 scale, where every job "
+                f"has 100: a quota only lowers it), got {_show(v)}")
+        return None
+    return v
+
+
+def _job_memory_pct(s: Section, name: str) -> Optional[int]:
+    """``90%``: a share of the memory Slurm gave the job (its ``memory.max``)."""
+    v = s.raw(name, None)
+    if v is None:
+        return None
+    text = v.strip()[:-1].strip() if isinstance(v, str) and v.strip().endswith("%") else ""
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        s.p.add(s.key(name), f"expected a share of the job's memory (--mem), a whole "
+                f"percentage 1% to 100% (e.g. 90%), got {_show(v)}")
+        return None
+    return int(text)
+
+
+def _read_host_quota(s: Section, name: str, preemptible: bool) -> HostQuota:
+    """``classes[].host``: the class's CPU and IO weight and memory high-water mark."""
+    quota = HostQuota(cpu_weight=_quota_weight(s, "cpu_weight"),
+                      io_weight=_quota_weight(s, "io_weight"),
+                      memory_high_pct=_job_memory_pct(s, "memory_high"))
+    s.done()
+    if quota.any() and not preemptible:
+        s.p.add(s.path, f"class {name} is not preemptible: host quotas hold training back "
+                "so it cannot fill the host, and are never written for inference (give "
+                "them to the training classes, or make this one preemptible)")
+    return quota
 
 
 MIG_MODES = ("mig-static", "mig-dynamic")

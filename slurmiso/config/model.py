@@ -91,6 +91,21 @@ class QosSpec(Value):
     accounts: Tuple[str, ...] = ()
 
 
+class HostQuota(Value, eq=True):
+    """A training class's share of its node's host, written into each of its jobs' cgroups
+    by the node agent (issue 36's "quotas": docs/host-contention.md). The v2 weight scale
+    (1..100 here: a quota only lowers the default 100); ``memory_high_pct``: ``memory.high``
+    as a share of the ``memory.max`` Slurm set for the job (cgroup v2 only). None: untouched."""
+
+    cpu_weight: Optional[int] = None
+    io_weight: Optional[int] = None
+    memory_high_pct: Optional[int] = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.cpu_weight, self.io_weight,
+                                           self.memory_high_pct))
+
+
 class JobClass(Value):
     name: str
     description: str
@@ -103,6 +118,7 @@ class JobClass(Value):
     preemptible: bool
     checkpoint: Optional[Checkpoint]
     qos: QosSpec
+    host: HostQuota = HostQuota()
 
     def mig_profile_for(self, model: str) -> str:
         """The MIG profile this class gets on a GPU of ``model`` ("" if none is declared)."""

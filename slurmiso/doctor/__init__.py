@@ -44,9 +44,18 @@ Check = Callable[[Snapshot, Config], List[Finding]]
 
 def all_checks() -> List[Check]:
     """Every check, in report order (cluster settings, QoS, then partitions, GRES, node)."""
-    from slurmiso.doctor import cluster, containers, fences, gpus, nodes, restraints, telemetry
+    from slurmiso.doctor import (
+        cluster,
+        containers,
+        fences,
+        gpus,
+        host,
+        nodes,
+        restraints,
+        telemetry,
+    )
 
-    return (list(cluster.CHECKS) + list(fences.CHECKS) + list(nodes.CHECKS)
+    return (list(cluster.CHECKS) + list(fences.CHECKS) + list(host.CHECKS) + list(nodes.CHECKS)
             + list(gpus.CHECKS) + list(restraints.CHECKS) + list(telemetry.CHECKS)
             + list(containers.CHECKS))
 
