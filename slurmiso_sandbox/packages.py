@@ -10,6 +10,7 @@ On the host for the host's Slurm; a Slurm root (:mod:`.roots`) installs its own 
 from __future__ import annotations
 
 import glob
+import os
 import pwd
 from typing import List, Sequence
 
@@ -66,13 +67,40 @@ def ensure_test_user() -> str:
 
 
 def ensure_root_user(site: layout.Site) -> str:
-    """The test user in the root, with the host's uid and gid (files are shared)."""
+    """The test user in the root, with the host's uid and gid (files are shared), and no
+    subordinate ids there (:func:`drop_subids`)."""
     pw = pwd.getpwnam(layout.TEST_USER)
     cp = run(site.exe("/usr/bin/getent", "passwd", layout.TEST_USER), check=False)
+    dropped = drop_subids(site.chroot, layout.TEST_USER)
     if cp.returncode == 0:
-        return f"{layout.TEST_USER} in the root"
+        return f"{layout.TEST_USER} in the root" + (f"; {dropped}" if dropped else "")
     run(site.exe("/bin/sh", "-c", f"getent group {pw.pw_gid} >/dev/null || "
                  f"{GROUPADD} -g {pw.pw_gid} {layout.TEST_USER}"))
-    run(site.exe(USERADD, "-m", "-u", str(pw.pw_uid), "-g", str(pw.pw_gid), "-s", "/bin/bash",
-                 layout.TEST_USER))
+    run(site.exe(USERADD, "-m", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", "-u",
+                 str(pw.pw_uid), "-g", str(pw.pw_gid), "-s", "/bin/bash", layout.TEST_USER))
     return f"created {layout.TEST_USER} uid {pw.pw_uid} in the root"
+
+
+def drop_subids(root: str, user: str) -> str:
+    """Remove ``user``'s lines from the root's /etc/subuid and /etc/subgid ("" if none).
+
+    With subordinate ids and the setuid ``newuidmap`` (the uidmap package, which apptainer
+    pulls in), rootless crun maps 65,536 more ids into a job's container (measured: the fence
+    tests' uid_map grew). The sandbox's containers map the job's user alone, as the tests
+    assume and as the least a job needs."""
+    if not root or os.path.realpath(root) == "/":
+        return ""  # a Debian root's files only, never the host's
+    dropped = []
+    for name in ("subuid", "subgid"):
+        path = os.path.join(root, "etc", name)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines(keepends=True)
+        except FileNotFoundError:
+            continue
+        kept = [ln for ln in lines if ln.split(":", 1)[0] != user]
+        if kept != lines:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.writelines(kept)
+            dropped.append(name)
+    return f"dropped {user}'s {' and '.join(dropped)}" if dropped else ""

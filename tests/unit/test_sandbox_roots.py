@@ -200,3 +200,18 @@ def test_debootstrap_still_missing_after_install_is_one_clear_error(tmp_path: An
     monkeypatch.setattr(packages, "install_named", lambda names: "installed")
     with pytest.raises(SandboxError, match="debootstrap"):
         R.ensure_debootstrap(str(tmp_path / "log"))
+
+
+def test_the_test_user_keeps_no_subordinate_ids_in_a_root(tmp_path: Any) -> None:
+    """Rootless crun maps subordinate ids where newuidmap exists (apptainer pulls it in):
+    the sandbox's containers map the job's user alone."""
+    from slurmiso_sandbox.packages import drop_subids
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "subuid").write_text("sbxuser:100000:65536\nother:165536:65536\n")
+    (etc / "subgid").write_text("other:165536:65536\n")
+    assert drop_subids(str(tmp_path), "sbxuser") == "dropped sbxuser's subuid"
+    assert (etc / "subuid").read_text() == "other:165536:65536\n"
+    assert drop_subids(str(tmp_path), "sbxuser") == ""  # idempotent
+    assert drop_subids("", "sbxuser") == drop_subids("/", "sbxuser") == ""  # never the host's
