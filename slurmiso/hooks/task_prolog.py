@@ -5,6 +5,12 @@ variable in the task, ``print TEXT`` writes to the task's output. For a job the 
 the GPUs are hidden (``CUDA_VISIBLE_DEVICES=``) and the reason printed, so a job that does not
 use ``slurmiso run`` still cannot run unisolated.
 
+Every job also gets ``NVIDIA_VISIBLE_DEVICES``, the variable NVIDIA's container hooks read to
+choose the devices they put in a container (enroot's, the NVIDIA Container Toolkit's): the UUID
+of each device the prolog readied (``MIG-...`` for an instance, ``GPU-...`` for a whole or
+shared GPU), or ``void`` (no device, no driver files) for a refused job or one holding none.
+An image's own ``NVIDIA_VISIBLE_DEVICES=all`` therefore never widens what a container sees.
+
 Fail closed: on a node of a slurmiso pool, a job with *no* record, or whose record cannot be
 read, is treated as refused. No record must never mean no isolation. (An empty variable is
 the polite half of a refusal; the device fence is what a job cannot undo.)
@@ -20,12 +26,34 @@ if TYPE_CHECKING:
     from slurmiso.state.record import JobRecord
 
 _SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+#: NVIDIA's container hooks' device list (NVIDIA Container Toolkit docs, "Specialized
+#: Configurations with Docker", GPU Enumeration: UUIDs or indexes, all, none, or void).
+NVIDIA_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+#: Neither GPUs nor driver capabilities in the container.
+NO_DEVICE = "void"
+
+
+def nvidia_visible(record: JobRecord) -> str:
+    """The UUID of each device the prolog readied for the job, in order, or ``void``."""
+    from slurmiso.state.record import ResourceState
+
+    ids: List[str] = []
+    for r in record.resources:
+        uuid = r.uuid or r.gpu_uuid or ""
+        if r.state is ResourceState.READY and uuid and uuid not in ids \
+                and set(uuid) <= _UUID_CHARS:
+            ids.append(uuid)
+    return ",".join(ids) or NO_DEVICE
+
+
+_UUID_CHARS = set("abcdefABCDEF0123456789-GPUMI/")  # MIG-GPU-<uuid>/<gi>/<ci> too
 
 
 def refusal_lines(job_id: str, reason: str) -> List[str]:
     reason = " ".join(reason.split())
     return [
         "export CUDA_VISIBLE_DEVICES=",
+        f"export {NVIDIA_VISIBLE}={NO_DEVICE}",
         f"export SLURMISO_REFUSED={reason}",
         f"print slurmiso: job {job_id} refused: {reason}",
     ]
@@ -36,6 +64,7 @@ def exported(record: JobRecord) -> Dict[str, str]:
     container's environment against them)."""
     out = {name: value for name, value in record.env.items()
            if set(name) <= _SAFE and "\n" not in value}
+    out[NVIDIA_VISIBLE] = nvidia_visible(record)
     if record.job_class:
         out["SLURMISO_CLASS"] = record.job_class
     return out

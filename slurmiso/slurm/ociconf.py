@@ -292,8 +292,8 @@ def render_oci_conf(roots: Sequence[BindRoot], runtime: str, source: str,
         "Environment: no line to add. From 23.02 slurmstepd writes the step's whole "
         "environment, after GRES and the TaskProlog, into the container's process.env, "
         "minus what EnvExclude matches. slurmiso needs these there: "
-        + ", ".join(n.name for n in NEEDED_ENV) + " (NVIDIA_VISIBLE_DEVICES is read by "
-        "NVIDIA's container hooks; slurmiso does not export it yet).")
+        + ", ".join(n.name for n in NEEDED_ENV) + " (NVIDIA_VISIBLE_DEVICES, the job's "
+        "device UUIDs or void, is what NVIDIA's container hooks read).")
     out += [""] + comment(
         "oci.conf has no bind-mount parameter (oci.conf(5): none in 22.05; from 23.02 to "
         "26.05 only MountSpoolDir, for Slurm's own spool directory). slurmstepd keeps the bundle's "

@@ -234,6 +234,7 @@ def test_the_record_of_the_users_own_job_gives_what_the_container_must_carry(
     job = oci_gate.read_job("gpu001", JOB_ENV)
     assert job.managed and job.relay  # train: preemptible, throttled by the ladder
     assert job.expected == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PIPE_DIRECTORY": PIPE,
+                            "NVIDIA_VISIBLE_DEVICES": "void",  # the record readied no device
                             "SLURMISO_CLASS": "train"}
     # the record's class decides, not what the environment claims
     assert oci_gate.read_job("gpu001", dict(JOB_ENV, SLURMISO_CLASS="infer")).relay is True
