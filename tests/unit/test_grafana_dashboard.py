@@ -14,6 +14,7 @@ import re
 from typing import Any, Dict, Iterator, List, Set
 
 from slurmiso.exposition import gpu_series as t
+from slurmiso.exposition import host_series as host
 from slurmiso.exposition import job_series as signals
 from slurmiso.probe.store import metric_names
 
@@ -29,7 +30,8 @@ JOB_CONTRACT = {
     signals.M_THROUGHPUT_VS_SOLO: {signals.L_JOB, signals.L_CLASS},
     signals.M_JOB_GPU: {signals.L_JOB, signals.L_CLASS, signals.L_GPU, signals.L_GI},
 }
-KNOWN: Set[str] = set(AGENT) | set(signals.SERIES) | set(metric_names())
+KNOWN: Set[str] = (set(AGENT) | set(signals.SERIES) | set(metric_names())
+                   | set(host.JOB_SERIES) | set(host.NODE_SERIES))
 #: PromQL words that look like metric names but are not.
 _NOT_METRICS = {"by", "without", "sum", "max", "min", "avg", "count", "time", "label_values",
                 "on", "ignoring", "group_left", "group_right", "rate", "and", "or", "unless"}
@@ -105,3 +107,30 @@ def test_the_dashboard_judges_what_the_ladder_judges() -> None:
     exprs = " ".join(queries(dashboard()))
     assert "slurmiso_job_window_latency_seconds_bucket" in exprs and 'le="$slo_bound"' in exprs
     assert 'percentile="99"' in exprs and "quantile=" not in exprs
+
+
+def test_the_host_figures_sit_beside_the_latency_curves() -> None:
+    """Issue 36: where contention is, per job and per node, right below inference's
+    latency and training's step time, and every host series the diagnosis reads is shown."""
+    panels = dashboard()["panels"]
+    titles = [p["title"] for p in panels]
+    row = next(i for i, p in enumerate(panels) if p["type"] == "row"
+               and p["title"].startswith("Where contention is: the host"))
+    assert titles.index("Training throughput vs alone") < row < titles.index(
+        "Jobs per GPU / MIG instance")
+    exprs = " ".join(queries(dashboard()))
+    for series in (host.M_JOB_PSI, host.M_NODE_PSI, host.M_JOB_CPU, host.M_JOB_MEM_CURRENT,
+                   host.M_JOB_IO_BYTES, host.M_NODE_NET_BYTES):
+        assert series in exprs, series
+    for res in host.RESOURCES:
+        assert f'resource="{res}"' in exprs, res
+
+
+def test_no_two_panels_overlap() -> None:
+    cells: Set[tuple] = set()
+    for p in dashboard()["panels"]:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, p["title"]
+        cells |= mine
