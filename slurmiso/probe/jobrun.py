@@ -18,7 +18,9 @@ Slurm: everything comes back through files next to the spec, on a directory both
   probe's cancel or from outside it: scancel, preemption), and when.
 
 * ``result`` also holds ``gpu_mem``: the GPU memory the command's processes held, sampled
-  through the node's GPU backend (:mod:`slurmiso.probe.gpumem`), or why it was not measured.
+  through the node's GPU backend (:mod:`slurmiso.probe.gpumem`), or why it was not measured;
+  and ``host``: the CPU the command used and the share of the run some task stalled on CPU,
+  memory and IO, the job's own where its cgroup says (:mod:`slurmiso.probe.hostfigs`).
 
 Output and times files are appended to, never truncated: a second start (a requeued job) adds to
 the first start's lines instead of hiding them.
@@ -161,14 +163,19 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
              "env": {k: env[k] for k in GPU_ENV if k in env},
              "restart_count": _restart_count(env), "job": env.get("SLURM_JOB_ID", "")}
     where["start_no"] = _record_start(spec.get("starts", ""), where)
-    from slurmiso.probe import gpumem
+    from slurmiso.probe import gpumem, hostfigs
 
     sampler, why = gpumem.open_sampler(spec.get("gpu_mem"), str(where["node"]))
+    cgroup = hostfigs.own_job_cgroup()
+    host0, cpu0 = hostfigs.snapshot(cgroup), hostfigs.children_cpu_s()
     try:
         result = _run(spec, env, started, where, sampler)
     finally:
         gpumem.close(sampler)
     result["gpu_mem"] = sampler.result() if sampler is not None else gpumem.unmeasured(why)
+    result["host"] = hostfigs.figures(host0, hostfigs.snapshot(cgroup),
+                                      float(result.get("seconds") or 0.0),
+                                      hostfigs.children_cpu_s() - cpu0)
     return result
 
 

@@ -80,6 +80,8 @@ def measure_mode(session: Session, mode: str, pool: str, places: Dict[str, Place
         "infer": infer_mixed, "infer_solo": infer_solo,
         "train": train_mixed, "train_solo": train_solo,
         "memory": memory,
+        "host": {r: {"solo": solo.result.get("host"), "mixed": mixed.result.get("host")}
+                 for r, solo, mixed in (("infer", solo_i, mix_i), ("train", solo_t, mix_t))},
         "cdf": {"mixed": stats.cdf_points([x.latency_ms for x in mix_i.parsed.infer
                                            if x.latency_ms is not None]),
                 "solo": stats.cdf_points([x.latency_ms for x in solo_i.parsed.infer

@@ -50,6 +50,35 @@ def mode_rows(report: Dict[str, Any]) -> List[List[str]]:
     return rows
 
 
+HOST_HEADER = ["MODE", "POOL", "RUN", "SCOPE", "CPU CORES", "CPU STALL", "MEMORY STALL",
+               "IO STALL"]
+
+
+def _pair(solo: Optional[float], mixed: Optional[float], fmt: str) -> str:
+    """``alone -> beside training``."""
+    return f"{_f(solo, fmt)} -> {_f(mixed, fmt)}"
+
+
+def host_rows(report: Dict[str, Any]) -> List[List[str]]:
+    """Per measured mode and run (inference, training): the host figures alone -> beside
+    training (hostfigs.py); a scope of ``node`` means the node's pressure, not the job's."""
+    rows = []
+    for m in report["modes"]:
+        for role in ("infer", "train"):
+            h = (m.get("host") or {}).get(role) or {}
+            solo, mixed = h.get("solo") or {}, h.get("mixed") or {}
+            if m.get("skipped") or not (solo or mixed):
+                continue
+            scopes = {x.get("scope") for x in (solo, mixed)} - {None}
+            row = [m["mode"], str(m.get("pool") or "-"), role, "/".join(sorted(scopes)) or "-",
+                   _pair(solo.get("cpu_cores"), mixed.get("cpu_cores"), "{:.2f}")]
+            for res in ("cpu", "memory", "io"):
+                row.append(_pair((solo.get("stall") or {}).get(res),
+                                 (mixed.get("stall") or {}).get(res), "{:.1%}"))
+            rows.append(row)
+    return rows
+
+
 def _slo_line(report: Dict[str, Any]) -> str:
     slo = report.get("slo") or {}
     if slo.get("p99_ms") is None:
@@ -73,6 +102,11 @@ def _heading(report: Dict[str, Any]) -> List[str]:
 def render_text(report: Dict[str, Any]) -> str:
     rec = report["recommendation"]
     lines = _heading(report) + ["", table(mode_rows(report), HEADER), ""]
+    hosts = host_rows(report)
+    if hosts:
+        lines += ["host, alone -> beside training (CPU cores used; share of the run some task "
+                  "stalled, PSI; scope node: the node's, not the job's):",
+                  table(hosts, HOST_HEADER), ""]
     lines.append(f"recommendation: {rec['mode']}")
     lines.append(f"  why: {rec['why']}")
     for note in report.get("notes", []):
@@ -193,6 +227,11 @@ def render_html(report: Dict[str, Any]) -> str:
         "<h2>Recommendation</h2>",
         f"<div class=f><b>{escape(rec['mode'])}</b>: {escape(rec['why'])}</div>",
         "<h2>Per mode</h2>", html_table(HEADER, mode_rows(report)),
+        "<h2>Host, alone &rarr; beside training</h2>",
+        "<p class=muted>CPU cores the run's command used, and the share of the run some task "
+        "stalled on CPU, memory and IO (pressure stall information): the job's own cgroup "
+        "(scope job) or the node's (scope node, on cgroup v1 or outside a job).</p>",
+        html_table(HOST_HEADER, host_rows(report)),
         "<h2>Inference latency CDF per mode</h2>",
         "<p class=muted>solid: beside training on one GPU (exclusive: on its own GPU next to "
         "training's); dashed: alone with the same share. The red line is the class's P99 "

@@ -56,6 +56,16 @@ def test_probe_through_slurm_on_three_pools(sandbox: Any, tmp_path: Any) -> None
         assert mem["train_sampled_mb"] is not None or mem["train_sampled_why"]
         assert m["infer"]["requests"] == 40 and m["infer"]["p99_ms"] > 0
         assert m["train"]["step_s"] > 0 and m["train"]["throughput_vs_solo"] > 0
+        # host figures per run: the command's CPU, and its job's own PSI on cgroup v2 (each
+        # run is its own job); on v1 the node's pressure, said so
+        for role in ("infer", "train"):
+            for when in ("solo", "mixed"):
+                h = m["host"][role][when]
+                assert h["cpu_cores"] > 0, (m["mode"], role, when, h)
+                if sandbox.cgroup_version == 2:
+                    assert h["scope"] == "job" and h["stall"]["cpu"] is not None, h
+                else:
+                    assert h["scope"] in ("node", None) and h["memory_peak_mb"] is None, h
     assert report["recommendation"]["mode"] and report["recommendation"]["why"]
     assert len(report["runs"]) == 12 and all(r["where"].startswith("job ") for r in report["runs"])
     for r in report["runs"]:  # each job started once: none was requeued

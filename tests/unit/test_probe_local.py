@@ -74,6 +74,15 @@ def test_builtin_local_probe_gives_well_formed_figures(tmp_path, capsys) -> None
     assert any("CPU stand-ins" in n for n in report["notes"])
     mps = report["modes"][1]
     assert mps["gpus"]["infer"].endswith(":gpu0")  # through slurmiso's MPS daemon layout
+    # host figures per run, alone and beside training: the CPU stand-ins used CPU; a local
+    # run is in no Slurm job, so its stall shares are the node's (or none without PSI)
+    for m in report["modes"]:
+        for role in ("infer", "train"):
+            for when in ("solo", "mixed"):
+                h = m["host"][role][when]
+                assert h["cpu_cores"] > 0, (m["mode"], role, when, h)
+                assert h["scope"] in ("node", None) and h["memory_peak_mb"] is None
+                assert set(h["stall"]) == {"cpu", "memory", "io"}
     # the sim daemons held the classes' limits: training got its 60 %
     info = report["workload"]["info"]
     assert info["infer"]["workload"] == "cpu-stand-in"
@@ -108,6 +117,7 @@ def test_text_and_html_output(tmp_path, capsys) -> None:
     assert rc in (0, 1), err  # 1: the stand-in missed the config's SLO on this machine
     held = "recommendation: timeslice" in out
     assert "MODE" in out and "why:" in out and (held or "recommendation: none" in out)
+    assert "host, alone -> beside training" in out and "CPU STALL" in out
     assert rc == (0 if held else 1)
     page = html.read_text()
     assert "<svg" in page and "SLO P99 500 ms" in page and "http" not in page.split(
