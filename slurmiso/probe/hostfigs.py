@@ -79,8 +79,8 @@ def figures(before: Dict[str, Any], after: Dict[str, Any], seconds: float,
     stall: Dict[str, Optional[float]] = {}
     for res in RESOURCES:
         a, b = (before.get("stall_us") or {}).get(res), (after.get("stall_us") or {}).get(res)
-        ok = a is not None and b is not None and b >= a and seconds > 0
-        stall[res] = round((b - a) / 1e6 / seconds, 4) if ok else None
+        stall[res] = (round((b - a) / 1e6 / seconds, 4)
+                      if a is not None and b is not None and b >= a and seconds > 0 else None)
     scope = after.get("scope") if after.get("scope") == before.get("scope") else None
     peak = after.get("peak_bytes")
     return {"scope": scope,

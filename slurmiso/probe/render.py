@@ -69,7 +69,7 @@ def host_rows(report: Dict[str, Any]) -> List[List[str]]:
             solo, mixed = h.get("solo") or {}, h.get("mixed") or {}
             if m.get("skipped") or not (solo or mixed):
                 continue
-            scopes = {x.get("scope") for x in (solo, mixed)} - {None}
+            scopes = {str(x["scope"]) for x in (solo, mixed) if x.get("scope")}
             row = [m["mode"], str(m.get("pool") or "-"), role, "/".join(sorted(scopes)) or "-",
                    _pair(solo.get("cpu_cores"), mixed.get("cpu_cores"), "{:.2f}")]
             for res in ("cpu", "memory", "io"):
