@@ -20,7 +20,7 @@ are two rows.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional, Set, Tuple
 
 from slurmiso.exposition import job_series as sig
 from slurmiso.sluid import is_sluid, job_of_cgroup, read_cgroup
@@ -83,21 +83,31 @@ class _Owners:
         return (owner, held.job_class, *where)
 
 
-def attribute(
+class Attribution(NamedTuple):
+    """Every (job, class, gpu, gi) row holding, and per row its processes' figures."""
+
+    rows: Set[Row]
+    #: MiB its processes use there; None: the driver would not say for one of them
+    memory: Dict[Row, Optional[int]]
+    #: their summed SM share 0..1; None: one process's share unknown (MIG, older drivers)
+    sm: Dict[Row, Optional[float]]
+
+
+def attribute_all(
     records: Dict[str, Any], processes: Iterable[Any], instances: Iterable[Any],
     proc: str = "/proc", cgroup: Optional[Callable[[int], Optional[str]]] = None,
     uid_of: Optional[Callable[[int], Optional[int]]] = None,
     parent_of: Optional[Callable[[int], Optional[int]]] = None,
-) -> Tuple[Set[Row], Dict[Row, Optional[int]]]:
+) -> Attribution:
     """Every (job, class, gpu, gi) holding (the records' resources and the processes'), and
-    the GPU memory (MiB) each row's processes use, summed per row: on a shared GPU the rows'
-    sums add up to what the GPU's processes use, less a recorded MPS daemon's server. A row
-    with a process whose memory the driver would not give is None (unknown, never a partial
-    sum); a row of records alone, with no process, has no entry.
+    the GPU memory (MiB) and SM share each row's processes use, summed per row: on a shared
+    GPU the rows' sums add up to what the GPU's processes use, less a recorded MPS daemon's
+    server. A row with a process whose figure the driver would not give is None for it
+    (unknown, never a partial sum); a row of records alone, with no process, has no entry.
 
-    ``processes``: the backend's GpuProcess (pid, gpu_index, used_memory_mb, mig_uuid);
-    ``instances``: its MigInstance (gpu_index, gi_id, uuid), to place a process on its
-    instance.
+    ``processes``: the backend's GpuProcess (pid, gpu_index, used_memory_mb, mig_uuid,
+    sm_util); ``instances``: its MigInstance (gpu_index, gi_id, uuid), to place a process on
+    its instance.
     """
     owners = _Owners(records, instances, proc, cgroup, uid_of, parent_of)
     out: Set[Row] = set()
@@ -112,6 +122,7 @@ def attribute(
             elif not res.is_mig:
                 out.add((str(job), rec.job_class, res.gpu, ""))
     memory: Dict[Row, Optional[int]] = {}
+    sm: Dict[Row, Optional[float]] = {}
     for p in processes:
         row = owners.of(p)
         if row is None:
@@ -121,7 +132,20 @@ def attribute(
         mb = int(raw) if raw is not None and getattr(p, "memory_known", True) else -1
         before = memory.get(row, 0)
         memory[row] = None if before is None or mb < 0 else before + mb
-    return out, memory
+        share, so_far = getattr(p, "sm_util", None), sm.get(row, 0.0)
+        sm[row] = None if so_far is None or share is None else so_far + float(share)
+    return Attribution(out, memory, sm)
+
+
+def attribute(
+    records: Dict[str, Any], processes: Iterable[Any], instances: Iterable[Any],
+    proc: str = "/proc", cgroup: Optional[Callable[[int], Optional[str]]] = None,
+    uid_of: Optional[Callable[[int], Optional[int]]] = None,
+    parent_of: Optional[Callable[[int], Optional[int]]] = None,
+) -> Tuple[Set[Row], Dict[Row, Optional[int]]]:
+    """:func:`attribute_all`'s rows and memory."""
+    found = attribute_all(records, processes, instances, proc, cgroup, uid_of, parent_of)
+    return found.rows, found.memory
 
 
 def rows(

@@ -61,6 +61,8 @@ class NodeReport:
     attribution: Set[Tuple[str, str, int, str]] = field(default_factory=set)
     #: (job, class, gpu, gi) -> MiB its processes use there; None: the driver would not say
     memory: Dict[Tuple[str, str, int, str], Optional[int]] = field(default_factory=dict)
+    #: (job, class, gpu, gi) -> its processes' SM share 0..1; None: unknown (MIG, driver)
+    sm: Dict[Tuple[str, str, int, str], Optional[float]] = field(default_factory=dict)
 
 
 def gather_node(
@@ -106,9 +108,10 @@ def gather_node(
                     inst.memory_used_mb, inst.memory_total_mb, None, None,
                     sum(1 for p in procs if inst.uuid and p.mig_uuid == inst.uuid),
                     tuple(sorted(j for j, _ in held)), tuple(sorted({c for _, c in held if c}))))
-        from slurmiso.agent.gpu_owners import attribute
+        from slurmiso.agent.gpu_owners import attribute_all
 
-        report.attribution, report.memory = attribute(records, procs, instances, proc)
+        report.attribution, report.memory, report.sm = attribute_all(records, procs, instances,
+                                                                     proc)
         return report
     finally:
         if own:
@@ -196,6 +199,14 @@ class NodeCollector:
             if mb is not None:
                 used.add_metric([job, cls, str(gpu), gi], float(mb * t.MIB))
         yield used
+        sm = GaugeMetricFamily(sig.M_JOB_GPU_SM, "Share of the GPU's SM (3D/compute) time the "
+                               "job's processes used over the driver's recent samples, 0..1 "
+                               "(NVML per-process utilization; absent: not sampled, as on MIG "
+                               "devices)", labels=[sig.L_JOB, sig.L_CLASS, sig.L_GPU, sig.L_GI])
+        for (job, cls, gpu, gi), share in sorted(report.sm.items()):
+            if share is not None:
+                sm.add_metric([job, cls, str(gpu), gi], min(1.0, share))
+        yield sm
         if self.dcgm_names:
             yield from self._dcgm(report)
 

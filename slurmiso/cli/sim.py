@@ -114,6 +114,9 @@ def _add_load(sub: Any, common: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--pid", type=int, help="process id (default: parent of this command)")
     p.add_argument("--mig-uuid", default="", help="MIG device the process runs on")
     p.add_argument("--name", default="", help="process name shown in listings")
+    p.add_argument("--process-sm", type=_percent, metavar="PCT",
+                   help="the process's SM (3D/compute) utilization %%, as NVML samples it "
+                   "per process on a whole GPU")
     p.add_argument(
         "--clear",
         action="store_true",
@@ -284,14 +287,16 @@ def _cmd_load(args: argparse.Namespace) -> int:
         return 0
     if args.gpu is None:
         raise UsageError("sim load needs --gpu N (or --clear)")
-    wants_process = args.mem is not None or args.pid is not None or args.mig_uuid or args.name
+    wants_process = (args.mem is not None or args.pid is not None or args.mig_uuid or args.name
+                     or args.process_sm is not None)
     if args.util is None and args.sm is None and not wants_process:
         raise UsageError("nothing to load", hint="give --util, --sm, --mem or --pid")
     if args.util is not None or args.sm is not None:
         backend.set_load(args.gpu, util=args.util, sm_active=args.sm)
     if wants_process:
         pid = args.pid if args.pid is not None else os.getppid()
-        proc = backend.add_process(args.gpu, pid, args.mem or 0, args.mig_uuid, args.name)
+        proc = backend.add_process(args.gpu, pid, args.mem or 0, args.mig_uuid, args.name,
+                                   sm_util=args.process_sm)
         print(
             f"GPU {args.gpu}: pid {proc.pid} holds {proc.used_memory_mb} MiB"
             + (f" on {proc.mig_uuid}" if proc.mig_uuid else "")

@@ -60,6 +60,8 @@ M_JOB_GPU = "slurmiso_job_gpu"
 #: summed through their cgroups); absent where the driver would not say. :func:`from_samples`
 #: passes it over: no :class:`JobSignals` field holds it yet.
 M_JOB_GPU_MEMORY = "slurmiso_job_gpu_memory_used_bytes"
+#: The job's processes' share of a whole GPU's SM time (NVML per-process samples), 0..1.
+M_JOB_GPU_SM = "slurmiso_job_gpu_sm_util_ratio"
 M_LATENCY = "slurmiso_job_latency_seconds"
 M_ERROR_RATIO = "slurmiso_job_error_ratio"
 M_REQUESTS = "slurmiso_job_requests"
@@ -73,7 +75,7 @@ M_WINDOW_BUCKET = M_WINDOW + "_bucket"
 
 #: Every per-job series, in the order the agent writes them.
 SERIES: Tuple[str, ...] = (
-    M_JOB_GPU, M_JOB_GPU_MEMORY, M_LATENCY, M_ERROR_RATIO, M_REQUESTS, M_SIGNAL_AGE,
+    M_JOB_GPU, M_JOB_GPU_MEMORY, M_JOB_GPU_SM, M_LATENCY, M_ERROR_RATIO, M_REQUESTS, M_SIGNAL_AGE,
     M_SIGNAL_UNKNOWN, M_STEP_SECONDS, M_STEPS_TOTAL, M_THROUGHPUT_VS_SOLO, M_WINDOW_BUCKET,
 )
 

@@ -84,7 +84,10 @@ class MigInstance(Value, eq=True):
 class GpuProcess(Value, eq=True):
     """A process holding a GPU context (compute), with its memory on that GPU/MIG device.
     ``memory_known`` False: the driver would not say (NVML's "not available", e.g. a MIG
-    device read without root), and ``used_memory_mb`` is 0 for a figure nobody measured."""
+    device read without root), and ``used_memory_mb`` is 0 for a figure nobody measured.
+    ``sm_util``: its share of the GPU's SM (3D/compute) time over the driver's recent samples,
+    0..1 (NVML ``nvmlDeviceGetProcessUtilization``'s ``smUtil``); None: not measured (MIG
+    devices, drivers without it)."""
 
     pid: int
     gpu_index: int
@@ -92,6 +95,7 @@ class GpuProcess(Value, eq=True):
     mig_uuid: str = ""
     name: str = ""
     memory_known: bool = True
+    sm_util: Optional[float] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return as_dict(self)

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
+#: How far back a per-process SM reading looks (the agent scrapes about this often).
+PROCESS_SM_WINDOW_S = 10.0
 #: Big enough for any placement/instance list NVML returns (at most 8 memory slices today).
 _ARRAY_LEN = 32
 
@@ -605,6 +607,7 @@ class NvmlBackend:
     def _device_processes(self, index: int, handle: Any, mig_uuid: str) -> List[GpuProcess]:
         with _translate(f"GPU {index}: list compute processes"):
             procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        sm = self._process_sm(index, handle) if procs and not mig_uuid else None
         return [
             GpuProcess(
                 pid=int(p.pid),
@@ -613,9 +616,34 @@ class NvmlBackend:
                 mig_uuid=mig_uuid,
                 name=_process_name(int(p.pid)),
                 memory_known=p.usedGpuMemory is not None,  # pynvml: None = not available
+                sm_util=None if sm is None else sm.get(int(p.pid), 0.0),
             )
             for p in procs
         ]
+
+    def _process_sm(self, index: int, handle: Any) -> Optional[Dict[int, float]]:
+        """pid -> mean smUtil (0..1) of the driver's samples of the last
+        :data:`PROCESS_SM_WINDOW_S`; NVML returns one per process "that had some non-zero
+        utilization", so a process with none used no SM time (0). None where the driver will
+        not say (MIG devices, older drivers), never a guess."""
+        import time
+
+        read = getattr(self.nvml, "nvmlDeviceGetProcessUtilization", None)
+        if read is None:
+            return None  # an nvidia-ml-py without it
+        since = int((time.time() - PROCESS_SM_WINDOW_S) * 1e6)  # CPU timestamps in us
+        try:
+            with _translate(f"GPU {index}: read process utilization"):
+                samples = read(handle, since)
+        except GpuNotFound:
+            return {}  # no sample since: no process used the SMs in the window
+        except GpuError:
+            return None
+        per: Dict[int, List[int]] = {}
+        for x in samples:
+            if 0 <= int(x.smUtil) <= 100:
+                per.setdefault(int(x.pid), []).append(int(x.smUtil))
+        return {pid: sum(v) / len(v) / 100.0 for pid, v in per.items()}
 
 
 def _process_name(pid: int) -> str:

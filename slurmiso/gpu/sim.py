@@ -437,6 +437,15 @@ def _schema_problem(state: Any) -> str:
     return ""
 
 
+def _process_sm(proc: Dict[str, Any]) -> Optional[float]:
+    """A simulated process's SM share 0..1; None where the state gives none (not modelled,
+    or not a well-formed percentage: unknown, never 0)."""
+    sm = proc.get("sm")
+    if not isinstance(sm, (int, float)) or isinstance(sm, bool) or not 0 <= sm <= 100:
+        return None
+    return None if proc.get("mig_uuid") else float(sm) / 100.0
+
+
 #: What every reader of a simulated node relies on, so a corrupt file is one clear error
 #: naming it instead of a KeyError in the middle of a hook.
 _Fields = Dict[str, Tuple[type, ...]]
@@ -527,7 +536,8 @@ class SimBackend:
         state = self._store.snapshot()
         wanted = {g["index"] for g in _selected(state, index)}
         return [
-            GpuProcess(p["pid"], p["gpu_index"], p["used_memory_mb"], p["mig_uuid"], p["name"])
+            GpuProcess(p["pid"], p["gpu_index"], p["used_memory_mb"], p["mig_uuid"], p["name"],
+                       sm_util=_process_sm(p))
             for p in _on_gpu(state)
             if p["gpu_index"] in wanted
         ]
@@ -655,20 +665,26 @@ class SimBackend:
             _gpu(state, index, allow_lost=True)["lost"] = bool(lost)
 
     def add_process(
-        self, index: int, pid: int, used_memory_mb: int, mig_uuid: str = "", name: str = ""
+        self, index: int, pid: int, used_memory_mb: int, mig_uuid: str = "", name: str = "",
+        sm_util: Optional[float] = None,
     ) -> GpuProcess:
-        """Register a process holding memory on a GPU (or one of its MIG devices).
+        """Register a process holding memory on a GPU (or one of its MIG devices), and, if
+        given, its SM (3D/compute) utilization in percent, as NVML's per-process samples
+        give it on a whole GPU (never on a MIG device: NVML does not sample those).
 
         An entry for the same pid on the same device is replaced, so repeating a
         ``sim load`` updates instead of adding up.
         """
         if used_memory_mb < 0 or pid <= 0:
             raise UsageError(f"invalid process: pid {pid}, memory {used_memory_mb} MiB")
+        if sm_util is not None and (mig_uuid or not 0 <= sm_util <= 100):
+            raise UsageError(f"process SM utilization {sm_util}: a percentage 0-100, and only "
+                             "on a whole GPU (NVML samples no MIG device's processes)")
         with self._store.transaction("add_process") as state:
             gpu = _gpu(state, index, allow_lost=True)
             if mig_uuid and not any(i["uuid"] == mig_uuid for i in gpu["instances"]):
                 raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
-            entry = {
+            entry: Dict[str, Any] = {
                 "pid": int(pid),
                 "start": start_ticks(int(pid)),
                 "gpu_index": index,
@@ -676,12 +692,15 @@ class SimBackend:
                 "mig_uuid": mig_uuid,
                 "name": name,
             }
+            if sm_util is not None:
+                entry["sm"] = float(sm_util)
             state["processes"] = [
                 p
                 for p in _live_processes(state)
                 if (p["pid"], p["gpu_index"], p["mig_uuid"]) != (pid, index, mig_uuid)
             ] + [entry]
-            return GpuProcess(int(pid), index, int(used_memory_mb), mig_uuid, name)
+            return GpuProcess(int(pid), index, int(used_memory_mb), mig_uuid, name,
+                              sm_util=_process_sm(entry))
 
     def set_load(
         self,

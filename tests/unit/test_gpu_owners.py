@@ -150,10 +150,12 @@ def test_per_job_gpu_memory_on_a_shared_gpu_adds_up_to_its_processes(
     init_state(path, "H100-80GB", 2, mig=False, node="n3")
     backend = SimBackend(path)
     a1, a2, b, foreign, unrec, mps = sleepers
-    for pid, mb, name in ((a1, 9_000, "vllm"), (a2, 1_000, "vllm"), (b, 20_000, "train"),
-                          (foreign, 3_000, "miner"), (unrec, 700, "x"),
-                          (mps, 300, "nvidia-cuda-mps-server")):
-        backend.add_process(0, pid, mb, "", name)
+    # memory in MiB and SM (3D/compute) % as NVML samples them per process (sim)
+    for pid, mb, name, sm in ((a1, 9_000, "vllm", 20.0), (a2, 1_000, "vllm", 5.0),
+                              (b, 20_000, "train", 60.0), (foreign, 3_000, "miner", 10.0),
+                              (unrec, 700, "x", 0.0),
+                              (mps, 300, "nvidia-cuda-mps-server", 0.0)):
+        backend.add_process(0, pid, mb, "", name, sm_util=sm)
     backend.add_process(1, b, 4_000, "", "train")  # the same job on another GPU: its own row
     proc = os.path.join(str(tmp_path), "proc")
     _fake_proc(proc, a1, "0::/system.slice/slurmstepd.scope/job_41/step_0/user/task_0\n")
@@ -187,6 +189,13 @@ def test_per_job_gpu_memory_on_a_shared_gpu_adds_up_to_its_processes(
     assert on_gpu0 == 34_000, "the premise: six processes on GPU 0"
     assert sum(v for (_, _, g), v in used.items() if g == "0") == (on_gpu0 - 300) * mib
     assert ("43", "train", "0") not in used, "no process: no figure, not 0"
+    sm = {(x.labels["job"], x.labels["class"], x.labels["gpu"]): round(x.value, 6)
+          for x in parse_prometheus_text(text) if x.name == sig.M_JOB_GPU_SM}
+    assert sm == {("41", "infer", "0"): 0.25, ("42", "train", "0"): 0.6,
+                  ("", sig.CLASS_FOREIGN, "0"): 0.1, ("77", sig.CLASS_UNRECORDED, "0"): 0.0}
+    sampled = sum(p.sm_util or 0.0 for p in backend.processes() if p.gpu_index == 0)
+    assert round(sum(v for (_, _, g), v in sm.items() if g == "0"), 6) == round(sampled, 6)
+    assert ("42", "train", "1") not in sm, "a process with no sample: unknown, not 0"
 
 
 def test_a_process_whose_memory_the_driver_hides_makes_its_rows_memory_unknown() -> None:
@@ -199,3 +208,17 @@ def test_a_process_whose_memory_the_driver_hides_makes_its_rows_memory_unknown()
     _, memory = attribute({"41": rec}, procs, [], cgroup=lambda pid: V2.replace("42", "41"),
                           uid_of=lambda pid: 1000)
     assert memory == {("41", "infer", 0, ""): None, ("41", "infer", 1, ""): 100}
+
+
+def test_one_process_without_a_sample_makes_its_rows_sm_unknown() -> None:
+    """NVML samples no MIG device's processes: a row with one such process has no SM figure
+    (never the share of the processes that had one)."""
+    from slurmiso.agent.gpu_owners import attribute_all
+    from slurmiso.gpu.backend import GpuProcess
+
+    rec = JobRecord.from_dict({"class": "infer", "uid": 1000, "resources": []})
+    procs = [GpuProcess(5, 0, 900, sm_util=0.3), GpuProcess(6, 0, 10, sm_util=None),
+             GpuProcess(7, 1, 100, sm_util=0.45), GpuProcess(8, 1, 100, sm_util=0.05)]
+    found = attribute_all({"41": rec}, procs, [], cgroup=lambda pid: V2.replace("42", "41"),
+                          uid_of=lambda pid: 1000)
+    assert found.sm == {("41", "infer", 0, ""): None, ("41", "infer", 1, ""): 0.5}

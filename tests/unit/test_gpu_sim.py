@@ -593,3 +593,25 @@ def test_open_backend_auto_without_sim_fails(
     monkeypatch.setattr("slurmiso.gpu._open_nvml", _no_nvml)
     with pytest.raises(GpuUnavailable, match="sim init"):
         open_backend("auto", sim_state=str(tmp_path / "none.json"))
+
+
+def test_a_processes_sm_share_is_modelled_on_whole_gpus_only(tmp_path: Path) -> None:
+    """As NVML samples processes (nvmlDeviceGetProcessUtilization): a whole GPU's process
+    may carry its SM share; a MIG device's never; one added without a share is unknown."""
+    path = str(tmp_path / "n2.json")
+    init_state(path, "H100-80GB", 1, mig=False, node="n2")
+    sim = SimBackend(path)
+    me = os.getpid()
+    assert sim.add_process(0, me, 100, sm_util=35.0).sm_util == 0.35
+    assert [p.sm_util for p in sim.processes(0)] == [0.35]
+    sim.add_process(0, me, 100)  # replaced, without a share
+    assert [p.sm_util for p in sim.processes(0)] == [None]
+    for bad in (-1.0, 100.5):
+        with pytest.raises(UsageError, match="percentage 0-100"):
+            sim.add_process(0, me, 100, sm_util=bad)
+
+
+def test_a_mig_devices_process_takes_no_sm_share(sim: SimBackend) -> None:
+    inst = create_mig_device(sim, 0, "1g.10gb")
+    with pytest.raises(UsageError, match="whole GPU"):
+        sim.add_process(0, os.getpid(), 100, inst.uuid, sm_util=10.0)

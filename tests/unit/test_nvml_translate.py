@@ -71,6 +71,11 @@ class FakeGpu:
         self.gis: Dict[int, Dict[str, Any]] = {}  # gi id -> profile id, start, size, ci
         self.procs: Dict[Tuple[int, int], List[Any]] = {}  # (gi, ci) -> processes
         self.lost = False
+        #: nvmlDeviceGetProcessUtilization's samples (pid, smUtil, timeStamp in us), or the
+        #: NVML error it raises
+        self.samples: List[Tuple[int, int, int]] = []
+        self.sample_error = ""
+        self.asked_since: List[int] = []
 
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("pynvml")
@@ -267,6 +272,17 @@ class FakeGpu:
     def nvmlDeviceGetComputeInstanceId(self, mig: Tuple[str, int, int]) -> int:
         return mig[2]
 
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, since: int) -> List[Any]:
+        """As nvidia-ml-py: samples newer than ``since``; NOT_FOUND when there are none."""
+        self.asked_since.append(since)
+        if self.sample_error:
+            self._fail(self.sample_error)
+        out = [SimpleNamespace(pid=pid, smUtil=sm, memUtil=0, encUtil=0, decUtil=0,
+                               timeStamp=ts) for pid, sm, ts in self.samples if ts > since]
+        if not out:
+            self._fail("NVML_ERROR_NOT_FOUND")
+        return out
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> List[Any]:
         if handle[0] == "mig":
             return list(self.procs.get(handle[1:], []))
@@ -408,6 +424,33 @@ def test_utilization_without_mig(gpu: FakeGpu, nvml: NvmlBackend) -> None:
     assert nvml.device(0).utilization_pct == 42
     assert nvml.telemetry(0).gr_engine_active == 0.42
     assert [p.pid for p in nvml.processes(0)] == [1]
+
+
+def test_a_processes_sm_share_is_the_mean_of_its_recent_samples(gpu: FakeGpu,
+                                                                 nvml: NvmlBackend) -> None:
+    """smUtil per process (NVML: one sample per process with non-zero use in a period, CPU
+    timestamps in us): the mean of the window's samples; an old one is not read."""
+    import time
+
+    gpu.mig = False
+    now = int(time.time() * 1e6)
+    gpu.samples = [(1, 30, now - 2_000_000), (1, 50, now - 1_000_000),
+                   (1, 100, now - 3_600 * 10**6)]  # an hour old: outside the window
+    (proc,) = nvml.processes(0)
+    assert proc.sm_util == pytest.approx(0.4)
+    assert now - gpu.asked_since[-1] == pytest.approx(10e6, rel=0.1)
+    gpu.samples = []  # NOT_FOUND: no process used the SMs in the window
+    assert nvml.processes(0)[0].sm_util == 0.0
+    gpu.sample_error = "NVML_ERROR_NOT_SUPPORTED"  # the driver will not say: unknown
+    assert nvml.processes(0)[0].sm_util is None
+
+
+def test_mig_device_processes_have_no_sm_share(gpu: FakeGpu, nvml: NvmlBackend) -> None:
+    gi = nvml.create_gpu_instance(0, "1g.10gb")
+    nvml.create_compute_instance(0, gi.gi_id)
+    gpu.procs[(gi.gi_id, 0)] = [SimpleNamespace(pid=7, usedGpuMemory=1 << 30)]
+    (proc,) = nvml.processes(0)
+    assert proc.mig_uuid and proc.sm_util is None and not gpu.asked_since
 
 
 def test_profiles_match_catalogue(nvml: NvmlBackend) -> None:
