@@ -95,6 +95,10 @@ def _neighbours(snap: Snapshot, who: Attribution, node: str,
         gpu_mem: Dict[str, int] = {}
         for gpu, _gi, used in fig.gpu_memory if fig is not None else ():
             gpu_mem[str(gpu)] = gpu_mem.get(str(gpu), 0) + int(used)
+        gpu_sm: Dict[str, float] = {}
+        for gpu, gi, share in fig.gpu_sm if fig is not None else ():
+            if not gi:  # NVML samples whole GPUs only
+                gpu_sm[str(gpu)] = gpu_sm.get(str(gpu), 0.0) + share
         out.append(Neighbour(
             jid, info.job_class, "",
             gpus=tuple(str(g) for on, g in who.gpus_of.get(jid, ()) if on == node),
@@ -102,7 +106,7 @@ def _neighbours(snap: Snapshot, who: Attribution, node: str,
             io_bytes_per_s=fig.io_bytes_per_s if fig is not None else None,
             memory_bytes=None if fig is None or fig.memory_bytes is None
             else int(fig.memory_bytes),
-            gpu_memory_by_gpu=gpu_mem))
+            gpu_memory_by_gpu=gpu_mem, sm_by_gpu=gpu_sm))
     return tuple(out)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from slurmiso.exposition import host_series as h
-from slurmiso.exposition.job_series import M_JOB_GPU_MEMORY
+from slurmiso.exposition.job_series import M_JOB_GPU_MEMORY, M_JOB_GPU_SM
 
 #: (resource, kind, avg10 ratio 0..1): the PSI lines the agent exported.
 PsiRatios = Tuple[Tuple[str, str, float], ...]
@@ -44,6 +44,8 @@ class JobHostFigures:
     pressure: PsiRatios = ()
     #: (GPU index, MIG instance or "", bytes the job's own processes use there).
     gpu_memory: Tuple[Tuple[int, str, float], ...] = ()
+    #: (GPU index, MIG instance or "", the share 0..1 of its SM time they used).
+    gpu_sm: Tuple[Tuple[int, str, float], ...] = ()
     #: Rates from the scrape before (:func:`with_rates`); None without one.
     cpu_cores: Optional[float] = None
     io_bytes_per_s: Optional[float] = None
@@ -60,6 +62,8 @@ class JobHostFigures:
             out["pressure"] = [list(p) for p in self.pressure]
         if self.gpu_memory:
             out["gpu_memory"] = [list(g) for g in self.gpu_memory]
+        if self.gpu_sm:
+            out["gpu_sm"] = [list(g) for g in self.gpu_sm]
         return out
 
     @classmethod
@@ -69,6 +73,8 @@ class JobHostFigures:
                                   d.get("pressure", ())),
                    gpu_memory=tuple((int(g), str(gi), float(b)) for g, gi, b in
                                     d.get("gpu_memory", ())),
+                   gpu_sm=tuple((int(g), str(gi), float(x)) for g, gi, x in
+                                d.get("gpu_sm", ())),
                    **{n: (None if d.get(n) is None else float(d[n])) for n in _JOB_FIGURES})
 
 
@@ -127,13 +133,15 @@ class _JobAcc:
         self.io: Dict[str, float] = {}
         self.pressure: Dict[Tuple[str, str], float] = {}
         self.gpu_memory: Dict[Tuple[int, str], float] = {}
+        self.gpu_sm: Dict[Tuple[int, str], float] = {}
 
     def figures(self, job: str, node: str, ts: float) -> JobHostFigures:
         # both directions or no IO figure: half a sum reads calmer than the job is
         io = self.io["read"] + self.io["write"] if set(self.io) == {"read", "write"} else None
         return JobHostFigures(job, node, ts, self.values.get("cpu"), self.values.get("memory"),
                               io, tuple((r, k, v) for (r, k), v in sorted(self.pressure.items())),
-                              tuple((g, gi, b) for (g, gi), b in sorted(self.gpu_memory.items())))
+                              tuple((g, gi, b) for (g, gi), b in sorted(self.gpu_memory.items())),
+                              tuple((g, gi, x) for (g, gi), x in sorted(self.gpu_sm.items())))
 
 
 def _job_sample(acc: _JobAcc, name: str, labels: Dict[str, str], v: float) -> None:
@@ -146,16 +154,16 @@ def _job_sample(acc: _JobAcc, name: str, labels: Dict[str, str], v: float) -> No
     elif name == h.M_JOB_PSI and labels.get(h.L_RESOURCE) in h.RESOURCES \
             and labels.get(h.L_KIND) in ("some", "full") and v <= 1.0:
         acc.pressure[(labels[h.L_RESOURCE], labels[h.L_KIND])] = v
-    elif name == M_JOB_GPU_MEMORY:
+    elif name in (M_JOB_GPU_MEMORY, M_JOB_GPU_SM):
         gpu = labels.get("gpu", "")
-        if gpu.isdigit() and len(gpu) <= 4:
+        if gpu.isdigit() and len(gpu) <= 4 and (name == M_JOB_GPU_MEMORY or v <= 1.0):
             key = (int(gpu), labels.get("gi", ""))
-            acc.gpu_memory[key] = v
+            (acc.gpu_memory if name == M_JOB_GPU_MEMORY else acc.gpu_sm)[key] = v
 
 
 _NODE_SERIES = frozenset((h.M_NODE_PSI, h.M_NODE_NET_BYTES, h.M_NODE_NET_SPEED))
 _JOB_SERIES = frozenset((h.M_JOB_CPU, h.M_JOB_MEM_CURRENT, h.M_JOB_IO_BYTES, h.M_JOB_PSI,
-                         M_JOB_GPU_MEMORY))
+                         M_JOB_GPU_MEMORY, M_JOB_GPU_SM))
 
 
 def from_samples(samples: Iterable[Any], node: str, ts: float

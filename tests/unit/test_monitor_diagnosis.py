@@ -149,6 +149,28 @@ def test_gpu_memory_near_full_comes_first() -> None:
     assert mem.ladder["n1/0"].diagnosis_cause == "gpu-memory-full"
 
 
+def test_an_sm_saturated_gpu_names_the_neighbour_taking_its_sms() -> None:
+    """Issue 36: the agent's per-job SM share (NVML per-process samples) reaches the rule: a
+    saturated GPU whose training neighbour took most of its SM time names that job, before
+    the host CPU pressure (listed in ``also``)."""
+    c = burning_cluster()
+    c.sm[("n1", 0)] = 97.0
+    c.host_jobs["t1"] = dataclasses.replace(c.host_jobs["t1"], gpu_sm=((0, "", 0.8),))
+    c.host_jobs["i1"] = dataclasses.replace(c.host_jobs["i1"], gpu_sm=((0, "", 0.15),))
+    steps, mem, _ = run(c, 4)
+    throttle = next(a for acts in steps for a in acts if a.kind == "throttle")
+    d = throttle.details["diagnosis"]
+    assert d["cause"] == "sm-saturated-by-neighbour", d
+    assert d["suspects"][0]["job"] == "t1" and d["suspects"][0]["contribution"] == 0.8
+    assert d["text"] == "SMs saturated by a neighbour: job t1 (train) takes 80% of GPU 0"
+    assert "host-cpu-pressure" in d["also"]
+    # without the per-job figure the same GPU is "unknown" for this rule, never a guess
+    c.host_jobs["t1"] = dataclasses.replace(c.host_jobs["t1"], gpu_sm=())
+    steps, _, _ = run(c, 4)
+    d = next(a for acts in steps for a in acts if a.kind == "throttle").details["diagnosis"]
+    assert d["cause"] == "host-cpu-pressure" and "SM share of the jobs on GPU 0" in d["unknown"]
+
+
 def test_missing_figures_give_unknown_never_none_found() -> None:
     c = burning_cluster()
     c.host_node = NodeHostFigures("n1", T0)  # an agent that could read no PSI, no NIC
@@ -245,7 +267,9 @@ def test_an_agent_without_host_figures_gives_none() -> None:
 
 
 def test_a_snapshot_with_host_figures_round_trips() -> None:
-    snap = burning_cluster().snapshot(T0)
+    c = burning_cluster()
+    c.host_jobs["t1"] = dataclasses.replace(c.host_jobs["t1"], gpu_sm=((0, "", 0.8),))
+    snap = c.snapshot(T0)
     back = loads(dumps(snap))
     assert back.host_nodes == snap.host_nodes and back.host_jobs == snap.host_jobs
     plain = dataclasses.replace(snap, host_nodes={}, host_jobs={})
@@ -264,3 +288,13 @@ def test_the_agent_source_keeps_the_scrape_before_for_rates() -> None:
     host_figures(second, later, "n1", T0 + 10, (first.host_nodes, first.host_jobs))
     assert second.host_jobs["4242"].cpu_cores == pytest.approx(3.0)
     assert second.host_jobs["4242"].io_bytes_per_s == 0.0, "IO counters did not move"
+
+
+def test_the_monitor_reads_the_agents_per_job_sm_share() -> None:
+    text = (GPU_LINES + 'slurmiso_agent_host_up{node="n1"} 1\n'
+            'slurmiso_job_gpu_sm_util_ratio{job="7",class="train",gpu="0",gi=""} 0.5\n'
+            'slurmiso_job_gpu_sm_util_ratio{job="7",class="train",gpu="1",gi=""} 1.5\n'
+            'slurmiso_job_gpu_sm_util_ratio{job="8",class="infer",gpu="x",gi=""} 0.2\n')
+    _, jobs = host_view.from_samples(parse_prometheus_text(text), "n1", T0)
+    assert jobs["7"].gpu_sm == ((0, "", 0.5),), "a share over 1 is no figure"
+    assert "8" not in jobs or jobs["8"].gpu_sm == ()
