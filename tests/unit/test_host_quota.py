@@ -170,28 +170,18 @@ def test_the_agents_restraint_watch_writes_the_quota_beside_the_rung(
     then a host-limit note tightens further, and its end puts the quota back, not the
     pre-quota value."""
     from slurmiso.agent.restraint_watch import restraint_watch
-    from slurmiso.config import load_config
     from slurmiso.restraints import Note, OnBound, RestraintStep
-    from slurmiso.state import NodeState
-    from tests.hookctx import write_config
+    from tests.unit.test_host_rung import node1_with_a_training_job
 
-    path = write_config(str(tmp_path), "mps")
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
-    data.setdefault("monitor", {}).setdefault("ladder", {})["host_limit"] = {
-        "levels": [{"cpu_weight": 20}]}
-    for c in data["classes"]:
-        if c["name"] == "train":
-            c["host"] = {"cpu_weight": 50}
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f)
-    cfg = load_config(path)
-    root = tmp_path / "cg"
-    shutil.copytree(os.path.join(FIX, "slurm-v2"), str(root))
-    job = root / "system.slice" / "node1_slurmstepd.scope" / "job_4242"
-    shutil.copytree(os.path.join(FIX, "v2", "job_4242"), str(job))
-    NodeState(cfg.paths.state_dir_for("node1")).write_job("4242", JobRecord(
-        "4242", RecordStatus.READY, job_class="train"))
+    def edit(data: Dict[str, Any]) -> None:
+        data.setdefault("monitor", {}).setdefault("ladder", {})["host_limit"] = {
+            "levels": [{"cpu_weight": 20}]}
+        for c in data["classes"]:
+            if c["name"] == "train":
+                c["host"] = {"cpu_weight": 50}
+
+    cfg, root, job = node1_with_a_training_job(
+        tmp_path, edit, JobRecord("4242", RecordStatus.READY, job_class="train"))
     note = Note(RestraintStep.HOST_LIMIT, NOW - 60, "node1", 0, "4711", 3600, OnBound.RESUME, 1)
 
     class Squeue:

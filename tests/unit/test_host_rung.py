@@ -6,7 +6,7 @@ import json
 import os
 import pathlib
 import shutil
-from typing import Any, Dict, Iterable, List
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import pytest
 import yaml
@@ -465,10 +465,10 @@ def test_end_over_bound_leaves_host_limits_to_the_node_executor(tmp_path: pathli
     assert end_over_bound(None, str(tmp_path), old, NOW, 30, "WINCH", False) == []
 
 
-def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
-    """One restraint-watch round with a host-limit note applies it through the real
-    writer; the next, without the note, restores it."""
-    from slurmiso.agent.restraint_watch import restraint_watch
+def node1_with_a_training_job(tmp_path: pathlib.Path, edit: Callable[[Dict[str, Any]], None],
+                              record: JobRecord) -> Tuple[Any, pathlib.Path, pathlib.Path]:
+    """An MPS test config edited by ``edit``, node1's recorded v2 tree with job 4242 in it,
+    and ``record`` as its record: (config, cgroup root, the job's directory)."""
     from slurmiso.config import load_config
     from slurmiso.state import NodeState
     from tests.hookctx import write_config
@@ -476,8 +476,7 @@ def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
     path = write_config(str(tmp_path), "mps")
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f)
-    data.setdefault("monitor", {}).setdefault("ladder", {})["host_limit"] = {
-        "levels": [{"cpu_cores": 2, "cpu_weight": 20}]}
+    edit(data)
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(data, f)
     cfg = load_config(path)
@@ -485,9 +484,26 @@ def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
     shutil.copytree(os.path.join(FIX, "slurm-v2"), str(root))
     job = root / "system.slice" / "node1_slurmstepd.scope" / "job_4242"
     shutil.copytree(os.path.join(FIX, "v2", "job_4242"), str(job))
+    NodeState(cfg.paths.state_dir_for("node1")).write_job("4242", record)
+    return cfg, root, job
+
+
+def _levels(*levels: Dict[str, Any]) -> Callable[[Dict[str, Any]], None]:
+    def edit(data: Dict[str, Any]) -> None:
+        data.setdefault("monitor", {}).setdefault("ladder", {})["host_limit"] = {
+            "levels": list(levels)}
+    return edit
+
+
+def test_the_agents_watch_runs_the_host_rung(tmp_path: pathlib.Path) -> None:
+    """One restraint-watch round with a host-limit note applies it through the real
+    writer; the next, without the note, restores it."""
+    from slurmiso.agent.restraint_watch import restraint_watch
+
+    cfg, root, job = node1_with_a_training_job(
+        tmp_path, _levels({"cpu_cores": 2, "cpu_weight": 20}),
+        JobRecord("4242", job_class="train"))
     before = _tree(root)
-    NodeState(cfg.paths.state_dir_for("node1")).write_job("4242", JobRecord(
-        "4242", job_class="train"))
     note = Note(RestraintStep.HOST_LIMIT, NOW - 60, "node1", 0, "4711", 3600, OnBound.RESUME, 1)
 
     class Squeue:
