@@ -274,3 +274,57 @@ def test_a_server_in_a_container_with_its_own_network_is_named_not_read(
         assert lad.job_p99() is None
     finally:
         lad.stop()
+
+
+def _host_pid_of(marker: str, cgroup_holds: str) -> int:
+    """The host pid of the process whose command line is ``sleep MARKER`` and whose cgroup
+    path holds ``cgroup_holds`` (0 until there is one)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/cgroup", encoding="utf-8") as fh:
+                cgroup = fh.read()
+        except OSError:
+            continue
+        if len(argv) > 1 and os.path.basename(argv[0]) == b"sleep" \
+                and argv[1] == marker.encode() and cgroup_holds in cgroup:
+            return int(entry)
+    return 0
+
+
+def test_the_agent_gives_a_containerised_process_to_its_job(
+    sandbox: Any, submit: Any, bundle: str,
+) -> None:
+    """NVML names a GPU process by its host pid, also for a container with its own pid
+    namespace: the agent maps that pid through its cgroup (the step's, which the container
+    stays in) to the job and its class, and counts its GPU memory there. The driver is
+    played by registering the container's host pid with the simulated node."""
+    from slurmiso.agent.gpus import gather_node
+    from slurmiso.config import load_config
+    from slurmiso.gpu.sim import SimBackend
+    from slurmiso.state import NodeState
+    from tests import waiting
+
+    marker = f"{300 + uuid.uuid4().int % 1000}.25"
+    job = submit(f"#!/bin/bash\n{_in_container(bundle)}/bin/sleep {marker}\n", "-p", "mps",
+                 "--gres=mps:50", "--qos=infer", "-w", "n2", user=L.TEST_USER)
+    cfg = load_config(sandbox.slurmiso_config)
+    state = NodeState(cfg.paths.state_dir_for("n2"))
+    waiting.wait_for(lambda: (state.read_job(job) or None) is not None
+                     and state.read_job(job).status == "ready", "the job's record", timeout=60,
+                     every=0.3)
+    rec = state.read_job(job)
+    holds = str(rec.fence.get("sluid") or f"job_{job}")
+    pid = waiting.wait_for(lambda: _host_pid_of(marker, holds), "the container's process",
+                           timeout=60, every=0.3)
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        ns_pids = [ln.split()[1:] for ln in fh if ln.startswith("NSpid:")][0]
+    assert len(ns_pids) == 2 and ns_pids[1] == "1", "its own pid namespace: pid 1 inside"
+    (gpu,) = {r.gpu for r in rec.resources if r.gpu is not None}
+    # the entry goes with the process (the sim keeps only live pids with their start time)
+    SimBackend(sandbox.path("sim", "n2.json")).add_process(gpu, pid, 1234, name="in-container")
+    report = gather_node(cfg, "n2")
+    assert report.memory.get((job, "infer", gpu, "")) == 1234, report.memory
