@@ -41,8 +41,24 @@ class DaemonKey:
         return f"u{self.uid}-t{self.thread_percentage}-m{self.memory_limit_mb}"
 
 
+def mps_root(state_dir: str) -> str:
+    """Where every MPS daemon's directories live on a node (containers bind it whole)."""
+    return os.path.join(state_dir, "mps")
+
+
+def ensure_root(state_dir: str) -> None:
+    """The MPS root, root-owned 0755, on every node of a config with an MPS pool: containers
+    bind it whole (``slurmiso gen oci-conf --config-json``, ``APPTAINER_BIND``), and a runtime
+    refuses a bind whose source is missing (apptainer 1.4.5, measured), also on nodes that
+    never run an MPS job. ``state_dir`` is root's and checked (NodeState.ensure)."""
+    root = mps_root(state_dir)
+    if not os.path.isdir(root):
+        os.makedirs(root, DIR_MODE, exist_ok=True)
+        os.chmod(root, DIR_MODE)
+
+
 def gpu_dir(state_dir: str, gpu: int) -> str:
-    return os.path.join(state_dir, "mps", f"gpu{gpu}")
+    return os.path.join(mps_root(state_dir), f"gpu{gpu}")
 
 
 def daemon_paths(state_dir: str, key: DaemonKey) -> Dict[str, str]:

@@ -66,8 +66,11 @@ class BindRoot:
 
 
 def mps_root(cfg: Config, node: str = "") -> str:
-    """Where every MPS daemon's pipe and log directories live (isolation/mps_dirs.py)."""
-    return os.path.join(cfg.paths.state_dir_for(node), "mps")
+    """Where every MPS daemon's pipe and log directories live (isolation/mps_dirs.py); the
+    prolog makes it on every node of a config with an MPS pool, so the bind holds there."""
+    from slurmiso.isolation.mps_dirs import mps_root as under
+
+    return under(cfg.paths.state_dir_for(node))
 
 
 def uses_mps(cfg: Config) -> bool:
@@ -185,9 +188,8 @@ def render_apptainer_binds(roots: Sequence[BindRoot], source: str,
         lines.append(f"bind path = {r.path}")
     if roots:
         lines += comment("the same per job, where apptainer.conf cannot be changed (a "
-                         "user's APPTAINER_BIND adds to it), in jobs of the MPS pools only: "
-                         "apptainer refuses a bind whose source is missing (1.4.5: 'mount "
-                         "source ... doesn't exist'), and the MPS root exists once the node "
-                         "has run an MPS job:")
+                         "user's APPTAINER_BIND adds to it; apptainer refuses a bind whose "
+                         "source is missing, so the prolog makes the MPS root on every node "
+                         "of this config):")
         lines.append("# export APPTAINER_BIND=" + ",".join(r.path for r in roots))
     return "\n".join(lines) + "\n"

@@ -50,9 +50,9 @@ def _root(sandbox: Any) -> str:
 
 
 def generated_binds(node: str) -> str:
-    """What ``slurmiso gen apptainer-binds`` asks an MPS job to export on ``node`` (only MPS
-    jobs: apptainer refuses a bind whose source is missing, measured: "mount source ...
-    doesn't exist", and the MPS root exists once the node has run an MPS job)."""
+    """What ``slurmiso gen apptainer-binds`` asks a job to export on ``node``. Apptainer
+    refuses a bind whose source is missing (measured: "mount source ... doesn't exist"): the
+    prolog makes the MPS root on every node of a config with an MPS pool."""
     cp = subprocess.run([sys.executable, "-m", "slurmiso", "gen", "apptainer-binds",
                          "--node", node], capture_output=True, text=True, timeout=60,
                         check=True)
@@ -92,7 +92,7 @@ def test_an_apptainer_step_gets_exactly_the_bare_steps_share_environment(
     user binds ``nodev``, and the sandbox's device stand-ins live under the sandbox dir, not
     under ``/dev`` (which apptainer's ``mount dev`` binds on a real node). Its processes
     stay in the step's task cgroup, where the fence is."""
-    binds = generated_binds(node) if partition == "mps" else ""
+    binds = generated_binds(node)  # on every node: the prolog made the MPS root there
     script = (f'#!/bin/bash\nsrun /usr/bin/python3 -c "{LOOK}"\n'
               f'{_apptainer(sandbox, image, node, binds)}/usr/bin/python3 -c "{LOOK}"\n')
     job = submit(script, "-p", partition, gres, f"--qos={qos}", user=L.TEST_USER)

@@ -45,6 +45,29 @@ def test_exclusive_job_round_trip(tmp_path: Any) -> None:
     assert drains.calls == []
 
 
+def test_every_prolog_of_an_mps_config_makes_the_mps_root_containers_bind(
+        tmp_path: Any) -> None:
+    """Containers bind the MPS root whole (gen oci-conf --config-json, APPTAINER_BIND), and a
+    runtime refuses a bind whose source is missing: a job on an exclusive node of a config
+    with an MPS pool finds it there too, root's 0755; a config without one makes none."""
+    import stat
+
+    tmp = str(tmp_path)
+    pools = [{"name": "p", "nodes": "node1", "partition": "part", "gpu_model": "A100-80GB",
+              "gpus_per_node": 2, "mode": "exclusive"},
+             {"name": "m", "nodes": "node2", "partition": "mps", "gpu_model": "A100-80GB",
+              "gpus_per_node": 2, "mode": "mps"}]
+    cfg = write_config(tmp, "exclusive", pools=pools)
+    assert run_hook("prolog", job_env(gpus="1"), cfg, Drains()) == 0
+    root = f"{tmp}/state/node1/mps"
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o755 and not os.listdir(root)
+    plain = str(tmp_path / "plain")
+    os.makedirs(plain)
+    cfg = write_config(plain, "exclusive")
+    assert run_hook("prolog", job_env(gpus="1"), cfg, Drains()) == 0
+    assert not os.path.exists(f"{plain}/state/node1/mps")
+
+
 def test_prolog_twice_and_epilog_twice_are_harmless(tmp_path: Any) -> None:
     tmp = str(tmp_path)
     cfg = write_config(tmp, "exclusive")
