@@ -198,13 +198,13 @@ def prolog(ctx: Context, env: Mapping[str, str]) -> None:
     )
     handler = handler_for(ctx.pool.mode)
     _fence(ctx, refused=True)  # until the job is prepared, it reaches no GPU device
-    if any(p.mode == "mps" for p in ctx.config.pools):
-        from slurmiso.isolation.mps_dirs import ensure_root
-
-        ensure_root(ctx.state.state_dir)  # a container's bind of it holds on every node
     try:
         _check_identity(ctx)
         _check_options(ctx)
+        if any(p.mode == "mps" for p in ctx.config.pools):
+            from slurmiso.isolation.mps_dirs import ensure_root
+
+            ensure_root(ctx.state.state_dir)  # a container's bind of it holds on every node
         qos = _job_qos(ctx)
         ctx.record.qos = qos
         cls, why = classify(

@@ -68,9 +68,7 @@ class BindRoot:
 def mps_root(cfg: Config, node: str = "") -> str:
     """Where every MPS daemon's pipe and log directories live (isolation/mps_dirs.py); the
     prolog makes it on every node of a config with an MPS pool, so the bind holds there."""
-    from slurmiso.isolation.mps_dirs import mps_root as under
-
-    return under(cfg.paths.state_dir_for(node))
+    return os.path.join(cfg.paths.state_dir_for(node), "mps")
 
 
 def uses_mps(cfg: Config) -> bool:
