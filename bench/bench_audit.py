@@ -34,12 +34,12 @@ distinct (user, account, class, pool) and time buckets do not: two dumps of 250,
 1,000,000 rows (313 users, 17 accounts, 5 kinds, the same 30 days), streamed from a
 generator process to ``slurmiso audit --sacct-file -`` (no file on disk, the one-process
 path); peak RSS (``ru_maxrss``) of the audit process alone, and the ratio. Target: <= 1.25x
-at 4x the rows. Measured: 28 -> 40-41 MB, 1.45x twice (main: 27.9 -> 41.1 MB, 1.47x).
-What grows is what is kept per job, not per key: at 1 M rows 26,180 preempted and 26,180 restarted
-jobs (``Aggregator.preempted``, ``restarted``: the findings name them) and 36,686 array
-jobs' task bitmaps (``JobSet``); 5,321 (user, account) records and 1,566 series points do
-not grow. About 16 MB per million rows: some 800 MB at 50 M rows until those tables are
-bounded (a follow-up: they decide findings' job lists, so bounding them changes output).
+at 4x the rows. Before session 24: 28 -> 41 MB, 1.46x: what grew was kept per job (26,180
+preempted and 26,180 restarted jobs at 1 M rows, for the findings that name them). Since: a
+job's facts are kept only while more of its attempts may come (sacct lists them together)
+and then settled into bounded tallies (``figures/jobledger.py``): 26 -> 31 MB, 1.16x, quiet
+box. What still grows is the 36,686 array jobs' task bitmaps (``JobSet``), about 6 MB per
+million rows of this mix.
 """
 
 from __future__ import annotations

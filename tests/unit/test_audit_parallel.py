@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.jobledger import WINDOW, JobMark
 from slurmiso.audit.figures.jobset import JobSet
 from slurmiso.audit.read import parallel
 from slurmiso.audit.read.collect import read_sacct_file
@@ -135,7 +136,10 @@ def test_parallel_fold_equals_the_serial_fold(seed: int, tmp_path: Any, utc: Non
     got, got_stats = fold(path, seed, workers, since, until)
     assert f"folded in {workers} parallel parts" in caplog.text
     assert ref_stats.records > 2000 and ref_stats.bad > 100 and ref_stats.steps > 1000
-    assert ref.preempted and ref.multi and bool(ref.outside_window) == (seed > 0)
+    jobs = ref.job_tallies()  # preempted jobs and requeued attempts, settled per job
+    assert jobs[JobMark.NOT_REQUEUED].count and jobs[JobMark.RESTARTED].count
+    assert sum(c.attempts - c.jobs for c in ref.classes.values()) > 0
+    assert not jobs[JobMark.LATE].count and bool(ref.outside_window) == (seed > 0)
     assert len(ref_stats.bad_samples) == 5 and ref_stats.orphan_steps
     # the journal at work: its classes, lost work from its checkpoints
     assert ref.classes["ghost"].attempts > 10
@@ -157,7 +161,8 @@ def test_a_job_id_in_two_parts_is_folded_serially(tmp_path: Any, utc: None,  # n
     with open(path, "w", encoding="utf-8", newline="") as fh:
         fh.write(text)
     ref, ref_stats = fold(path, 4, 1)
-    assert ref.multi["100"] == 2
+    assert ref.seen.count < WINDOW  # so its two attempts, listed apart, are one job's
+    assert not ref.job_tallies()[JobMark.LATE].count
     caplog.set_level(logging.INFO, logger="slurmiso.audit.read.parallel")
     got, got_stats = fold(path, 4, 3)
     assert "a job id appears in two of its 3 parts" in caplog.text

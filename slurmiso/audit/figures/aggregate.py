@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple, TypeVar
 
+from slurmiso.audit.figures.jobledger import JobLedger, JobMark, Rules, Tally
 from slurmiso.audit.figures.jobset import JobSet
 from slurmiso.audit.figures.kernel import Kernel, kernel_for
-from slurmiso.audit.figures.stats import ClassStats, Preempted, Waste, Who, offer
+from slurmiso.audit.figures.stats import ClassStats, Waste, Who, offer
 from slurmiso.audit.read.digest import JournalDigest
 from slurmiso.audit.read.sacct import AcctRecord
 
@@ -68,8 +69,8 @@ class Aggregator:
 
     #: What a part's aggregator carries back: its figures, not the config, journal or caches.
     _FIGURES = ("bucket_s", "since", "until", "class_stats", "runs", "points", "spread", "seen",
-                "multi", "preempted", "people", "inefficient", "restarted", "outside_window",
-                "first_time", "last_time", "ladder_lost")
+                "ledger", "people", "inefficient", "outside_window", "first_time", "last_time",
+                "ladder_lost")
 
     def __init__(self, cfg: Any, digest: Optional[JournalDigest] = None, bucket_s: int = 3600,
                  since: Optional[float] = None, until: Optional[float] = None) -> None:
@@ -92,14 +93,14 @@ class Aggregator:
         #: :meth:`settle` moves them into ``points``
         self.spread: Dict[Tuple[str, str], Dict[float, float]] = {}
         self.seen = JobSet()
-        self.multi: Dict[str, int] = {}  # attempts of ids seen more than once
-        self.preempted: Dict[str, Preempted] = {}
+        #: what findings need per job, kept while its attempts may come (bounded)
+        self.ledger = JobLedger(Rules(frozenset(c.name for c in cfg.classes if c.preemptible),
+                                      cfg.audit.repeated_preemptions, self.digest))
         #: (user, account) -> figures: one record an attempt adds to, where a user's and an
         #: account's each took one (read :attr:`users` and :attr:`accounts`, their sums)
         self.people: Dict[Tuple[str, str], Who] = {}
         #: worst GPU efficiency by wasted GPU-hours: (wasted, job, user, util %, GPU-h, class)
         self.inefficient: List[Waste] = []
-        self.restarted: Dict[str, int] = {}  # job -> sacct Restarts, when > 0
         #: (class, pool) -> [attempts the monitor's ladder requeued, lost GPU-hours since
         #: their last checkpoint, lost GPU-hours estimated (no checkpoint: the whole run)]
         self.ladder_lost: Dict[Tuple[str, str], List[float]] = {}
@@ -159,14 +160,10 @@ class Aggregator:
                 if point[3] > mine_p[3]:
                     mine_p[3] = point[3]
         self.seen.merge(other.seen)
-        for job, n in other.multi.items():
-            self.multi[job] = self.multi.get(job, 0) + n
-        _merge_table(self.preempted, other.preempted)
+        self.ledger.merge(other.ledger)
         _merge_table(self.people, other.people)
         for item in other.inefficient:  # what the kernel does with each
             offer(self.inefficient, item)
-        for job, restarts in other.restarted.items():
-            self.restarted[job] = max(restarts, self.restarted.get(job, 0))
         for where, row in other.ladder_lost.items():
             mine_l = self.ladder_lost.get(where)
             if mine_l is None:
@@ -264,8 +261,10 @@ class Aggregator:
         journal = self.digest.job_class.get(job)
         if journal is not None:
             return journal
-        if qos in ("", "Unknown") and job in self.preempted:
-            return self.preempted[job].cls  # 22.05 records a cancelled requeue without QoS
+        if qos in ("", "Unknown"):  # 22.05 records a cancelled requeue without QoS
+            facts = self.ledger.peek(job)
+            if facts is not None and facts.preemptions:
+                return facts.cls
         key = (qos, partition, account)
         hit = self._class_cache.get(key)
         if hit is None:
@@ -337,18 +336,21 @@ class Aggregator:
             return None
         return self.cfg.pool_for_node(first)
 
-    def multi_attempts(self, job: str) -> int:
-        return self.multi.get(job, 1)
+    def job_tallies(self) -> Dict[JobMark, Tally]:
+        """What the jobs settled into (:mod:`~slurmiso.audit.figures.jobledger`), every job
+        settled first: read once the input is folded."""
+        return self.ledger.finish()
 
-    def missing_attempts(self) -> List[str]:
+    def missing_attempts(self) -> Optional[Tally]:
         """Jobs whose ``Restarts`` says they ran before, with no earlier attempt in the input.
 
         Only meaningful when *no* restarted job shows its earlier attempts (a window can cut
         off the attempts of a few): then the input was saved without ``sacct -D``.
         """
-        missing = [j for j in self.restarted if self.multi.get(j, 1) <= 1]
-        return missing if missing and len(missing) == len(self.restarted) else []
-
+        tallies = self.job_tallies()
+        missing = tallies[JobMark.MISSING]
+        return missing if missing.count and missing.count == tallies[JobMark.RESTARTED].count \
+            else None
 
 def classify_fields(cfg: Any, qos: str, partition: str, account: str) -> str:
     """Class name of a job from its accounting fields, by the prolog's own classifier."""

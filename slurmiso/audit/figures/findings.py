@@ -12,6 +12,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmiso.audit.figures.aggregate import Aggregator
+from slurmiso.audit.figures.jobledger import JobMark, Tally, natural
 from slurmiso.audit.read.digest import JournalDigest
 from slurmiso.audit.read.sacct import USER_FIELDS, ParseStats
 from slurmiso.doctor import Finding
@@ -23,8 +24,13 @@ _SHOW = 50
 def make(severity: str, code: str, message: str, fix: str = "",
          subjects: Sequence[str] = ()) -> Finding:
     """A finding whose subjects are sorted naturally and cut to the first 50."""
-    subs = sorted(set(subjects), key=_natural)
+    subs = sorted(set(subjects), key=natural)
     return Finding(severity, code, message, fix, tuple(subs[:_SHOW]), len(subs))
+
+
+def tallied(severity: str, code: str, message: str, fix: str, tally: Tally) -> Finding:
+    """A finding about the jobs of a tally: its first ids (natural order) and its count."""
+    return Finding(severity, code, message, fix, tuple(tally.ids[:_SHOW]), tally.count)
 
 
 def at_or_above(findings: Sequence[Finding], level: str) -> List[Finding]:
@@ -104,12 +110,24 @@ def input_findings(stats: ParseStats, journals: Sequence[Dict[str, Any]],
 def _coverage_findings(stats: ParseStats, agg: Aggregator) -> List[Finding]:
     out: List[Finding] = []
     missing = agg.missing_attempts()
-    if missing:
-        out.append(make("warning", "sacct-without-duplicates",
-                        f"{len(missing)} job(s) have Restarts > 0 but none of their earlier "
-                        "attempts is in the input: it was saved without sacct -D, so "
-                        "preemptions, requeues and GPU-hours of earlier attempts are unknown",
-                        "run sacct with -D (--duplicates), as 'slurmiso audit' does", missing))
+    if missing is not None:
+        out.append(tallied("warning", "sacct-without-duplicates",
+                           f"{missing.count} job(s) have Restarts > 0 but none of their "
+                           "earlier attempts is in the input: it was saved without sacct -D, "
+                           "so preemptions, requeues and GPU-hours of earlier attempts are "
+                           "unknown",
+                           "run sacct with -D (--duplicates), as 'slurmiso audit' does",
+                           missing))
+    late = agg.job_tallies()[JobMark.LATE]
+    if late.count:
+        out.append(tallied("warning", "sacct-attempts-apart",
+                           f"{late.count} attempt(s) came after thousands of other jobs since "
+                           "their job's previous one (sacct lists a job's attempts together): "
+                           "the input was joined or sorted by hand, so the findings about "
+                           "preempted, requeued and restarted jobs may count those jobs' "
+                           "attempts apart; every figure is exact",
+                           "audit sacct's own output, one file per cluster, in its order",
+                           late))
     gpu_rows = sum(p[0] for p in agg.pools.values())
     if gpu_rows and not any(c.gpu_hours for c in agg.classes.values()) and stats.records:
         out.append(make("warning", "gpu-tres-missing",
@@ -147,37 +165,32 @@ def config_findings(cfg: Any) -> List[Finding]:
 def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Finding]:
     """Rules over what the jobs did."""
     out: List[Finding] = []
-    preemptible = {c.name for c in cfg.classes if c.preemptible}
     threshold = cfg.audit.repeated_preemptions
-    not_requeued, no_ckpt, repeated = [], [], []
-    for job, p in agg.preempted.items():
-        requeued = agg.multi_attempts(job) > p.preemptions or job in digest.requeued_jobs
-        if p.cls in preemptible and not requeued:
-            not_requeued.append(job)
-        if digest.records and p.cls in preemptible and job not in digest.checkpointing_jobs:
-            no_ckpt.append(job)
-        if digest.records and p.preemptions >= threshold and not digest.made_progress(job):
-            repeated.append(job)
-    if not_requeued:
-        out.append(make("warning", "training-not-requeued",
-                        f"{len(not_requeued)} preemptible job(s) were preempted with no later "
-                        "attempt in accounting or the journals: not requeued (their run was "
-                        "thrown away), or the requeued attempt never became eligible in the "
-                        "window",
-                        "PreemptMode=REQUEUE on the train QoS (CANCEL voids --requeue), "
-                        "JobRequeue=1 or sbatch --requeue; check MaxBatchRequeue", not_requeued))
-    if no_ckpt:
-        out.append(make("warning", "training-without-checkpoint",
-                        f"{len(no_ckpt)} preempted training job(s) never reported a checkpoint "
-                        "in the journals",
-                        "run the program as 'slurmiso run -- ...' and save on the class's "
-                        "checkpoint signal (or use slurmiso.checkpoint)", no_ckpt))
-    if repeated:
-        out.append(make("warning", "repeated-preemption",
-                        f"{len(repeated)} job(s) preempted {threshold}+ times without progress "
-                        "(no successful checkpoint, no advancing resume step)",
-                        "raise PreemptExemptTime on the train QoS so a job can reach a "
-                        "checkpoint; make sure it checkpoints within GraceTime", repeated))
+    jobs = agg.job_tallies()
+    not_requeued = jobs[JobMark.NOT_REQUEUED]
+    if not_requeued.count:
+        out.append(tallied("warning", "training-not-requeued",
+                           f"{not_requeued.count} preemptible job(s) were preempted with no "
+                           "later attempt in accounting or the journals: not requeued (their "
+                           "run was thrown away), or the requeued attempt never became "
+                           "eligible in the window",
+                           "PreemptMode=REQUEUE on the train QoS (CANCEL voids --requeue), "
+                           "JobRequeue=1 or sbatch --requeue; check MaxBatchRequeue",
+                           not_requeued))
+    no_ckpt = jobs[JobMark.NO_CHECKPOINT]
+    if no_ckpt.count:
+        out.append(tallied("warning", "training-without-checkpoint",
+                           f"{no_ckpt.count} preempted training job(s) never reported a "
+                           "checkpoint in the journals",
+                           "run the program as 'slurmiso run -- ...' and save on the class's "
+                           "checkpoint signal (or use slurmiso.checkpoint)", no_ckpt))
+    repeated = jobs[JobMark.REPEATED]
+    if repeated.count:
+        out.append(tallied("warning", "repeated-preemption",
+                           f"{repeated.count} job(s) preempted {threshold}+ times without "
+                           "progress (no successful checkpoint, no advancing resume step)",
+                           "raise PreemptExemptTime on the train QoS so a job can reach a "
+                           "checkpoint; make sure it checkpoints within GraceTime", repeated))
     for name, stats in sorted(agg.classes.items()):
         if stats.long_jobs:
             out.append(make("warning", "long-infer-jobs",
@@ -390,7 +403,3 @@ def _mps_sharing_findings(digest: JournalDigest) -> List[Finding]:
         FIX if got.serialised_s else "nothing to do: the sharing ran concurrently",
         sorted({n for n, _, _ in got.worst}))]
 
-
-def _natural(s: str) -> Any:
-    head = s.split("_")[0].split("+")[0]
-    return (0, int(head), s) if head.isdecimal() else (1, 0, s)

@@ -26,8 +26,8 @@ into the class's and the pool's series points), attempts and GPU-hours per (clas
 (``runs``: ``classes``, ``pools``), a user's figures per (user, account) (``people``:
 ``users``, ``accounts``). So these figures' memory is bounded by the distinct (user,
 account, class, pool) and buckets, never by the number of records; what is kept per job
-(a bit per job id, preempted and restarted jobs: the findings name them) is the
-aggregator's.
+(a bit per job id, and the facts of the last few thousand jobs:
+:mod:`~slurmiso.audit.figures.jobledger`) is the aggregator's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
-from slurmiso.audit.figures.stats import MAX_IDS, TOP, ClassStats, Preempted, Who
+from slurmiso.audit.figures.stats import MAX_IDS, TOP, ClassStats, Who
 from slurmiso.audit.figures.stats import offer as offer_waste
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class Kernel:
         self.add_long(whole)
         self.add_preemptions(whole)
         self.add_usage([at for at in ats if at.rec.gpu_util is not None])
+        self.agg.ledger.tick()  # only here: a batch's jobs stay in the window through it
 
     # -- what a record decides -------------------------------------------------------------
 
@@ -220,9 +221,11 @@ class Kernel:
                    else rate * (min(chi, (k + 1) * bucket_s) - max(clo, k * bucket_s)))
 
     def add_jobs(self, ats: List[Attempt]) -> None:
-        """Attempts, distinct jobs, requeues, restarts, and the (user, account)'s figures."""
+        """Attempts, distinct jobs, requeues, restarts, and the (user, account)'s figures;
+        each job's attempts and restarts in the ledger's window."""
         agg = self.agg
-        runs, seen, multi, people = agg.runs, agg.seen, agg.multi, agg.people
+        runs, seen, people, ledger = agg.runs, agg.seen, agg.people, agg.ledger
+        young = ledger.young  # (swapped only between batches)
         for at in ats:
             rec = at.rec
             job = rec.job
@@ -230,10 +233,12 @@ class Kernel:
             new_job = seen.add(job)
             if new_job:
                 at.stats.jobs += 1
+                young[job] = None
             else:
-                multi[job] = multi.get(job, 1) + 1
+                ledger.again(job)
             if rec.restarts > 0:
-                agg.restarted[job] = max(rec.restarts, agg.restarted.get(job, 0))
+                facts = ledger.facts(job)
+                facts.restarts = max(rec.restarts, facts.restarts)
             who = people.get((rec.user, rec.account))
             if who is None:
                 who = people[(rec.user, rec.account)] = Who()
@@ -302,14 +307,13 @@ class Kernel:
         """Count a preempted attempt; its lost GPU-hours since the last checkpoint."""
         job, stats = at.rec.job, at.stats
         stats.preemptions += 1
-        entry = self.agg.preempted.get(job)
-        if entry is None:
-            entry = self.agg.preempted[job] = Preempted(at.cls, at.rec.user)
-        entry.preemptions += 1
+        facts = self.agg.ledger.facts(job)
+        if not facts.preemptions:
+            facts.cls = at.cls  # the class of its first preemption
+        facts.preemptions += 1
         if at.lo is None:
             return 0.0
         lost, measured = self.lost_work(job, at.gpus, at.lo, at.hi)
-        entry.lost_hours += lost
         if measured:
             stats.lost_gpu_hours += lost
         else:

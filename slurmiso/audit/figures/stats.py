@@ -76,22 +76,6 @@ _CLASS_SUMS = ("jobs", "attempts", "started", "preemptions", "preemptions_user_r
                "idle_gpu_hours", "wait_slo_met", "long_jobs")
 
 
-class Preempted:
-    """What findings need about one preempted job (slots: there may be many)."""
-
-    __slots__ = ("cls", "user", "preemptions", "lost_hours")
-
-    def __init__(self, cls: str, user: str) -> None:
-        self.cls = cls
-        self.user = user
-        self.preemptions = 0
-        self.lost_hours = 0.0
-
-    def merge(self, other: Preempted) -> None:
-        self.preemptions += other.preemptions
-        self.lost_hours += other.lost_hours
-
-
 class Who:
     """Per user or account: GPU-hours, idle allocated GPU-hours, lost GPU-hours, preemptions."""
 
