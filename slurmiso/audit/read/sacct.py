@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
@@ -213,12 +214,16 @@ def gpu_usage(text: str) -> Tuple[Optional[float], Optional[float]]:
     if "gres/gpu" not in text:
         return None, None
     util = mem = None
-    for item in text.split(","):
-        if item.startswith("gres/gpuutil="):
-            util = tres_number(item[13:])
-        elif item.startswith("gres/gpumem="):
-            mem = tres_number(item[12:])
+    for kind, value in _GPU_USAGE.findall(text):  # a repeated item: the last one counts
+        if kind == "util":
+            util = tres_number(value)
+        else:
+            mem = tres_number(value)
     return util, mem
+
+
+#: The two GPU items of a ``TRESUsageIn*`` string (``a=1,gres/gpuutil=73,gres/gpumem=1G``).
+_GPU_USAGE = re.compile(r"(?:^|,)gres/gpu(util|mem)=([^,]*)")
 
 
 def row_usage(ave: str, tot: str) -> Tuple[Optional[float], Optional[float]]:
