@@ -131,6 +131,7 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
     held = load_record(state_dir)
     limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
     quotas = _quota_round(cfg, node, records, {a.job for a in held.applied}, cgroup_root, now)
+    quotas += _memory_round(cfg, node, records, cgroup_root, now)
     from slurmiso.agent import park_record
 
     parks = park_record.load_record(state_dir)
@@ -170,6 +171,26 @@ def _quota_round(cfg: Config, node: str, records: Any, limited: Any, cgroup_root
 
     return quota_round(cfg, node, records, Journal(cfg.paths.journal_for(node)), cgroup_root,
                        limited, now=now)
+
+
+def _memory_round(cfg: Config, node: str, records: Any, cgroup_root: str,
+                  now: float) -> List[str]:
+    """The classes' GPU memory partitions (:mod:`slurmiso.agent.gpu_memory`), where any
+    class has one, through the node's GPU backend."""
+    if not records or not any(c.gpu_memory.any() for c in cfg.classes):
+        return []
+    from slurmiso.agent.gpu_memory import memory_round
+    from slurmiso.errors import SlurmisoError
+    from slurmiso.gpu import open_backend
+    from slurmiso.state import Journal
+
+    try:
+        with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
+            return memory_round(cfg, node, records, backend,
+                                Journal(cfg.paths.journal_for(node)), cgroup_root, now)
+    except SlurmisoError as exc:
+        log.warning("agent: GPU memory partitions not set this round: %s", exc)
+        return []
 
 
 def _park_round(cfg: Config, node: str, slurm: Any, journal: Any, book: Any,

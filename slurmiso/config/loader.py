@@ -26,6 +26,7 @@ from slurmiso.config.model import (
     AuditSettings,
     Checkpoint,
     Config,
+    GpuMemoryShare,
     GpuSettings,
     HostLimit,
     HostLimitLevel,
@@ -270,9 +271,38 @@ def _read_class(s: Section) -> JobClass:
         checkpoint=ckpt,
         qos=qos,
         host=_read_host_quota(s.section("host"), name, preemptible),
+        gpu_memory=_read_gpu_memory(s.section("gpu_memory"), name),
     )
+    if cls.gpu_memory.any() and isolation == "mig":
+        s.p.add(s.key("gpu_memory"), f"class {name} runs on MIG instances, and the driver's "
+                "memory partitions take whole GPUs only (MIG handles are refused): a MIG "
+                "instance's memory is its own already; drop gpu_memory")
     s.done()
     return cls
+
+
+def _gpu_size(s: Section, name: str) -> Tuple[int, int]:
+    """(MiB, percent) of ``classes[].gpu_memory.<name>``: ``40G`` or ``45%``."""
+    raw = s.raw(name, 0)
+    if isinstance(raw, str) and raw.strip().endswith("%"):
+        return 0, _share_pct(s, name, raw)
+    mb = s.converted(name, 0, _size, "memory size (e.g. 40G, or a share of the GPU: 45%)")
+    return int(mb), 0
+
+
+def _read_gpu_memory(s: Section, name: str) -> GpuMemoryShare:
+    """``classes[].gpu_memory``: the class's hard limit and guarantee on each whole GPU."""
+    hard_mb, hard_pct = _gpu_size(s, "hard")
+    soft_mb, soft_pct = _gpu_size(s, "soft")
+    s.done()
+    share = GpuMemoryShare(hard_mb=hard_mb, hard_pct=hard_pct, soft_mb=soft_mb,
+                           soft_pct=soft_pct)
+    both_pct, both_mb = hard_pct and soft_pct, hard_mb and soft_mb
+    if (both_pct and soft_pct > hard_pct) or (both_mb and soft_mb > hard_mb):
+        s.p.add(s.path, f"class {name}: the soft limit (what the job is guaranteed) is above "
+                "the hard limit (what it may never pass): the driver refuses that; lower "
+                "soft or raise hard")
+    return share
 
 
 def _quota_weight(s: Section, name: str) -> Optional[int]:

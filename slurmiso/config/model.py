@@ -106,6 +106,28 @@ class HostQuota(Value, eq=True):
                                            self.memory_high_pct))
 
 
+class GpuMemoryShare(Value, eq=True):
+    """A class's memory on each of its jobs' whole GPUs, held per job by the driver's memory
+    partitioning (driver r615+, cgroup v2; docs/mps-v3.md): ``hard`` fails an allocation
+    above it, ``soft`` is what the job is guaranteed. Each in MiB or as a share of the GPU's
+    memory (``_pct``); 0: none."""
+
+    hard_mb: int = 0
+    hard_pct: int = 0
+    soft_mb: int = 0
+    soft_pct: int = 0
+
+    def any(self) -> bool:
+        return any((self.hard_mb, self.hard_pct, self.soft_mb, self.soft_pct))
+
+    def limits_mb(self, gpu_total_mb: int) -> Tuple[int, int]:
+        """(soft, hard) in MiB on a GPU of ``gpu_total_mb``; 0 where none is set."""
+        def resolve(mb: int, pct: int) -> int:
+            return mb or gpu_total_mb * pct // 100
+
+        return resolve(self.soft_mb, self.soft_pct), resolve(self.hard_mb, self.hard_pct)
+
+
 class JobClass(Value):
     name: str
     description: str
@@ -119,6 +141,7 @@ class JobClass(Value):
     checkpoint: Optional[Checkpoint]
     qos: QosSpec
     host: HostQuota = HostQuota()
+    gpu_memory: GpuMemoryShare = GpuMemoryShare()
 
     def mig_profile_for(self, model: str) -> str:
         """The MIG profile this class gets on a GPU of ``model`` ("" if none is declared)."""

@@ -32,6 +32,7 @@ from slurmiso.errors import (
 )
 from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.memory_limits import JobMemoryLimits
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ _ERROR_CLASSES: Dict[str, Type[GpuError]] = {
     "NVML_ERROR_INSUFFICIENT_RESOURCES": GpuInsufficientResources,
     "NVML_ERROR_IN_USE": GpuInUse,
     "NVML_ERROR_NOT_SUPPORTED": GpuNotSupported,
+    "NVML_ERROR_FUNCTION_NOT_FOUND": GpuNotSupported,  # a driver older than the call
     "NVML_ERROR_GPU_IS_LOST": GpuLost,
     "NVML_ERROR_LIBRARY_NOT_FOUND": GpuUnavailable,
     "NVML_ERROR_DRIVER_NOT_LOADED": GpuUnavailable,
@@ -234,6 +236,32 @@ class NvmlBackend:
         from slurmiso.gpu.timeslice import SmiTimeslice
 
         SmiTimeslice(lambda i: self.device(i).uuid).set_compute_timeslice(index, value)
+
+    def set_memory_limits(self, index: int, cgroup: str, limits: JobMemoryLimits) -> None:
+        """``nvmlDeviceSetMemoryLimits_v1`` (driver r615+; root): the driver, not we,
+        writes the cgroup's partition and its ancestors' reservations."""
+        nvml = self.nvml
+        if not hasattr(nvml, "c_nvmlSetMemoryLimits_v1_t"):
+            raise GpuNotSupported("this nvidia-ml-py has no nvmlDeviceSetMemoryLimits_v1",
+                                  hint="install nvidia-ml-py 13.615 or later")
+        handle = self._handle(index)
+        arg = nvml.c_nvmlSetMemoryLimits_v1_t()
+        arg.nameSpace = cgroup.encode()
+        arg.softLimit, arg.hardLimit = limits.soft_bytes, limits.hard_bytes
+        with _translate(f"set GPU {index}'s memory limits for {cgroup}"):
+            nvml.nvmlDeviceSetMemoryLimits_v1(handle, arg)
+
+    def memory_limits(self, index: int, cgroup: str) -> JobMemoryLimits:
+        nvml = self.nvml
+        if not hasattr(nvml, "c_nvmlGetMemoryLimits_v1_t"):
+            raise GpuNotSupported("this nvidia-ml-py has no nvmlDeviceGetMemoryLimits_v1",
+                                  hint="install nvidia-ml-py 13.615 or later")
+        handle = self._handle(index)
+        arg = nvml.c_nvmlGetMemoryLimits_v1_t()
+        arg.nameSpace = cgroup.encode()
+        with _translate(f"read GPU {index}'s memory limits for {cgroup}"):
+            nvml.nvmlDeviceGetMemoryLimits_v1(handle, arg)
+        return JobMemoryLimits(int(arg.softLimit), int(arg.hardLimit), int(arg.currentUsed))
 
     # --------------------------------------------------------------------- devices
     def devices(self) -> List[DeviceInfo]:

@@ -51,8 +51,9 @@ from slurmiso.errors import (
     GpuUnavailable,
     UsageError,
 )
-from slurmiso.gpu import profiles
+from slurmiso.gpu import profiles, sim_partitions
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
+from slurmiso.gpu.memory_limits import JobMemoryLimits
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 from slurmiso.pids import pid_alive, start_ticks
 
@@ -659,6 +660,23 @@ class SimBackend:
         has no call to read it."""
         return str(_gpu(self._store.snapshot(), index).get("timeslice", "default"))
 
+    # ----------------------------------------------- memory partitions, simulated (r615)
+    def set_memory_limits(self, index: int, cgroup: str, limits: JobMemoryLimits) -> None:
+        """``nvmlDeviceSetMemoryLimits_v1``: see :mod:`slurmiso.gpu.sim_partitions`."""
+        with self._store.transaction("set_memory_limits") as state:
+            sim_partitions.set_limits(state, _gpu(state, index), cgroup, limits,
+                                      _model(state).memory_mb)
+
+    def memory_limits(self, index: int, cgroup: str) -> JobMemoryLimits:
+        state = self._store.snapshot()
+        return sim_partitions.limits_of(state, _gpu(state, index), cgroup,
+                                        [p for p in _on_gpu(state) if p["gpu_index"] == index])
+
+    def set_memory_partitioning(self, available: bool) -> None:
+        """Model a driver with (r615+) or without the memory-partition calls (sim only)."""
+        with self._store.transaction("set_memory_partitioning") as state:
+            state["memory_partitioning"] = bool(available)
+
     def set_lost(self, index: int, lost: bool) -> None:
         """Make a GPU fall off the bus (or come back): every call touching it then raises."""
         with self._store.transaction("set_lost") as state:
@@ -666,14 +684,16 @@ class SimBackend:
 
     def add_process(
         self, index: int, pid: int, used_memory_mb: int, mig_uuid: str = "", name: str = "",
-        sm_util: Optional[float] = None,
+        sm_util: Optional[float] = None, cgroup: Optional[str] = None,
     ) -> GpuProcess:
         """Register a process holding memory on a GPU (or one of its MIG devices), and, if
         given, its SM (3D/compute) utilization in percent, as NVML's per-process samples
         give it on a whole GPU (never on a MIG device: NVML does not sample those).
 
         An entry for the same pid on the same device is replaced, so repeating a
-        ``sim load`` updates instead of adding up.
+        ``sim load`` updates instead of adding up. The process's cgroup (``cgroup``, else
+        its own from ``/proc``) is held to any memory partition above it: an allocation
+        past a hard limit fails as CUDA's out-of-memory does.
         """
         if used_memory_mb < 0 or pid <= 0:
             raise UsageError(f"invalid process: pid {pid}, memory {used_memory_mb} MiB")
@@ -684,6 +704,10 @@ class SimBackend:
             gpu = _gpu(state, index, allow_lost=True)
             if mig_uuid and not any(i["uuid"] == mig_uuid for i in gpu["instances"]):
                 raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
+            where = cgroup if cgroup is not None else sim_partitions.process_cgroup(pid)
+            if not mig_uuid:
+                sim_partitions.refusal(gpu, where, int(pid), int(used_memory_mb),
+                                       [p for p in _on_gpu(state) if p["gpu_index"] == index])
             entry: Dict[str, Any] = {
                 "pid": int(pid),
                 "start": start_ticks(int(pid)),
@@ -694,6 +718,8 @@ class SimBackend:
             }
             if sm_util is not None:
                 entry["sm"] = float(sm_util)
+            if where:
+                entry["cgroup"] = where
             state["processes"] = [
                 p
                 for p in _live_processes(state)
