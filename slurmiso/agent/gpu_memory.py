@@ -24,8 +24,7 @@ from slurmiso.agent.node_journal import say
 from slurmiso.errors import GpuError, GpuNotFound, GpuNotSupported
 from slurmiso.gpu.memory_limits import JobMemoryLimits, MemoryLimitSetter
 from slurmiso.host.cgroup_figures import CgroupVersion
-from slurmiso.host.job_cgroups import job_cgroups
-from slurmiso.sluid import is_sluid
+from slurmiso.host.job_cgroups import ready_jobs_cgroups
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, GpuMemoryShare
@@ -65,20 +64,10 @@ def memory_round(cfg: Config, node: str, records: Mapping[str, Any], backend: An
     its whole GPUs; one line per job written to, refused, or skipped for a reason."""
     shares: Dict[str, GpuMemoryShare] = {c.name: c.gpu_memory for c in cfg.classes
                                          if c.gpu_memory.any()}
-    jobs = {str(j): r for j, r in records.items()
-            if getattr(r, "job_class", None) in shares and getattr(r, "status", None) == "ready"}
-    if not jobs:
-        return []
-    sluids = {str(r.fence.get("sluid")): str(j) for j, r in records.items()
-              if is_sluid(str(getattr(r, "fence", {}).get("sluid") or ""))}
-    found = job_cgroups(cgroup_root, node, sluids)
     lines: List[str] = []
-    for job in sorted(set(jobs) & set(found)):
-        rec, cg = jobs[job], found[job]
-        if min(cg.uid, rec.uid) >= 0 and cg.uid != rec.uid:
-            continue  # filed under another uid than the record's: not this job's cgroup
+    for job, rec, cg in ready_jobs_cgroups(records, shares, cgroup_root, node):
         if cg.version is not CgroupVersion.V2 or not cg.v2:
-            continue  # cgroup v1: the driver partitions v2 cgroups only (doctor says so)
+            continue  # cgroup v1: the driver partitions v2 cgroups only
         whole, _ = job_gpus(rec)
         for gpu in whole:
             if not _set_one(lines, journal, node, job, rec.job_class, shares[rec.job_class],

@@ -28,10 +28,9 @@ from slurmiso.agent.node_journal import say
 from slurmiso.errors import HostLimitError
 from slurmiso.host.cgroup_figures import CgroupVersion
 from slurmiso.host.cgroup_writer import CgroupWriter, FileCgroupWriter, apply_plan
-from slurmiso.host.job_cgroups import JobCgroup, job_cgroups
+from slurmiso.host.job_cgroups import JobCgroup, ready_jobs_cgroups
 from slurmiso.host.kernel_text import parse_uint, read_text
 from slurmiso.host.rate_limit import LimitRequest, Plan, plan_limit, read_settings
-from slurmiso.sluid import is_sluid
 
 if TYPE_CHECKING:
     from slurmiso.config.model import Config, HostQuota
@@ -85,19 +84,11 @@ def quota_round(cfg: Config, node: str, records: Mapping[str, Any], journal: Any
     written to (or whose write failed). ``limited``: jobs the host rung holds now."""
     quotas: Dict[str, HostQuota] = {c.name: c.host for c in cfg.classes
                                     if c.preemptible and c.host.any()}
-    jobs = {str(j): r for j, r in records.items()
-            if getattr(r, "job_class", None) in quotas and getattr(r, "status", None) == "ready"}
     held = set(limited)
-    if not jobs:
-        return []
-    sluids = {str(r.fence.get("sluid")): str(j) for j, r in records.items()
-              if is_sluid(str(getattr(r, "fence", {}).get("sluid") or ""))}
-    found = job_cgroups(cgroup_root, node, sluids)
     lines: List[str] = []
-    for job in sorted(set(jobs) & set(found) - held):
-        rec, cg = jobs[job], found[job]
-        if min(cg.uid, rec.uid) >= 0 and cg.uid != rec.uid:
-            continue  # filed under another uid than the record's: not this job's cgroup
+    for job, rec, cg in ready_jobs_cgroups(records, quotas, cgroup_root, node):
+        if job in held:
+            continue  # the host rung holds it: the rung's to undo
         plan = plan_quota(quotas[rec.job_class], cg)
         if not plan.steps:
             continue  # at or under its quota already (or nothing writable): nothing to say

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from slurmiso.host.cgroup_figures import CgroupVersion, V1Dirs, detect_version
 from slurmiso.sluid import is_sluid, job_of_dir
@@ -154,3 +154,25 @@ def job_cgroups(root: str = "/sys/fs/cgroup", node: str = "",
     if version is CgroupVersion.V1:
         return _v1(root, node)
     return {}
+
+
+def ready_jobs_cgroups(records: Mapping[str, Any], classes: Iterable[str], root: str,
+                       node: str) -> List[Tuple[str, Any, JobCgroup]]:
+    """(job, record, cgroup) of each ready job of ``classes`` whose cgroup Slurm's layout
+    shows under ``root``, in job order; a cgroup filed under another uid than the record's
+    is not the job's, and left out. What the agent's per-job writers start from."""
+    wanted = set(classes)
+    jobs = {str(j): r for j, r in records.items()
+            if getattr(r, "job_class", None) in wanted and getattr(r, "status", None) == "ready"}
+    if not jobs:
+        return []
+    sluids = {str(r.fence.get("sluid")): str(j) for j, r in records.items()
+              if is_sluid(str(getattr(r, "fence", {}).get("sluid") or ""))}
+    found = job_cgroups(root, node, sluids)
+    out = []
+    for job in sorted(set(jobs) & set(found)):
+        rec, cg = jobs[job], found[job]
+        if min(cg.uid, rec.uid) < 0 or cg.uid == rec.uid:
+            out.append((job, rec, cg))
+    return out
+

@@ -30,6 +30,7 @@ from slurmiso.gpu.nvml import NvmlBackend
 from slurmiso.gpu.sim import SimBackend, init_state
 from slurmiso.state import Journal
 from slurmiso.state.record import JobRecord, RecordStatus, Resource, ResourceState
+from tests.unit.test_host_quota import config_with
 from tests.unit.test_host_rung import ETC, FIX, V2_JOB
 
 NOW = 1_733_460_000.0
@@ -37,12 +38,7 @@ GIB = 1 << 30
 
 
 def _config(**classes: Dict[str, Any]) -> Any:
-    with open(ETC, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    for c in data["classes"]:
-        if c["name"] in classes:
-            c["gpu_memory"] = classes[c["name"]]
-    return parse_config(data)
+    return config_with("gpu_memory", **classes)
 
 
 # ------------------------------------------------------------------------------ the config

@@ -25,14 +25,19 @@ from tests.unit.test_host_rung import ETC, FIX, V2_JOB, WRITES, KernelDisk
 NOW = 1_733_460_000.0
 
 
-def _config(**classes: Dict[str, Any]) -> Any:
-    """The example config, with ``host:`` given to the named classes."""
+def config_with(key: str, **classes: Dict[str, Any]) -> Any:
+    """The example config, with ``key:`` (``host``, ``gpu_memory``) given to the named
+    classes."""
     with open(ETC, encoding="utf-8") as fh:
         data = yaml.safe_load(fh)
     for c in data["classes"]:
         if c["name"] in classes:
-            c["host"] = classes[c["name"]]
+            c[key] = classes[c["name"]]
     return parse_config(data)
+
+
+def _config(**classes: Dict[str, Any]) -> Any:
+    return config_with("host", **classes)
 
 
 def test_the_example_gives_training_a_quota_and_nothing_else() -> None:
