@@ -32,10 +32,10 @@ from slurmiso.errors import (
 )
 from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
-from slurmiso.gpu.memory_limits import JobMemoryLimits
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 
 if TYPE_CHECKING:
+    from slurmiso.gpu.memory_limits import JobMemoryLimits
     from slurmiso.gpu.timeslice import Timeslice
 
 log = logging.getLogger(__name__)
@@ -252,6 +252,8 @@ class NvmlBackend:
             nvml.nvmlDeviceSetMemoryLimits_v1(handle, arg)
 
     def memory_limits(self, index: int, cgroup: str) -> JobMemoryLimits:
+        from slurmiso.gpu.memory_limits import JobMemoryLimits
+
         nvml = self.nvml
         if not hasattr(nvml, "c_nvmlGetMemoryLimits_v1_t"):
             raise GpuNotSupported("this nvidia-ml-py has no nvmlDeviceGetMemoryLimits_v1",

@@ -51,14 +51,14 @@ from slurmiso.errors import (
     GpuUnavailable,
     UsageError,
 )
-from slurmiso.gpu import profiles, sim_partitions
+from slurmiso.gpu import profiles
 from slurmiso.gpu.backend import Capabilities, DeviceInfo, GpuProcess, MigInstance, Telemetry
-from slurmiso.gpu.memory_limits import JobMemoryLimits
 from slurmiso.gpu.profiles import GpuModel, MigProfile
 from slurmiso.pids import pid_alive, start_ticks
 
 if TYPE_CHECKING:
     from slurmiso.gpu.cuda_checkpoint import Action, CudaState
+    from slurmiso.gpu.memory_limits import JobMemoryLimits
     from slurmiso.gpu.timeslice import Timeslice
 from slurmiso.state.lock import FileLock, LockTimeout
 
@@ -663,11 +663,15 @@ class SimBackend:
     # ----------------------------------------------- memory partitions, simulated (r615)
     def set_memory_limits(self, index: int, cgroup: str, limits: JobMemoryLimits) -> None:
         """``nvmlDeviceSetMemoryLimits_v1``: see :mod:`slurmiso.gpu.sim_partitions`."""
+        from slurmiso.gpu import sim_partitions
+
         with self._store.transaction("set_memory_limits") as state:
             sim_partitions.set_limits(state, _gpu(state, index), cgroup, limits,
                                       _model(state).memory_mb)
 
     def memory_limits(self, index: int, cgroup: str) -> JobMemoryLimits:
+        from slurmiso.gpu import sim_partitions
+
         state = self._store.snapshot()
         return sim_partitions.limits_of(state, _gpu(state, index), cgroup,
                                         [p for p in _on_gpu(state) if p["gpu_index"] == index])
@@ -704,8 +708,10 @@ class SimBackend:
             gpu = _gpu(state, index, allow_lost=True)
             if mig_uuid and not any(i["uuid"] == mig_uuid for i in gpu["instances"]):
                 raise GpuNotFound(f"no MIG device {mig_uuid} on GPU {index}")
-            where = cgroup if cgroup is not None else sim_partitions.process_cgroup(pid)
-            if not mig_uuid:
+            where = cgroup if cgroup is not None else _process_cgroup(pid)
+            if not mig_uuid and gpu.get("memory_limits"):
+                from slurmiso.gpu import sim_partitions  # (a partition set: rare, not hooks')
+
                 sim_partitions.refusal(gpu, where, int(pid), int(used_memory_mb),
                                        [p for p in _on_gpu(state) if p["gpu_index"] == index])
             entry: Dict[str, Any] = {
@@ -874,6 +880,18 @@ def _instance(gpu: Dict[str, Any], gi_id: int) -> Dict[str, Any]:
             found: Dict[str, Any] = inst
             return found
     raise GpuNotFound(f"no GPU instance {gi_id} on GPU {gpu['index']}")
+
+
+def _process_cgroup(pid: int) -> str:
+    """The full path of ``pid``'s cgroup v2 (its ``0::`` line), or "" where it has none."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("0::/"):
+                    return "/sys/fs/cgroup" + line[3:].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _live_processes(state: State) -> List[Dict[str, Any]]:

@@ -20,7 +20,6 @@ from typing import Any, Dict, List
 from slurmiso.errors import GpuError, GpuInsufficientResources, GpuNotFound, GpuNotSupported
 from slurmiso.gpu.memory_limits import MIB, JobMemoryLimits
 
-CGROUP_ROOT = "/sys/fs/cgroup"
 State = Dict[str, Any]
 
 
@@ -74,19 +73,6 @@ def refusal(gpu: Dict[str, Any], cgroup: str, pid: int, used_mb: int,
                 f"out of memory (CUDA_ERROR_OUT_OF_MEMORY): pid {pid} asks {used_mb} MiB on "
                 f"GPU {gpu['index']}, and {limited} holds {others} MiB of its hard limit "
                 f"{int(hard) // MIB} MiB")
-
-
-def process_cgroup(pid: int, root: str = CGROUP_ROOT) -> str:
-    """The full path of ``pid``'s cgroup v2 (its ``0::`` line), or "" where it has none."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("0::"):
-                    rel = line[3:].strip()
-                    return root.rstrip("/") + rel if rel.startswith("/") else ""
-    except OSError:
-        pass
-    return ""
 
 
 def _within(path: str, top: str) -> bool:
