@@ -88,6 +88,11 @@ def _gpu_node(cfg: Config, node: str) -> Optional[Dict[str, Any]]:
         out: Dict[str, Any] = {"node": node, "pool": pool.name,
                "devices": [d.to_dict() for d in backend.devices()],
                "instances": [i.to_dict() for i in backend.instances()]}
+        if pool.mode == "mps":
+            from slurmiso.isolation.mps_daemon import mps_control_for
+
+            protocol = mps_control_for(backend).protocol()
+            out["mps_protocol"] = {"v3": protocol.v3, "reason": protocol.reason}
     found = holders.scan(dev_root=cfg.paths.dev_root_for(node), exclude=(os.getpid(),))
     out["holders"] = [h.to_dict() for h in found.holders]
     out["holders_unreadable"] = found.unreadable

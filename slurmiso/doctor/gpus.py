@@ -180,5 +180,23 @@ def check_timeslice(snap: Snapshot, cfg: Config) -> List[Finding]:
                     subjects=(str(gpu.get("node", "")),))]
 
 
+def check_mps_protocol(snap: Snapshot, cfg: Config) -> List[Finding]:
+    """Which MPS arrangement an MPS pool's GPUs run, and what the driver would allow: read
+    from the control binary (``-p 3 -h``), never assumed (docs/mps-v3.md)."""
+    gpu, pool = _node(snap, cfg)
+    got = gpu.get("mps_protocol") if pool is not None and pool.mode == "mps" else None
+    if not isinstance(got, dict):
+        return []
+    node = str(gpu.get("node", ""))
+    offer = ("MPS v3 is there, but slurmiso does not use a shared server yet"
+             if got.get("v3") else "no MPS v3 here")
+    return [Finding("info", "mps-arrangement",
+                    f"node {node}, pool {pool.name}: one MPS control daemon per class on each "
+                    f"GPU (the classes time-slice against each other; no client priority "
+                    f"orders them); {offer}: {got.get('reason', '?')}",
+                    "nothing to do: docs/mps-v3.md says what a shared server needs",
+                    subjects=(node,))]
+
+
 CHECKS: List[Check] = [check_gpu_model, check_mps_memory, check_mig_mode, check_mps_users,
-                       check_timeslice]
+                       check_timeslice, check_mps_protocol]

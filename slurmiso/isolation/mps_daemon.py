@@ -52,6 +52,7 @@ from slurmiso.isolation.mps_dirs import PRIVATE_MODE, has_leftovers
 
 if TYPE_CHECKING:
     from slurmiso.gpu.backend import GpuInventory
+    from slurmiso.isolation.mps_protocol import MpsProtocol
 from slurmiso.isolation.processes import end_processes
 from slurmiso.pids import start_ticks
 
@@ -101,6 +102,9 @@ class MpsControl(Protocol):
 
         ``memory_limit_mb`` 0 means no pinned-memory limit.
         """
+
+    def protocol(self) -> MpsProtocol:
+        """Whether this node's control binary speaks MPS v3, read from it."""
 
 
 def mps_control_for(backend: GpuInventory) -> MpsControl:
@@ -411,6 +415,15 @@ class NvidiaMpsControl:
             "installed driver) on this MPS node",
         )
 
+    def protocol(self) -> MpsProtocol:
+        from slurmiso.isolation.mps_protocol import MpsProtocol, read_protocol
+
+        try:
+            binary = self.binary()
+        except NodeFault as exc:
+            return MpsProtocol(False, str(exc))
+        return read_protocol([binary])
+
     def _env(self, pipe_dir: str, log_dir: str = "", gpu_uuid: str = "") -> Dict[str, str]:
         env = dict(CLEAN_ENV, CUDA_MPS_PIPE_DIRECTORY=pipe_dir)
         if log_dir:
@@ -581,6 +594,11 @@ class SimMpsControl:
     ) -> None:
         self.python = python
         self.start_timeout = start_timeout
+
+    def protocol(self) -> MpsProtocol:
+        from slurmiso.isolation.mps_protocol import read_protocol
+
+        return read_protocol([self.python, "-m", self._MODULE])
 
     def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
         pipe_dir, log_dir = os.path.abspath(pipe_dir), os.path.abspath(log_dir)

@@ -262,10 +262,20 @@ def client(env: Optional[Dict[str, str]] = None) -> int:
     return 0
 
 
+#: What ``-p 3 -h`` prints: the stand-in speaks protocol 3's control logic
+#: (:mod:`slurmiso.isolation.mps_sim_v3`), so it names the modules NVIDIA's does.
+V3_HELP = """usage: nvidia-cuda-mps-control -p 3 <module> <verb> [args] [--key=value]
+Modules: server namespace client (the slurmiso MPS stand-in)
+"""
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["client"]:
         return client()
+    if argv == ["-p", "3", "-h"]:
+        sys.stdout.write(V3_HELP)
+        return 0
     parser = argparse.ArgumentParser(prog="python -m slurmiso.isolation.mps_sim")
     parser.add_argument("--pipe-dir", required=True)
     parser.add_argument("--log-dir", required=True)

@@ -1,0 +1,47 @@
+"""MPS v3 read from the control binary (issue 35: capability read, never assumed)."""
+
+from __future__ import annotations
+
+import stat
+from typing import Any, Dict
+
+from slurmiso.config import load_config
+from slurmiso.doctor.gpus import check_mps_protocol
+from slurmiso.isolation.mps_daemon import SimMpsControl
+from slurmiso.isolation.mps_protocol import from_help, read_protocol
+from tests.audit_helpers import CONFIG
+
+V2_HELP = ("usage: nvidia-cuda-mps-control [-d | -f]\n  start_server -uid UID\n"
+           "  get_server_list\n  set_default_active_thread_percentage PCT\n")
+
+
+def test_the_v3_modules_are_read_from_the_help() -> None:
+    assert from_help("Modules: server namespace client device sm-partition", 0).v3
+    old = from_help(V2_HELP, 0)  # start_server is not the module "server"
+    assert not old.v3 and "before MPS v3" in old.reason
+    assert "exit 1" in from_help("unknown option -p", 1).reason
+
+
+def test_a_binary_is_asked_with_p_3_h(tmp_path: Any) -> None:
+    fake = tmp_path / "mps-control"
+    fake.write_text('#!/bin/sh\n[ "$*" = "-p 3 -h" ] && echo "server namespace" && exit 0\n'
+                    "exit 2\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    assert read_protocol([str(fake)]).v3
+    assert not read_protocol([str(tmp_path / "missing")]).v3  # cannot be asked: not v3
+    assert SimMpsControl().protocol().v3  # the stand-in answers as an r615 binary
+
+
+def test_doctor_names_the_arrangement_and_what_the_driver_offers() -> None:
+    cfg = load_config(CONFIG)
+    pool = next(p for p in cfg.pools if p.mode == "mps")
+    gpu: Dict[str, Any] = {"node": "n2", "pool": pool.name,
+                           "mps_protocol": {"v3": True, "reason": "lists server"}}
+    (finding,) = check_mps_protocol({"gpu_node": gpu}, cfg)
+    assert finding.severity == "info" and finding.code == "mps-arrangement"
+    assert "one MPS control daemon per class" in finding.message
+    assert "does not use a shared server yet" in finding.message
+    gpu["mps_protocol"] = {"v3": False, "reason": "exit 1"}
+    assert "no MPS v3 here: exit 1" in check_mps_protocol({"gpu_node": gpu}, cfg)[0].message
+    other = next(p for p in cfg.pools if p.mode != "mps")
+    assert check_mps_protocol({"gpu_node": dict(gpu, pool=other.name)}, cfg) == []
