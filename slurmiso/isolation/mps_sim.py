@@ -20,7 +20,12 @@ enforcement are tested against a real process instead of a mock:
   (``SO_PEERCRED``), not from anything the client says, starts or reuses that uid's server, and
   answers the limits the client gets: the server's setting, narrowed by the client's variables
   where they are lower. A variable can never raise a limit; garbage narrows nothing;
-* it exits cleanly (socket and pid file removed) on ``quit``, SIGTERM or SIGINT.
+* it exits cleanly (socket and pid file removed) on ``quit``, SIGTERM or SIGINT;
+* with ``-p 3`` (and ``-m``, multi-user) it speaks MPS v3 instead
+  (:mod:`slurmiso.isolation.mps_sim_v3`): ``python -m slurmiso.isolation.mps_sim <module>
+  <verb> ...`` sends a verb to the daemon of ``$CUDA_MPS_PIPE_DIRECTORY``, each server and
+  namespace gets its directory and socket (``<server>/control``, ``<server>/<ns>/control``),
+  and a client's route is the socket it reaches; ``-p 3 -h`` lists the v3 modules.
 
 Who may talk to it is decided by the file system alone, as for the real daemon: a client that
 cannot search the pipe directory gets ``PermissionError`` at ``connect``.
@@ -42,6 +47,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.isolation.mps_sim_control import Controller
+from slurmiso.isolation.mps_sim_v3 import V3Controller
 
 PID_FILE = "control.pid"
 SOCKET = "control"
@@ -151,15 +157,7 @@ class _Daemon:
             self._cleanup()
 
     def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(2.0)
-        data = b""
-        with contextlib.suppress(OSError):
-            while b"\n" not in data and len(data) < 4096:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        line = data.decode("utf-8", "replace").strip()
+        line = _read_line(conn)
         pid, uid = _peer(conn)
         log.info("command: %s (uid %d, pid %d)", line, uid, pid)
         words = line.split()
@@ -181,6 +179,117 @@ class _Daemon:
                 os.unlink(pid_path)
                 os.unlink(os.path.join(self.pipe_dir, SOCKET))
         log.info("sim MPS control daemon exiting")
+
+
+class _V3Daemon(_Daemon):
+    """Protocol 3 (``-p 3``): v3 verbs on the top-level socket, and a listening socket per
+    server (its ``default`` namespace) and per namespace, made and removed as the verbs
+    make and delete them (:mod:`slurmiso.isolation.mps_sim_v3`); a client's route is the
+    socket it connected to, the top-level one routing by uid."""
+
+    def __init__(self, pipe_dir: str, log_dir: str, gpu_uuid: str, multiuser: bool) -> None:
+        super().__init__(pipe_dir, log_dir, gpu_uuid)
+        self.v3 = V3Controller(devices=len(gpu_uuid.split(",")), multiuser=multiuser)
+        self.routes: Dict[socket.socket, Tuple[str, str]] = {}
+
+    def prepare(self) -> None:
+        super().prepare()
+        assert self.sock is not None
+        self.routes[self.sock] = ("", "")
+
+    def serve(self) -> None:
+        try:
+            while not (self.stopping or self.controller.quitting):
+                ready, _, _ = select.select(list(self.routes), [], [], 0.2)
+                for sock in ready:
+                    with contextlib.suppress(OSError):
+                        conn, _ = sock.accept()
+                        with conn:
+                            self._answer(conn, self.routes[sock])
+        finally:
+            for sock in list(self.routes)[1:]:
+                self._close(sock)
+            self._cleanup()
+
+    def _answer(self, conn: socket.socket, route: Tuple[str, str]) -> None:
+        line = _read_line(conn)
+        pid, uid = _peer(conn)
+        log.info("v3 %s: %s (uid %d, pid %d)", "/".join(route) or "control", line, uid, pid)
+        words = line.split()
+        if words[:1] == ["client_connect"]:
+            env = {_CLIENT_VARS[k]: v for k, _, v in (w.partition("=") for w in words[1:])
+                   if k in _CLIENT_VARS}
+            answer = json.dumps(self.v3.connect(uid, pid, route, env)) + "\n"
+        elif route != ("", ""):
+            answer = "1\nerror: commands go to the top-level control socket\n"
+        elif words == ["quit"]:
+            self.stopping = True
+            answer = "0\n"
+        else:
+            rc, out = self.v3.command(words[1:] if words[:1] == ["v3"] else words, uid)
+            self._sync()
+            answer = f"{rc}\n{out}"
+        with contextlib.suppress(OSError):
+            conn.sendall(answer.encode())
+
+    def _sync(self) -> None:
+        """A listening socket for every server and namespace there is, and none else."""
+        want = {(s.name, ns) for s in self.v3.servers.values() for ns in s.namespaces}
+        want |= {(name, "") for name, _ in want}
+        have = {route: sock for sock, route in self.routes.items() if route != ("", "")}
+        for route in sorted(set(have) - want, reverse=True):
+            self._close(have[route])
+        for route in sorted(want - set(have)):
+            self._listen(route)
+
+    def _dir(self, route: Tuple[str, str]) -> str:
+        return os.path.join(self.pipe_dir, *[part for part in route if part])
+
+    def _listen(self, route: Tuple[str, str]) -> None:
+        folder = self._dir(route)
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with socket_path(folder) as path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            sock.bind(path)
+        os.chmod(os.path.join(folder, SOCKET), 0o777)  # the directories are the doors
+        sock.listen(16)
+        self.routes[sock] = route
+
+    def _close(self, sock: socket.socket) -> None:
+        route = self.routes.pop(sock)
+        sock.close()
+        folder = self._dir(route)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, SOCKET))
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # a server's folder goes once its namespaces' have
+
+
+#: A client's words on the wire -> the variable each stands for.
+_CLIENT_VARS = {"thread": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                "mem": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "prio": "CUDA_MPS_CLIENT_PRIORITY"}
+
+
+def _read_line(conn: socket.socket) -> str:
+    conn.settimeout(2.0)
+    data = b""
+    with contextlib.suppress(OSError):
+        while b"\n" not in data and len(data) < 4096:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("utf-8", "replace").strip()
+
+
+def v3_command(pipe_dir: str, argv: List[str]) -> Tuple[int, str]:
+    """One v3 verb to the daemon of ``pipe_dir``: (exit status, output), as
+    ``nvidia-cuda-mps-control <module> <verb> ...`` gives them."""
+    answer = send_command(pipe_dir, " ".join(["v3", *argv]))
+    status, _, out = answer.partition("\n")
+    return (int(status) if status.isdigit() else 1), out
 
 
 def _detach(daemon: _Daemon) -> int:
@@ -232,8 +341,7 @@ def connect(env: Dict[str, str]) -> Dict[str, object]:
     """
     pipe_dir = env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
     words = ["client_connect"]
-    for key, name in (("thread", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
-                      ("mem", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")):
+    for key, name in _CLIENT_VARS.items():
         value = "".join(env.get(name, "").split())[:200]  # one word on the wire
         if value:
             words.append(f"{key}={value}")
@@ -271,18 +379,31 @@ Modules: server namespace client (the slurmiso MPS stand-in)
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["client"]:
+    if argv == ["client"]:  # a CUDA client starting (``client list``: the v3 verb below)
         return client()
     if argv == ["-p", "3", "-h"]:
         sys.stdout.write(V3_HELP)
         return 0
+    if argv[:1] in (["server"], ["namespace"], ["client"]):  # a v3 verb, to the daemon
+        pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
+        try:
+            rc, out = v3_command(pipe_dir, argv)
+        except OSError as exc:
+            sys.stderr.write(f"cannot reach the MPS control daemon of {pipe_dir}: {exc}\n")
+            return 1
+        (sys.stdout if rc == 0 else sys.stderr).write(out)
+        return rc
     parser = argparse.ArgumentParser(prog="python -m slurmiso.isolation.mps_sim")
     parser.add_argument("--pipe-dir", required=True)
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--gpu-uuid", required=True)
     parser.add_argument("--foreground", action="store_true", help="do not detach (debugging)")
+    parser.add_argument("-p", "--protocol", type=int, choices=(2, 3), default=2)
+    parser.add_argument("-m", "--multiuser", action="store_true")
     args = parser.parse_args(argv)
-    daemon = _Daemon(os.path.abspath(args.pipe_dir), os.path.abspath(args.log_dir), args.gpu_uuid)
+    where = (os.path.abspath(args.pipe_dir), os.path.abspath(args.log_dir), args.gpu_uuid)
+    daemon = (_V3Daemon(*where, multiuser=args.multiuser) if args.protocol == 3
+              else _Daemon(*where))
     if args.foreground:
         daemon.prepare()
         daemon.serve()
