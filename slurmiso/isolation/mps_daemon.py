@@ -85,8 +85,9 @@ class MpsControl(Protocol):
 
     name: str
 
-    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
-        """Start a daemon serving only ``gpu_uuid``; return its pid once it is reachable."""
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2) -> int:
+        """Start a daemon serving only ``gpu_uuid``; return its pid once it is reachable.
+        ``protocol`` 3: MPS v3 (``-p 3``), where :meth:`protocol` says the binary has it."""
 
     def stop(self, pipe_dir: str, timeout: float) -> None:
         """Ask the daemon to quit, then SIGTERM/SIGKILL it; no daemon is fine."""
@@ -105,6 +106,10 @@ class MpsControl(Protocol):
 
     def protocol(self) -> MpsProtocol:
         """Whether this node's control binary speaks MPS v3, read from it."""
+
+    def v3(self, pipe_dir: str, argv: List[str]) -> str:
+        """One MPS v3 verb (``server create NAME``...) to a ``-p 3`` daemon: its output;
+        NodeFault when it fails."""
 
 
 def mps_control_for(backend: GpuInventory) -> MpsControl:
@@ -491,11 +496,24 @@ class NvidiaMpsControl:
         apply_limits(lambda cmd: self._strict_command(pipe_dir, cmd), pipe_dir,
                      thread_percentage, memory_limit_mb)
 
-    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
+    def v3(self, pipe_dir: str, argv: List[str]) -> str:
+        binary = self.binary()
+        try:
+            cp = subprocess.run([binary, *argv], env=self._env(pipe_dir),
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                timeout=COMMAND_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NodeFault(f"{binary} {' '.join(argv)}: {exc}") from None
+        if cp.returncode != 0:
+            raise NodeFault(f"{binary} {' '.join(argv)} failed (exit {cp.returncode}): "
+                            f"{(cp.stderr or cp.stdout).strip()[:300]}")
+        return cp.stdout
+
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2) -> int:
         binary = self.binary()
         try:
             result = subprocess.run(
-                [binary, "-d"],
+                [binary, "-d", *(["-p", "3"] if protocol == 3 else [])],
                 env=self._env(pipe_dir, log_dir, gpu_uuid),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -600,7 +618,16 @@ class SimMpsControl:
 
         return read_protocol([self.python, "-m", self._MODULE])
 
-    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str) -> int:
+    def v3(self, pipe_dir: str, argv: List[str]) -> str:
+        try:
+            rc, out = mps_sim.v3_command(pipe_dir, argv)
+        except OSError as exc:
+            raise NodeFault(f"simulated MPS daemon of {pipe_dir}: {exc}") from None
+        if rc != 0:
+            raise NodeFault(f"simulated MPS v3 {' '.join(argv)}: {out.strip()[:300]}")
+        return out
+
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2) -> int:
         pipe_dir, log_dir = os.path.abspath(pipe_dir), os.path.abspath(log_dir)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(mps_sim.__file__)))
         env = dict(
@@ -611,7 +638,7 @@ class SimMpsControl:
             CUDA_MPS_LOG_DIRECTORY=log_dir,
         )
         cmd = [self.python, "-m", self._MODULE, "--pipe-dir", pipe_dir, "--log-dir", log_dir,
-               "--gpu-uuid", gpu_uuid]
+               "--gpu-uuid", gpu_uuid, *(["-p", "3"] if protocol == 3 else [])]
         try:
             result = subprocess.run(
                 cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,

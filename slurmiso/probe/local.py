@@ -148,6 +148,8 @@ def mode_envs(mode: str, gpus: LocalGpus, pair: Pair, gpu_index: int,
         return _mig_static(gpus, pair, base)
     if mode in ("mps", "mps-priority"):
         return _mps(mode, gpus, gpu, pair, cleanup), ""
+    if mode == "mps-v3":
+        return _mps_v3(gpus, gpu, pair, cleanup)
     return None, f"unknown mode {mode}"
 
 
@@ -197,6 +199,46 @@ def _mps(mode: str, gpus: LocalGpus, gpu: DeviceInfo, pair: Pair,
     cleanup.callback(stop, paths)
     return {role: _client_env(paths, c, gpus.simulated, gpu.memory_total_mb, PRIORITY[role])
             for role, c in (("infer", pair.infer), ("train", pair.train))}
+
+
+def _mps_v3(gpus: LocalGpus, gpu: DeviceInfo, pair: Pair, cleanup: contextlib.ExitStack
+            ) -> Tuple[Optional[Dict[str, Dict[str, str]]], str]:
+    """MPS v3 where the control binary has it (read, never assumed): one ``-p 3`` daemon,
+    one server for both classes, a namespace per class holding its thread percentage,
+    pinned-memory limit and client priority; each client routed to its namespace by its
+    pipe directory (docs/mps-v3.md)."""
+    from slurmiso.isolation.mps_daemon import mps_control_for
+    from slurmiso.isolation.mps_dirs import DaemonKey, daemon_paths, prepare_dirs, remove_tree
+
+    control = mps_control_for(gpus.backend)  # type: ignore[arg-type]
+    protocol = control.protocol()
+    if not protocol.v3:
+        return None, f"no MPS v3 on this node: {protocol.reason}"
+    state_dir = tempfile.mkdtemp(prefix="sip-", dir="/tmp")
+    os.chmod(state_dir, 0o755)
+    cleanup.callback(remove_tree, state_dir)
+    paths = daemon_paths(state_dir, DaemonKey(gpu.index, os.getuid(), 100, 0))
+    prepare_dirs(paths)
+    control.start(gpu.uuid, paths["pipe"], paths["log"], protocol=3)
+    cleanup.callback(control.stop, paths["pipe"], DAEMON_STOP_S)
+    control.v3(paths["pipe"], ["server", "create", "probe"])
+    envs = {}
+    for role, c in (("infer", pair.infer), ("train", pair.train)):
+        ns = role  # the namespace's name: lower-case letters only, whatever the class's
+        control.v3(paths["pipe"], ["namespace", "create", ns, "--server=probe"])
+        limit = c.mps.limit_mb(gpu.memory_total_mb)
+        control.v3(paths["pipe"], [
+            "namespace", "set", ns, "--server=probe",
+            f"--active-thread-percentage={c.mps.thread_percentage}",
+            f"--client-priority={PRIORITY[role]}",
+            *([f"--pinned-memory-limit={limit}M"] if limit else [])])
+        env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(paths["pipe"], "probe", ns),
+               "CUDA_MPS_LOG_DIRECTORY": paths["log"], "CUDA_VISIBLE_DEVICES": "0",
+               "SLURMISO_CLASS": c.name}
+        if gpus.simulated:
+            env["SLURMISO_PROBE_SIM_MPS"] = "1"
+        envs[role] = env
+    return envs, ""
 
 
 # -- the launcher ------------------------------------------------------------------------------

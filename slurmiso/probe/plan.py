@@ -18,7 +18,7 @@ from slurmiso.values import Value
 
 #: Modes only ``--local`` measures (a probe variant, not a pool mode): one MPS server for both
 #: classes, limits from the clients' variables and training at NVIDIA's below-normal priority.
-LOCAL_ONLY = ("mps-priority",)
+LOCAL_ONLY = ("mps-priority", "mps-v3")
 #: ``CUDA_MPS_CLIENT_PRIORITY`` values (NVIDIA MPS docs, 4.2.8): 0 normal, 1 below normal.
 PRIORITY = {"infer": "0", "train": "1"}
 
@@ -129,7 +129,7 @@ def sbatch_args(pool: Pool, pair: Pair, role: str) -> List[str]:
 def memory_limit_mb(mode: str, pool_model: str, c: JobClass,
                     gpu_total_mb: Optional[int] = None) -> Optional[int]:
     """The GPU memory the class may use in ``mode`` (for the training peak's headroom)."""
-    if mode in ("mps", "mps-priority") and c.mps.limit_mb(gpu_total_mb):
+    if mode in ("mps", "mps-priority", "mps-v3") and c.mps.limit_mb(gpu_total_mb):
         return c.mps.limit_mb(gpu_total_mb)
     if mode.startswith("mig"):
         try:

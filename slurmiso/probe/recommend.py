@@ -6,9 +6,10 @@ one below it fails the measured SLO.
 
 * ``timeslice`` (rank 0, *rate-limit*): the GPU's own time slices and nothing reserved; training
   keeps every SM and byte inference does not use, and no daemon or layout has to be run.
-* ``mps`` / ``mps-priority`` (rank 1, *quotas*): one GPU, but each class held to a thread
-  percentage and a pinned-memory limit by the MPS control daemon (``mps-priority`` adds
-  NVIDIA's client priority on one shared server). Idle SMs are still shared.
+* ``mps`` / ``mps-priority`` / ``mps-v3`` (rank 1, *quotas*): one GPU, but each class held to
+  a thread percentage and a pinned-memory limit by the MPS control daemon (``mps-priority``
+  adds NVIDIA's client priority on one shared server; ``mps-v3`` holds both in a namespace
+  per class of one server). Idle SMs are still shared.
 * ``mig-dynamic`` / ``mig-static`` (rank 2, *partition*): hardware slices of fixed SMs and
   memory; what one class leaves idle the other cannot use, and a layout has to be managed.
 * ``exclusive`` (rank 3, *dedicate*): a whole GPU per class; it always isolates and costs a
@@ -25,11 +26,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.values import Value
 
-RANK = {"timeslice": 0, "mps": 1, "mps-priority": 1, "mig-dynamic": 2, "mig-static": 2,
-        "exclusive": 3}
+RANK = {"timeslice": 0, "mps": 1, "mps-priority": 1, "mps-v3": 1, "mig-dynamic": 2,
+        "mig-static": 2, "exclusive": 3}
 TIER = {0: "rate-limit", 1: "quotas", 2: "partition", 3: "dedicate"}
 #: The modes the probe knows, softest first (the order --modes and the report list them in).
-MODE_ORDER = ("timeslice", "mps", "mps-priority", "mig-dynamic", "mig-static", "exclusive")
+MODE_ORDER = ("timeslice", "mps", "mps-priority", "mps-v3", "mig-dynamic", "mig-static",
+              "exclusive")
 
 
 class Target(Value, eq=True):

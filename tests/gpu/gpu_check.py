@@ -15,7 +15,14 @@ ended, SIGTERM then SIGKILL to its process group, recorded as failed, and the ne
    about the class's percentage (SMs CUDA reports, or matmul throughput against the same client
    under a 100% daemon). Without torch those two are skipped with the reason;
 4. ``probe --local``: ``slurmiso probe --local --workload builtin`` for timeslice, MPS with the
-   shipped shares and MPS with priority (mps-priority), and the GPU memory it sampled per run.
+   shipped shares, MPS with priority (mps-priority) and MPS v3 (mps-v3: a namespace per class,
+   where the control binary has protocol 3; else skipped with that reason), and the GPU memory
+   it sampled per run.
+
+Read-only capability checks in ``preflight`` (issue 35): whether ``nvidia-cuda-mps-control
+-p 3 -h`` lists MPS v3, and whether NVML has the per-cgroup memory partitions
+(``nvmlDeviceGetMemoryLimits_v1`` on this process's own cgroup: "not found" means the call
+exists and no limit is set; nothing is ever set here).
 
 After the stages: any MPS daemon a stage left is stopped, the GPU state is compared with the
 one before, and nothing may be left on the GPU. ``gpu-check.json`` and ``gpu-check.txt`` are
@@ -204,12 +211,43 @@ def stage_preflight(ctx: Ctx) -> None:
     found = shutil.which("nvidia-cuda-mps-control")
     c.add("nvidia-cuda-mps-control", "pass" if found else "fail",
           found or "not on PATH: the MPS checks cannot run")
+    capabilities(c)
     # read-only: what the driver prints for its compute policies (the time slice slurmiso
     # sets on timeslice pools; NVML cannot read it), kept so a check can parse it later
     code, out, err = run_bounded(["nvidia-smi", "compute-policy", "-l"], c.left(15))
     c.add("compute-policy list", "pass" if code == 0 else "skip",
           "recorded (read-only)" if code == 0 else (err.strip() or "timed out")[-200:],
           output=out[-2000:])
+
+
+def capabilities(c: Checks) -> None:
+    """MPS v3 and memory partitions, read from the driver (never set: issue 35)."""
+    code, out, err = run_bounded([sys.executable, "-c", (
+        "import json, os\n"
+        "from slurmiso.isolation.mps_daemon import NvidiaMpsControl\n"
+        "p = NvidiaMpsControl().protocol()\n"
+        "res = {'mps_v3': p.v3, 'mps_v3_reason': p.reason}\n"
+        "from slurmiso.errors import GpuError, GpuNotFound\n"
+        "from slurmiso.gpu.nvml import NvmlBackend\n"
+        "line = [x for x in open('/proc/self/cgroup') if x.startswith('0::')]\n"
+        "cg = '/sys/fs/cgroup' + line[0][3:].strip() if line else '/sys/fs/cgroup'\n"
+        "try:\n"
+        "    got = NvmlBackend().memory_limits(0, cg)\n"
+        "    res['partitions'] = f'limits on {cg}: {got.describe()}'\n"
+        "except GpuNotFound:\n"
+        "    res['partitions'] = f'the call exists; no limits on {cg}'\n"
+        "except GpuError as exc:\n"
+        "    res['partitions_error'] = str(exc)\n"
+        "print(json.dumps(res))\n")], c.left(30))
+    info = json.loads(out.strip().splitlines()[-1]) if code == 0 and out.strip() else {}
+    if not info:
+        c.add("mps v3", "fail", f"could not ask: {(err.strip() or 'timed out')[-300:]}")
+        return
+    c.add("mps v3", "pass" if info["mps_v3"] else "skip", info["mps_v3_reason"])
+    if "partitions" in info:
+        c.add("memory partitions", "pass", info["partitions"])
+    else:
+        c.add("memory partitions", "skip", f"not on this driver: {info['partitions_error']}")
 
 
 def stage_nvml(ctx: Ctx) -> None:
@@ -335,7 +373,8 @@ def stage_probe(ctx: Ctx) -> None:
              ["--requests", "150", "--rate", "50", "--train-seconds", "4"])
     code, out, err = run_bounded(
         [sys.executable, "-m", "slurmiso", "-c", CONFIG, "probe", "--local", "--workload",
-         "builtin", "--modes", "timeslice,mps,mps-priority", *quick, "--json", "--no-save",
+         "builtin", "--modes", "timeslice,mps,mps-priority,mps-v3", *quick, "--json",
+         "--no-save",
          "--work-dir", work, "--html", os.path.join(ctx.out, "probe.html")],
         max(5.0, c.left(STAGES[3][1]) - STOP_GRACE_S - 5), env=child_env(ctx))
     with open(os.path.join(ctx.out, "probe.json"), "w") as fh:
@@ -353,7 +392,11 @@ def stage_probe(ctx: Ctx) -> None:
         "memory": m.get("memory"), "skipped": m.get("skipped")} for m in report["modes"]}
     measured = [m for m, r in rows.items() if not r["skipped"]]
     kind = report["workload"]["kind"]
-    c.add("probe --local", "pass" if len(measured) == 3 else "fail",
+    v3 = rows.get("mps-v3") or {}
+    c.add("probe mps-v3", "skip" if v3.get("skipped") else "pass" if v3 else "fail",
+          str(v3.get("skipped") or ("measured" if v3 else "not in the report")))
+    required = {"timeslice", "mps", "mps-priority"}
+    c.add("probe --local", "pass" if required <= set(measured) else "fail",
           f"workload {kind}; measured {', '.join(measured) or 'nothing'}; recommendation "
           f"{report['recommendation']['mode']}", modes=rows,
           recommendation=report["recommendation"])

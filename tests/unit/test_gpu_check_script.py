@@ -94,7 +94,8 @@ def test_a_whole_sim_run_records_every_stage_and_leaves_nothing(tmp_path) -> Non
     assert checks["mps memory limit"]["status"] == "skip"  # no CUDA client in --sim
     probe = checks["probe --local"]
     assert probe["status"] == "pass" and set(probe["modes"]) == {"timeslice", "mps",
-                                                                 "mps-priority"}
+                                                                 "mps-priority", "mps-v3"}
+    assert checks["probe mps-v3"]["status"] == "pass"  # the stand-in speaks protocol 3
     assert "workload cpu-stand-in" in probe["reason"]
     assert checks["tests/nvml"]["status"] == "skip"  # no driver: every NVML test skips
     assert checks["gpu state unchanged"]["status"] == "pass"

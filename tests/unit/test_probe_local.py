@@ -190,3 +190,23 @@ def test_usage_errors(tmp_path, capsys) -> None:
     assert rc == 2 and "unknown mode warp" in err
     rc, _, err = probe(tmp_path, capsys, "--workload", "builtin", "--infer-cmd", "x")
     assert rc == 2 and "exclude each other" in err
+
+
+def test_mps_v3_holds_each_class_in_its_namespace(tmp_path, capsys) -> None:
+    """One -p 3 daemon, one server, a namespace per class: the stand-in speaks protocol 3,
+    so the plumbing (not a GPU) is what this shows."""
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps-v3", "--json", *QUICK, *ANY_SPEED)
+    assert rc == 0, err
+    (mode,) = json.loads(out)["modes"]
+    assert mode["mode"] == "mps-v3" and mode["colocated"] is True
+    granted = {}
+    for role in ("infer", "train"):
+        for line in Path(tmp_path, "work", f"mps-v3-mixed-{role}.out").read_text().splitlines():
+            if "mps_granted" in line:
+                granted[role] = json.loads(line)["info"]["mps_granted"]
+    assert (granted["infer"]["namespace"], granted["train"]["namespace"]) == ("infer", "train")
+    assert (granted["infer"]["client_priority"], granted["train"]["client_priority"]) == (0, 1)
+    assert granted["train"]["active_thread_percentage"] == 60.0
+    assert granted["train"]["pinned_device_mem_limit_mb"] == {"0": 24 * 1024}
+    assert granted["train"]["server"] == granted["infer"]["server"] == "probe"
+    assert not alive_under(str(tmp_path))
