@@ -219,19 +219,15 @@ def _mps_v3(gpus: LocalGpus, gpu: DeviceInfo, pair: Pair, cleanup: contextlib.Ex
     cleanup.callback(remove_tree, state_dir)
     paths = daemon_paths(state_dir, DaemonKey(gpu.index, os.getuid(), 100, 0))
     prepare_dirs(paths)
-    control.start(gpu.uuid, paths["pipe"], paths["log"], protocol=3)
-    cleanup.callback(control.stop, paths["pipe"], DAEMON_STOP_S)
-    control.v3(paths["pipe"], ["server", "create", "probe"])
+    try:  # the v3 verbs are read from NVIDIA's guide, not yet run on a GPU: a failure
+        control.start(gpu.uuid, paths["pipe"], paths["log"], protocol=3)  # skips the mode
+        cleanup.callback(control.stop, paths["pipe"], DAEMON_STOP_S)
+        _v3_layout(control, paths["pipe"], pair, gpu)
+    except SlurmisoError as exc:
+        return None, f"the MPS v3 daemon could not be laid out: {exc}"
     envs = {}
     for role, c in (("infer", pair.infer), ("train", pair.train)):
         ns = role  # the namespace's name: lower-case letters only, whatever the class's
-        control.v3(paths["pipe"], ["namespace", "create", ns, "--server=probe"])
-        limit = c.mps.limit_mb(gpu.memory_total_mb)
-        control.v3(paths["pipe"], [
-            "namespace", "set", ns, "--server=probe",
-            f"--active-thread-percentage={c.mps.thread_percentage}",
-            f"--client-priority={PRIORITY[role]}",
-            *([f"--pinned-memory-limit={limit}M"] if limit else [])])
         env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(paths["pipe"], "probe", ns),
                "CUDA_MPS_LOG_DIRECTORY": paths["log"], "CUDA_VISIBLE_DEVICES": "0",
                "SLURMISO_CLASS": c.name}
@@ -239,6 +235,19 @@ def _mps_v3(gpus: LocalGpus, gpu: DeviceInfo, pair: Pair, cleanup: contextlib.Ex
             env["SLURMISO_PROBE_SIM_MPS"] = "1"
         envs[role] = env
     return envs, ""
+
+
+def _v3_layout(control: object, pipe: str, pair: Pair, gpu: DeviceInfo) -> None:
+    """Server ``probe`` and a namespace per role with its class's limits and priority."""
+    v3 = control.v3  # type: ignore[attr-defined]
+    v3(pipe, ["server", "create", "probe"])
+    for role, c in (("infer", pair.infer), ("train", pair.train)):
+        v3(pipe, ["namespace", "create", role, "--server=probe"])
+        limit = c.mps.limit_mb(gpu.memory_total_mb)
+        v3(pipe, ["namespace", "set", role, "--server=probe",
+                  f"--active-thread-percentage={c.mps.thread_percentage}",
+                  f"--client-priority={PRIORITY[role]}",
+                  *([f"--pinned-memory-limit={limit}M"] if limit else [])])
 
 
 # -- the launcher ------------------------------------------------------------------------------

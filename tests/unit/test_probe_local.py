@@ -210,3 +210,22 @@ def test_mps_v3_holds_each_class_in_its_namespace(tmp_path, capsys) -> None:
     assert granted["train"]["pinned_device_mem_limit_mb"] == {"0": 24 * 1024}
     assert granted["train"]["server"] == granted["infer"]["server"] == "probe"
     assert not alive_under(str(tmp_path))
+
+
+def test_an_mps_v3_layout_that_fails_skips_the_mode_with_its_reason(tmp_path, capsys,
+                                                                    monkeypatch) -> None:
+    from slurmiso.errors import NodeFault
+    from slurmiso.isolation.mps_daemon import SimMpsControl
+
+    def refuse(self: SimMpsControl, pipe_dir: str, argv: List[str]) -> str:
+        raise NodeFault(f"{' '.join(argv)}: refused")
+
+    monkeypatch.setattr(SimMpsControl, "v3", refuse)
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps-v3,timeslice", "--json", *QUICK,
+                         *ANY_SPEED)
+    modes = {m["mode"]: m for m in json.loads(out)["modes"]}
+    assert "could not be laid out: server create probe: refused" in modes["mps-v3"]["skipped"]
+    assert not modes["timeslice"].get("skipped")  # the other modes are still measured
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "slurmiso.isolation.mps_sim" in " ".join(p.info["cmdline"] or [])
+                and "/tmp/sip-" in " ".join(p.info["cmdline"] or [])]
