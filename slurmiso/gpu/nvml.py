@@ -240,30 +240,29 @@ class NvmlBackend:
     def set_memory_limits(self, index: int, cgroup: str, limits: JobMemoryLimits) -> None:
         """``nvmlDeviceSetMemoryLimits_v1`` (driver r615+; root): the driver, not we,
         writes the cgroup's partition and its ancestors' reservations."""
-        nvml = self.nvml
-        if not hasattr(nvml, "c_nvmlSetMemoryLimits_v1_t"):
-            raise GpuNotSupported("this nvidia-ml-py has no nvmlDeviceSetMemoryLimits_v1",
-                                  hint="install nvidia-ml-py 13.615 or later")
-        handle = self._handle(index)
-        arg = nvml.c_nvmlSetMemoryLimits_v1_t()
-        arg.nameSpace = cgroup.encode()
+        handle, arg = self._limits_arg("Set", index, cgroup)
         arg.softLimit, arg.hardLimit = limits.soft_bytes, limits.hard_bytes
         with _translate(f"set GPU {index}'s memory limits for {cgroup}"):
-            nvml.nvmlDeviceSetMemoryLimits_v1(handle, arg)
+            self.nvml.nvmlDeviceSetMemoryLimits_v1(handle, arg)
 
     def memory_limits(self, index: int, cgroup: str) -> JobMemoryLimits:
         from slurmiso.gpu.memory_limits import JobMemoryLimits
 
-        nvml = self.nvml
-        if not hasattr(nvml, "c_nvmlGetMemoryLimits_v1_t"):
-            raise GpuNotSupported("this nvidia-ml-py has no nvmlDeviceGetMemoryLimits_v1",
+        handle, arg = self._limits_arg("Get", index, cgroup)
+        with _translate(f"read GPU {index}'s memory limits for {cgroup}"):
+            self.nvml.nvmlDeviceGetMemoryLimits_v1(handle, arg)
+        return JobMemoryLimits(int(arg.softLimit), int(arg.hardLimit), int(arg.currentUsed))
+
+    def _limits_arg(self, verb: str, index: int, cgroup: str) -> Tuple[Any, Any]:
+        """(GPU handle, nvidia-ml-py's ``c_nvml<verb>MemoryLimits_v1_t`` naming the cgroup)."""
+        struct = getattr(self.nvml, f"c_nvml{verb}MemoryLimits_v1_t", None)
+        if struct is None:
+            raise GpuNotSupported(f"this nvidia-ml-py has no nvmlDevice{verb}MemoryLimits_v1",
                                   hint="install nvidia-ml-py 13.615 or later")
         handle = self._handle(index)
-        arg = nvml.c_nvmlGetMemoryLimits_v1_t()
+        arg = struct()
         arg.nameSpace = cgroup.encode()
-        with _translate(f"read GPU {index}'s memory limits for {cgroup}"):
-            nvml.nvmlDeviceGetMemoryLimits_v1(handle, arg)
-        return JobMemoryLimits(int(arg.softLimit), int(arg.hardLimit), int(arg.currentUsed))
+        return handle, arg
 
     # --------------------------------------------------------------------- devices
     def devices(self) -> List[DeviceInfo]:

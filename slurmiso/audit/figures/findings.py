@@ -162,35 +162,37 @@ def config_findings(cfg: Any) -> List[Finding]:
     ]
 
 
+#: The findings about settled jobs (:mod:`~slurmiso.audit.figures.jobledger`): the tally,
+#: the code, the message ({n} jobs, {threshold} preemptions) and the fix.
+_JOB_RULES = (
+    (JobMark.NOT_REQUEUED, "training-not-requeued",
+     "{n} preemptible job(s) were preempted with no later attempt in accounting or the "
+     "journals: not requeued (their run was thrown away), or the requeued attempt never "
+     "became eligible in the window",
+     "PreemptMode=REQUEUE on the train QoS (CANCEL voids --requeue), JobRequeue=1 or sbatch "
+     "--requeue; check MaxBatchRequeue"),
+    (JobMark.NO_CHECKPOINT, "training-without-checkpoint",
+     "{n} preempted training job(s) never reported a checkpoint in the journals",
+     "run the program as 'slurmiso run -- ...' and save on the class's checkpoint signal (or "
+     "use slurmiso.checkpoint)"),
+    (JobMark.REPEATED, "repeated-preemption",
+     "{n} job(s) preempted {threshold}+ times without progress (no successful checkpoint, no "
+     "advancing resume step)",
+     "raise PreemptExemptTime on the train QoS so a job can reach a checkpoint; make sure it "
+     "checkpoints within GraceTime"),
+)
+
+
 def job_findings(cfg: Any, agg: Aggregator, digest: JournalDigest) -> List[Finding]:
     """Rules over what the jobs did."""
     out: List[Finding] = []
     threshold = cfg.audit.repeated_preemptions
     jobs = agg.job_tallies()
-    not_requeued = jobs[JobMark.NOT_REQUEUED]
-    if not_requeued.count:
-        out.append(tallied("warning", "training-not-requeued",
-                           f"{not_requeued.count} preemptible job(s) were preempted with no "
-                           "later attempt in accounting or the journals: not requeued (their "
-                           "run was thrown away), or the requeued attempt never became "
-                           "eligible in the window",
-                           "PreemptMode=REQUEUE on the train QoS (CANCEL voids --requeue), "
-                           "JobRequeue=1 or sbatch --requeue; check MaxBatchRequeue",
-                           not_requeued))
-    no_ckpt = jobs[JobMark.NO_CHECKPOINT]
-    if no_ckpt.count:
-        out.append(tallied("warning", "training-without-checkpoint",
-                           f"{no_ckpt.count} preempted training job(s) never reported a "
-                           "checkpoint in the journals",
-                           "run the program as 'slurmiso run -- ...' and save on the class's "
-                           "checkpoint signal (or use slurmiso.checkpoint)", no_ckpt))
-    repeated = jobs[JobMark.REPEATED]
-    if repeated.count:
-        out.append(tallied("warning", "repeated-preemption",
-                           f"{repeated.count} job(s) preempted {threshold}+ times without "
-                           "progress (no successful checkpoint, no advancing resume step)",
-                           "raise PreemptExemptTime on the train QoS so a job can reach a "
-                           "checkpoint; make sure it checkpoints within GraceTime", repeated))
+    for mark, code, text, fix in _JOB_RULES:
+        tally = jobs[mark]
+        if tally.count:
+            out.append(tallied("warning", code, text.format(n=tally.count, threshold=threshold),
+                               fix, tally))
     for name, stats in sorted(agg.classes.items()):
         if stats.long_jobs:
             out.append(make("warning", "long-infer-jobs",
