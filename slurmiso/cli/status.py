@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from slurmiso.isolation.lifecycle import node_status
 
     data = node_status(cfg, args.node, not args.no_gpus)
+    if data["mode"] == "mps" and not args.no_gpus:
+        data["mps"] = _mps_arrangement(cfg, data["node"])
     data["ladder"] = _ladder(cfg, data["node"], args.no_slurm)
     restrained = {r["job"]: r for r in data["ladder"]["restraints"]}
     for j in data["jobs"]:
@@ -65,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     print(f"node {data['node']}: pool {data['pool'] or '(none)'} ({data['mode'] or '-'})")
+    if "mps" in data:
+        mps = data["mps"]
+        print(f"MPS: {mps['arrangement']} ({mps['why']}); MPS v3 here: "
+              f"{'yes' if mps['v3'] else 'no'} ({mps['v3_reason']})")
     rows: List[List[Any]] = []
     for j in data["jobs"]:
         shares = ", ".join(_share(r) for r in j["resources"]) or "-"
@@ -113,6 +119,25 @@ def run(args: argparse.Namespace) -> int:
             print()
             print(table(irows, ["GPU", "GI", "PROFILE", "START", "UUID", "JOB"]))
     return 0
+
+
+def _mps_arrangement(cfg: Any, node: str) -> Dict[str, Any]:
+    """Which MPS arrangement this node's GPUs run, why, and whether the driver has MPS v3
+    (read from the control binary: docs/mps-v3.md)."""
+    from slurmiso.errors import SlurmisoError
+    from slurmiso.gpu import open_backend
+    from slurmiso.isolation.mps_daemon import mps_control_for
+
+    try:
+        with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
+            protocol = mps_control_for(backend).protocol()
+        v3, reason = protocol.v3, protocol.reason
+    except SlurmisoError as exc:
+        v3, reason = False, f"not read: {exc}"
+    return {"arrangement": "per-class daemons",
+            "why": "one MPS control daemon per (GPU, user, class limits): slurmiso does not "
+                   "run a shared MPS server yet",
+            "v3": v3, "v3_reason": reason}
 
 
 def _ladder(cfg: Any, node: str, no_slurm: bool) -> Dict[str, Any]:

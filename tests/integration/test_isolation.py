@@ -281,6 +281,8 @@ def test_mps_jobs_share_one_daemon_with_their_class_limits(
     assert "mps-daemon-stopped" in events
     status = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
     assert status["jobs"] == []
+    # the arrangement in force, and MPS v3 read from the (stand-in) control binary
+    assert status["mps"]["arrangement"] == "per-class daemons" and status["mps"]["v3"] is True
     assert gpu_snapshot(sandbox, "n2") == before
 
 

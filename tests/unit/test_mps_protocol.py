@@ -45,3 +45,25 @@ def test_doctor_names_the_arrangement_and_what_the_driver_offers() -> None:
     assert "no MPS v3 here: exit 1" in check_mps_protocol({"gpu_node": gpu}, cfg)[0].message
     other = next(p for p in cfg.pools if p.mode != "mps")
     assert check_mps_protocol({"gpu_node": dict(gpu, pool=other.name)}, cfg) == []
+
+
+def test_status_says_which_arrangement_runs_and_what_the_driver_offers(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    from slurmiso.cli.status import _mps_arrangement
+    from slurmiso.gpu.sim import init_state
+
+    init_state(str(tmp_path / "n2.json"), "A100-SXM4-80GB", 1, node="n2")
+    monkeypatch.setenv("SLURMISO_GPU_BACKEND", "sim")
+    monkeypatch.setenv("SLURMISO_SIM_STATE", str(tmp_path / "n2.json"))
+    got = _mps_arrangement(load_config(CONFIG), "n2")
+    assert got["arrangement"] == "per-class daemons" and got["v3"] is True
+    assert "server and namespace" in got["v3_reason"]
+    from slurmiso import gpu
+    from slurmiso.errors import GpuUnavailable
+
+    def no_backend(*_: Any) -> Any:
+        raise GpuUnavailable("no driver")
+
+    monkeypatch.setattr(gpu, "open_backend", no_backend)
+    broken = _mps_arrangement(load_config(CONFIG), "n2")
+    assert broken["v3"] is False and broken["v3_reason"].startswith("not read: ")
