@@ -47,7 +47,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.isolation.mps_sim_control import Controller
-from slurmiso.isolation.mps_sim_v3 import V3Controller
+from slurmiso.isolation.mps_sim_v3 import V3Controller, apply_config
 
 PID_FILE = "control.pid"
 SOCKET = "control"
@@ -196,6 +196,7 @@ class _V3Daemon(_Daemon):
         super().prepare()
         assert self.sock is not None
         self.routes[self.sock] = ("", "")
+        self._sync()  # the servers and namespaces a configuration file (-a) made
 
     def serve(self) -> None:
         try:
@@ -400,10 +401,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--foreground", action="store_true", help="do not detach (debugging)")
     parser.add_argument("-p", "--protocol", type=int, choices=(2, 3), default=2)
     parser.add_argument("-m", "--multiuser", action="store_true")
+    parser.add_argument("-a", "--apply", metavar="FILE",
+                        help="-p 3: an MPS v3 configuration file (TOML), applied once at start")
     args = parser.parse_args(argv)
     where = (os.path.abspath(args.pipe_dir), os.path.abspath(args.log_dir), args.gpu_uuid)
-    daemon = (_V3Daemon(*where, multiuser=args.multiuser) if args.protocol == 3
-              else _Daemon(*where))
+    if args.protocol != 3:
+        if args.apply:
+            parser.error("-a needs -p 3 (configuration files are MPS v3's)")
+        daemon: _Daemon = _Daemon(*where)
+    else:
+        daemon = _V3Daemon(*where, multiuser=args.multiuser)
+        if args.apply:
+            try:
+                with open(args.apply, encoding="utf-8") as fh:
+                    apply_config(daemon.v3, fh.read())
+            except (OSError, ValueError) as exc:
+                sys.stderr.write(f"{args.apply}: {exc}\n")
+                return 1
     if args.foreground:
         daemon.prepare()
         daemon.serve()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from slurmiso.isolation.mps_sim_control import parse_client_mem, parse_mem, parse_percentage
 
@@ -319,3 +319,69 @@ def _listing(header: str, rows: List[str], fmt: str) -> str:
     """A list verb's output in ``csv`` or ``csv,noheader`` (the sim's table is csv too)."""
     lines = rows if "noheader" in fmt else [header, *rows]
     return "".join(line + "\n" for line in lines)
+
+
+# -- the configuration file (``-a FILE``) ----------------------------------------------------
+
+#: What NVIDIA's "MPS v3 Configuration File" lets a server and a namespace hold ("any other
+#: key is a configuration error"). Device and SM-partition tables are not modelled here.
+SERVER_KEYS = frozenset({"allowed_devices", "pinned_memory_limit", "active_thread_percentage",
+                         "client_priority", "uid", "locality_domains", "namespaces"})
+LIMIT_KEYS = {"pinned_memory_limit": "pinned-memory-limit",
+              "active_thread_percentage": "active-thread-percentage",
+              "client_priority": "client-priority"}
+
+
+def apply_config(controller: V3Controller, text: str) -> None:
+    """Apply a TOML configuration once, as the daemon does at start (``-a``): its servers,
+    their default namespace's limits and their namespaces. ValueError names the first
+    problem; nothing is applied then."""
+    try:
+        import tomllib  # type: ignore[import-not-found,unused-ignore]  # Python 3.11+
+    except ImportError as exc:  # pragma: no cover - 3.9/3.10
+        raise ValueError("the stand-in reads MPS v3 configuration files on Python 3.11+ "
+                         "(tomllib)") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"not TOML: {exc}") from None
+    unknown = set(data) - {"schema_version", "servers"}
+    if unknown or str(data.get("schema_version", "")) != "1.0":
+        raise ValueError(f"configuration error: schema_version must be \"1.0\"; unknown "
+                         f"top-level key(s) {sorted(unknown)}")
+    staged = V3Controller(controller.devices, controller.multiuser)
+    for name, server in (data.get("servers") or {}).items():
+        _configure_server(staged, name, server)
+    controller.servers.update(staged.servers)
+
+
+def _configure_server(staged: V3Controller, name: str, server: Any) -> None:
+    if not isinstance(server, dict):
+        raise ValueError(f"configuration error in servers.{name}: not a table")
+    if set(server) - SERVER_KEYS:
+        raise ValueError(f"configuration error in servers.{name}: unknown key(s) "
+                         f"{sorted(set(server) - SERVER_KEYS)}")
+    uid = str(server.get("uid", 0))
+    _must(staged.command(["server", "create", name, f"--uid={uid}"], 0), f"servers.{name}")
+    _set_limits(staged, DEFAULT_NAMESPACE, name, server, f"servers.{name}")
+    for ns, limits in (server.get("namespaces") or {}).items():
+        where = f"servers.{name}.namespaces.{ns}"
+        if not isinstance(limits, dict) or set(limits) - set(LIMIT_KEYS):
+            raise ValueError(f"configuration error in {where}: a namespace holds only "
+                             f"{', '.join(LIMIT_KEYS)}")
+        if ns != DEFAULT_NAMESPACE:
+            _must(staged.command(["namespace", "create", ns, f"--server={name}"], 0), where)
+        _set_limits(staged, ns, name, limits, where)
+
+
+def _set_limits(staged: V3Controller, ns: str, server: str, table: Dict[str, Any],
+                where: str) -> None:
+    opts = [f"--{flag}={table[key]}" for key, flag in LIMIT_KEYS.items() if key in table]
+    if opts:
+        _must(staged.command(["namespace", "set", ns, f"--server={server}", *opts], 0), where)
+
+
+def _must(answer: Answer, where: str) -> None:
+    if answer[0] != 0:
+        raise ValueError(f"configuration error in {where}: {answer[1].strip()}")
+

@@ -3,13 +3,16 @@ servers, namespaces, their limits, the routing of a client and what it is grante
 
 from __future__ import annotations
 
+import sys
 from typing import Dict, List
 
 import pytest
 
-from slurmiso.isolation.mps_sim_v3 import Namespace, V3Controller, grant
+from slurmiso.isolation.mps_sim_v3 import Namespace, V3Controller, apply_config, grant
 
 ROOT, ALICE, BOB = 0, 1001, 1002
+needs_tomllib = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="the stand-in reads TOML with Python 3.11's tomllib")
 
 
 def run(c: V3Controller, line: str, uid: int = ROOT) -> str:
@@ -105,3 +108,51 @@ def test_a_clients_own_variables_against_its_namespace() -> None:
     junk: List[str] = ["2", "-1", "normal", ""]
     for value in junk:
         assert grant(ns, {"CUDA_MPS_CLIENT_PRIORITY": value})["client_priority"] == 1
+
+
+# ------------------------------------------------------------------ the configuration file
+CONFIG = """
+schema_version = "1.0"
+
+[servers.shared]
+uid = 0
+active_thread_percentage = "100"
+
+[servers.shared.namespaces.infer]
+pinned_memory_limit = "40G"
+client_priority = "0"
+
+[servers.shared.namespaces.train]
+pinned_memory_limit = "24G"
+active_thread_percentage = "60"
+client_priority = "1"
+"""
+
+
+@needs_tomllib
+def test_a_configuration_file_makes_servers_and_namespaces() -> None:
+    c = V3Controller(devices=1, multiuser=True)
+    apply_config(c, CONFIG)
+    lines = run(c, "namespace list --server=shared --format=csv,noheader").splitlines()
+    assert lines == ["default,shared,Ready,-,100,-,-", "infer,shared,Ready,40960M,-,0,-",
+                     "train,shared,Ready,24576M,60,1,-"]
+
+
+@needs_tomllib
+@pytest.mark.parametrize("text,words", [
+    (CONFIG.replace('"1.0"', '"2.0"'), "schema_version"),
+    (CONFIG + "\n[extra]\nx = 1\n", "unknown top-level"),
+    (CONFIG.replace("uid = 0", "uid = 0\ncolour = 1"), "servers.shared: unknown key"),
+    (CONFIG.replace('client_priority = "1"', 'client_priority = "2"'),
+     "servers.shared.namespaces.train: error: --client-priority=2"),
+    (CONFIG.replace("[servers.shared.namespaces.train]",
+                    "[servers.shared.namespaces.train]\nuid = 5"), "holds only"),
+    (CONFIG.replace("[servers.shared]", "[servers.Shared]")
+     .replace("servers.shared.", "servers.Shared."), "lower-case"),
+    ("schema_version = ", "not TOML"),
+])
+def test_a_configuration_error_is_named_and_applies_nothing(text: str, words: str) -> None:
+    c = V3Controller(devices=1, multiuser=True)
+    with pytest.raises(ValueError) as err:
+        apply_config(c, text)
+    assert words in str(err.value) and c.servers == {}

@@ -14,6 +14,7 @@ import pytest
 
 from slurmiso.isolation import mps_sim
 from tests.unit.test_mps_enforcement import JOB_UID, STRANGER_UID, as_uid, needs_root, node
+from tests.unit.test_mps_sim_v3 import needs_tomllib
 
 __all__ = ["node"]  # the fixture, used by name
 
@@ -88,3 +89,29 @@ def test_users_reach_only_the_namespaces_whose_directory_lets_them(daemon: str) 
     assert as_uid(JOB_UID, lambda: reach(train))["error"] == "PermissionError"
     lines: List[str] = ctl(daemon, "client list --format=csv,noheader").splitlines()
     assert [line.split(",")[3] for line in lines] == ["train", "train"]
+
+
+@needs_tomllib
+def test_a_daemon_started_with_a_configuration_file_listens_for_its_namespaces(
+        node: str) -> None:
+    from tests.unit.test_mps_sim_v3 import CONFIG
+
+    pipe, logs, conf = (os.path.join(node, x) for x in ("pipe", "log", "mps.toml"))
+    for folder in (pipe, logs):
+        os.makedirs(folder)
+    with open(conf, "w") as fh:
+        fh.write(CONFIG)
+    assert mps_sim.main(["--pipe-dir", pipe, "--log-dir", logs, "--gpu-uuid", "GPU-x",
+                         "-p", "3", "-m", "-a", conf]) == 0
+    try:
+        got = client(os.path.join(pipe, "shared", "train"))
+        assert (got["client_priority"], got["pinned_device_mem_limit_mb"]) == (1, {"0": 24576})
+    finally:
+        mps_sim.send_command(pipe, "quit")
+    with open(conf, "w") as fh:
+        fh.write(CONFIG.replace('"1.0"', '"9"'))
+    other = os.path.join(node, "pipe2")
+    os.makedirs(other)
+    assert mps_sim.main(["--pipe-dir", other, "--log-dir", logs, "--gpu-uuid", "GPU-x",
+                         "-p", "3", "-a", conf]) == 1  # refused before it listens
+    assert os.listdir(other) == []
