@@ -32,12 +32,12 @@ class MpsProtocol(NamedTuple):
 def from_help(text: str, rc: int) -> MpsProtocol:
     """Read ``-p 3 -h``'s output and exit status."""
     if all(m.search(text) for m in _MODULES):
-        return MpsProtocol(True, "nvidia-cuda-mps-control -p 3 -h lists the server and "
+        return MpsProtocol(True, "the MPS control binary's -p 3 -h lists the server and "
                                  "namespace modules: MPS v3 (driver r615+)")
     if rc != 0:
-        return MpsProtocol(False, f"nvidia-cuda-mps-control -p 3 -h failed (exit {rc}): a "
+        return MpsProtocol(False, f"the MPS control binary's -p 3 -h failed (exit {rc}): a "
                                   "control daemon before MPS v3 (driver r615)")
-    return MpsProtocol(False, "nvidia-cuda-mps-control -p 3 -h lists no server and namespace "
+    return MpsProtocol(False, "the MPS control binary's -p 3 -h lists no server and namespace "
                               "modules: a control daemon before MPS v3 (driver r615)")
 
 
