@@ -9,9 +9,10 @@ whose TaskProlog runs as the user; the driver's call needs root. So the agent's 
 watch sets it in its first round after the job starts, as it does the host quotas
 (:mod:`slurmiso.agent.host_quota`), and again in any round that finds it changed. Only a job
 whose record on this node names the class, only the cgroup Slurm's layout shows for it
-(cgroup v2: the driver's partitions need it), only whole GPUs of the record (a MIG device is
-refused by the driver and skipped here, said once per job). What is set is journaled
-(``gpu-memory``); a driver without the calls (before r615) is said once per round. NVIDIA
+(cgroup v2: the driver's partitions need it), only whole GPUs of the record (the driver
+refuses MIG devices; ``check-config`` refuses a MIG class with ``gpu_memory``, and a MIG
+device or a cgroup v1 job is skipped without a word). What is set is journaled
+(``gpu-memory``); a refusal (a driver before r615) is journaled once per job and GPU. NVIDIA
 documents that removing the cgroup clears its limits; the epilog does not wait for that.
 """
 
@@ -39,16 +40,10 @@ WHOLE_GPU_KINDS = frozenset({"gpu", "shared-gpu", "mps"})
 _SAID: Set[Tuple[str, int]] = set()
 
 
-def job_gpus(rec: Any) -> Tuple[List[int], List[str]]:
-    """(whole GPU indices, MIG devices) the job's record holds on this node."""
-    whole: List[int] = []
-    mig: List[str] = []
-    for res in getattr(rec, "resources", ()) or ():
-        if res.kind in WHOLE_GPU_KINDS and res.gpu is not None:
-            whole.append(int(res.gpu))
-        elif res.kind.startswith("mig") and res.uuid:
-            mig.append(str(res.uuid))
-    return sorted(set(whole)), mig
+def job_gpus(rec: Any) -> List[int]:
+    """The whole GPUs (indices) the job's record holds on this node."""
+    return sorted({int(res.gpu) for res in getattr(rec, "resources", ()) or ()
+                   if res.kind in WHOLE_GPU_KINDS and res.gpu is not None})
 
 
 def wanted(share: GpuMemoryShare, total_mb: int) -> JobMemoryLimits:
@@ -68,8 +63,7 @@ def memory_round(cfg: Config, node: str, records: Mapping[str, Any], backend: An
     for job, rec, cg in ready_jobs_cgroups(records, shares, cgroup_root, node):
         if cg.version is not CgroupVersion.V2 or not cg.v2:
             continue  # cgroup v1: the driver partitions v2 cgroups only
-        whole, _ = job_gpus(rec)
-        for gpu in whole:
+        for gpu in job_gpus(rec):
             if not _set_one(lines, journal, node, job, rec.job_class, shares[rec.job_class],
                             backend, gpu, cg.v2, now):
                 return lines  # the driver has no such call: no other job will fare better
