@@ -39,6 +39,8 @@ from slurmiso.config.model import (
     MigGroup,
     MigLayout,
     MonitorSettings,
+    MpsPriority,
+    MpsServer,
     MpsShare,
     Paths,
     Pool,
@@ -195,6 +197,19 @@ def _share_pct(s: Section, name: str, raw: str) -> int:
     return int(text)
 
 
+def _read_mps_server(s: Section) -> MpsServer:
+    arrangements = {m.value: m for m in MpsServer}
+    text = s.text("mps_server", MpsServer.PER_CLASS.value, allowed=tuple(arrangements))
+    return arrangements.get(text, MpsServer.PER_CLASS)
+
+
+def _read_priority(s: Section) -> Optional[MpsPriority]:
+    """``mps.priority``: normal or below-normal (None: from the class, see MpsShare)."""
+    words = {p.word: p for p in MpsPriority}
+    text = s.text("priority", "", allowed=tuple(words) if "priority" in s.data else ())
+    return words.get(text)
+
+
 def _size(text: str) -> int:
     from slurmiso.units import parse_size
 
@@ -234,6 +249,7 @@ def _read_class(s: Section) -> JobClass:
         memory_limit_mb=0 if share else mps_s.converted(
             "memory_limit", 0, _size, "memory size (e.g. 20G, or a share of the GPU: 45%)"),
         memory_limit_pct=_share_pct(mps_s, "memory_limit", raw_limit) if share else 0,
+        priority=_read_priority(mps_s),
     )
     mps_s.done()
     preemptible = s.flag("preemptible", False)
@@ -376,7 +392,11 @@ def _read_pool(s: Section) -> Pool:
         mps_shares_per_gpu=s.integer("mps_shares_per_gpu", 100, 1, 10_000),
         shards_per_gpu=s.integer("shards_per_gpu", 7, 1, 1_000),
         timeslice=s.text("timeslice", "", allowed=TIMESLICES if "timeslice" in s.data else ()),
+        mps_server=_read_mps_server(s),
     )
+    if pool.mps_server is MpsServer.SHARED and pool.mode != "mps":
+        s.p.add(s.key("mps_server"), f"only an MPS pool has an MPS server (pool {pool.name} is "
+                f"{pool.mode}): remove it, or set mode: mps")
     if pool.timeslice and pool.mode != "timeslice":
         s.p.add(s.key("timeslice"), f"only a timeslice pool's GPUs take turns by time slice "
                 f"(pool {pool.name} is {pool.mode}): remove it, or set mode: timeslice")
@@ -953,6 +973,7 @@ def _check(cfg: Config, p: _Problems) -> None:
     for i, pool in enumerate(cfg.pools):
         if pool.name in mixes:
             p.warn(f"pools[{i}]", f"{mixes[pool.name].describe()}; {FIX}")
+    _check_mps_servers(cfg, p)
     for layout in cfg.mig_layouts:
         for gi, group in enumerate(layout.groups):
             for prof, _ in group.mig_devices:
@@ -961,6 +982,29 @@ def _check(cfg: Config, p: _Problems) -> None:
                         f"mig_layouts.mig-configs.{layout.name}[{gi}].mig-devices",
                         f"unknown MIG profile {prof!r} (no supported GPU has it)",
                     )
+
+
+def _check_mps_servers(cfg: Config, p: _Problems) -> None:
+    """A class's MPS priority needs a shared server to order anything; a shared server is
+    NVIDIA's multi-user mode, whose fault containment spans users (docs/mps-v3.md)."""
+    from slurmiso.config.mps_users import pool_classes
+
+    for i, pool in enumerate(cfg.pools):
+        if pool.mps_server is MpsServer.SHARED:
+            p.warn(f"pools[{i}].mps_server", f"pool {pool.name!r} runs one MPS v3 server per "
+                   "GPU for every user (NVIDIA's multi-user mode): a fatal GPU fault of one "
+                   "client may end other users' clients on that GPU")
+    for ci, c in enumerate(cfg.classes):
+        if c.mps.priority is None:
+            continue
+        apart = [pool.name for pool in cfg.pools if pool.mode == "mps"
+                 and pool.mps_server is MpsServer.PER_CLASS and c in pool_classes(cfg, pool)]
+        if apart:
+            p.add(f"classes[{ci}].mps.priority",
+                  f"class {c.name!r} asks for MPS priority {c.mps.priority.word}, but pool(s) "
+                  f"{', '.join(apart)} run a daemon per class, where no priority orders one "
+                  "class against another: set mps_server: shared on those pools, or remove "
+                  "priority")
 
 
 def _check_layout(

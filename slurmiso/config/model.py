@@ -8,6 +8,7 @@ builds all of them, and a dataclass costs about a millisecond to define.
 
 from __future__ import annotations
 
+from enum import Enum, IntEnum
 from typing import Dict, Optional, Tuple
 
 from slurmiso.hostlist import expand_node
@@ -58,12 +59,43 @@ class Match(Value):
     spank_class: str = ""
 
 
+class MpsServer(str, Enum):
+    """How an MPS pool's GPUs serve their clients (docs/mps-v3.md).
+
+    ``per-class``: a control daemon per (GPU, uid, limits), today's arrangement everywhere.
+    ``shared``: one MPS v3 multi-user daemon per GPU and a namespace per job, so both classes
+    are clients of one server, ordered by client priority; where the driver lacks MPS v3 the
+    pool falls back to ``per-class`` and says so."""
+
+    PER_CLASS = "per-class"
+    SHARED = "shared"
+
+
+class MpsPriority(IntEnum):
+    """MPS client priority as NVIDIA numbers it: 0 normal, 1 below normal."""
+
+    NORMAL = 0
+    BELOW_NORMAL = 1
+
+    @property
+    def word(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
 class MpsShare(Value):
     thread_percentage: int = 100
     memory_limit_mb: int = 0  # 0 = no pinned-memory limit
     #: The limit as a share of the GPU's memory (``memory_limit: 45%``), so one class fits
     #: pools of different GPU models; 0: none (or ``memory_limit_mb`` gives it in MiB).
     memory_limit_pct: int = 0
+    #: The class's client priority on a shared server (None: below normal for preemptible
+    #: classes, normal otherwise; see :meth:`priority_for`).
+    priority: Optional[MpsPriority] = None
+
+    def priority_for(self, preemptible: bool) -> MpsPriority:
+        if self.priority is not None:
+            return self.priority
+        return MpsPriority.BELOW_NORMAL if preemptible else MpsPriority.NORMAL
 
     def limit_mb(self, gpu_total_mb: Optional[int]) -> int:
         """The pinned-memory limit in MiB on a GPU of ``gpu_total_mb`` (0: none; a share of
@@ -163,6 +195,8 @@ class Pool(Value):
     shards_per_gpu: int = 7
     #: The GPUs' compute time slice on a timeslice pool (TIMESLICES; "": as the driver has it).
     timeslice: str = ""
+    #: An MPS pool's arrangement (:class:`MpsServer`).
+    mps_server: MpsServer = MpsServer.PER_CLASS
 
 
 class MigGroup(Value):

@@ -52,10 +52,13 @@ def pool_classes(cfg: Config, pool: Pool) -> List[JobClass]:
 
 
 def mps_mixes(cfg: Config) -> List[MpsMix]:
-    """Each MPS pool that mixes classes of different accounts (or of any account)."""
+    """Each MPS pool of per-class daemons that mixes classes of different accounts (or of
+    any account); a shared (MPS v3 multi-user) server runs every user's clients together."""
+    from slurmiso.config.model import MpsServer
+
     out: List[MpsMix] = []
     for pool in cfg.pools:
-        if pool.mode != "mps":
+        if pool.mode != "mps" or pool.mps_server is MpsServer.SHARED:
             continue
         classes = pool_classes(cfg, pool)
         accounts = sorted({a for c in classes for a in class_accounts(c)})

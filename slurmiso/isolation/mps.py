@@ -33,8 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set
 
-from slurmiso.config.model import MpsShare
+from slurmiso.config.model import MpsServer, MpsShare
 from slurmiso.errors import JobProblem, NodeFault
+from slurmiso.isolation import mps_shared as shared
 from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.mps_daemon import MpsControl, mps_control_for
 from slurmiso.isolation.mps_dirs import (
@@ -69,6 +70,8 @@ class Client:
 
     job_id: str
     key: DaemonKey
+    #: Its namespace on the GPU's shared server ("": a client of a per-class daemon).
+    namespace: str = ""
 
     @property
     def uid(self) -> int:
@@ -162,12 +165,20 @@ def live_clients(state: NodeState, gpu: int, exclude: str = "") -> List[Client]:
             continue
         entry = next((r for r in _mps_entries(record) if r.gpu == gpu), None)
         if entry is not None:  # registered before its resource was written: no daemon yet
-            clients.append(Client(job_id, entry_key(entry, job_id)))
+            clients.append(Client(job_id, entry_key(entry, job_id),
+                                  shared.namespace_of(entry.extra) or ""))
     return clients
 
 
 def daemon_clients(state: NodeState, key: DaemonKey, exclude: str = "") -> List[Client]:
-    return [c for c in live_clients(state, key.gpu, exclude) if c.key == key]
+    """The clients of ``key``'s per-class daemon."""
+    return [c for c in live_clients(state, key.gpu, exclude)
+            if c.key == key and not c.namespace]
+
+
+def shared_clients(state: NodeState, gpu: int, exclude: str = "") -> List[Client]:
+    """The clients of ``gpu``'s shared server."""
+    return [c for c in live_clients(state, gpu, exclude) if c.namespace]
 
 
 def _unregister(state: NodeState, gpu: int, job_id: str) -> bool:
@@ -226,6 +237,9 @@ class MpsIsolation:
                                      ctx.env.spank.get("iso_mps_mem", ""))
         others = live_clients(ctx.state, gpu, exclude=ctx.job_id)
         check_headroom(gpu, dev.memory_total_mb, others, limit, headroom_pct)
+        if ctx.pool.mps_server is MpsServer.SHARED and self._setup_shared(
+                ctx, gpu, dev.uuid, share, limit):
+            return
 
         key = DaemonKey(gpu, ctx.env.uid, share.thread_percentage, limit)
         paths = daemon_paths(ctx.state.state_dir, key)
@@ -251,6 +265,100 @@ class MpsIsolation:
             ctx.set_env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={limit}M")
         ctx.set_env("CUDA_VISIBLE_DEVICES", "0")
         ctx.save()
+
+    def _setup_shared(
+        self, ctx: Context, gpu: int, uuid: str, share: MpsShare, limit: int
+    ) -> bool:
+        """The job as a client of ``gpu``'s shared server, in a namespace of its own;
+        False (said in the journal and to the job) where the driver has no MPS v3."""
+        control = self.control_factory(ctx.backend)
+        paths = shared.shared_paths(ctx.state.state_dir, gpu)
+        pid = control.running(paths["pipe"])
+        if pid is None:
+            reason = control.protocol()
+            if not reason.v3:
+                self._fall_back(ctx, gpu, reason.reason)
+                return False
+            pid = self._start_shared(ctx, control, gpu, uuid, paths)
+        prio = int(share.priority_for(ctx.job_class.preemptible if ctx.job_class else False))
+        for stale in _mps_entries(ctx.record):  # a prolog killed halfway, run again
+            ctx.record.resources.remove(stale)
+            with contextlib.suppress(NodeFault):
+                shared.close_namespace(control, paths["pipe"],
+                                       shared.namespace_of(stale.extra) or "")
+        namespace = shared.new_namespace(ctx.job_id)
+        entry = ctx.add_resource(Resource(
+            "mps", gpu=gpu, gpu_uuid=uuid, uid=ctx.env.uid,
+            pipe_dir=shared.namespace_dir(paths["pipe"], namespace), log_dir=paths["log"],
+            thread_percentage=share.thread_percentage, memory_limit_mb=limit,
+            extra={"arrangement": shared.ARRANGEMENT, "namespace": namespace,
+                   "priority": prio},
+        ))
+        ctx.claim(client_key(gpu, ctx.job_id))
+        ctx.save()
+        folder = shared.open_namespace(
+            control, paths["pipe"], namespace, ctx.env.uid,
+            shared.namespace_argv(namespace, share.thread_percentage, limit, prio))
+        entry.daemon_pid, entry.state = pid, ResourceState.READY
+        ctx.journal.append("mps-namespace-opened", job=ctx.job_id, gpu=gpu,
+                           namespace=namespace, uid=ctx.env.uid,
+                           thread_percentage=share.thread_percentage,
+                           memory_limit_mb=limit, priority=prio)
+        ctx.set_env("CUDA_MPS_PIPE_DIRECTORY", folder)
+        ctx.set_env("CUDA_MPS_CLIENT_PRIORITY", str(prio))
+        ctx.set_env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(share.thread_percentage))
+        if limit:
+            ctx.set_env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={limit}M")
+        ctx.set_env("CUDA_VISIBLE_DEVICES", "0")
+        ctx.save()
+        return True
+
+    def _start_shared(
+        self, ctx: Context, control: MpsControl, gpu: int, uuid: str, paths: Dict[str, str],
+    ) -> int:
+        """Start ``gpu``'s shared daemon; namespaces of live jobs a dead one held come back."""
+        survivors = shared_clients(ctx.state, gpu, exclude=ctx.job_id)
+        if survivors or shared.has_leftovers(paths["pipe"]):
+            message = (f"the shared MPS daemon of GPU {gpu} had died; restarted it; jobs that "
+                       f"were using it: {', '.join(c.job_id for c in survivors) or 'none'}")
+            ctx.warn(message)
+            for other in survivors:
+                _warn_job(ctx.state, other.job_id, message)
+            ctx.journal.append("mps-daemon-restarted", job=ctx.job_id, gpu=gpu,
+                               pipe_dir=paths["pipe"], clients=[c.job_id for c in survivors])
+            control.stop(paths["pipe"], STOP_TIMEOUT_S)
+        refuse_run_in_job(ctx.job_id, gpu, ctx.env.sluid)
+        try:
+            pid = shared.start_daemon(control, uuid, paths)
+        except OSError as exc:
+            raise NodeFault(f"cannot prepare the shared MPS daemon of GPU {gpu}: {exc}") from None
+        for other in survivors:
+            self._reopen(ctx, control, paths["pipe"], other)
+        log.info("job %s: started the shared MPS v3 daemon pid %d on GPU %d", ctx.job_id,
+                 pid, gpu)
+        ctx.journal.append("mps-daemon-started", job=ctx.job_id, gpu=gpu, pid=pid,
+                           arrangement=shared.ARRANGEMENT)
+        return pid
+
+    @staticmethod
+    def _reopen(ctx: Context, control: MpsControl, pipe_dir: str, client: Client) -> None:
+        """A live job's namespace again, with the terms and name its record holds."""
+        record = ctx.state.read_job(client.job_id)
+        entry = next((r for r in _mps_entries(record) if r.gpu == client.key.gpu), None)
+        prio = entry.extra.get("priority") if entry is not None else None
+        shared.open_namespace(control, pipe_dir, client.namespace, client.uid,
+                              shared.namespace_argv(client.namespace,
+                                                    client.key.thread_percentage,
+                                                    client.memory_limit_mb,
+                                                    prio if prio in (0, 1) else 1))
+
+    @staticmethod
+    def _fall_back(ctx: Context, gpu: int, reason: str) -> None:
+        message = (f"pool {ctx.pool.name} asks for a shared MPS server, but this node's "
+                   f"driver has no MPS v3 ({reason}): GPU {gpu} runs a daemon per class")
+        ctx.warn(message)
+        ctx.journal.append("mps-arrangement", job=ctx.job_id, gpu=gpu,
+                           arrangement="per-class", reason=reason)
 
     def _job_gpu(self, ctx: Context) -> int:
         """NVML index of the job's one GPU (GRES index i is /dev/nvidia<i>, i.e. minor i)."""
@@ -356,7 +464,10 @@ class MpsIsolation:
             clean_job_devices(ctx.backend, ctx.job_id, ctx.env.uid, gpus=[key.gpu],
                               sluid=ctx.env.sluid)
             _unregister(ctx.state, key.gpu, ctx.job_id)
-            if not daemon_clients(ctx.state, key, exclude=ctx.job_id):
+            namespace = shared.namespace_of(entry.extra)
+            if namespace:
+                self._leave_shared(ctx, key, namespace)
+            elif not daemon_clients(ctx.state, key, exclude=ctx.job_id):
                 self._stop_daemon(
                     self.control_factory(ctx.backend), ctx.journal, key,
                     daemon_paths(ctx.state.state_dir, key), f"last client job {ctx.job_id} ended",
@@ -365,6 +476,17 @@ class MpsIsolation:
         ctx.release_claims()
         if ctx.state.read_job(ctx.job_id) is not None:  # never resurrect a deleted record
             ctx.save()
+
+    def _leave_shared(self, ctx: Context, key: DaemonKey, namespace: str) -> None:
+        """Close the job's namespace; the GPU's shared daemon stops with its last client."""
+        control = self.control_factory(ctx.backend)
+        paths = shared.shared_paths(ctx.state.state_dir, key.gpu)
+        shared.close_namespace(control, paths["pipe"], namespace)
+        ctx.journal.append("mps-namespace-closed", job=ctx.job_id, gpu=key.gpu,
+                           namespace=namespace)
+        if not shared_clients(ctx.state, key.gpu, exclude=ctx.job_id):
+            self._stop_daemon(control, ctx.journal, key, paths,
+                              f"last client job {ctx.job_id} ended")
 
     @staticmethod
     def _stop_daemon(
@@ -409,11 +531,39 @@ class MpsIsolation:
                              "(no live job record)")
                 if not ctx.dry_run:
                     _unregister(ctx.state, gpu, job_id)
-            in_use = {c.key.name for c in live_clients(ctx.state, gpu) if c.job_id in live}
+            mine = [c for c in live_clients(ctx.state, gpu) if c.job_id in live]
+            in_use = {c.key.name for c in mine if not c.namespace}
+            fixes += self._reconcile_shared(ctx, control, gpu,
+                                            [c.namespace for c in mine if c.namespace])
             fixes += self._reconcile_gpu_dir(ctx, control, gpu, in_use, bool(live))
         if not ctx.dry_run:
             for fix in fixes:
                 ctx.journal.append("mps-reconcile", fix=fix)
+        return fixes
+
+    def _reconcile_shared(
+        self, ctx: ReconcileContext, control: MpsControl, gpu: int, live: List[str],
+    ) -> List[str]:
+        """Close the namespaces no live job holds; stop a shared daemon nobody uses."""
+        paths = shared.shared_paths(ctx.state.state_dir, gpu)
+        if not os.path.lexists(paths["base"]):
+            return []
+        pid = control.running(paths["pipe"])
+        if not live:
+            fixes = [f"stop the shared MPS daemon of GPU {gpu}"
+                     + (f" (pid {pid}, no live client)" if pid else "")
+                     + f" and remove {paths['base']}"]
+            if not ctx.dry_run:
+                self._stop_daemon(control, ctx.journal, DaemonKey(gpu, 0, 100, 0), paths,
+                                  "reconcile: no client")
+            return fixes
+        if pid is None:
+            return []  # the next prolog on the GPU restarts it and reopens the live ones
+        fixes = []
+        for namespace in shared.stale_namespaces(control, paths["pipe"], live):
+            fixes.append(f"close MPS namespace {namespace} of GPU {gpu} (no live job)")
+            if not ctx.dry_run:
+                shared.close_namespace(control, paths["pipe"], namespace)
         return fixes
 
     def _reconcile_gpu_dir(

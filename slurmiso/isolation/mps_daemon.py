@@ -85,7 +85,8 @@ class MpsControl(Protocol):
 
     name: str
 
-    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2) -> int:
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
+              multiuser: bool = False) -> int:
         """Start a daemon serving only ``gpu_uuid``; return its pid once it is reachable.
         ``protocol`` 3: MPS v3 (``-p 3``), where :meth:`protocol` says the binary has it."""
 
@@ -117,6 +118,13 @@ def mps_control_for(backend: GpuInventory) -> MpsControl:
     if backend.capabilities.simulated:
         return SimMpsControl()
     return NvidiaMpsControl()
+
+
+def _protocol_args(protocol: int, multiuser: bool) -> List[str]:
+    """``-p 3`` selects MPS v3; ``-m`` its multi-user mode (root's servers for every uid)."""
+    if protocol != 3:
+        return []
+    return ["-p", "3", *(["-m"] if multiuser else [])]
 
 
 def _read_pid(path: str) -> Optional[int]:
@@ -509,11 +517,12 @@ class NvidiaMpsControl:
                             f"{(cp.stderr or cp.stdout).strip()[:300]}")
         return cp.stdout
 
-    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2) -> int:
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
+              multiuser: bool = False) -> int:
         binary = self.binary()
         try:
             result = subprocess.run(
-                [binary, "-d", *(["-p", "3"] if protocol == 3 else [])],
+                [binary, "-d", *_protocol_args(protocol, multiuser)],
                 env=self._env(pipe_dir, log_dir, gpu_uuid),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -627,7 +636,8 @@ class SimMpsControl:
             raise NodeFault(f"simulated MPS v3 {' '.join(argv)}: {out.strip()[:300]}")
         return out
 
-    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2) -> int:
+    def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
+              multiuser: bool = False) -> int:
         pipe_dir, log_dir = os.path.abspath(pipe_dir), os.path.abspath(log_dir)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(mps_sim.__file__)))
         env = dict(
@@ -638,7 +648,7 @@ class SimMpsControl:
             CUDA_MPS_LOG_DIRECTORY=log_dir,
         )
         cmd = [self.python, "-m", self._MODULE, "--pipe-dir", pipe_dir, "--log-dir", log_dir,
-               "--gpu-uuid", gpu_uuid, *(["-p", "3"] if protocol == 3 else [])]
+               "--gpu-uuid", gpu_uuid, *_protocol_args(protocol, multiuser)]
         try:
             result = subprocess.run(
                 cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
