@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"node {data['node']}: pool {data['pool'] or '(none)'} ({data['mode'] or '-'})")
     if "mps" in data:
-        mps = data["mps"]
-        print(f"MPS: {mps['arrangement']} ({mps['why']}); MPS v3 here: "
-              f"{'yes' if mps['v3'] else 'no'} ({mps['v3_reason']})")
+        from slurmiso.isolation.mps_view import lines
+
+        print("\n".join(lines(data["mps"])))
     rows: List[List[Any]] = []
     for j in data["jobs"]:
         shares = ", ".join(_share(r) for r in j["resources"]) or "-"
@@ -122,22 +122,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _mps_arrangement(cfg: Any, node: str) -> Dict[str, Any]:
-    """Which MPS arrangement this node's GPUs run, why, and whether the driver has MPS v3
-    (read from the control binary: docs/mps-v3.md)."""
+    """Which MPS arrangement this node's GPUs run and why, whether the driver has MPS v3
+    (read from the control binary: docs/mps-v3.md), and each GPU's servers in force."""
     from slurmiso.errors import SlurmisoError
     from slurmiso.gpu import open_backend
     from slurmiso.isolation.mps_daemon import mps_control_for
+    from slurmiso.isolation.mps_view import arrangement
+    from slurmiso.state import NodeState
 
+    state = NodeState(cfg.paths.state_dir_for(node))
     try:
         with open_backend(cfg.gpu.backend, cfg.gpu.sim_state, node) as backend:
-            protocol = mps_control_for(backend).protocol()
-        v3, reason = protocol.v3, protocol.reason
+            control = mps_control_for(backend)
+            return arrangement(cfg.pool_for_node(node), control.protocol(), state.state_dir,
+                               control, state.jobs())
     except SlurmisoError as exc:
-        v3, reason = False, f"not read: {exc}"
-    return {"arrangement": "per-class daemons",
-            "why": "one MPS control daemon per (GPU, user, class limits): slurmiso does not "
-                   "run a shared MPS server yet",
-            "v3": v3, "v3_reason": reason}
+        return {"arrangement": "unknown", "why": f"not read: {exc}", "v3": False,
+                "v3_reason": f"not read: {exc}", "gpus": []}
 
 
 def _ladder(cfg: Any, node: str, no_slurm: bool) -> Dict[str, Any]:

@@ -188,13 +188,28 @@ def check_mps_protocol(snap: Snapshot, cfg: Config) -> List[Finding]:
     if not isinstance(got, dict):
         return []
     node = str(gpu.get("node", ""))
-    offer = ("MPS v3 is there, but slurmiso does not use a shared server yet"
+    from slurmiso.config.model import MpsServer
+
+    if pool.mps_server is MpsServer.SHARED and got.get("v3"):
+        return [Finding("info", "mps-arrangement",
+                        f"node {node}, pool {pool.name}: one shared MPS v3 server per GPU, a "
+                        f"namespace per job ordered by client priority: {got.get('reason')}",
+                        "nothing to do: slurmiso status shows each GPU's namespaces",
+                        subjects=(node,))]
+    if pool.mps_server is MpsServer.SHARED:
+        return [Finding("warning", "mps-arrangement",
+                        f"node {node}, pool {pool.name} asks for a shared MPS server, but this "
+                        f"driver has no MPS v3 ({got.get('reason', '?')}): its GPUs run one "
+                        "daemon per class, which time-slice against each other",
+                        "install driver r615 or later on the node, or set mps_server: "
+                        "per-class on the pool", subjects=(node,))]
+    offer = ("MPS v3 is there: mps_server: shared on the pool would use it"
              if got.get("v3") else "no MPS v3 here")
     return [Finding("info", "mps-arrangement",
                     f"node {node}, pool {pool.name}: one MPS control daemon per class on each "
                     f"GPU (the classes time-slice against each other; no client priority "
                     f"orders them); {offer}: {got.get('reason', '?')}",
-                    "nothing to do: docs/mps-v3.md says what a shared server needs",
+                    "nothing to do: docs/mps-v3.md says what a shared server gives and costs",
                     subjects=(node,))]
 
 

@@ -6,9 +6,11 @@ import stat
 from typing import Any, Dict
 
 from slurmiso.config import load_config
+from slurmiso.config.model import MpsServer
 from slurmiso.doctor.gpus import check_mps_protocol
 from slurmiso.isolation.mps_daemon import SimMpsControl
 from slurmiso.isolation.mps_protocol import from_help, read_protocol
+from slurmiso.values import replace
 from tests.audit_helpers import CONFIG
 
 V2_HELP = ("usage: nvidia-cuda-mps-control [-d | -f]\n  start_server -uid UID\n"
@@ -40,9 +42,16 @@ def test_doctor_names_the_arrangement_and_what_the_driver_offers() -> None:
     (finding,) = check_mps_protocol({"gpu_node": gpu}, cfg)
     assert finding.severity == "info" and finding.code == "mps-arrangement"
     assert "one MPS control daemon per class" in finding.message
-    assert "does not use a shared server yet" in finding.message
+    assert "mps_server: shared on the pool would use it" in finding.message
     gpu["mps_protocol"] = {"v3": False, "reason": "exit 1"}
     assert "no MPS v3 here: exit 1" in check_mps_protocol({"gpu_node": gpu}, cfg)[0].message
+    shared_cfg = replace(cfg, pools=tuple(replace(p, mps_server=MpsServer.SHARED)
+                                          if p is pool else p for p in cfg.pools))
+    (fell,) = check_mps_protocol({"gpu_node": gpu}, shared_cfg)
+    assert fell.severity == "warning" and "asks for a shared MPS server" in fell.message
+    gpu["mps_protocol"] = {"v3": True, "reason": "lists server"}
+    (runs,) = check_mps_protocol({"gpu_node": gpu}, shared_cfg)
+    assert runs.severity == "info" and "one shared MPS v3 server per GPU" in runs.message
     other = next(p for p in cfg.pools if p.mode != "mps")
     assert check_mps_protocol({"gpu_node": dict(gpu, pool=other.name)}, cfg) == []
 

@@ -31,6 +31,7 @@ def start(where: str, job_id: str, cls: str, uid: int = JOB_UID,
           handler: MpsIsolation = HANDLER) -> Context:
     ctx = make_context(where, "mps", job_id=job_id, cls=cls, uid=uid)
     ctx.pool = replace(ctx.pool, mps_server=MpsServer.SHARED)
+    ctx.record.job_class = cls  # the prolog's doing
     ctx.save()
     handler.setup(ctx)
     return ctx
@@ -233,3 +234,26 @@ def test_a_shared_pool_loads_with_its_priorities_and_says_what_it_shares(
     assert default.pools[0].mps_server is MpsServer.PER_CLASS
     t = default.job_class("train")
     assert t is not None and t.mps.priority_for(t.preemptible) is MpsPriority.BELOW_NORMAL
+
+
+@needs_root
+def test_status_shows_one_server_and_each_jobs_namespace_and_priority(node: str) -> None:
+    from slurmiso.isolation.mps_view import arrangement, lines
+
+    infer = start(node, "81", "infer", uid=JOB_UID)
+    train = start(node, "82", "train", uid=STRANGER_UID)
+    control = SimMpsControl()
+    view = arrangement(train.pool, control.protocol(), train.state.state_dir, control,
+                       train.state.jobs())
+    assert view["arrangement"] == mps_shared.ARRANGEMENT and view["v3"] is True
+    (gpu,) = view["gpus"]
+    assert gpu["per_class_daemons"] == [] and gpu["shared"]["daemon_pid"] is not None
+    got = {ns["job"]: (ns["class"], ns["uid"], ns["client_priority"])
+           for ns in gpu["shared"]["namespaces"]}
+    assert got == {"81": ("infer", JOB_UID, "0"), "82": ("train", STRANGER_UID, "1")}
+    text = "\n".join(lines(view))
+    assert f"{namespace(infer)}: job 81 (infer), priority 0, threads 100%" in text
+    HANDLER.teardown(infer)
+    HANDLER.teardown(train)
+    assert arrangement(train.pool, control.protocol(), train.state.state_dir, control,
+                       {})["gpus"] == []
