@@ -7,6 +7,7 @@ GPU that falls off the bus drains the node with slurmiso's reason in ``sinfo -R`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -14,8 +15,11 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
+from slurmiso.atomic import write_atomic
 from slurmiso.gpu.sim import SimBackend
 from slurmiso.state import Journal
+from slurmiso_sandbox import layout as L
+from slurmiso_sandbox.procs import wait_until
 
 ENV_DUMP = "#!/bin/bash\nenv | sort\n"
 HOLD = "#!/bin/bash\nenv | sort\nsleep {secs}\n"
@@ -415,3 +419,102 @@ def test_text_the_user_chose_cannot_pick_the_class(sandbox: Any, submit: Any, wa
     wait_for(job, timeout=60)
     env = env_of(job_output(job))
     assert env.get("SLURMISO_CLASS") == "train" and "SLURMISO_REFUSED" not in env, env
+
+
+CLIENT = ("c() {{ env \"$@\" PYTHONPATH={root} /usr/bin/python3 -m slurmiso.isolation.mps_sim "
+          "client; }}\n")
+WAIT_FLAG = "for i in $(seq 900); do [ -e {flag} ] && break; sleep 0.2; done\n"
+
+
+@contextlib.contextmanager
+def shared_mps_pool(sandbox: Any) -> Iterator[None]:
+    """The sandbox's MPS pool with ``mps_server: shared`` for the test's length (the hooks
+    read the config on every run; its cache is keyed by the file's mtime and size)."""
+    import yaml
+
+    with open(sandbox.slurmiso_config) as fh:
+        original = fh.read()
+    mode = os.stat(sandbox.slurmiso_config).st_mode & 0o777
+    data = yaml.safe_load(original)
+    (pool,) = [p for p in data["pools"] if p["mode"] == "mps"]
+    pool["mps_server"] = "shared"
+    try:
+        write_atomic(sandbox.slurmiso_config, yaml.safe_dump(data, sort_keys=False), mode)
+        yield
+    finally:
+        write_atomic(sandbox.slurmiso_config, original, mode)
+
+
+def test_a_shared_mps_server_serves_two_users_classes_each_in_its_namespace(
+        sandbox: Any, submit: Any, wait_for: Any, job_output: Any, tmp_path: Any) -> None:
+    """Issue 35 item 1 on the MPS node: one MPS v3 server for an inference job of root and a
+    training job of another user on one GPU; status shows the server and both namespaces
+    with their priorities; the training job's own attempts to leave its namespace reach
+    nothing, and its thread share holds whatever it sets."""
+    import slurmiso
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(slurmiso.__file__)))
+    flag = os.path.join(sandbox.jobs_dir, f"shared-done-{os.getpid()}-{time.time_ns()}")
+    before = gpu_snapshot(sandbox, "n2")
+    hold = WAIT_FLAG.format(flag=flag)
+    with shared_mps_pool(sandbox):
+        infer = submit("#!/bin/bash\n" + CLIENT.format(root=root) + "echo \"own=$(c)\"\n"
+                       + hold, "-p", "mps", "--gres=mps:50", "--qos=infer", "-w", "n2")
+        try:
+            own_infer = _said(sandbox, job_output, infer, "own")
+            infer_dir = own_infer["pipe"]
+            top = os.path.dirname(os.path.dirname(infer_dir))
+            tries = "".join(f"echo \"{name}=$(c {env})\"\n" for name, env in (
+                ("own", ""), ("threads", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"),
+                ("infer_ns", f"CUDA_MPS_PIPE_DIRECTORY={infer_dir}"),
+                ("top", f"CUDA_MPS_PIPE_DIRECTORY={top}"),
+                ("server", f"CUDA_MPS_PIPE_DIRECTORY={os.path.dirname(infer_dir)}")))
+            train = submit("#!/bin/bash\n" + CLIENT.format(root=root) + tries + hold,
+                           "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2",
+                           user=L.TEST_USER)
+            said = {k: _said(sandbox, job_output, train, k)
+                    for k in ("own", "threads", "infer_ns", "top", "server")}
+            status = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
+        finally:
+            with open(flag, "w"):
+                pass
+        for job in (infer, train):
+            wait_for(job, timeout=90)
+            wait_epilog(sandbox, "n2", job)
+        after = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
+    mps = status["mps"]
+    assert mps["arrangement"] == "shared-v3" and mps["asked"] == "shared", mps
+    (gpu,) = mps["gpus"]
+    assert gpu["per_class_daemons"] == [] and gpu["shared"]["daemon_pid"], gpu
+    got = {ns["job"]: (ns["class"], ns["client_priority"], ns["active_thread_percentage"])
+           for ns in gpu["shared"]["namespaces"]}
+    assert got == {infer: ("infer", "0", "100"), train: ("train", "1", "60")}, got
+    assert {own_infer["server"], said["own"]["server"]} == {"slurmiso"}
+    assert own_infer["namespace"] != said["own"]["namespace"]
+    assert (own_infer["client_priority"], said["own"]["client_priority"]) == (0, 1)
+    assert said["own"]["uid"] != own_infer["uid"]  # two users, one server
+    assert said["threads"]["active_thread_percentage"] == 60.0
+    for door in ("infer_ns", "top", "server"):
+        assert said[door]["mps"] is False and "PermissionError" in said[door]["error"], said
+    assert after["mps"]["gpus"] == []  # the last job out stopped the daemon
+    events = [e["event"] for j in (infer, train) for e in journal(sandbox, "n2", j)]
+    assert events.count("mps-namespace-opened") == 2 == events.count("mps-namespace-closed")
+    assert gpu_snapshot(sandbox, "n2") == before
+
+
+def _said(sandbox: Any, job_output: Any, job: str, name: str) -> Dict[str, Any]:
+    """The JSON a job printed as ``name=...`` (waiting until it has), with its pipe dir."""
+    def line() -> str:
+        try:
+            out = job_output(job)
+        except (OSError, AssertionError):
+            return ""
+        return next((ln[len(name) + 1:] for ln in out.splitlines()
+                     if ln.startswith(f"{name}=")), "")
+
+    got: Dict[str, Any] = json.loads(wait_until(f"job {job} says {name}", line, timeout=90))
+    if name == "own":
+        rec = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
+        (mine,) = [j for j in rec["jobs"] if j["job"] == job]
+        got["pipe"] = mine["env"]["CUDA_MPS_PIPE_DIRECTORY"]
+    return got
