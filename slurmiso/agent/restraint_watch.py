@@ -132,6 +132,7 @@ def restraint_watch(cfg: Config, node: str, slurm: Any = None,
     limited = bool(held.applied or held.problems)  # host limits to undo, or a record to fix
     quotas = _quota_round(cfg, node, records, {a.job for a in held.applied}, cgroup_root, now)
     quotas += _memory_round(cfg, node, records, cgroup_root, now)
+    quotas += _priority_round(cfg, node, records, now)
     from slurmiso.agent import park_record
 
     parks = park_record.load_record(state_dir)
@@ -191,6 +192,19 @@ def _memory_round(cfg: Config, node: str, records: Any, cgroup_root: str,
     except SlurmisoError as exc:
         log.warning("agent: GPU memory partitions not set this round: %s", exc)
         return []
+
+
+def _priority_round(cfg: Config, node: str, records: Any, now: float) -> List[str]:
+    """Processes of below-normal jobs on a shared MPS server that raised their own priority
+    (:mod:`slurmiso.agent.mps_priority`), ended."""
+    if not records:
+        return []
+    from slurmiso.agent.mps_priority import assigned, priority_round
+    from slurmiso.state import Journal
+
+    if not assigned(records):
+        return []
+    return priority_round(records, node, Journal(cfg.paths.journal_for(node)), now=now)
 
 
 def _park_round(cfg: Config, node: str, slurm: Any, journal: Any, book: Any,

@@ -469,12 +469,18 @@ def test_a_shared_mps_server_serves_two_users_classes_each_in_its_namespace(
                 ("infer_ns", f"CUDA_MPS_PIPE_DIRECTORY={infer_dir}"),
                 ("top", f"CUDA_MPS_PIPE_DIRECTORY={top}"),
                 ("server", f"CUDA_MPS_PIPE_DIRECTORY={os.path.dirname(infer_dir)}")))
-            train = submit("#!/bin/bash\n" + CLIENT.format(root=root) + tries + hold,
+            raise_own = ("CUDA_MPS_CLIENT_PRIORITY=0 sleep 600 &\nraised=$!\n"
+                         "echo \"raised_pid=$raised\"\nwait $raised\necho \"raised_rc=$?\"\n")
+            train = submit("#!/bin/bash\n" + CLIENT.format(root=root) + tries + raise_own
+                           + hold,
                            "-p", "mps", "--gres=mps:50", "--qos=train", "-w", "n2",
                            user=L.TEST_USER)
             said = {k: _said(sandbox, job_output, train, k)
                     for k in ("own", "threads", "infer_ns", "top", "server")}
             status = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
+            raised_pid = int(_line(job_output, train, "raised_pid"))
+            ended = _agent_priority_round(sandbox)
+            raised_rc = _line(job_output, train, "raised_rc")
         finally:
             with open(flag, "w"):
                 pass
@@ -496,23 +502,38 @@ def test_a_shared_mps_server_serves_two_users_classes_each_in_its_namespace(
     assert said["threads"]["active_thread_percentage"] == 60.0
     for door in ("infer_ns", "top", "server"):
         assert said[door]["mps"] is False and "PermissionError" in said[door]["error"], said
+    # its own priority wins in MPS (NVIDIA documents so): the agent ends the process
+    assert raised_rc == "137" and len(ended) == 1 and f"process {raised_pid} " in ended[0]
+    assert sandbox.job_state(train) == "COMPLETED"  # the rest of the job ran on
     assert after["mps"]["gpus"] == []  # the last job out stopped the daemon
     events = [e["event"] for j in (infer, train) for e in journal(sandbox, "n2", j)]
     assert events.count("mps-namespace-opened") == 2 == events.count("mps-namespace-closed")
     assert gpu_snapshot(sandbox, "n2") == before
 
 
-def _said(sandbox: Any, job_output: Any, job: str, name: str) -> Dict[str, Any]:
-    """The JSON a job printed as ``name=...`` (waiting until it has), with its pipe dir."""
+def _line(job_output: Any, job: str, name: str) -> str:
+    """What a job printed as ``name=...``, waiting until it has."""
     def line() -> str:
-        try:
-            out = job_output(job)
-        except (OSError, AssertionError):
-            return ""
-        return next((ln[len(name) + 1:] for ln in out.splitlines()
+        return next((ln[len(name) + 1:] for ln in job_output(job).splitlines()
                      if ln.startswith(f"{name}=")), "")
 
-    got: Dict[str, Any] = json.loads(wait_until(f"job {job} says {name}", line, timeout=90))
+    return wait_until(f"job {job} says {name}", line, timeout=90)
+
+
+def _agent_priority_round(sandbox: Any) -> List[str]:
+    """One round of n2's agent watch on jobs' own MPS priorities (the agent's code, here)."""
+    from slurmiso.agent.mps_priority import priority_round
+    from slurmiso.config import load_config
+    from slurmiso.state import NodeState
+
+    cfg = load_config(sandbox.slurmiso_config)
+    records = NodeState(cfg.paths.state_dir_for("n2")).jobs()
+    return priority_round(records, "n2", Journal(cfg.paths.journal_for("n2")))
+
+
+def _said(sandbox: Any, job_output: Any, job: str, name: str) -> Dict[str, Any]:
+    """The JSON a job printed as ``name=...`` (waiting until it has), with its pipe dir."""
+    got: Dict[str, Any] = json.loads(_line(job_output, job, name))
     if name == "own":
         rec = json.loads(sandbox.slurmiso("status", "--node", "n2", "--json").stdout)
         (mine,) = [j for j in rec["jobs"] if j["job"] == job]
