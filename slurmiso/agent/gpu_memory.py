@@ -11,8 +11,9 @@ watch sets it in its first round after the job starts, as it does the host quota
 whose record on this node names the class, only the cgroup Slurm's layout shows for it
 (cgroup v2: the driver's partitions need it), only whole GPUs of the record (the driver
 refuses MIG devices; ``check-config`` refuses a MIG class with ``gpu_memory``, and a MIG
-device or a cgroup v1 job is skipped without a word). What is set is journaled
-(``gpu-memory``); a refusal (a driver before r615) is journaled once per job and GPU. NVIDIA
+device is skipped without a word, a cgroup v1 job is journaled once per job and GPU, as
+refused). What is set is journaled (``gpu-memory``); a refusal (a driver before r615) is
+journaled once per job and GPU. NVIDIA
 documents that removing the cgroup clears its limits; the epilog does not wait for that.
 """
 
@@ -62,7 +63,11 @@ def memory_round(cfg: Config, node: str, records: Mapping[str, Any], backend: An
     lines: List[str] = []
     for job, rec, cg in ready_jobs_cgroups(records, shares, cgroup_root, node):
         if cg.version is not CgroupVersion.V2 or not cg.v2:
-            continue  # cgroup v1: the driver partitions v2 cgroups only
+            for gpu in job_gpus(rec):  # the driver partitions v2 cgroups only: said once
+                _refused(lines, journal, node, job, rec.job_class, gpu,
+                         "the job's cgroup is v1; NVIDIA's memory partitions need cgroup v2",
+                         now)
+            continue
         for gpu in job_gpus(rec):
             if not _set_one(lines, journal, node, job, rec.job_class, shares[rec.job_class],
                             backend, gpu, cg.v2, now):

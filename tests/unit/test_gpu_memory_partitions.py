@@ -212,6 +212,24 @@ def test_a_driver_without_partitions_is_said_once(v2: pathlib.Path, sim: SimBack
     assert _round(v2, cfg, _records(), sim) == []
 
 
+def test_a_cgroup_v1_job_is_said_once_and_left_alone(tmp_path: pathlib.Path,
+                                                      sim: SimBackend) -> None:
+    """Slurm's cgroup/v1 tree (cpuset, memory, devices, freezer, as on the sandbox): the
+    driver partitions v2 cgroups only, so the agent says so once instead of nothing."""
+    gpu_memory._SAID.clear()
+    for ctl in ("cpuset", "memory", "devices", "freezer"):
+        job = tmp_path / "cg" / ctl / "slurm_n1" / "uid_1000" / "job_4242"
+        job.mkdir(parents=True)
+        (job / "cgroup.procs").write_text("")
+    records = _records()
+    records["4242"].uid = 1000
+    cfg = _config(train={"hard": "50%"})
+    (line,) = _round(tmp_path, cfg, records, sim)
+    assert line == ("job 4242: gpu-memory: class train: GPU 1: not set (the job's cgroup is "
+                    "v1; NVIDIA's memory partitions need cgroup v2)")
+    assert _round(tmp_path, cfg, records, sim) == []
+
+
 def test_a_share_on_a_mig_class_is_refused_by_check_config() -> None:
     with open(ETC, encoding="utf-8") as fh:
         data = yaml.safe_load(fh)
