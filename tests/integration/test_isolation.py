@@ -421,6 +421,8 @@ def test_text_the_user_chose_cannot_pick_the_class(sandbox: Any, submit: Any, wa
     assert env.get("SLURMISO_CLASS") == "train" and "SLURMISO_REFUSED" not in env, env
 
 
+#: A CUDA client starting, as the stand-in plays it (the system's Python: a job of another
+#: user cannot run root's, and a root sandbox has only its own).
 CLIENT = ("c() {{ env \"$@\" PYTHONPATH={root} /usr/bin/python3 -m slurmiso.isolation.mps_sim "
           "client; }}\n")
 WAIT_FLAG = "for i in $(seq 900); do [ -e {flag} ] && break; sleep 0.2; done\n"
@@ -451,9 +453,7 @@ def test_a_shared_mps_server_serves_two_users_classes_each_in_its_namespace(
     training job of another user on one GPU; status shows the server and both namespaces
     with their priorities; the training job's own attempts to leave its namespace reach
     nothing, and its thread share holds whatever it sets."""
-    import slurmiso
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(slurmiso.__file__)))
+    root = sandbox.job_pythonpath  # this checkout, as a job sees it
     flag = os.path.join(sandbox.jobs_dir, f"shared-done-{os.getpid()}-{time.time_ns()}")
     before = gpu_snapshot(sandbox, "n2")
     hold = WAIT_FLAG.format(flag=flag)
