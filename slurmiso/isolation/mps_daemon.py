@@ -120,6 +120,12 @@ def mps_control_for(backend: GpuInventory) -> MpsControl:
     return NvidiaMpsControl()
 
 
+def _package_root() -> str:
+    """Where this slurmiso is, for the stand-in's own interpreter (a root sandbox's Python
+    has slurmiso only on its path)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(mps_sim.__file__)))
+
+
 def _protocol_args(protocol: int, multiuser: bool) -> List[str]:
     """``-p 3`` selects MPS v3; ``-m`` its multi-user mode (root's servers for every uid)."""
     if protocol != 3:
@@ -625,7 +631,8 @@ class SimMpsControl:
     def protocol(self) -> MpsProtocol:
         from slurmiso.isolation.mps_protocol import read_protocol
 
-        return read_protocol([self.python, "-m", self._MODULE])
+        return read_protocol([self.python, "-m", self._MODULE],
+                             {"PYTHONPATH": _package_root()})
 
     def v3(self, pipe_dir: str, argv: List[str]) -> str:
         try:
@@ -639,10 +646,9 @@ class SimMpsControl:
     def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
               multiuser: bool = False) -> int:
         pipe_dir, log_dir = os.path.abspath(pipe_dir), os.path.abspath(log_dir)
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(mps_sim.__file__)))
         env = dict(
             CLEAN_ENV,
-            PYTHONPATH=package_root,
+            PYTHONPATH=_package_root(),
             CUDA_VISIBLE_DEVICES=gpu_uuid,
             CUDA_MPS_PIPE_DIRECTORY=pipe_dir,
             CUDA_MPS_LOG_DIRECTORY=log_dir,

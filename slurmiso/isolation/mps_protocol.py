@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 #: The v3 modules the help must name as words (``start_server`` does not count).
 _MODULES = (re.compile(r"(?<![\w-])server(?![\w-])"), re.compile(r"(?<![\w-])namespace(?![\w-])"))
@@ -41,12 +41,14 @@ def from_help(text: str, rc: int) -> MpsProtocol:
                               "modules: a control daemon before MPS v3 (driver r615)")
 
 
-def read_protocol(argv: List[str]) -> MpsProtocol:
-    """Run the control binary (``argv``: how to start it) with ``-p 3 -h`` and read it."""
+def read_protocol(argv: List[str], env: Optional[Dict[str, str]] = None) -> MpsProtocol:
+    """Run the control binary (``argv``: how to start it, ``env``: anything it needs beyond a
+    plain PATH) with ``-p 3 -h`` and read it."""
     try:
         cp = subprocess.run([*argv, "-p", "3", "-h"], capture_output=True, text=True,
                             timeout=HELP_TIMEOUT_S, check=False,
-                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"})
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C",
+                                 **(env or {})})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return MpsProtocol(False, f"nvidia-cuda-mps-control could not be asked: {exc}")
     return from_help(cp.stdout + cp.stderr, cp.returncode)
