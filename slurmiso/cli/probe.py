@@ -20,7 +20,9 @@ what it runs, per mode (--modes, default: every pool mode the config has):
   end (also on an error or Ctrl-C). --local: the same on this node without Slurm, MPS daemons
   started and stopped by slurmiso's own daemon code (mps-priority: one shared MPS server,
   training at CUDA_MPS_CLIENT_PRIORITY=1; mps-v3, where the driver has MPS v3: one server, a
-  namespace per class with its limits and priority); MIG is never changed.
+  namespace per class with its limits and priority; mps-sm-partition, where the daemon makes
+  static SM partitions (-d -S, CUDA 13.1+): the GPU's SMs split by the classes' thread
+  percentages); MIG is never changed.
 
 output contract of your commands (run with /bin/sh -c):
   --infer-cmd   one line per request: a latency in ms ("12.7"), or JSON
@@ -60,7 +62,8 @@ def add_parser(sub: Any) -> None:
                    help="run the pairs on this node without Slurm (a GPU box, a test machine)")
     p.add_argument("--modes", default="", metavar="M,M",
                    help="modes to probe: timeslice, mps, mig-dynamic, mig-static, exclusive "
-                        "(--local also mps-priority, mps-v3); default every one available")
+                        "(--local also mps-priority, mps-v3, mps-sm-partition); default every "
+                        "one available")
     p.add_argument("--pools", default="", metavar="P,P",
                    help="pools to probe (default: the config's first pool of each mode)")
     p.add_argument("--workload", choices=("builtin",), default=None,

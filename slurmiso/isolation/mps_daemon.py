@@ -86,9 +86,14 @@ class MpsControl(Protocol):
     name: str
 
     def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
-              multiuser: bool = False) -> int:
+              multiuser: bool = False, static_sms: int = 0) -> int:
         """Start a daemon serving only ``gpu_uuid``; return its pid once it is reachable.
-        ``protocol`` 3: MPS v3 (``-p 3``), where :meth:`protocol` says the binary has it."""
+        ``protocol`` 3: MPS v3 (``-p 3``), where :meth:`protocol` says the binary has it.
+        ``static_sms``: static SM partitions (``-S``) on a GPU of that many SMs."""
+
+    def sm_partition(self, pipe_dir: str, gpu_uuid: str, chunks: int) -> str:
+        """A static SM partition of ``chunks`` (``sm_partition add``): its full ID, as a
+        client names it in ``CUDA_MPS_SM_PARTITION``; NodeFault when refused."""
 
     def stop(self, pipe_dir: str, timeout: float) -> None:
         """Ask the daemon to quit, then SIGTERM/SIGKILL it; no daemon is fine."""
@@ -118,6 +123,18 @@ def mps_control_for(backend: GpuInventory) -> MpsControl:
     if backend.capabilities.simulated:
         return SimMpsControl()
     return NvidiaMpsControl()
+
+
+_PARTITION_RE = re.compile(r"GPU-[0-9A-Za-z-]+/[0-9A-Za-z+=_-]+")
+
+
+def _partition_id(answer: str) -> str:
+    """The full partition ID in ``sm_partition add``'s answer (NVIDIA documents a bare
+    ``GPU-.../<id>`` line; some drivers print it inside a sentence)."""
+    found = _PARTITION_RE.search(answer)
+    if found is None:
+        raise NodeFault(f"sm_partition add answered no partition ID: {answer.strip()[:200]}")
+    return found.group(0)
 
 
 def _package_root() -> str:
@@ -523,12 +540,17 @@ class NvidiaMpsControl:
                             f"{(cp.stderr or cp.stdout).strip()[:300]}")
         return cp.stdout
 
+    def sm_partition(self, pipe_dir: str, gpu_uuid: str, chunks: int) -> str:
+        return _partition_id(self._strict_command(pipe_dir,
+                                                  f"sm_partition add {gpu_uuid} {chunks}"))
+
     def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
-              multiuser: bool = False) -> int:
+              multiuser: bool = False, static_sms: int = 0) -> int:
         binary = self.binary()
         try:
             result = subprocess.run(
-                [binary, "-d", *_protocol_args(protocol, multiuser)],
+                [binary, "-d", *_protocol_args(protocol, multiuser),
+                 *(["-S"] if static_sms else [])],
                 env=self._env(pipe_dir, log_dir, gpu_uuid),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -643,8 +665,15 @@ class SimMpsControl:
             raise NodeFault(f"simulated MPS v3 {' '.join(argv)}: {out.strip()[:300]}")
         return out
 
+    def sm_partition(self, pipe_dir: str, gpu_uuid: str, chunks: int) -> str:
+        try:
+            answer = mps_sim.send_command(pipe_dir, f"sm_partition add {gpu_uuid} {chunks}")
+        except OSError as exc:
+            raise NodeFault(f"simulated MPS daemon of {pipe_dir}: {exc}") from None
+        return _partition_id(answer)
+
     def start(self, gpu_uuid: str, pipe_dir: str, log_dir: str, protocol: int = 2,
-              multiuser: bool = False) -> int:
+              multiuser: bool = False, static_sms: int = 0) -> int:
         pipe_dir, log_dir = os.path.abspath(pipe_dir), os.path.abspath(log_dir)
         env = dict(
             CLEAN_ENV,
@@ -654,7 +683,8 @@ class SimMpsControl:
             CUDA_MPS_LOG_DIRECTORY=log_dir,
         )
         cmd = [self.python, "-m", self._MODULE, "--pipe-dir", pipe_dir, "--log-dir", log_dir,
-               "--gpu-uuid", gpu_uuid, *_protocol_args(protocol, multiuser)]
+               "--gpu-uuid", gpu_uuid, *_protocol_args(protocol, multiuser),
+               *(["-S", "--sm-count", str(static_sms)] if static_sms else [])]
         try:
             result = subprocess.run(
                 cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,

@@ -47,6 +47,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from slurmiso.atomic import write_atomic
 from slurmiso.isolation.mps_sim_control import Controller
+from slurmiso.isolation.mps_sim_partitions import SmPartitions
 from slurmiso.isolation.mps_sim_v3 import V3Controller, apply_config
 
 PID_FILE = "control.pid"
@@ -111,12 +112,14 @@ def _peer(conn: socket.socket) -> Tuple[int, int]:
 
 
 class _Daemon:
-    def __init__(self, pipe_dir: str, log_dir: str, gpu_uuid: str) -> None:
+    def __init__(self, pipe_dir: str, log_dir: str, gpu_uuid: str, static_sms: int = 0) -> None:
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.gpu_uuid = gpu_uuid
         self.stopping = False
-        self.controller = Controller(devices=len(gpu_uuid.split(",")))
+        self.controller = Controller(
+            devices=len(gpu_uuid.split(",")),
+            partitions=SmPartitions(gpu_uuid, static_sms) if static_sms else None)
         self.sock: Optional[socket.socket] = None
 
     def prepare(self) -> None:
@@ -270,7 +273,8 @@ class _V3Daemon(_Daemon):
 
 #: A client's words on the wire -> the variable each stands for.
 _CLIENT_VARS = {"thread": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                "mem": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "prio": "CUDA_MPS_CLIENT_PRIORITY"}
+                "mem": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "prio": "CUDA_MPS_CLIENT_PRIORITY",
+                "part": "CUDA_MPS_SM_PARTITION"}
 
 
 def _read_line(conn: socket.socket) -> str:
@@ -403,12 +407,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("-m", "--multiuser", action="store_true")
     parser.add_argument("-a", "--apply", metavar="FILE",
                         help="-p 3: an MPS v3 configuration file (TOML), applied once at start")
+    parser.add_argument("-S", "--static-partitioning", action="store_true",
+                        help="static SM partitions (legacy MPS; clients must name one)")
+    parser.add_argument("--sm-count", type=int, default=132,
+                        help="-S: the simulated GPU's SMs (default: an H100 SXM's 132)")
     args = parser.parse_args(argv)
     where = (os.path.abspath(args.pipe_dir), os.path.abspath(args.log_dir), args.gpu_uuid)
     if args.protocol != 3:
         if args.apply:
             parser.error("-a needs -p 3 (configuration files are MPS v3's)")
-        daemon: _Daemon = _Daemon(*where)
+        daemon: _Daemon = _Daemon(*where, static_sms=args.sm_count
+                                  if args.static_partitioning else 0)
+    elif args.static_partitioning:
+        parser.error("-S is legacy MPS's: MPS v3 makes SM partitions with its verbs")
     else:
         daemon = _V3Daemon(*where, multiuser=args.multiuser)
         if args.apply:

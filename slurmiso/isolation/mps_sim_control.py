@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from slurmiso.isolation.mps_sim_partitions import SmPartitions, refusal
 from slurmiso.pids import pid_alive
 
 _MEM_RE = re.compile(r"([0-9]{1,9})\s*(M|MB|G|GB)", re.IGNORECASE)
@@ -86,8 +87,10 @@ class Server:
 class Controller:
     """The control daemon's bookkeeping, without sockets: defaults, servers, commands."""
 
-    def __init__(self, devices: int = 1) -> None:
+    def __init__(self, devices: int = 1, partitions: Optional[SmPartitions] = None) -> None:
         self.devices = devices  # the GPUs in the daemon's CUDA_VISIBLE_DEVICES
+        #: Static SM partitions (``-S``): every client must name one.
+        self.partitions = partitions
         self.default_thread_percentage = 100.0
         self.default_mem_mb: Dict[int, int] = {}
         self.servers: List[Server] = []
@@ -117,14 +120,25 @@ class Controller:
         if foreign:  # NVIDIA: queued until the other user's server has no clients
             return json.dumps({"mps": True, "queued_behind_uid": foreign[0].uid}) + "\n"
         self.servers = [s for s in self.servers if s.uid == uid]
+        part: Dict[str, object] = {}
+        if self.partitions is not None:
+            got, why = self.partitions.grant(env.get("part", ""))
+            if got is None:
+                return refusal(why)
+            part = got
         server = self.start_server(uid)
         server.clients.append(pid)
         granted = server.grant(env.get("thread", ""), env.get("mem", ""), self.devices)
+        granted.update(part)  # a partition's SMs, not the thread percentage, bound it
         return json.dumps(granted) + "\n"
 
     def command(self, line: str) -> str:
         """Answer one control command line as NVIDIA's control shell would (roughly)."""
         words = line.split()
+        if self.partitions is not None:
+            answer = self.partitions.command(words)
+            if answer is not None:
+                return answer
         name, args = (words[0], words[1:]) if words else ("", [])
         if name == "quit" and not args:
             self.quitting = True

@@ -150,6 +150,8 @@ def mode_envs(mode: str, gpus: LocalGpus, pair: Pair, gpu_index: int,
         return _mps(mode, gpus, gpu, pair, cleanup), ""
     if mode == "mps-v3":
         return _mps_v3(gpus, gpu, pair, cleanup)
+    if mode == "mps-sm-partition":
+        return _mps_sm_partition(gpus, gpu, pair, cleanup)
     return None, f"unknown mode {mode}"
 
 
@@ -234,6 +236,48 @@ def _mps_v3(gpus: LocalGpus, gpu: DeviceInfo, pair: Pair, cleanup: contextlib.Ex
         if gpus.simulated:
             env["SLURMISO_PROBE_SIM_MPS"] = "1"
         envs[role] = env
+    return envs, ""
+
+
+def partition_chunks(total: int, infer_pct: int, train_pct: int) -> Tuple[int, int]:
+    """The GPU's ``total`` chunks split by the classes' thread percentages (static partitions
+    are never oversubscribed): at least one chunk each, inference rounded up."""
+    infer = min(total - 1, max(1, -(-total * infer_pct // (infer_pct + train_pct))))
+    return infer, total - infer
+
+
+def _mps_sm_partition(gpus: LocalGpus, gpu: DeviceInfo, pair: Pair,
+                      cleanup: contextlib.ExitStack
+                      ) -> Tuple[Optional[Dict[str, Dict[str, str]]], str]:
+    """Static SM partitions (CUDA 13.1+, ``-d -S``): one daemon, the GPU's SMs split between
+    the classes by their thread percentages, each client on its own partition. Skipped with
+    the reason where the daemon refuses (a driver or GPU without them: read by trying)."""
+    from slurmiso.gpu.profiles import lookup_model
+    from slurmiso.isolation.mps_daemon import mps_control_for
+    from slurmiso.isolation.mps_dirs import DaemonKey, daemon_paths, prepare_dirs, remove_tree
+    from slurmiso.isolation.mps_sim_partitions import CHUNK_SMS
+
+    model = lookup_model(gpu.model) if gpu.model else None
+    if model is None or model.sm_count < 2 * CHUNK_SMS:
+        return None, f"the SM count of GPU {gpu.index} ({gpu.name}) is not in slurmiso's table"
+    control = mps_control_for(gpus.backend)  # type: ignore[arg-type]
+    state_dir = tempfile.mkdtemp(prefix="sip-", dir="/tmp")
+    os.chmod(state_dir, 0o755)
+    cleanup.callback(remove_tree, state_dir)
+    paths = daemon_paths(state_dir, DaemonKey(gpu.index, os.getuid(), 100, 0))
+    prepare_dirs(paths)
+    split = partition_chunks(model.sm_count // CHUNK_SMS, pair.infer.mps.thread_percentage,
+                             pair.train.mps.thread_percentage)
+    envs = {}
+    try:  # NVIDIA documents the verbs, not yet run here on a GPU: a refusal skips the mode
+        control.start(gpu.uuid, paths["pipe"], paths["log"], static_sms=model.sm_count)
+        cleanup.callback(control.stop, paths["pipe"], DAEMON_STOP_S)
+        for (role, c), chunks in zip((("infer", pair.infer), ("train", pair.train)), split):
+            env = _client_env(paths, c, gpus.simulated, gpu.memory_total_mb)
+            env["CUDA_MPS_SM_PARTITION"] = control.sm_partition(paths["pipe"], gpu.uuid, chunks)
+            envs[role] = env
+    except SlurmisoError as exc:
+        return None, f"static SM partitions could not be made: {exc}"
     return envs, ""
 
 

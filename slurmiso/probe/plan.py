@@ -18,7 +18,7 @@ from slurmiso.values import Value
 
 #: Modes only ``--local`` measures (a probe variant, not a pool mode): one MPS server for both
 #: classes, limits from the clients' variables and training at NVIDIA's below-normal priority.
-LOCAL_ONLY = ("mps-priority", "mps-v3")
+LOCAL_ONLY = ("mps-priority", "mps-v3", "mps-sm-partition")
 #: ``CUDA_MPS_CLIENT_PRIORITY`` values (NVIDIA MPS docs, 4.2.8): 0 normal, 1 below normal.
 PRIORITY = {"infer": "0", "train": "1"}
 

@@ -26,12 +26,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from slurmiso.values import Value
 
-RANK = {"timeslice": 0, "mps": 1, "mps-priority": 1, "mps-v3": 1, "mig-dynamic": 2,
-        "mig-static": 2, "exclusive": 3}
+RANK = {"timeslice": 0, "mps": 1, "mps-priority": 1, "mps-v3": 1, "mps-sm-partition": 1,
+        "mig-dynamic": 2, "mig-static": 2, "exclusive": 3}
 TIER = {0: "rate-limit", 1: "quotas", 2: "partition", 3: "dedicate"}
 #: The modes the probe knows, softest first (the order --modes and the report list them in).
-MODE_ORDER = ("timeslice", "mps", "mps-priority", "mps-v3", "mig-dynamic", "mig-static",
-              "exclusive")
+MODE_ORDER = ("timeslice", "mps", "mps-priority", "mps-v3", "mps-sm-partition", "mig-dynamic",
+              "mig-static", "exclusive")
 
 
 class Target(Value, eq=True):

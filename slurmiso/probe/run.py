@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 #: --local probes these when --modes is not given (mig-dynamic needs Slurm's hooks).
-LOCAL_DEFAULT = ("timeslice", "mps", "mps-priority", "mps-v3", "exclusive")
+LOCAL_DEFAULT = ("timeslice", "mps", "mps-priority", "mps-v3", "mps-sm-partition",
+                 "exclusive")
 
 
 class Request(Value):

@@ -15,9 +15,10 @@ ended, SIGTERM then SIGKILL to its process group, recorded as failed, and the ne
    about the class's percentage (SMs CUDA reports, or matmul throughput against the same client
    under a 100% daemon). Without torch those two are skipped with the reason;
 4. ``probe --local``: ``slurmiso probe --local --workload builtin`` for timeslice, MPS with the
-   shipped shares, MPS with priority (mps-priority) and MPS v3 (mps-v3: a namespace per class,
-   where the control binary has protocol 3; else skipped with that reason), and the GPU memory
-   it sampled per run.
+   shipped shares, MPS with priority (mps-priority), MPS v3 (mps-v3: a namespace per class,
+   where the control binary has protocol 3; else skipped with that reason) and static SM
+   partitions (mps-sm-partition: ``-d -S``, skipped with the reason where the daemon refuses),
+   and the GPU memory it sampled per run.
 
 Read-only capability checks in ``preflight`` (issue 35): whether ``nvidia-cuda-mps-control
 -p 3 -h`` lists MPS v3, and whether NVML has the per-cgroup memory partitions
@@ -373,7 +374,8 @@ def stage_probe(ctx: Ctx) -> None:
              ["--requests", "150", "--rate", "50", "--train-seconds", "4"])
     code, out, err = run_bounded(
         [sys.executable, "-m", "slurmiso", "-c", CONFIG, "probe", "--local", "--workload",
-         "builtin", "--modes", "timeslice,mps,mps-priority,mps-v3", *quick, "--json",
+         "builtin", "--modes", "timeslice,mps,mps-priority,mps-v3,mps-sm-partition", *quick,
+         "--json",
          "--no-save",
          "--work-dir", work, "--html", os.path.join(ctx.out, "probe.html")],
         max(5.0, c.left(STAGES[3][1]) - STOP_GRACE_S - 5), env=child_env(ctx))
@@ -392,9 +394,10 @@ def stage_probe(ctx: Ctx) -> None:
         "memory": m.get("memory"), "skipped": m.get("skipped")} for m in report["modes"]}
     measured = [m for m, r in rows.items() if not r["skipped"]]
     kind = report["workload"]["kind"]
-    v3 = rows.get("mps-v3") or {}
-    c.add("probe mps-v3", "skip" if v3.get("skipped") else "pass" if v3 else "fail",
-          str(v3.get("skipped") or ("measured" if v3 else "not in the report")))
+    for optional in ("mps-v3", "mps-sm-partition"):  # where the driver has them
+        row = rows.get(optional) or {}
+        c.add(f"probe {optional}", "skip" if row.get("skipped") else "pass" if row else "fail",
+              str(row.get("skipped") or ("measured" if row else "not in the report")))
     required = {"timeslice", "mps", "mps-priority"}
     c.add("probe --local", "pass" if required <= set(measured) else "fail",
           f"workload {kind}; measured {', '.join(measured) or 'nothing'}; recommendation "

@@ -93,9 +93,10 @@ def test_a_whole_sim_run_records_every_stage_and_leaves_nothing(tmp_path) -> Non
     assert "'active_thread_percentage': 60.0" in checks["mps client granted"]["reason"]
     assert checks["mps memory limit"]["status"] == "skip"  # no CUDA client in --sim
     probe = checks["probe --local"]
-    assert probe["status"] == "pass" and set(probe["modes"]) == {"timeslice", "mps",
-                                                                 "mps-priority", "mps-v3"}
+    assert probe["status"] == "pass" and set(probe["modes"]) == {
+        "timeslice", "mps", "mps-priority", "mps-v3", "mps-sm-partition"}
     assert checks["probe mps-v3"]["status"] == "pass"  # the stand-in speaks protocol 3
+    assert checks["probe mps-sm-partition"]["status"] == "pass"  # and has -S
     assert "workload cpu-stand-in" in probe["reason"]
     assert checks["tests/nvml"]["status"] == "skip"  # no driver: every NVML test skips
     assert checks["gpu state unchanged"]["status"] == "pass"

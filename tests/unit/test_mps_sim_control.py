@@ -84,3 +84,26 @@ def test_memory_values() -> None:
     assert [parse_mem(v) for v in ("512M", "30G", "1024MB", "2gb", "1.5G", "", "7")] == [
         512, 30720, 1024, 2048, None, None, None]
     assert parse_client_mem("0=1G, 1=512M,x=3G,2,3=") == {0: 1024, 1: 512}
+
+
+def test_static_partitions_are_carved_from_free_chunks_and_bind_their_clients() -> None:
+    """-S as NVIDIA documents it: ``sm_partition add`` prints the full ID a client names in
+    CUDA_MPS_SM_PARTITION; SMs are never oversubscribed; a client with no partition is
+    refused (the refusal is third-party knowledge, not NVIDIA's text)."""
+    from slurmiso.isolation.mps_sim_partitions import SmPartitions
+
+    uuid = "GPU-0123abcd-0000-1111-2222-333344445555"
+    ctl = Controller(partitions=SmPartitions(uuid, 132))
+    first = ctl.command(f"sm_partition add {uuid[:12]} 10").strip()
+    assert first.startswith(f"{uuid}/")
+    assert ctl.command(f"sm_partition add {uuid} 7").startswith("error: not enough free chunks")
+    second = ctl.command(f"sm_partition add {uuid} 6").strip()
+    got = json.loads(ctl.connect_client(os.getuid(), os.getpid(), [f"part={second}"]))
+    assert (got["sm_count"], got["sm_partition"]) == (48, second)
+    assert got["active_thread_percentage"] == round(100 * 48 / 132, 1)
+    refused = json.loads(ctl.connect_client(os.getuid(), os.getpid(), []))
+    assert refused["mps"] is False and "names no CUDA_MPS_SM_PARTITION" in refused["error"]
+    bad = json.loads(ctl.connect_client(os.getuid(), os.getpid(), [f"part={uuid}/nope"]))
+    assert bad["mps"] is False and "no partition" in bad["error"]
+    assert ctl.command(f"sm_partition rm {uuid} {first.split('/')[1]}") == ""
+    assert "free 10 80" in ctl.command("lspart")

@@ -229,3 +229,49 @@ def test_an_mps_v3_layout_that_fails_skips_the_mode_with_its_reason(tmp_path, ca
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if "slurmiso.isolation.mps_sim" in " ".join(p.info["cmdline"] or [])
                 and "/tmp/sip-" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_mps_sm_partition_puts_each_class_on_its_own_sms(tmp_path, capsys) -> None:
+    """Static SM partitions (-S): the GPU's chunks split by the classes' thread percentages
+    (100 and 60 of 16 chunks on an H100: 10 and 6), each client on its partition."""
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps-sm-partition", "--json", *QUICK,
+                         *ANY_SPEED)
+    assert rc == 0, err
+    (mode,) = json.loads(out)["modes"]
+    assert mode["mode"] == "mps-sm-partition" and mode["colocated"] is True, mode
+    granted = {}
+    for role in ("infer", "train"):
+        out_file = Path(tmp_path, "work", f"mps-sm-partition-mixed-{role}.out")
+        for line in out_file.read_text().splitlines():
+            if "mps_granted" in line:
+                granted[role] = json.loads(line)["info"]["mps_granted"]
+    assert (granted["infer"]["sm_count"], granted["train"]["sm_count"]) == (80, 48)
+    assert granted["infer"]["sm_partition"] != granted["train"]["sm_partition"]
+    assert granted["train"]["active_thread_percentage"] == round(100 * 48 / 132, 1)
+    assert not alive_under(str(tmp_path))
+
+
+def test_a_driver_refusing_sm_partitions_skips_the_mode_with_its_reason(
+        tmp_path, capsys, monkeypatch) -> None:
+    from slurmiso.errors import NodeFault
+    from slurmiso.isolation.mps_daemon import SimMpsControl
+
+    def refuse(self: SimMpsControl, pipe_dir: str, uuid: str, chunks: int) -> str:
+        raise NodeFault("sm_partition add answered no partition ID: invalid command")
+
+    monkeypatch.setattr(SimMpsControl, "sm_partition", refuse)
+    rc, out, err = probe(tmp_path, capsys, "--modes", "mps-sm-partition", "--json", *QUICK,
+                         *ANY_SPEED)
+    (mode,) = json.loads(out)["modes"]
+    assert mode["skipped"] == ("static SM partitions could not be made: sm_partition add "
+                               "answered no partition ID: invalid command")
+
+
+@pytest.mark.parametrize("total,infer,train,want", [
+    (16, 100, 60, (10, 6)), (16, 50, 50, (8, 8)), (2, 100, 1, (1, 1)), (16, 1, 100, (1, 15)),
+])
+def test_partition_chunks_split_by_thread_share(total: int, infer: int, train: int,
+                                                want: tuple) -> None:
+    from slurmiso.probe.local import partition_chunks
+
+    assert partition_chunks(total, infer, train) == want
