@@ -114,7 +114,8 @@ def _mps_clients(cfg: Config, node: str) -> Dict[str, Any]:
 
     state = NodeState(cfg.paths.state_dir_for(node))
     try:
-        return {str(gpu): [{"job": c.job_id, "uid": c.uid} for c in live_clients(state, gpu)]
+        return {str(gpu): [{"job": c.job_id, "uid": c.uid, "shared": bool(c.namespace)}
+                           for c in live_clients(state, gpu)]
                 for gpu in registered(state)}
     except (SlurmisoError, OSError):
         return {}

@@ -147,7 +147,9 @@ def check_mps_users(snap: Snapshot, cfg: Config) -> List[Finding]:
     gpu, pool = _node(snap, cfg)
     if pool is None or pool.mode != "mps":
         return out
-    for index, clients in sorted((gpu.get("mps_clients") or {}).items()):
+    for index, everyone in sorted((gpu.get("mps_clients") or {}).items()):
+        # a shared (MPS v3 multi-user) server runs every user's clients together
+        clients = [c for c in everyone if not c.get("shared")]
         uids = sorted({int(c["uid"]) for c in clients})
         if len(uids) > 1:
             jobs = ", ".join(f"{c['job']} (uid {c['uid']})" for c in clients)

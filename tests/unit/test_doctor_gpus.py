@@ -142,6 +142,9 @@ def test_mps_users_now() -> None:
     (f,) = _found(snap, sandbox_config(), "mps-users-now")
     assert f.severity == "warning" and "MPS GPU 0 serves jobs of 2 users" in f.message
     assert f.subjects == ("11", "12")
+    # clients of one shared MPS v3 server run together: nothing time-sliced to say
+    gpu["mps_clients"]["0"] = [dict(c, shared=True) for c in gpu["mps_clients"]["0"]]
+    assert _found(snap, sandbox_config(), "mps-users-now") == []
 
 
 def test_collect_reads_holders_and_mps_clients(tmp_path: Any) -> None:
