@@ -169,5 +169,6 @@ def test_collect_reads_holders_and_mps_clients(tmp_path: Any) -> None:
     gpu = _gpu_node(cfg, "g1")
     assert gpu is not None and gpu["devices"][0]["name"] == "NVIDIA L40S"
     assert gpu["devices"][0]["architecture"] == "ada" and gpu["holders"] == []
-    assert gpu["mps_clients"] == {"0": [{"job": "7", "uid": 1000}, {"job": "8", "uid": 1001}]}
+    assert gpu["mps_clients"] == {"0": [{"job": "7", "uid": 1000, "shared": False},
+                                        {"job": "8", "uid": 1001, "shared": False}]}
     SimBackend(f"{tmp_path}/sim.json").close()
