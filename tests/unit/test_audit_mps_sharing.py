@@ -79,3 +79,17 @@ def test_a_forged_job_end_is_not_counted() -> None:
     digest.add(forged)
     digest.add(dict(job_end("2", 1001, 0, 100), source="job"))
     assert digest.mps_intervals == [] and digest.rejected == 2
+
+
+def test_users_on_a_shared_mps_v3_server_run_concurrently() -> None:
+    """A shared server (mps_server: shared) runs every user's clients together: two users'
+    overlap there is concurrent, not serialised; beside a per-class job it is not."""
+    shared = [{"kind": "mps", "state": "released", "gpu": 0, "arrangement": "shared-v3",
+               "namespace": "job_1_0123456789abcdef"}]
+    a, b = job_end("1", 1000, 0, 100), job_end("2", 1001, 50, 150)
+    a["resources"], b["resources"] = shared, shared
+    got = sharing([s for s in map(interval_of, (a, b)) if s is not None])
+    assert (got.concurrent_s, got.serialised_s) == (50, 0)
+    c = job_end("3", 1002, 60, 90)  # a per-class daemon's job on that GPU (a fallback)
+    got = sharing([s for s in map(interval_of, (a, b, c)) if s is not None])
+    assert (got.concurrent_s, got.serialised_s) == (20, 30)

@@ -4,8 +4,10 @@ An MPS server serves one user at a time per GPU, so while jobs of one user share
 kernels run together, and while jobs of different users share it the GPU time-slices between
 their servers. Every ``job-end`` line of an MPS job says its node, GPU, uid and when its prolog
 ended and its epilog ended (docs/journal.md); overlapping intervals on one GPU are sharing,
-with one uid concurrent, with several serialised. Jobs still running when the journal ends
-have no ``job-end`` yet and are not counted. Pure: feed intervals, read the totals.
+with one uid concurrent, with several serialised; jobs on a shared MPS v3 server (its
+resource says ``arrangement: shared-v3``) count as one user, since that server runs every
+user's clients together. Jobs still running when the journal ends have no ``job-end`` yet
+and are not counted. Pure: feed intervals, read the totals.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from slurmiso.values import Value
 
 #: (node, gpu, uid, start, end): one MPS job's time on its GPU, Unix seconds.
 Interval = Tuple[str, int, int, float, float]
+#: The "uid" of every job on a shared MPS v3 server: one server runs all its users' clients
+#: together, so their overlap is concurrent whoever they are.
+SHARED_SERVER = -1
 
 
 def interval_of(rec: Mapping[str, Any]) -> Optional[Interval]:
@@ -32,7 +37,14 @@ def interval_of(rec: Mapping[str, Any]) -> Optional[Interval]:
     end = _number(times.get("epilog_end"))
     if gpu is None or uid is None or start is None or end is None or end <= start:
         return None
+    if _on_shared_server(rec.get("resources")):
+        uid = SHARED_SERVER
     return (str(rec.get("node", "?")), int(gpu), int(uid), start, end)
+
+
+def _on_shared_server(resources: Any) -> bool:
+    return isinstance(resources, list) and any(
+        isinstance(r, dict) and r.get("arrangement") == "shared-v3" for r in resources)
 
 
 def _number(value: Any) -> Optional[float]:
