@@ -174,10 +174,12 @@ def compress(hosts: Iterable[str]) -> str:
     """
     import re  # compress runs in the monitor and audit, not in the hooks
 
+    split = re.compile(r"(\d+)").split
+    tokenised = {h: split(h) for h in set(hosts)}  # each name split once, for order and shape
     shapes: Dict[Tuple[str, ...], List[Tuple[str, ...]]] = {}
     plain: List[str] = []
-    for h in sorted(set(hosts), key=_natural_key):
-        tokens = re.split(r"(\d+)", h)
+    for h in sorted(tokenised, key=lambda name: _key_of(tokenised[name])):
+        tokens = tokenised[h]
         if len(tokens) == 1:
             plain.append(h)
             continue
@@ -191,8 +193,11 @@ def compress(hosts: Iterable[str]) -> str:
 def _natural_key(s: str) -> Tuple[object, ...]:
     import re
 
-    parts: List[object] = []
-    for i, tok in enumerate(re.split(r"(\d+)", s)):
-        parts.append((0, int(tok), len(tok)) if i % 2 else (1, tok, 0))
-    return tuple(parts)
+    return _key_of(re.split(r"(\d+)", s))
+
+
+def _key_of(tokens: List[str]) -> Tuple[object, ...]:
+    """A split name's natural order: numbers by value (then width), text as text."""
+    return tuple((0, int(tok), len(tok)) if i % 2 else (1, tok, 0)
+                 for i, tok in enumerate(tokens))
 

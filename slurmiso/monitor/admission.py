@@ -296,9 +296,10 @@ class Starts:
             if job.partitions not in all_blocked:
                 names = sorted(members(cyc.snap, job.partitions, cyc.members))
                 first = self.blocked.get(names[0], "") if names else ""
+                nodes = compress(names)
                 all_blocked[job.partitions] = ((
-                    f"training held: every node it may use ({compress(names)}) is hot or "
-                    f"unknown ({first})")[:250], {"nodes": compress(names)})
+                    f"training held: every node it may use ({nodes}) is hot or "
+                    f"unknown ({first})")[:250], {"nodes": nodes})
             reason, facts = all_blocked[job.partitions]
             self.actions.append(_hold(job, cyc.snap.ts, ["nodes"], reason, facts, cyc.mem,
                                       share))
