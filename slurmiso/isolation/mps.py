@@ -237,9 +237,10 @@ class MpsIsolation:
                                      ctx.env.spank.get("iso_mps_mem", ""))
         others = live_clients(ctx.state, gpu, exclude=ctx.job_id)
         check_headroom(gpu, dev.memory_total_mb, others, limit, headroom_pct)
-        if ctx.pool.mps_server is MpsServer.SHARED and self._setup_shared(
-                ctx, gpu, dev.uuid, share, limit):
-            return
+        if ctx.pool.mps_server is MpsServer.SHARED:
+            if self._setup_shared(ctx, gpu, dev.uuid, share, limit):
+                return
+            existing = [r for r in _mps_entries(ctx.record) if not r.extra.get("namespace")]
 
         key = DaemonKey(gpu, ctx.env.uid, share.thread_percentage, limit)
         paths = daemon_paths(ctx.state.state_dir, key)
@@ -270,16 +271,22 @@ class MpsIsolation:
         self, ctx: Context, gpu: int, uuid: str, share: MpsShare, limit: int
     ) -> bool:
         """The job as a client of ``gpu``'s shared server, in a namespace of its own;
-        False (said in the journal and to the job) where the driver has no MPS v3."""
+        False (said in the journal and to the job) where the driver has no MPS v3 or its
+        daemon does not do what NVIDIA documents: the job then gets a per-class daemon."""
         control = self.control_factory(ctx.backend)
         paths = shared.shared_paths(ctx.state.state_dir, gpu)
         pid = control.running(paths["pipe"])
         if pid is None:
             reason = control.protocol()
             if not reason.v3:
-                self._fall_back(ctx, gpu, reason.reason)
+                self._fall_back(ctx, gpu, f"this node's driver has no MPS v3 ({reason.reason})")
                 return False
-            pid = self._start_shared(ctx, control, gpu, uuid, paths)
+            refuse_run_in_job(ctx.job_id, gpu, ctx.env.sluid)
+            try:
+                pid = self._start_shared(ctx, control, gpu, uuid, paths)
+            except NodeFault as exc:  # what NVIDIA documents did not hold: the older path
+                self._fall_back(ctx, gpu, f"its MPS v3 daemon could not be laid out ({exc})")
+                return False
         prio = int(share.priority_for(ctx.job_class.preemptible if ctx.job_class else False))
         for stale in _mps_entries(ctx.record):  # a prolog killed halfway, run again
             ctx.record.resources.remove(stale)
@@ -296,9 +303,18 @@ class MpsIsolation:
         ))
         ctx.claim(client_key(gpu, ctx.job_id))
         ctx.save()
-        folder = shared.open_namespace(
-            control, paths["pipe"], namespace, ctx.env.uid,
-            shared.namespace_argv(namespace, share.thread_percentage, limit, prio))
+        try:
+            folder = shared.open_namespace(
+                control, paths["pipe"], namespace, ctx.env.uid,
+                shared.namespace_argv(namespace, share.thread_percentage, limit, prio))
+        except NodeFault as exc:  # the namespace is deleted again; the claim stays the job's
+            ctx.record.resources.remove(entry)
+            ctx.save()
+            if not shared_clients(ctx.state, gpu, exclude=ctx.job_id):
+                self._stop_daemon(control, ctx.journal, DaemonKey(gpu, 0, 100, 0), paths,
+                                  "no namespace could be made for its first job")
+            self._fall_back(ctx, gpu, f"the job's MPS v3 namespace could not be made ({exc})")
+            return False
         entry.daemon_pid, entry.state = pid, ResourceState.READY
         ctx.journal.append("mps-namespace-opened", job=ctx.job_id, gpu=gpu,
                            namespace=namespace, uid=ctx.env.uid,
@@ -327,7 +343,6 @@ class MpsIsolation:
             ctx.journal.append("mps-daemon-restarted", job=ctx.job_id, gpu=gpu,
                                pipe_dir=paths["pipe"], clients=[c.job_id for c in survivors])
             control.stop(paths["pipe"], STOP_TIMEOUT_S)
-        refuse_run_in_job(ctx.job_id, gpu, ctx.env.sluid)
         try:
             pid = shared.start_daemon(control, uuid, paths)
         except OSError as exc:
@@ -353,12 +368,13 @@ class MpsIsolation:
                                                     prio if prio in (0, 1) else 1))
 
     @staticmethod
-    def _fall_back(ctx: Context, gpu: int, reason: str) -> None:
-        message = (f"pool {ctx.pool.name} asks for a shared MPS server, but this node's "
-                   f"driver has no MPS v3 ({reason}): GPU {gpu} runs a daemon per class")
+    def _fall_back(ctx: Context, gpu: int, why: str) -> None:
+        """The job goes to a per-class daemon, saying why the shared server could not be."""
+        message = (f"pool {ctx.pool.name} asks for a shared MPS server, but {why}: "
+                   f"GPU {gpu} runs a daemon per class for this job")
         ctx.warn(message)
         ctx.journal.append("mps-arrangement", job=ctx.job_id, gpu=gpu,
-                           arrangement="per-class", reason=reason)
+                           arrangement="per-class", reason=why)
 
     def _job_gpu(self, ctx: Context) -> int:
         """NVML index of the job's one GPU (GRES index i is /dev/nvidia<i>, i.e. minor i)."""

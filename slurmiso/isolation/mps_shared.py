@@ -111,13 +111,14 @@ def start_daemon(control: MpsControl, uuid: str, paths: Dict[str, str]) -> int:
     Stops what it started when a step fails (fail closed: no job reaches a half-laid daemon).
     """
     prepare_dirs(paths)
-    pid = control.start(uuid, paths["pipe"], paths["log"], protocol=3, multiuser=True)
     try:
+        pid = control.start(uuid, paths["pipe"], paths["log"], protocol=3, multiuser=True)
         close_door(paths["pipe"])
         control.v3(paths["pipe"], ["server", "create", SERVER, "--uid=0"])
         close_door(os.path.join(paths["pipe"], SERVER))
     except NodeFault:
         control.stop(paths["pipe"], 10.0)
+        remove_daemon_dirs(paths)
         raise
     return pid
 

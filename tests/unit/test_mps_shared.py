@@ -13,7 +13,7 @@ import yaml
 
 from slurmiso.config import load_config
 from slurmiso.config.model import MpsPriority, MpsServer
-from slurmiso.errors import ConfigError
+from slurmiso.errors import ConfigError, NodeFault
 from slurmiso.isolation import mps_shared, mps_sim
 from slurmiso.isolation.base import Context, ReconcileContext
 from slurmiso.isolation.mps import HANDLER, MpsIsolation
@@ -257,3 +257,38 @@ def test_status_shows_one_server_and_each_jobs_namespace_and_priority(node: str)
     HANDLER.teardown(train)
     assert arrangement(train.pool, control.protocol(), train.state.state_dir, control,
                        {})["gpus"] == []
+
+
+class _Refuses(SimMpsControl):
+    """A v3 daemon that refuses one verb: what NVIDIA documents did not hold here."""
+
+    def __init__(self, verb: str) -> None:
+        super().__init__()
+        self.verb = verb
+
+    def v3(self, pipe_dir: str, argv: List[str]) -> str:
+        if argv[:2] == self.verb.split():
+            raise NodeFault(f"{' '.join(argv[:3])}: refused")
+        return super().v3(pipe_dir, argv)
+
+
+@pytest.mark.parametrize("verb,why", [
+    ("server create", "its MPS v3 daemon could not be laid out (server create slurmiso: refused)"),
+    ("namespace set", "the job's MPS v3 namespace could not be made (namespace set job_"),
+])
+def test_a_daemon_that_does_not_do_what_nvidia_documents_falls_back_per_job(
+        node: str, verb: str, why: str) -> None:
+    """Never a drained node for a documented step that did not hold: the job gets the older
+    per-class daemon, the shared daemon is gone, the reason is journaled and told."""
+    control = _Refuses(verb)
+    handler = MpsIsolation(control_factory=lambda backend: control)
+    ctx = start(node, "91", "train", uid=os.getuid(), handler=handler)
+    (entry,) = [r for r in ctx.record.resources if r.kind == "mps"]
+    assert mps_shared.namespace_of(entry.extra) is None and entry.state.value == "ready"
+    assert control.running(entry.pipe_dir or "") is not None  # its per-class daemon
+    assert control.running(pipe(node)) is None and not os.path.exists(pipe(node))
+    (said,) = events(ctx, "mps-arrangement")
+    assert said["arrangement"] == "per-class" and said["reason"].startswith(why), said
+    assert any(why in w for w in ctx.record.warnings)
+    handler.teardown(ctx)
+    assert control.running(entry.pipe_dir or "") is None
