@@ -115,8 +115,12 @@ def test_a_throttle_signal_that_is_a_checkpoint_signal_is_refused() -> None:
     for c in data["classes"]:
         if c.get("checkpoint"):
             c["checkpoint"]["signal"] = "URG"
+    # the example's fast ladder has no throttle, so no signal to clash: put it in
+    data["monitor"]["ladder"]["steps"] = ["hold", "throttle", "park", "suspend", "requeue"]
     with pytest.raises(ConfigError, match="checkpoint signal"):
         parse_config(data)
+    data["monitor"]["ladder"]["steps"] = ["hold", "park", "suspend", "requeue"]
+    parse_config(data)  # without the throttle, its signal clashes with nothing
 
 
 def test_error_rate_is_a_fraction() -> None:

@@ -214,7 +214,7 @@ def test_bounds_reach_the_policy_and_the_shipped_config_sets_them() -> None:
 
     cfg = _with({})
     assert [(st.name, st.max_s) for st in cfg.monitor.ladder.steps] == [
-        ("hold", 3600), ("throttle", 3600), ("suspend", 1800), ("requeue", 3600)]
+        ("hold", 3600), ("park", 1800), ("suspend", 1800), ("requeue", 3600)]
     pol = policy_from_config(_with({"ladder": {"on_bound": "requeue",
                                                "suspend": {"max_s": 900}}}))
     st = pol.ladder.step("suspend")
