@@ -33,8 +33,8 @@ NODE = "node1"
 
 
 def setup_node(tmp: str, mode: str = "mig-dynamic") -> str:
-    """A node of two simulated H100s in pool ``mode`` (MIG on for mig-dynamic); returns the
-    config path."""
+    """A node of two simulated H100s in pool ``mode`` (MIG on for mig-dynamic; ``mps-shared``:
+    an MPS pool with one shared MPS v3 server per GPU); returns the config path."""
     from slurmiso.gpu.sim import SimBackend, init_state
 
     data = {
@@ -46,8 +46,10 @@ def setup_node(tmp: str, mode: str = "mig-dynamic") -> str:
                      "mig_profile": "3g.40gb"}],
         "default_class": "",
         "pools": [{"name": "p", "nodes": NODE, "partition": "part", "gpu_model": "H100-80GB",
-                   "gpus_per_node": 2, "mode": mode}],
+                   "gpus_per_node": 2, "mode": "mps" if mode == "mps-shared" else mode}],
     }
+    if mode == "mps-shared":
+        data["pools"][0]["mps_server"] = "shared"  # type: ignore[index]
     path = os.path.join(tmp, "slurmiso.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(data, fh)

@@ -272,48 +272,42 @@ class MpsIsolation:
     ) -> bool:
         """The job as a client of ``gpu``'s shared server, in a namespace of its own;
         False (said in the journal and to the job) where the driver has no MPS v3 or its
-        daemon does not do what NVIDIA documents: the job then gets a per-class daemon."""
+        daemon does not do what NVIDIA documents: the job then gets a per-class daemon.
+
+        Intent first, as everywhere in the hooks: the record names the namespace (and so
+        the GPU's shared daemon) before the daemon is started, so a prolog killed at any
+        point leaves the epilog what it needs to stop it."""
         control = self.control_factory(ctx.backend)
         paths = shared.shared_paths(ctx.state.state_dir, gpu)
+        entry = self._intend_namespace(ctx, control, paths, gpu, uuid, share, limit)
+        namespace, prio = str(entry.extra["namespace"]), int(entry.extra["priority"])
         pid = control.running(paths["pipe"])
+        why = ""
         if pid is None:
             reason = control.protocol()
             if not reason.v3:
-                self._fall_back(ctx, gpu, f"this node's driver has no MPS v3 ({reason.reason})")
-                return False
-            refuse_run_in_job(ctx.job_id, gpu, ctx.env.sluid)
+                why = f"this node's driver has no MPS v3 ({reason.reason})"
+            else:
+                refuse_run_in_job(ctx.job_id, gpu, ctx.env.sluid)
+                try:
+                    pid = self._start_shared(ctx, control, gpu, uuid, paths)
+                except NodeFault as exc:  # what NVIDIA documents did not hold: older path
+                    why = f"its MPS v3 daemon could not be laid out ({exc})"
+        folder = ""
+        if pid is not None:
             try:
-                pid = self._start_shared(ctx, control, gpu, uuid, paths)
-            except NodeFault as exc:  # what NVIDIA documents did not hold: the older path
-                self._fall_back(ctx, gpu, f"its MPS v3 daemon could not be laid out ({exc})")
-                return False
-        prio = int(share.priority_for(ctx.job_class.preemptible if ctx.job_class else False))
-        for stale in _mps_entries(ctx.record):  # a prolog killed halfway, run again
-            ctx.record.resources.remove(stale)
-            with contextlib.suppress(NodeFault):
-                shared.close_namespace(control, paths["pipe"],
-                                       shared.namespace_of(stale.extra) or "")
-        namespace = shared.new_namespace(ctx.job_id)
-        entry = ctx.add_resource(Resource(
-            "mps", gpu=gpu, gpu_uuid=uuid, uid=ctx.env.uid,
-            pipe_dir=shared.namespace_dir(paths["pipe"], namespace), log_dir=paths["log"],
-            thread_percentage=share.thread_percentage, memory_limit_mb=limit,
-            extra={"arrangement": shared.ARRANGEMENT, "namespace": namespace,
-                   "priority": prio},
-        ))
-        ctx.claim(client_key(gpu, ctx.job_id))
-        ctx.save()
-        try:
-            folder = shared.open_namespace(
-                control, paths["pipe"], namespace, ctx.env.uid,
-                shared.namespace_argv(namespace, share.thread_percentage, limit, prio))
-        except NodeFault as exc:  # the namespace is deleted again; the claim stays the job's
+                folder = shared.open_namespace(
+                    control, paths["pipe"], namespace, ctx.env.uid,
+                    shared.namespace_argv(namespace, share.thread_percentage, limit, prio))
+            except NodeFault as exc:  # deleted again; the claim stays the job's
+                why = f"the job's MPS v3 namespace could not be made ({exc})"
+        if why:
             ctx.record.resources.remove(entry)
             ctx.save()
-            if not shared_clients(ctx.state, gpu, exclude=ctx.job_id):
+            if pid is not None and not shared_clients(ctx.state, gpu, exclude=ctx.job_id):
                 self._stop_daemon(control, ctx.journal, DaemonKey(gpu, 0, 100, 0), paths,
-                                  "no namespace could be made for its first job")
-            self._fall_back(ctx, gpu, f"the job's MPS v3 namespace could not be made ({exc})")
+                                  f"job {ctx.job_id} fell back to a per-class daemon")
+            self._fall_back(ctx, gpu, why)
             return False
         entry.daemon_pid, entry.state = pid, ResourceState.READY
         ctx.journal.append("mps-namespace-opened", job=ctx.job_id, gpu=gpu,
@@ -328,6 +322,30 @@ class MpsIsolation:
         ctx.set_env("CUDA_VISIBLE_DEVICES", "0")
         ctx.save()
         return True
+
+    @staticmethod
+    def _intend_namespace(
+        ctx: Context, control: MpsControl, paths: Dict[str, str], gpu: int, uuid: str,
+        share: MpsShare, limit: int,
+    ) -> Resource:
+        """The job's namespace in its record and its claim, saved before anything is made."""
+        for stale in _mps_entries(ctx.record):  # a prolog killed halfway, run again
+            ctx.record.resources.remove(stale)
+            with contextlib.suppress(NodeFault):
+                shared.close_namespace(control, paths["pipe"],
+                                       shared.namespace_of(stale.extra) or "")
+        namespace = shared.new_namespace(ctx.job_id)
+        prio = int(share.priority_for(ctx.job_class.preemptible if ctx.job_class else False))
+        entry = ctx.add_resource(Resource(
+            "mps", gpu=gpu, gpu_uuid=uuid, uid=ctx.env.uid,
+            pipe_dir=shared.namespace_dir(paths["pipe"], namespace), log_dir=paths["log"],
+            thread_percentage=share.thread_percentage, memory_limit_mb=limit,
+            extra={"arrangement": shared.ARRANGEMENT, "namespace": namespace,
+                   "priority": prio},
+        ))
+        ctx.claim(client_key(gpu, ctx.job_id))
+        ctx.save()
+        return entry
 
     def _start_shared(
         self, ctx: Context, control: MpsControl, gpu: int, uuid: str, paths: Dict[str, str],

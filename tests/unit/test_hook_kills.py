@@ -35,6 +35,17 @@ def test_kills_at_every_step_leave_nothing_behind(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
+def test_kills_on_a_shared_mps_server_leave_no_daemon_or_namespace(tmp_path: Any) -> None:
+    """The shared MPS v3 server (issue 35): a namespace per job, the daemon with the last."""
+    out = run_kill_points(str(tmp_path), mode="mps-shared")
+    assert out.not_killed == []
+    assert out.drains == 0 and out.leftovers == [] and out.left_by_epilog == []
+    assert not os.path.exists(f"{tmp_path}/state/n1/mps/gpu0/shared")
+    assert any("allocations.json" in p for p in out.points), out.points
+    assert out.kills >= len(out.points)
+
+
+@pytest.mark.slow
 def test_kills_on_an_mps_node_leave_no_daemon(tmp_path: Any) -> None:
     out = run_kill_points(str(tmp_path), mode="mps")
     assert out.not_killed == []
