@@ -46,11 +46,17 @@ def assigned(records: Mapping[str, Any]) -> Dict[str, Tuple[int, str]]:
     return out
 
 
+#: What is read of a process's environment: all of it. Linux caps a new program's argv and
+#: environment together at 3/4 of _STK_LIM (6 MiB) whatever the stack limit (fs/exec.c), so a
+#: job cannot pad its environment past this to hide the variable from the watch.
+MAX_ENVIRON_BYTES = 8 << 20
+
+
 def started_with(pid: int, proc: str = "/proc") -> Optional[str]:
     """The priority variable process ``pid`` started with (None: not set, or unreadable)."""
     try:
         with open(f"{proc}/{pid}/environ", "rb") as fh:
-            data = fh.read(1 << 20)
+            data = fh.read(MAX_ENVIRON_BYTES)
     except OSError:
         return None
     for entry in data.split(b"\0"):

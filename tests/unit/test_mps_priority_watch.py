@@ -95,3 +95,12 @@ def test_started_with_reads_the_variable_or_none(tmp_path: Any) -> None:
     fake(proc, 12, "1", {"A": "CUDA_MPS_CLIENT_PRIORITY=0"})
     assert (started_with(11, proc), started_with(12, proc), started_with(13, proc)) == (
         "1", None, None)
+
+
+def test_an_environment_padded_to_hide_the_variable_is_read_whole(tmp_path: Any) -> None:
+    """A job can put up to 6 MiB of environment before its priority (Linux's cap on argv and
+    environment together): the watch still finds it."""
+    proc = str(tmp_path)
+    padding = {f"PAD{i}": "x" * (127 << 10) for i in range(40)}  # 5 MiB, each under 128 KiB
+    fake(proc, 21, "1", {**padding, "CUDA_MPS_CLIENT_PRIORITY": "0"})
+    assert started_with(21, proc) == "0"
